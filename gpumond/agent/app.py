@@ -1,0 +1,149 @@
+"""Wires the agent: NVML session, sources, sampling schedule and the HTTP server."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from gpumond.agent.exposition import Rendered, Renderer
+from gpumond.agent.host import HostEvidence
+from gpumond.agent.jobs import JobAttributor
+from gpumond.agent.sampler import Sampler
+from gpumond.agent.server import AgentApp
+from gpumond.config import AgentConfig
+from gpumond.nvml.events import XidWatcher
+from gpumond.nvml.session import NvmlSession
+
+log = logging.getLogger("gpumond.agent")
+
+# Below this the scheduler's own overhead dominates; --sim-speed intervals are clamped to it.
+_MIN_WALL_INTERVAL_S = 0.01
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where NVML comes from: the real driver, or the simulator installed under pynvml."""
+
+    name: str
+    install: Callable[[], None] = lambda: None
+    uninstall: Callable[[], None] = lambda: None
+    clock: Callable[[], float] = time.monotonic  # the agent's notion of elapsed time (simulated under --sim)
+    speed: float = 1.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Agent:
+    """One node's agent: start() begins sampling, stop() ends it and releases NVML."""
+
+    def __init__(self, config: AgentConfig, backend: Backend) -> None:
+        self.config = config
+        self.backend = backend
+        self.session = NvmlSession(install=backend.install, clock=backend.clock,
+                                   retry_max_s=config.sampling.nvml_retry_max_s)
+        self.xid: XidWatcher | None = None
+        jobs = None
+        if config.jobs.enabled:
+            jobs = JobAttributor(env_vars=config.jobs.env_vars, kubernetes_pods=config.jobs.kubernetes_pods,
+                                 cache_size=config.jobs.cache_size,
+                                 # an entry must outlive the gap between two slow cycles to be of any use
+                                 idle_evict_s=max(300.0, 3 * config.sampling.slow_interval_s))
+        if config.sampling.xid_events:
+            self.xid = XidWatcher(self.session.handles, self.session.index_of_handle)
+        self.sampler = Sampler(self.session, hostname=config.node_name, renderer=Renderer(), xid=self.xid,
+                               jobs=jobs, host=HostEvidence() if config.host.enabled else None)
+        self._scheduler = BackgroundScheduler(timezone=timezone.utc)
+
+    def wall_interval(self, simulated_s: float) -> float:
+        """A tier's interval in wall seconds: intervals are in agent (simulated) time."""
+        return max(simulated_s / self.backend.speed, _MIN_WALL_INTERVAL_S)
+
+    def start(self) -> None:
+        """Open NVML, take one full sample synchronously (so the first scrape has data), then schedule."""
+        log.info("agent starting", extra={"backend": self.backend.name, "node": self.config.node_name,
+                                          "listen": str(self.config.listen)})
+        self.session.open()
+        if self.xid is not None and self.session.up:
+            self.xid.start()
+        self.sampler.slow_cycle()
+        self.sampler.fast_cycle()
+        now = datetime.now(timezone.utc)
+        s = self.config.sampling
+        for fn, interval, name in ((self.sampler.fast_cycle, s.fast_interval_s, "fast"),
+                                   (self.sampler.slow_cycle, s.slow_interval_s, "slow")):
+            wall = self.wall_interval(interval)
+            self._scheduler.add_job(fn, IntervalTrigger(seconds=wall), id=name, name=f"{name} tier",
+                                    max_instances=1, coalesce=True, misfire_grace_time=None,
+                                    next_run_time=now)
+        self._scheduler.start()
+
+    def stop(self) -> None:
+        """Stop sampling and the XID thread, then shut NVML down."""
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=True)
+        if self.xid is not None:
+            self.xid.stop()
+        self.session.close()
+        self.backend.uninstall()
+        log.info("agent stopped")
+
+    def latest(self) -> Rendered | None:
+        """What /metrics serves."""
+        return self.sampler.latest
+
+    def health(self) -> tuple[bool, str]:
+        """Healthy while samples are fresh; NVML down is reported but is not a dead agent."""
+        r = self.sampler.latest
+        if r is None:
+            return False, "no sample yet"
+        age = time.time() - r.taken_at
+        limit = 3 * self.wall_interval(self.config.sampling.fast_interval_s) + 5
+        if age > limit:
+            return False, f"stale: last sample {age:.1f}s ago"
+        if not self.session.up:
+            return True, f"ok (nvml down: {self.session.down_reason})"
+        return True, "ok"
+
+    def app(self) -> AgentApp:
+        """The ASGI app serving this agent."""
+        return AgentApp(self.latest, self.health)
+
+
+class ListenError(RuntimeError):
+    """The listen address cannot be bound; the message says which and why."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind the listen socket before anything starts, so a taken port is one clear error, not a traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(agent: Agent) -> None:
+    """Run the agent under uvicorn until SIGTERM/SIGINT, then stop it cleanly."""
+    import uvicorn
+
+    sock = bind(agent.config.listen.host, agent.config.listen.port)
+    cfg = uvicorn.Config(agent.app(), lifespan="off", access_log=False, log_config=None, server_header=False)
+    server = uvicorn.Server(cfg)
+    agent.start()
+    log.info("serving", extra={"url": f"http://{agent.config.listen}/metrics"})
+    try:
+        server.run(sockets=[sock])  # installs SIGTERM/SIGINT handlers; returns once asked to exit
+    finally:
+        agent.stop()
+        sock.close()

@@ -1,0 +1,80 @@
+"""Pure conversion of raw NVML reads into catalogued series (pure: tested on literal reads)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS, Field
+from gpumond.nvml.session import GpuIdentity, TierRead
+from gpumond.types import Labels, Series
+
+_BY_READER_KEY: dict[tuple[str, str], list[Field]] = {}
+for _f in CATALOGUE:
+    _BY_READER_KEY.setdefault((_f.reader, _f.key), []).append(_f)
+
+
+def gpu_labels(ident: GpuIdentity) -> Labels:
+    """The labels every per-GPU series carries."""
+    return (("gpu", str(ident.index)), ("uuid", ident.uuid))
+
+
+def tier_series(read: TierRead, *, with_up: bool) -> list[Series]:
+    """Series for one tier's read; `with_up` adds gpumond_gpu_up (only the fast tier says it)."""
+    out: list[Series] = []
+    if with_up:
+        out.append(Series("gpumond_nvml_up", (), 1.0 if read.nvml_up else 0.0))
+    for g in read.gpus:
+        base = gpu_labels(g.identity)
+        if with_up:
+            out.append(Series("gpumond_gpu_up", base, 1.0 if g.up else 0.0))
+        if not g.up:
+            continue  # a lost GPU exports up=0 and nothing stale
+        for reader, key, value in g.values:
+            for f in _BY_READER_KEY.get((reader, key), ()):
+                if f.scale is None:
+                    mask = int(value)
+                    for bit, reason in CLOCK_EVENT_REASONS.items():
+                        out.append(Series(f.metric, base + (("reason", reason),), 1.0 if mask & bit else 0.0))
+                else:
+                    out.append(Series(f.metric, base + f.labels, value * f.scale))
+    return out
+
+
+def info_series(idents: Iterable[GpuIdentity], hostname: str) -> list[Series]:
+    """gpumond_gpu_info for every GPU ever seen (lost ones keep their identity)."""
+    return [
+        Series("gpumond_gpu_info", gpu_labels(i) + (("name", i.name), ("pci_bus_id", i.pci_bus_id),
+                                                    ("hostname", hostname)), 1.0)
+        for i in idents
+    ]
+
+
+def xid_series(counts: Mapping[tuple[int, int], int], idents: Mapping[int, GpuIdentity]) -> list[Series]:
+    """gpumond_gpu_xid_errors_total{xid} from the watcher's counts."""
+    out = []
+    for (index, xid), n in sorted(counts.items()):
+        ident = idents.get(index)
+        if ident is not None:
+            out.append(Series("gpumond_gpu_xid_errors_total", gpu_labels(ident) + (("xid", str(xid)),), float(n)))
+    return out
+
+
+def error_series(errors: Mapping[tuple[int, str, str], int], idents: Mapping[int, GpuIdentity]) -> list[Series]:
+    """gpumond_nvml_errors_total{call,error}: retried NVML failures, counted."""
+    out = []
+    for (index, call, err), n in sorted(errors.items()):
+        ident = idents.get(index)
+        if ident is not None:
+            out.append(Series("gpumond_nvml_errors_total",
+                              gpu_labels(ident) + (("call", call), ("error", err)), float(n)))
+    return out
+
+
+def job_series(jobs: Mapping[int, tuple[str, ...]], idents: Mapping[int, GpuIdentity]) -> list[Series]:
+    """gpumond_gpu_job_info{job} 1 for each job on each GPU."""
+    out = []
+    for index, names in sorted(jobs.items()):
+        ident = idents.get(index)
+        if ident is not None:
+            out.extend(Series("gpumond_gpu_job_info", gpu_labels(ident) + (("job", j),), 1.0) for j in names)
+    return out

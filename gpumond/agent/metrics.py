@@ -1,0 +1,31 @@
+"""Type and help of every metric the agent exports that is not an NVML catalogue field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpumond.nvml.catalogue import CATALOGUE
+
+# name → (type, help)
+AGENT_METRICS: Mapping[str, tuple[str, str]] = {
+    "gpumond_gpu_info": ("gauge", "Identity of each GPU; always 1."),
+    "gpumond_gpu_up": ("gauge", "1 when the GPU answered NVML this cycle, 0 when lost or failing."),
+    "gpumond_gpu_xid_errors_total": ("counter", "XID critical-error events since the agent started, by XID code."),
+    "gpumond_gpu_job_info": ("gauge", "1 for each job found running on the GPU."),
+    "gpumond_nvml_up": ("gauge", "1 while the NVML library is initialised and usable."),
+    "gpumond_nvml_errors_total": ("counter", "Failed NVML calls that were retried (Unknown, Timeout, ...)."),
+    "gpumond_host_cpu_utilization_ratio": ("gauge", "Host CPU busy fraction (not idle, not iowait) since the last sample."),
+    "gpumond_host_cpu_iowait_ratio": ("gauge", "Host CPU fraction spent waiting on I/O since the last sample."),
+    "gpumond_host_memory_used_bytes": ("gauge", "Host memory in use (total minus available)."),
+    "gpumond_host_disk_read_bytes_total": ("counter", "Bytes read from whole physical disks."),
+    "gpumond_collector_success": ("gauge", "1 when the collector's last run succeeded."),
+    "gpumond_collector_duration_seconds": ("gauge", "Duration of the collector's last run."),
+    "gpumond_build_info": ("gauge", "Build of the running agent; always 1."),
+}
+
+
+def metric_types() -> dict[str, tuple[str, str]]:
+    """Every exported metric name → (type, help), catalogue fields included."""
+    out = {f.metric: (f.type, f.help) for f in CATALOGUE}
+    out.update(AGENT_METRICS)
+    return out

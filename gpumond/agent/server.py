@@ -1,0 +1,59 @@
+"""The agent's HTTP surface as a bare ASGI app: /metrics from the render cache, /healthz."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpumond.agent.exposition import Rendered
+
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _accepts_gzip(scope: Scope) -> bool:
+    for k, v in scope.get("headers", ()):
+        if k == b"accept-encoding" and b"gzip" in v:
+            return True
+    return False
+
+
+class AgentApp:
+    """Serves whatever the sampler rendered last; a scrape never waits on NVML."""
+
+    def __init__(self, latest: Callable[[], Rendered | None], health: Callable[[], tuple[bool, str]]) -> None:
+        self._latest = latest
+        self._health = health
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # lifespan is off; nothing else is spoken here
+        path, method = scope["path"], scope["method"]
+        if method not in ("GET", "HEAD"):
+            await _reply(send, 405, b"method not allowed\n", extra=[(b"allow", b"GET, HEAD")])
+        elif path == "/metrics":
+            r = self._latest()
+            if r is None:
+                await _reply(send, 503, b"no sample yet\n")
+            elif _accepts_gzip(scope):
+                await _reply(send, 200, r.gzipped, CONTENT_TYPE, [(b"content-encoding", b"gzip")], method)
+            else:
+                await _reply(send, 200, r.plain, CONTENT_TYPE, method=method)
+        elif path == "/healthz":
+            ok, why = self._health()
+            await _reply(send, 200 if ok else 503, (why + "\n").encode(), method=method)
+        elif path == "/":
+            await _reply(send, 200, b"gpumond agent: /metrics /healthz\n", method=method)
+        else:
+            await _reply(send, 404, b"not found: try /metrics or /healthz\n")
+
+
+async def _reply(send: Send, status: int, body: bytes, content_type: bytes = b"text/plain; charset=utf-8",
+                 extra: list[tuple[bytes, bytes]] | None = None, method: str = "GET") -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    headers.extend(extra or ())
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})

@@ -1,0 +1,92 @@
+"""Read config files from disk into validated models; the only place that opens them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gpumond.config.agent import AgentConfig
+from gpumond.config.errors import ConfigError, validation_problem
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_agent_config(path: str | Path | None) -> AgentConfig:
+    """Load and validate an agent config; None means all defaults. Raises ConfigError."""
+    if path is None:
+        return AgentConfig.default()
+    return load_config(path, AgentConfig)
+
+
+def load_config(path: str | Path, model: type[M]) -> M:
+    """Validate the YAML file at `path` as `model`; an empty file gives the defaults."""
+    source = str(path)
+    data = read_yaml_mapping(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(source, validation_problem(err, model)) from None
+
+
+def read_yaml_mapping(path: str | Path) -> dict[Any, Any]:
+    """Parse a YAML file whose top level is a mapping (or empty). Raises ConfigError."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(source, f"cannot read: not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise ConfigError(source, f"cannot read: {err.strerror or err}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as err:
+        raise ConfigError(source, _yaml_problem(err)) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(source, f"could not parse YAML: {_one_line(str(err))}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, f"top level must be a mapping of keys (got {_kind(data)})")
+    return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load's constructors, but a key given twice in one mapping is an error.
+
+    PyYAML keeps the last duplicate silently; two `sampling:` blocks would then drop the
+    first one without a word, which is exactly the kind of typo the config must catch.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[tuple[str, str], yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"duplicate key {key_node.value!r} (first on line {seen[key].line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(err: yaml.MarkedYAMLError) -> str:
+    mark = err.problem_mark or err.context_mark
+    problem = _one_line(": ".join(p for p in (err.context, err.problem) if p))
+    where = f"line {mark.line + 1}: " if mark else ""
+    return f"{where}could not parse YAML: {problem}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _kind(value: Any) -> str:
+    names = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+    return names.get(type(value), type(value).__name__)

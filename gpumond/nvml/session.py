@@ -1,0 +1,322 @@
+"""One NVML session: initialise once, probe what each GPU supports, read tiers, survive lost GPUs."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from gpumond.nvml.calls import READERS, Reader
+from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
+
+log = logging.getLogger("gpumond.nvml")
+
+_FIRST_BACKOFF_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What names a GPU in every exported series."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRead:
+    """One tier's raw values for one GPU: (reader, key, value in NVML units)."""
+
+    identity: GpuIdentity
+    up: bool
+    values: tuple[tuple[str, str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TierRead:
+    """One tier's reads for every GPU, and whether NVML itself was usable."""
+
+    nvml_up: bool
+    gpus: tuple[GpuRead, ...]
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _GpuState:
+    identity: GpuIdentity
+    handle: Any
+    choice: dict[str, int] = field(default_factory=dict)  # reader → index of the call that worked
+    unsupported: set[str] = field(default_factory=set)
+    lost: bool = False
+    next_retry: float = 0.0
+    backoff: float = _FIRST_BACKOFF_S
+
+
+class NvmlError(RuntimeError):
+    """NVML cannot be used at all (library missing, driver mismatch); the message says what to do."""
+
+
+class NvmlSession:
+    """The agent's only door to NVML; every read goes through one error policy (see errors.py)."""
+
+    def __init__(
+        self,
+        *,
+        install: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+        retry_max_s: float = 300.0,
+        readers: tuple[Reader, ...] = READERS,
+    ) -> None:
+        self._install = install
+        self._clock = clock
+        self._retry_max_s = retry_max_s
+        self._readers = readers
+        self._lock = threading.RLock()
+        self._gpus: list[_GpuState] = []
+        self._up = False
+        self._down_reason: str | None = None
+        self._next_init = 0.0
+        self._init_backoff = _FIRST_BACKOFF_S
+        self._said: set[tuple[Any, ...]] = set()
+        self.errors_total: Counter[tuple[int, str, str]] = Counter()  # (gpu, symbol, error) → count
+        self.driver_version: str | None = None
+
+    # ----- lifecycle -----------------------------------------------------------------------------
+    def open(self) -> None:
+        """Initialise NVML and enumerate GPUs; on failure stay down, log once, and retry on reads."""
+        with self._lock:
+            self._install()
+            self._try_init()
+
+    def close(self) -> None:
+        """Shut NVML down; safe to call twice."""
+        with self._lock:
+            if self._up:
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError as e:
+                    log.debug("nvmlShutdown failed", extra={"error": str(e)})
+            self._up = False
+
+    @property
+    def up(self) -> bool:
+        """True while NVML is initialised."""
+        return self._up
+
+    @property
+    def down_reason(self) -> str | None:
+        """Why NVML is unusable, for /healthz and logs."""
+        return self._down_reason
+
+    @property
+    def identities(self) -> tuple[GpuIdentity, ...]:
+        """Every GPU seen since start, lost ones included."""
+        return tuple(g.identity for g in self._gpus)
+
+    def _try_init(self) -> None:
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            try:
+                self.driver_version = str(pynvml.nvmlSystemGetDriverVersion())
+            except pynvml.NVMLError:
+                self.driver_version = None
+            known = {g.identity.index: g for g in self._gpus}
+            gpus = []
+            for i in range(count):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                ident = self._identity(i, h)
+                prev = known.get(i)
+                if prev is not None and prev.identity.uuid == ident.uuid:
+                    prev.handle, prev.lost, prev.choice, prev.unsupported = h, False, {}, set()
+                    gpus.append(prev)
+                else:
+                    gpus.append(_GpuState(ident, h))
+            self._gpus = gpus
+            self._up = True
+            self._down_reason = None
+            self._init_backoff = _FIRST_BACKOFF_S
+            log.info("nvml initialised", extra={"gpus": count, "driver": self.driver_version})
+        except pynvml.NVMLError as e:
+            self._go_down(e)
+
+    def _go_down(self, e: pynvml.NVMLError) -> None:
+        d = classify(e)
+        reason = f"{error_name(e)}: {HINTS.get(d, str(e))}"
+        if reason != self._down_reason:
+            log.error("nvml unavailable", extra={"error": error_name(e), "hint": HINTS.get(d, str(e))})
+        self._down_reason = reason
+        self._up = False
+        for g in self._gpus:
+            g.lost = True
+        self._next_init = self._clock() + self._init_backoff
+        self._init_backoff = min(self._init_backoff * 2, self._retry_max_s)
+
+    def _identity(self, index: int, h: Any) -> GpuIdentity:
+        def text(fn: Callable[[Any], Any]) -> str:
+            try:
+                v = fn(h)
+                return v.decode() if isinstance(v, bytes) else str(v)
+            except pynvml.NVMLError as e:
+                if classify(e) is Disposition.GPU_LOST:
+                    raise
+                return ""
+
+        bus = ""
+        try:
+            pci = pynvml.nvmlDeviceGetPciInfo(h)
+            bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+        except pynvml.NVMLError:
+            pass
+        return GpuIdentity(index, text(pynvml.nvmlDeviceGetUUID), text(pynvml.nvmlDeviceGetName), bus)
+
+    # ----- reading -------------------------------------------------------------------------------
+    def read(self, tier: str) -> TierRead:
+        """Read every supported value of `tier` from every GPU; one GPU's failure never affects another."""
+        with self._lock:
+            if not self._up:
+                if self._clock() >= self._next_init:
+                    self._try_init()
+                if not self._up:
+                    down = tuple(GpuRead(g.identity, False) for g in self._gpus)
+                    return TierRead(False, down, self._down_reason)
+            readers = [r for r in self._readers if r.tier == tier]
+            out = []
+            for g in self._gpus:
+                out.append(self._read_gpu(g, readers))
+                if not self._up:  # a driver-wide failure surfaced on this GPU
+                    return TierRead(False, tuple(GpuRead(x.identity, False) for x in self._gpus),
+                                    self._down_reason)
+            return TierRead(True, tuple(out))
+
+    def _read_gpu(self, g: _GpuState, readers: list[Reader]) -> GpuRead:
+        if g.lost and not self._recover(g):
+            return GpuRead(g.identity, False)
+        values: list[tuple[str, str, float]] = []
+        for reader in readers:
+            if reader.name in g.unsupported:
+                continue
+            got = self._read_one(g, reader)
+            if g.lost or not self._up:
+                return GpuRead(g.identity, False)
+            if got:
+                values.extend((reader.name, k, float(v)) for k, v in got.items())
+        return GpuRead(g.identity, True, tuple(values))
+
+    def _read_one(self, g: _GpuState, reader: Reader) -> dict[str, float] | None:
+        idx = g.choice.get(reader.name, 0)
+        retried = False
+        while idx < len(reader.calls):
+            call = reader.calls[idx]
+            try:
+                vals = call.fn(g.handle)
+            except pynvml.NVMLError as e:
+                d = classify(e)
+                if d in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL, Disposition.NO_PERMISSION):
+                    self._say_once(g, reader, call.symbol, d, e)
+                    idx += 1
+                    continue
+                if d is Disposition.GPU_LOST:
+                    self._mark_lost(g, call.symbol)
+                    return None
+                if d in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
+                    self._go_down(e)
+                    return None
+                self.errors_total[(g.identity.index, call.symbol, error_name(e))] += 1
+                if not retried:  # transient (Unknown, Timeout…): one immediate retry, then next cycle
+                    retried = True
+                    continue
+                return None
+            except Exception as e:  # a broken binding must not take the GPU (or the agent) down
+                self.errors_total[(g.identity.index, call.symbol, type(e).__name__)] += 1
+                log.warning("nvml call raised", extra={"gpu": g.identity.index, "call": call.symbol,
+                                                        "error": repr(e)})
+                return None
+            if g.choice.get(reader.name) != idx:
+                g.choice[reader.name] = idx
+                if idx > 0:
+                    log.info("using fallback nvml call", extra={"gpu": g.identity.index, "reader": reader.name,
+                                                                 "call": call.symbol})
+            return dict(vals)
+        g.unsupported.add(reader.name)
+        g.choice.pop(reader.name, None)
+        return None
+
+    def _say_once(self, g: _GpuState, reader: Reader, symbol: str, d: Disposition, e: Exception) -> None:
+        key = (reader.name, symbol, d)
+        if key in self._said:
+            return
+        self._said.add(key)
+        level = logging.WARNING if d is Disposition.NO_PERMISSION else logging.INFO
+        log.log(level, "nvml call not available", extra={
+            "gpu": g.identity.index, "reader": reader.name, "call": symbol, "error": error_name(e),
+            "hint": HINTS.get(d, "skipped on this GPU; the value is left out, not exported as 0")})
+
+    def _mark_lost(self, g: _GpuState, symbol: str) -> None:
+        g.lost = True
+        g.backoff = _FIRST_BACKOFF_S
+        g.next_retry = self._clock() + g.backoff
+        log.error("gpu lost", extra={"gpu": g.identity.index, "uuid": g.identity.uuid, "call": symbol,
+                                     "hint": "fell off the bus (XID 79?): needs a GPU reset or reboot"})
+
+    def _recover(self, g: _GpuState) -> bool:
+        now = self._clock()
+        if now < g.next_retry:
+            return False
+        try:
+            h = pynvml.nvmlDeviceGetHandleByUUID(g.identity.uuid)
+            pynvml.nvmlDeviceGetUUID(h)
+        except pynvml.NVMLError as e:
+            if classify(e) in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
+                self._go_down(e)
+            g.backoff = min(g.backoff * 2, self._retry_max_s)
+            g.next_retry = now + g.backoff
+            return False
+        g.handle, g.lost, g.choice, g.unsupported = h, False, {}, set()
+        g.backoff = _FIRST_BACKOFF_S
+        log.warning("gpu back", extra={"gpu": g.identity.index, "uuid": g.identity.uuid})
+        return True
+
+    # ----- other uses ----------------------------------------------------------------------------
+    def compute_pids(self) -> dict[int, tuple[int, ...]]:
+        """Host PIDs of compute processes per readable GPU (lost or failing GPUs are left out)."""
+        out: dict[int, tuple[int, ...]] = {}
+        with self._lock:
+            for g in self._gpus:
+                if g.lost or not self._up or "processes" in g.unsupported:
+                    continue
+                try:
+                    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(g.handle)
+                except pynvml.NVMLError as e:
+                    d = classify(e)
+                    if d is Disposition.GPU_LOST:
+                        self._mark_lost(g, "nvmlDeviceGetComputeRunningProcesses")
+                    elif d in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL, Disposition.NO_PERMISSION):
+                        g.unsupported.add("processes")
+                    else:
+                        self.errors_total[(g.identity.index, "nvmlDeviceGetComputeRunningProcesses",
+                                           error_name(e))] += 1
+                    continue
+                out[g.identity.index] = tuple(sorted({int(p.pid) for p in procs}))
+        return out
+
+    def handles(self) -> dict[int, Any]:
+        """Current handles of readable GPUs, for event registration."""
+        with self._lock:
+            return {g.identity.index: g.handle for g in self._gpus if not g.lost}
+
+    def index_of_handle(self, handle: Any) -> int | None:
+        """The GPU index an event's device handle belongs to."""
+        addr = ctypes.cast(handle, ctypes.c_void_p).value
+        for g in self._gpus:
+            if ctypes.cast(g.handle, ctypes.c_void_p).value == addr:
+                return g.identity.index
+        return None

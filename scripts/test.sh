@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian machine: installs what the tests talk to, then runs pytest.
+# Integration tests use real Prometheus, promtool, Alertmanager, node_exporter and systemd-analyze on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
+command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
+command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+if ((${#need_apt[@]})); then
+    echo "installing Debian packages: ${need_apt[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+# Debian starts the packaged daemons on install; the tests run their own on free loopback ports.
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+exec python3 -m pytest -q "$@"

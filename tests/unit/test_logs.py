@@ -1,0 +1,215 @@
+"""Structured log lines: logfmt and JSON, fields from extra=, escaping, exceptions."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpumond.logs import JsonFormatter, LogfmtFormatter, setup_logging
+
+TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+@pytest.fixture(autouse=True)
+def restore_gpumond_logger():
+    logger = logging.getLogger("gpumond")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+def emit(fmt: str, level: str = "info") -> tuple[io.StringIO, logging.Logger]:
+    stream = io.StringIO()
+    setup_logging(level, fmt, stream)
+    return stream, logging.getLogger("gpumond.agent")
+
+
+def parse_logfmt(line: str) -> dict[str, str]:
+    """A strict reader for the subset we write: bare values, or JSON-escaped quoted ones."""
+    out, pos = {}, 0
+    pattern = re.compile(r'([^\s="]+)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?: |$)')
+    while pos < len(line):
+        match = pattern.match(line, pos)
+        assert match, f"unparseable at {pos}: {line[pos:]!r}"
+        key, raw = match.groups()
+        out[key] = json.loads(raw) if raw.startswith('"') else raw
+        pos = match.end()
+    return out
+
+
+def test_logfmt_line_shape() -> None:
+    stream, log = emit("logfmt")
+    log.warning("gpu lost", extra={"gpu": 3, "uuid": "GPU-5b0c"})
+    line = stream.getvalue()
+    assert line.endswith("\n") and line.count("\n") == 1
+    ts, rest = line.rstrip("\n").split(" ", 1)
+    assert TS.match(ts.removeprefix("ts="))
+    assert rest == 'level=warning logger=gpumond.agent msg="gpu lost" gpu=3 uuid=GPU-5b0c'
+
+
+def test_timestamp_is_utc_with_milliseconds() -> None:
+    record = logging.LogRecord("gpumond.x", logging.INFO, __file__, 1, "m", (), None)
+    record.created = 1795337949.1239  # 2026-11-22T08:59:09.123Z
+    assert LogfmtFormatter().format(record).startswith("ts=2026-11-22T08:59:09.123Z ")
+
+
+@pytest.mark.parametrize(
+    ("value", "rendered"),
+    [
+        ("plain", "plain"),
+        ("two words", '"two words"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("a=b", '"a=b"'),
+        ("line1\nline2", '"line1\\nline2"'),
+        ("tab\there", '"tab\\there"'),
+        ("back\\slash", '"back\\\\slash"'),
+        ("bell\x07", '"bell\\u0007"'),
+        ("", '""'),
+        ("µs-ünïcode", "µs-ünïcode"),
+        (None, "null"),
+        (True, "true"),
+        (False, "false"),
+        (2.5, "2.5"),
+        (17, "17"),
+    ],
+)
+def test_logfmt_value_escaping(value: object, rendered: str) -> None:
+    stream, log = emit("logfmt")
+    log.info("m", extra={"v": value})
+    assert stream.getvalue().rstrip("\n").endswith(f" v={rendered}")
+
+
+def test_logfmt_keys_cannot_break_the_line() -> None:
+    stream, log = emit("logfmt")
+    log.info("m", extra={"bad key=x": 1})
+    assert stream.getvalue().rstrip("\n").endswith(" bad_key_x=1")
+
+
+@given(st.text(), st.text())
+def test_logfmt_round_trips_any_text(msg: str, value: str) -> None:
+    record = logging.LogRecord("gpumond.x", logging.INFO, __file__, 1, msg, (), None)
+    record.field = value
+    line = LogfmtFormatter().format(record)
+    assert "\n" not in line
+    parsed = parse_logfmt(line)
+    assert (parsed["msg"], parsed["field"]) == (msg, value)
+
+
+def test_logfmt_exception_is_one_escaped_field() -> None:
+    stream, log = emit("logfmt")
+    try:
+        raise RuntimeError("nvml went away")
+    except RuntimeError:
+        log.exception("sample failed", extra={"gpu": 0})
+    line = stream.getvalue()
+    assert line.count("\n") == 1
+    fields = parse_logfmt(line.rstrip("\n"))
+    assert fields["level"] == "error" and fields["gpu"] == "0"
+    assert fields["exc"].startswith("Traceback (most recent call last):\n")
+    assert fields["exc"].endswith("RuntimeError: nvml went away")
+
+
+def test_message_arguments_are_interpolated() -> None:
+    stream, log = emit("logfmt")
+    log.info("gpu %d at %s C", 2, 91)
+    assert 'msg="gpu 2 at 91 C"' in stream.getvalue()
+
+
+def test_only_extra_attributes_become_fields() -> None:
+    stream, log = emit("json")
+    log.info("m")
+    assert set(json.loads(stream.getvalue())) == {"ts", "level", "logger", "msg"}
+
+
+def test_extra_fields_do_not_overwrite_the_head() -> None:
+    stream, log = emit("json")
+    log.info("m", extra={"level": "fake", "ts": 0, "logger": "x"})
+    obj = json.loads(stream.getvalue())
+    assert obj["level"] == "info" and obj["level_"] == "fake"
+    assert obj["ts_"] == 0 and obj["logger_"] == "x"
+
+
+def test_json_line_shape_and_types() -> None:
+    stream, log = emit("json")
+    log.warning('gpu "lost"\nnow', extra={"gpu": 3, "ok": False, "ratio": 0.5, "none": None, "obj": object()})
+    line = stream.getvalue()
+    assert line.count("\n") == 1
+    obj = json.loads(line)
+    assert list(obj)[:4] == ["ts", "level", "logger", "msg"]
+    assert TS.match(obj["ts"])
+    assert obj["msg"] == 'gpu "lost"\nnow'
+    assert (obj["gpu"], obj["ok"], obj["ratio"], obj["none"]) == (3, False, 0.5, None)
+    assert obj["obj"].startswith("<object object")
+
+
+def test_json_exception_field() -> None:
+    stream, log = emit("json")
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        log.error("x", exc_info=True)
+    assert json.loads(stream.getvalue())["exc"].endswith("ValueError: bad")
+
+
+def test_stack_info_is_a_field() -> None:
+    stream, log = emit("json")
+    log.info("x", stack_info=True)
+    assert json.loads(stream.getvalue())["stack"].startswith("Stack (most recent call last):")
+
+
+def test_level_filters() -> None:
+    stream, log = emit("logfmt", level="warning")
+    log.info("quiet")
+    log.warning("loud")
+    assert "quiet" not in stream.getvalue() and "loud" in stream.getvalue()
+
+
+def test_setup_twice_does_not_duplicate_lines() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    setup_logging("info", "logfmt", first)
+    setup_logging("debug", "json", second)
+    logging.getLogger("gpumond.rules").debug("once")
+    assert first.getvalue() == ""
+    assert second.getvalue().count("\n") == 1 and json.loads(second.getvalue())["msg"] == "once"
+    assert len(logging.getLogger("gpumond").handlers) == 1
+
+
+def test_foreign_handlers_are_left_alone() -> None:
+    logger = logging.getLogger("gpumond")
+    theirs = logging.NullHandler()
+    logger.addHandler(theirs)
+    setup_logging("info", "logfmt", io.StringIO())
+    setup_logging("info", "logfmt", io.StringIO())
+    assert theirs in logger.handlers and len(logger.handlers) == 2
+
+
+def test_records_still_reach_caplog(caplog: pytest.LogCaptureFixture) -> None:
+    stream, log = emit("logfmt")
+    with caplog.at_level(logging.INFO, logger="gpumond"):
+        log.info("seen by both")
+    assert "seen by both" in caplog.text and "seen by both" in stream.getvalue()
+
+
+def test_default_stream_is_stderr_at_call_time(capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging()
+    logging.getLogger("gpumond").info("to stderr")
+    assert "to stderr" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("level", "fmt"), [("verbose", "logfmt"), ("info", "xml")])
+def test_bad_settings_raise(level: str, fmt: str) -> None:
+    with pytest.raises(ValueError):
+        setup_logging(level, fmt, io.StringIO())
+
+
+def test_formatters_are_usable_alone() -> None:
+    record = logging.LogRecord("other", logging.ERROR, __file__, 1, "m", (), None)
+    record.created = time.time()
+    assert json.loads(JsonFormatter().format(record))["logger"] == "other"
