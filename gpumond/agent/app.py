@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -133,13 +135,31 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _server_class() -> type:
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        """uvicorn, minus re-raising SIGTERM after shutdown: that would kill us before policy restores limits."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return _Server
+
+
 def serve(agent: Agent) -> None:
-    """Run the agent under uvicorn until SIGTERM/SIGINT, then stop it cleanly."""
+    """Run the agent under uvicorn until SIGTERM/SIGINT, then stop it cleanly (exit status 0)."""
     import uvicorn
 
     sock = bind(agent.config.listen.host, agent.config.listen.port)
     cfg = uvicorn.Config(agent.app(), lifespan="off", access_log=False, log_config=None, server_header=False)
-    server = uvicorn.Server(cfg)
+    server = _server_class()(cfg)
     agent.start()
     log.info("serving", extra={"url": f"http://{agent.config.listen}/metrics"})
     try:

@@ -13,6 +13,9 @@ for _f in CATALOGUE:
     _BY_READER_KEY.setdefault((_f.reader, _f.key), []).append(_f)
 
 
+_DIVISOR = {f.scale: float(round(1 / f.scale)) for f in CATALOGUE if f.scale is not None and f.scale < 1}
+
+
 def gpu_labels(ident: GpuIdentity) -> Labels:
     """The labels every per-GPU series carries."""
     return (("gpu", str(ident.index)), ("uuid", ident.uuid))
@@ -35,6 +38,9 @@ def tier_series(read: TierRead, *, with_up: bool) -> list[Series]:
                     mask = int(value)
                     for bit, reason in CLOCK_EVENT_REASONS.items():
                         out.append(Series(f.metric, base + (("reason", reason),), 1.0 if mask & bit else 0.0))
+                elif f.scale < 1:
+                    # divide by the exact integer (100, 1000, 1e9) so 95 % is 0.95, not 0.9500000000000001
+                    out.append(Series(f.metric, base + f.labels, value / _DIVISOR[f.scale]))
                 else:
                     out.append(Series(f.metric, base + f.labels, value * f.scale))
     return out

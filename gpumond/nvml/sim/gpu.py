@@ -1,0 +1,222 @@
+"""State of one simulated GPU and its lazy time integration.
+
+A GPU only integrates when somebody looks at it (`advance(t)`), in steps of at most
+MAX_STEP_S and never across a change of its load, so the result is the same whether it is
+polled every millisecond or once a minute. Fault effects are derived from the set of
+active faults, so overlapping faults compose (cooling factors multiply, inlet deltas add,
+the most recent `load` wins).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+import uuid as uuidlib
+
+from . import physics
+from .models import POWER_AVERAGE_TAU_S, GpuModelSpec, pci_bus_number
+from .scenario import Fault, InletProfile, LoadPattern
+
+MAX_STEP_S = 1.0  # thermal slowdown reacts within a simulated second
+MIN_ADVANCE_S = 1e-3  # calls closer together than this share one state: keeps calls cheap
+_MAX_STEPS_PER_ADVANCE = 20000  # a long unobserved gap uses coarser steps instead of more
+
+# Reasons whose active time NVML reports in ns through field values.
+COUNTED_REASONS = (physics.REASON_SW_POWER_CAP, physics.REASON_SYNC_BOOST, physics.REASON_SW_THERMAL,
+                   physics.REASON_HW_THERMAL, physics.REASON_HW_POWER_BRAKE)
+
+_UUID_NAMESPACE = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, "sim.gpumond")
+
+XID_GPU_FELL_OFF_BUS = 79
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    return "GPU-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{node}/{index}"))
+
+
+class SimGpu:
+    def __init__(self, index: int, node: str, spec: GpuModelSpec, base_load: LoadPattern,
+                 inlet: InletProfile, inlet_offset_c: float, seed: int, t0: float) -> None:
+        self.index = index
+        self.spec = spec
+        self.model = spec.key
+        self.name = spec.name
+        self.uuid = gpu_uuid(node, index)
+        self.serial = str(1650000000000 + int(self.uuid[4:12], 16) % 10**9)
+        self.pci_bus = pci_bus_number(index)
+        self.pci_bus_id = f"{0:08X}:{self.pci_bus:02X}:00.0"
+        # nvmlDevice_t is an opaque pointer: hand out the address of a buffer we own and keep.
+        self._handle_buffer = ctypes.create_string_buffer(16)
+        self.handle = ctypes.addressof(self._handle_buffer)
+
+        self.base_load = base_load
+        self.inlet = inlet
+        self.inlet_offset_c = inlet_offset_c
+        self._noise_key = seed * 1_000_003 + index
+        self.power_limit_w = spec.power_default_w
+        self.processes: list[int] = []
+
+        # Fault-derived parameters (see _derive).
+        self._active: dict[int, Fault] = {}
+        self.cooling_factor = 1.0
+        self.inlet_delta_c = 0.0
+        self.slow_factor = 1.0
+        self.load = base_load
+        self.lost = False
+        self.device_calls = 0
+        self.no_permission_on_set = False
+
+        # Counters.
+        self.ecc = {("corrected", "volatile"): 0, ("corrected", "aggregate"): 0,
+                    ("uncorrected", "volatile"): 0, ("uncorrected", "aggregate"): 0}
+        self.remapped_correctable = 0
+        self.remapped_uncorrectable = 0
+        self.remap_pending = False
+        self.remap_failure = False  # derived: a remap_failure fault is active
+        self.retired_pages: list[tuple[int, int, int]] = []  # (address, cause, unix time)
+        self.pcie_replay = 0
+        self.xid_counts: dict[int, int] = {}
+        self.violation_ns = {bit: 0.0 for bit in COUNTED_REASONS}
+
+        # Physics state, starting in equilibrium with the load at t0.
+        self.t = t0
+        self.energy_j = 0.0
+        self._hw_slow = False
+        self._sw_slow = False
+        self.utilization = 0.0
+        self.sm_clock_mhz = float(spec.sm_idle_mhz)
+        self.power_w = spec.idle_w
+        self.clock_event_reasons = 0
+        self.temperature_c = self._inlet(t0)
+        self._refresh(t0)
+        self.temperature_c = physics.steady_temperature(spec, self._inlet(t0), self.power_w, 1.0)
+        self._refresh(t0)
+        self.power_avg_w = self.power_w
+
+    # ---- readable model state -------------------------------------------------------
+    @property
+    def memory_temperature_c(self) -> float | None:
+        return physics.memory_temperature(self.spec, self.temperature_c, self.power_w)
+
+    @property
+    def memory_total_bytes(self) -> int:
+        return self.spec.memory_total_mib * 1024 * 1024
+
+    @property
+    def memory_reserved_bytes(self) -> int:
+        return self.spec.memory_reserved_mib * 1024 * 1024
+
+    @property
+    def memory_used_bytes(self) -> int:
+        usable = self.memory_total_bytes - self.memory_reserved_bytes
+        return int(usable * physics.memory_used_fraction(self.load))
+
+    @property
+    def memory_utilization(self) -> float:
+        return min(1.0, self.utilization * self.spec.memory_bandwidth_share)
+
+    # ---- time -----------------------------------------------------------------------
+    def _inlet(self, t: float) -> float:
+        return physics.inlet_at(self.inlet, t) + self.inlet_offset_c + self.inlet_delta_c
+
+    def _util(self, t: float) -> float:
+        # A GPU that fell off the bus takes its job down with it.
+        return 0.0 if self.lost else physics.utilization_at(self.load, t, self._noise_key)
+
+    def _refresh(self, t: float) -> None:
+        """Recompute the instantaneous operating point at t from the current state."""
+        spec = self.spec
+        self._hw_slow, self._sw_slow = physics.thermal_flags(spec, self.temperature_c, self._hw_slow, self._sw_slow)
+        self.utilization = self._util(t)
+        self.sm_clock_mhz, self.power_w, self.clock_event_reasons = physics.operating_point(
+            spec, self.utilization, self.load.intensity, self._hw_slow, self._sw_slow,
+            self.slow_factor, self.power_limit_w)
+
+    def advance(self, t_target: float) -> None:
+        t = self.t
+        if t_target - t < MIN_ADVANCE_S:
+            return
+        spec = self.spec
+        max_step = max(MAX_STEP_S, (t_target - t) / _MAX_STEPS_PER_ADVANCE)
+        while t < t_target:
+            end = min(t_target, t + max_step, physics.next_load_change(self.load, t))
+            if end <= t:  # float edge case exactly on a load edge
+                end = min(t_target, t + max_step)
+            h = end - t
+            self._refresh(0.5 * (t + end))  # load is constant on [t, end): sample mid-step
+            power = self.power_w
+            target = physics.steady_temperature(spec, self._inlet(t + 0.5 * h), power, self.cooling_factor)
+            self.temperature_c = physics.relax(self.temperature_c, target, h, spec.tau_s)
+            self.power_avg_w = physics.relax(self.power_avg_w, power, h, POWER_AVERAGE_TAU_S)
+            self.energy_j += power * h
+            reasons = self.clock_event_reasons
+            for bit in COUNTED_REASONS:
+                if reasons & bit:
+                    self.violation_ns[bit] += h * 1e9
+            t = end
+        self.t = t
+        self._refresh(t)
+
+    def set_power_limit(self, watts: float) -> None:
+        self.power_limit_w = watts
+        self._refresh(self.t)  # the power controller reacts at once
+
+    # ---- faults ---------------------------------------------------------------------
+    def start_fault(self, fault_id: int, fault: Fault) -> None:
+        self._active[fault_id] = fault
+        self._derive()
+
+    def end_fault(self, fault_id: int) -> None:
+        fault = self._active.pop(fault_id, None)
+        if fault is not None and fault.kind == "lost" and not any(
+                f.kind == "lost" for f in self._active.values()):
+            self._reset()
+        self._derive()
+
+    def _derive(self) -> None:
+        cooling, inlet, slow = 1.0, 0.0, 1.0
+        load = self.base_load
+        lost = no_perm = failure = False
+        for fault in self._active.values():  # insertion order: the latest load wins
+            kind = fault.kind
+            if kind == "cooling":
+                cooling *= fault.factor or 1.0
+            elif kind == "inlet":
+                inlet += fault.delta_c or 0.0
+            elif kind == "slow":
+                slow *= fault.factor or 1.0
+            elif kind == "load":
+                load = fault.load_pattern()
+            elif kind == "lost":
+                lost = True
+            elif kind == "no_permission_on_set":
+                no_perm = True
+            elif kind == "remap_failure":
+                failure = True
+        self.cooling_factor, self.inlet_delta_c, self.slow_factor = cooling, inlet, slow
+        self.load, self.lost, self.no_permission_on_set = load, lost, no_perm
+        self.remap_failure = failure
+        self._refresh(self.t)
+
+    def _reset(self) -> None:
+        """What a GPU reset does to the counters: volatile ECC clears, pending remaps apply."""
+        self.ecc[("corrected", "volatile")] = 0
+        self.ecc[("uncorrected", "volatile")] = 0
+        self.remap_pending = False
+
+    def record_xid(self, code: int, count: int = 1) -> None:
+        self.xid_counts[code] = self.xid_counts.get(code, 0) + count
+
+    def add_ecc(self, kind: str, count: int) -> None:
+        self.ecc[(kind, "volatile")] += count
+        self.ecc[(kind, "aggregate")] += count
+        if kind != "uncorrected":
+            return
+        if self.spec.has_remapped_rows:
+            # Ampere+: the bad row is remapped in the InfoROM now and takes effect at reset.
+            self.remapped_uncorrectable += count
+            self.remap_pending = True
+        elif self.spec.has_retired_pages:
+            for _ in range(count):
+                address = 0x10000 * (self.index + 1) + 0x1000 * len(self.retired_pages)
+                self.retired_pages.append((address, 1, int(time.time())))  # 1: DOUBLE_BIT_ECC cause

@@ -1,0 +1,274 @@
+"""Scenario files: which GPUs, what load, what inlet air, and which faults when.
+
+Validated with pydantic (extra keys forbidden) and reported as one line that names the
+entry and field, e.g. ``demo.yaml: faults[3].kind: unknown fault kind 'coolng' (...)``,
+because a scenario typo should fail the demo loudly instead of silently doing nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pynvml
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .models import MODELS
+
+Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class ScenarioError(ValueError):
+    """A scenario (file or injected fault) is invalid; the message is one line."""
+
+
+class _FieldProblem(ValueError):
+    """Raised from whole-entry validators so the message can still name a field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class LoadPattern(BaseModel):
+    """Utilization over time. `utilization` is the constant value or the busy-phase value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pattern: Literal["constant", "idle", "training"] = "constant"
+    utilization: Ratio = 0.9
+    # training: a square wave — compute for busy_fraction of each period, then a
+    # low phase (optimizer step, data loading, collectives) at low_utilization.
+    period_s: Annotated[float, Field(gt=0.0)] = 10.0
+    busy_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.85
+    low_utilization: Ratio = 0.3
+    phase_s: float = 0.0
+    noise: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0  # ± uniform, re-drawn each second
+    # Power drawn per unit of utilization. NCCL kernels spinning in a collective read ~100 %
+    # utilization at low power: model that as high utilization with low intensity.
+    intensity: Annotated[float, Field(ge=0.0, le=1.5)] = 1.0
+    memory_used_fraction: Ratio | None = None  # None: 85 % when running, ~0 when idle
+
+
+LOAD_FIELDS = tuple(LoadPattern.model_fields)
+
+# What a node runs when nothing says otherwise: a synchronous training job.
+DEFAULT_LOAD = LoadPattern(pattern="training", utilization=0.95, period_s=10.0,
+                           busy_fraction=0.85, low_utilization=0.35, noise=0.02)
+
+
+class InletProfile(BaseModel):
+    """Cold-aisle air temperature: base plus a slow sinusoidal swing (day/night, CRAC cycling)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_c: Annotated[float, Field(ge=-10.0, le=60.0)] = 30.0
+    swing_c: Annotated[float, Field(ge=0.0, le=30.0)] = 0.0
+    period_s: Annotated[float, Field(gt=0.0)] = 86400.0
+
+
+class GpuEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: Annotated[int, Field(ge=0)]
+    model: str = "h100-sxm"
+    load: LoadPattern | None = None  # this GPU's own base load instead of default_load
+    inlet_offset_c: float = 0.0  # rack position: the top of a rack breathes warmer air
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        if v not in MODELS:
+            raise ValueError(f"unknown model {v!r} (expected one of {', '.join(sorted(MODELS))})")
+        return v
+
+
+# kind -> (required params, optional params). `gpu`, `at_s`, `duration_s` are common.
+FAULT_PARAMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "cooling": (frozenset({"factor"}), frozenset()),
+    "inlet": (frozenset({"delta_c"}), frozenset()),
+    "xid": (frozenset({"code"}), frozenset({"count"})),
+    "ecc_uncorrected": (frozenset(), frozenset({"count"})),
+    "ecc_corrected": (frozenset(), frozenset({"count"})),
+    "remap_failure": (frozenset(), frozenset()),
+    "pcie_replay": (frozenset(), frozenset({"count"})),
+    "lost": (frozenset(), frozenset()),
+    "slow": (frozenset({"factor"}), frozenset()),
+    "load": (frozenset({"pattern"}), frozenset(LOAD_FIELDS) - {"pattern"}),
+    "nvml_error": (frozenset({"function", "error"}), frozenset({"count"})),
+    "no_permission_on_set": (frozenset(), frozenset()),
+}
+FAULT_KINDS = tuple(FAULT_PARAMS)
+# Kinds that may leave `gpu` out: inlet air is shared; an NVML error may hit system calls.
+_GPU_OPTIONAL = frozenset({"inlet", "nvml_error"})
+# Kinds that happen once; `duration_s` on them has nothing to end.
+INSTANT_KINDS = frozenset({"xid", "ecc_uncorrected", "ecc_corrected", "pcie_replay"})
+
+# "gpu_is_lost" -> 15, from pynvml's NVML_ERROR_* constants.
+ERROR_CODES: dict[str, int] = {
+    name[len("NVML_ERROR_"):].lower(): getattr(pynvml, name)
+    for name in dir(pynvml) if name.startswith("NVML_ERROR_")
+}
+
+
+class Fault(BaseModel):
+    """One scheduled (or injected) fault. Parameters depend on `kind`; see FAULT_PARAMS."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    gpu: int | Literal["all"] | None = None
+    at_s: Annotated[float, Field(ge=0.0)] | None = None
+    duration_s: Annotated[float, Field(gt=0.0)] | None = None
+    factor: Annotated[float, Field(gt=0.0)] | None = None
+    delta_c: float | None = None
+    code: Annotated[int, Field(ge=1, le=1000)] | None = None
+    count: Annotated[int, Field(ge=1)] | None = None
+    function: str | None = None
+    error: str | None = None
+    # `load` parameters, flat in the entry (same meaning as in LoadPattern).
+    pattern: Literal["constant", "idle", "training"] | None = None
+    utilization: Ratio | None = None
+    period_s: Annotated[float, Field(gt=0.0)] | None = None
+    busy_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    low_utilization: Ratio | None = None
+    phase_s: float | None = None
+    noise: Annotated[float, Field(ge=0.0, le=0.5)] | None = None
+    intensity: Annotated[float, Field(ge=0.0, le=1.5)] | None = None
+    memory_used_fraction: Ratio | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        if v not in FAULT_PARAMS:
+            raise ValueError(f"unknown fault kind {v!r} (expected one of {', '.join(FAULT_KINDS)})")
+        return v
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_index(cls, v: Any) -> Any:
+        # One clear message instead of pydantic's two-branch union complaint.
+        if v is None or v == "all" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return v
+        raise ValueError(f"expected a GPU index (>= 0) or 'all', got {v!r}")
+
+    @field_validator("error")
+    @classmethod
+    def _known_error(cls, v: str | None) -> str | None:
+        if v is not None and v not in ERROR_CODES:
+            raise ValueError(f"unknown NVML error {v!r} (e.g. not_supported, no_permission, "
+                             "unknown, gpu_is_lost, insufficient_power, timeout)")
+        return v
+
+    @field_validator("function")
+    @classmethod
+    def _known_function(cls, v: str | None) -> str | None:
+        from .library import SYMBOLS  # late: the library module imports this one
+
+        if v is not None and v not in SYMBOLS:
+            raise ValueError(f"unknown NVML function {v!r} (not one the simulator implements)")
+        return v
+
+    @model_validator(mode="after")
+    def _params_fit_kind(self) -> Fault:
+        required, optional = FAULT_PARAMS[self.kind]
+        given = {name for name in self.model_fields_set
+                 if name not in ("kind", "gpu", "at_s", "duration_s") and getattr(self, name) is not None}
+        for name in sorted(required - given):
+            raise _FieldProblem(name, f"required for kind {self.kind!r}")
+        for name in sorted(given - required - optional):
+            raise _FieldProblem(name, f"not a parameter of kind {self.kind!r}")
+        if self.gpu is None and self.kind not in _GPU_OPTIONAL:
+            raise _FieldProblem("gpu", f"required for kind {self.kind!r}")
+        if self.kind == "slow" and self.factor is not None and self.factor > 1.0:
+            raise _FieldProblem("factor", "a slowdown factor must be in (0, 1]")
+        return self
+
+    def load_pattern(self) -> LoadPattern:
+        """The LoadPattern a `load` fault switches to."""
+        params = {name: getattr(self, name) for name in LOAD_FIELDS if getattr(self, name) is not None}
+        return LoadPattern(**params)
+
+    def error_code(self) -> int:
+        return ERROR_CODES[self.error] if self.error else 0
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: list[GpuEntry] = Field(default_factory=list)
+    default_load: LoadPattern = DEFAULT_LOAD
+    inlet: InletProfile = InletProfile()
+    faults: list[Fault] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_indexes(self) -> Scenario:
+        seen: set[int] = set()
+        for i, entry in enumerate(self.gpus):
+            if entry.index in seen:
+                raise _FieldProblem(f"gpus[{i}].index", f"GPU {entry.index} is listed twice")
+            seen.add(entry.index)
+        return self
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """The first problem as `source: faults[3].field: message` (plus how many more)."""
+    first = err.errors()[0]
+    loc = tuple(first["loc"])
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, _FieldProblem):
+        loc = loc + (cause.field,)
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif isinstance(cause, Exception):
+        msg = str(cause)  # our own wording, without pydantic's "Value error, " prefix
+    else:
+        msg = first["msg"]
+    more = err.error_count() - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    where = _where(loc) or "<top level>"
+    return f"{source}: {where}: {msg}{suffix}"
+
+
+def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
+    if data is None:
+        data = {}  # an empty file is the healthy default scenario
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: <top level>: expected a mapping, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(format_validation_error(err, source)) from None
+
+
+def parse_fault(data: Any, source: str = "fault") -> Fault:
+    if isinstance(data, Fault):
+        return data
+    try:
+        return Fault.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(format_validation_error(err, source)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ScenarioError(f"{path.name}: cannot read: {err.strerror or err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ScenarioError(f"{path.name}: {line}invalid YAML: {problem}") from None
+    return parse_scenario(data, path.name)

@@ -1,0 +1,23 @@
+import pytest
+
+from gpumond.nvml.session import NvmlSession
+from gpumond.nvml.sim import ManualClock, SimulatedNvml
+
+
+@pytest.fixture
+def make_session():
+    """Factory: a session over a fresh simulated NVML on a manual clock; torn down after the test."""
+    made = []
+
+    def make(gpus=4, **sim_kwargs):
+        clock = sim_kwargs.pop("clock", None) or ManualClock()
+        sim = SimulatedNvml(gpu_count=gpus, node="test-node", clock=clock, **sim_kwargs)
+        session = NvmlSession(install=sim.install, clock=clock.now, retry_max_s=60)
+        made.append((sim, session))
+        session.open()
+        return sim, session, clock
+
+    yield make
+    for sim, session in made:
+        session.close()
+        sim.uninstall()

@@ -1,0 +1,149 @@
+"""The NVML boundary through the real pynvml over the simulated NVML: every error class, per field and per GPU."""
+
+import logging
+
+from gpumond.nvml.session import TierRead
+
+
+def values(read: TierRead, gpu: int) -> dict[tuple[str, str], float]:
+    g = read.gpus[gpu]
+    assert g.identity.index == gpu
+    return {(r, k): v for r, k, v in g.values}
+
+
+def test_every_catalogue_reader_is_read_on_a_hopper_gpu(make_session):
+    sim, s, _ = make_session(gpus=2)
+    fast, slow = s.read("fast"), s.read("slow")
+    assert fast.nvml_up and all(g.up for g in fast.gpus)
+    v = values(fast, 0) | values(slow, 0)
+    for key in [("temperature", "gpu"), ("fields_fast", "memory_temp"), ("power", "watts"),
+                ("power_limit", "enforced"), ("energy", "total"), ("sm_clock", "current"),
+                ("utilization", "gpu"), ("memory", "used"), ("clocks_event", "mask"),
+                ("limit_constraints", "max"), ("limit_default", "default"), ("thresholds", "slowdown"),
+                ("ecc", "uncorrected_volatile"), ("remapped_rows", "pending"), ("pcie_replay", "count")]:
+        assert key in v, key
+    assert v[("limit_constraints", "min")] == 200_000 and v[("limit_constraints", "max")] == 700_000
+    assert abs(v[("temperature", "gpu")] - sim.gpus[0].temperature_c) <= 1
+    ids = s.identities
+    assert len({i.uuid for i in ids}) == 2 and ids[0].pci_bus_id.startswith("00000000:")
+
+
+def test_not_supported_fields_are_skipped_on_an_older_gpu_and_probed_once(make_session):
+    from gpumond.nvml.sim import Scenario
+
+    sim, s, clock = make_session(gpus=2, scenario=Scenario.model_validate({"gpus": [{"index": 1, "model": "v100-sxm2"}]}))
+    s.read("fast"), s.read("slow")
+    probe_calls = sim.gpus[1].device_calls
+    clock.advance(1)
+    fast, slow = s.read("fast"), s.read("slow")
+    steady_calls = sim.gpus[1].device_calls - probe_calls
+    v = values(fast, 1) | values(slow, 1)
+    assert ("fields_fast", "memory_temp") not in v  # no HBM sensor: absent, not 0
+    assert ("remapped_rows", "pending") not in v
+    assert ("retired_pages", "double_bit") in v  # pre-Ampere path instead
+    assert v[("power", "watts")] > 0  # POWER_AVERAGE field unsupported → nvmlDeviceGetPowerUsage
+    assert v[("temperature", "gpu")] > 0  # GetTemperatureV unsupported → GetTemperature
+    # after the probe, unsupported calls and failed alternatives are never made again
+    assert steady_calls < probe_calls
+    before = sim.gpus[1].device_calls
+    clock.advance(1)
+    s.read("fast"), s.read("slow")
+    assert sim.gpus[1].device_calls - before == steady_calls
+
+
+def test_function_not_found_falls_back_to_the_older_symbol_and_says_so_once(make_session, caplog):
+    caplog.set_level(logging.INFO, logger="gpumond.nvml")
+    _, s, clock = make_session(gpus=2, missing_functions=frozenset({"nvmlDeviceGetTemperatureV"}))
+    for _ in range(3):
+        read = s.read("fast")
+        clock.advance(1)
+    assert all(("temperature", "gpu") in values(read, i) for i in range(2))
+    said = [r for r in caplog.records if r.getMessage() == "nvml call not available"
+            and getattr(r, "call", "") == "nvmlDeviceGetTemperatureV"]
+    assert len(said) == 1 and said[0].error == "function_not_found"
+
+
+def test_single_field_not_supported_or_no_permission_leaves_only_that_value_out(make_session):
+    sim, s, clock = make_session(gpus=2)
+    sim.inject({"kind": "nvml_error", "gpu": 0, "function": "nvmlDeviceGetPcieReplayCounter",
+                "error": "no_permission"})
+    sim.inject({"kind": "nvml_error", "gpu": 0, "function": "nvmlDeviceGetTotalEnergyConsumption",
+                "error": "not_supported"})
+    fast, slow = s.read("fast"), s.read("slow")
+    v0, v1 = values(fast, 0) | values(slow, 0), values(fast, 1) | values(slow, 1)
+    assert ("pcie_replay", "count") not in v0 and ("energy", "total") not in v0
+    assert ("pcie_replay", "count") in v1 and ("energy", "total") in v1
+    assert fast.gpus[0].up and ("temperature", "gpu") in v0
+
+
+def test_unknown_is_retried_and_counted(make_session):
+    sim, s, clock = make_session(gpus=2)
+    sim.inject({"kind": "nvml_error", "gpu": 1, "function": "nvmlDeviceGetPowerUsage", "error": "unknown",
+                "count": 1})
+    sim.inject({"kind": "nvml_error", "gpu": 1, "function": "nvmlDeviceGetUtilizationRates",
+                "error": "unknown", "count": 3})
+    sim.inject({"kind": "nvml_error", "gpu": 1, "function": "nvmlDeviceGetFieldValues", "error": "unknown",
+                "count": 1})
+    read = s.read("fast")
+    v = values(read, 1)
+    assert ("fields_fast", "memory_temp") in v  # one Unknown, retried at once, value kept
+    assert ("utilization", "gpu") not in v  # failed twice in this cycle: left out, not stale
+    assert s.errors_total[(1, "nvmlDeviceGetUtilizationRates", "unknown")] == 2
+    clock.advance(1)
+    read = s.read("fast")
+    assert ("utilization", "gpu") in values(read, 1)  # the third failure was retried in-cycle
+    assert s.errors_total[(1, "nvmlDeviceGetUtilizationRates", "unknown")] == 3
+    assert read.gpus[1].up
+
+
+def test_gpu_lost_is_up_zero_within_one_cycle_its_handle_left_alone_then_recovered(make_session):
+    sim, s, clock = make_session(gpus=4)
+    s.read("fast")
+    sim.inject({"kind": "lost", "gpu": 2, "duration_s": 30})
+    read = s.read("fast")
+    assert [g.up for g in read.gpus] == [True, True, False, True]
+    assert values(read, 3)[("temperature", "gpu")] > 0  # peers unaffected
+    touched = sim.gpus[2].device_calls
+    for _ in range(5):  # 5 s: inside the first backoff windows (2 s, 4 s)
+        clock.advance(1)
+        read = s.read("fast")
+        s.read("slow")
+        assert not read.gpus[2].up
+    # at most the backoff probes (one GetHandleByUUID + GetUUID each) touched it
+    assert sim.gpus[2].device_calls - touched <= 2
+    clock.advance(40)  # the fault ends at 30 s; next retry brings it back
+    for _ in range(3):
+        read = s.read("fast")
+        clock.advance(10)
+    assert read.gpus[2].up and ("temperature", "gpu") in values(read, 2)
+
+
+def test_lost_gpu_inside_a_field_values_batch_is_still_lost(make_session):
+    sim, s, _ = make_session(gpus=2)
+    sim.inject({"kind": "nvml_error", "gpu": 0, "function": "nvmlDeviceGetTemperatureV", "error": "gpu_is_lost",
+                "count": 1})
+    read = s.read("fast")
+    assert not read.gpus[0].up and read.gpus[1].up
+
+
+def test_driver_mismatch_is_a_clear_log_line_and_up_zero_not_a_crash(make_session, caplog):
+    caplog.set_level(logging.ERROR, logger="gpumond.nvml")
+    _, s, clock = make_session(gpus=2, init_error="lib_rm_version_mismatch")
+    assert not s.up
+    read = s.read("fast")
+    assert not read.nvml_up and read.gpus == ()
+    assert "reboot" in read.error
+    lines = [r for r in caplog.records if r.getMessage() == "nvml unavailable"]
+    assert len(lines) == 1 and lines[0].error == "lib_rm_version_mismatch"
+    for _ in range(10):  # retried with backoff, said once
+        clock.advance(30)
+        s.read("fast")
+    assert len([r for r in caplog.records if r.getMessage() == "nvml unavailable"]) == 1
+
+
+def test_compute_pids_and_handle_mapping(make_session):
+    sim, s, _ = make_session(gpus=2)
+    sim.set_processes(1, [4242, 4243])
+    assert s.compute_pids() == {0: (), 1: (4242, 4243)}
+    h = s.handles()[1]
+    assert s.index_of_handle(h) == 1
