@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from gpumond import __version__
@@ -11,11 +11,17 @@ from gpumond.agent import gpu_series
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.readings import HostReading, Series, Snapshot, SourceResult
 from gpumond.agent.sources import PartialFailure, run_source, self_series
-from gpumond.nvml.session import GpuIdentity, NvmlSession
+from gpumond.agent.policy.view import GpuView
+from gpumond.agent.policy.views import build_views
+from gpumond.nvml.session import GpuIdentity, NvmlSession, TierRead
 
 
 class JobSource(Protocol):
     def jobs_for(self, pids: Iterable[int]) -> tuple[str, ...]: ...
+
+
+class PolicySource(Protocol):
+    def cycle(self, views: Sequence[GpuView], xid_counts: Mapping[tuple[int, int], int]) -> Iterable[Series]: ...
 
 
 class HostSource(Protocol):
@@ -54,6 +60,7 @@ class Sampler:
         xid: XidSource | None = None,
         jobs: JobSource | None = None,
         host: HostSource | None = None,
+        policy: PolicySource | None = None,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -63,6 +70,8 @@ class Sampler:
         self._xid = xid
         self._jobs = jobs
         self._host = host
+        self._policy = policy
+        self._slow_read: TierRead | None = None
         self._clock = clock
         self._timer = timer
         self._slow: tuple[SourceResult, ...] = ()
@@ -75,8 +84,11 @@ class Sampler:
 
     def slow_cycle(self) -> tuple[SourceResult, ...]:
         """ECC, remaps, limits, thresholds and job attribution; kept until the next slow cycle."""
-        results = [run_source("nvml_slow", lambda: gpu_series.tier_series(
-            self._session.read("slow"), with_up=False), self._timer)]
+        def slow() -> list[Series]:
+            self._slow_read = self._session.read("slow")
+            return gpu_series.tier_series(self._slow_read, with_up=False)
+
+        results = [run_source("nvml_slow", slow, self._timer)]
         if self._jobs is not None:
             jobs = self._jobs
 
@@ -90,7 +102,12 @@ class Sampler:
 
     def fast_cycle(self) -> Rendered:
         """Temperatures, power, clocks, utilization, XIDs, host; then render everything once."""
-        results = [run_source("nvml_fast", self._fast_nvml, self._timer)]
+        reads: list[TierRead] = []
+        results = [run_source("nvml_fast", lambda: self._fast_nvml(reads), self._timer)]
+        if self._policy is not None and reads and reads[0].nvml_up:
+            policy, views = self._policy, build_views(reads[0], self._slow_read)
+            xids = self._xid.counts() if self._xid is not None else {}
+            results.append(run_source("policy", lambda: policy.cycle(views, xids), self._timer))
         if self._xid is not None:
             results.append(run_source("xid", self._xid_series, self._timer))
         if self._host is not None:
@@ -105,8 +122,9 @@ class Sampler:
         self.cycles += 1
         return self.latest
 
-    def _fast_nvml(self) -> list[Series]:
+    def _fast_nvml(self, reads: list[TierRead]) -> list[Series]:
         read = self._session.read("fast")
+        reads.append(read)
         idents = self._idents()
         out = gpu_series.tier_series(read, with_up=True)
         out.extend(gpu_series.info_series(idents.values(), self._hostname))

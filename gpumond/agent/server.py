@@ -14,10 +14,29 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+def accepts_gzip(header: bytes) -> bool:
+    """RFC 9110 content negotiation for gzip: `gzip;q=0` refuses it, `*` accepts it unless gzip is refused."""
+    weights: dict[bytes, float] = {}
+    for item in header.split(b","):
+        coding, _, params = item.strip().partition(b";")
+        q = 1.0
+        for p in params.split(b";"):
+            name, _, val = p.strip().partition(b"=")
+            if name.strip().lower() == b"q":
+                try:
+                    q = float(val)
+                except ValueError:
+                    q = 0.0
+        weights[coding.strip().lower()] = q
+    if b"gzip" in weights:
+        return weights[b"gzip"] > 0
+    return weights.get(b"*", 0.0) > 0
+
+
 def _accepts_gzip(scope: Scope) -> bool:
     for k, v in scope.get("headers", ()):
-        if k == b"accept-encoding" and b"gzip" in v:
-            return True
+        if k == b"accept-encoding":
+            return accepts_gzip(v)
     return False
 
 

@@ -168,6 +168,11 @@ READERS: tuple[Reader, ...] = (
     Reader("power_limit", "fast", (
         Call("nvmlDeviceGetEnforcedPowerLimit", lambda h: {"enforced": pynvml.nvmlDeviceGetEnforcedPowerLimit(h)}),
     )),
+    # What was asked of the driver (by us, nvidia-smi -pl, or the default); policy drift is judged on this.
+    Reader("power_limit_requested", "fast", (
+        Call("nvmlDeviceGetPowerManagementLimit",
+             lambda h: {"requested": pynvml.nvmlDeviceGetPowerManagementLimit(h)}),
+    )),
     Reader("energy", "fast", (
         Call("nvmlDeviceGetTotalEnergyConsumption",
              lambda h: {"total": pynvml.nvmlDeviceGetTotalEnergyConsumption(h)}),

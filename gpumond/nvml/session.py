@@ -60,8 +60,19 @@ class _GpuState:
     backoff: float = _FIRST_BACKOFF_S
 
 
-class NvmlError(RuntimeError):
-    """NVML cannot be used at all (library missing, driver mismatch); the message says what to do."""
+class SetFailed(RuntimeError):
+    """A power-limit change did not take; `kind` is no_permission | invalid | gpu_lost | not_applied | …"""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+_SET_KIND = {
+    Disposition.NO_PERMISSION: "no_permission",
+    Disposition.GPU_LOST: "gpu_lost",
+    Disposition.UNSUPPORTED: "not_supported",
+}
 
 
 class NvmlSession:
@@ -284,6 +295,47 @@ class NvmlSession:
         g.backoff = _FIRST_BACKOFF_S
         log.warning("gpu back", extra={"gpu": g.identity.index, "uuid": g.identity.uuid})
         return True
+
+    # ----- actuation -----------------------------------------------------------------------------
+    def set_power_limit(self, index: int, watts: float) -> float:
+        """Set the power management limit and return what the driver reports back, in watts.
+
+        Uses the v1 setter: nvidia-ml-py's nvmlDeviceSetPowerManagementLimit_v2 ignores the driver's
+        return code. The read-back is the truth either way; a mismatch raises SetFailed("not_applied").
+        """
+        with self._lock:
+            g = self._gpu(index)
+            milliwatts = int(round(watts * 1000))
+            try:
+                pynvml.nvmlDeviceSetPowerManagementLimit(g.handle, milliwatts)
+                back = pynvml.nvmlDeviceGetPowerManagementLimit(g.handle)
+            except pynvml.NVMLError as e:
+                d = classify(e)
+                if d is Disposition.GPU_LOST:
+                    self._mark_lost(g, "nvmlDeviceSetPowerManagementLimit")
+                raise SetFailed(_SET_KIND.get(d, error_name(e)), str(e)) from None
+            if abs(back - milliwatts) > 1000:
+                raise SetFailed("not_applied", f"asked {milliwatts} mW, driver reports {back} mW")
+            return back / 1000.0
+
+    def get_power_limit(self, index: int) -> float:
+        """The power management limit currently requested from the driver, in watts."""
+        with self._lock:
+            g = self._gpu(index)
+            try:
+                return pynvml.nvmlDeviceGetPowerManagementLimit(g.handle) / 1000.0
+            except pynvml.NVMLError as e:
+                if classify(e) is Disposition.GPU_LOST:
+                    self._mark_lost(g, "nvmlDeviceGetPowerManagementLimit")
+                raise SetFailed(_SET_KIND.get(classify(e), error_name(e)), str(e)) from None
+
+    def _gpu(self, index: int) -> _GpuState:
+        for g in self._gpus:
+            if g.identity.index == index:
+                if g.lost or not self._up:
+                    raise SetFailed("gpu_lost", f"GPU {index} is not readable")
+                return g
+        raise SetFailed("no_such_gpu", f"no GPU {index}")
 
     # ----- other uses ----------------------------------------------------------------------------
     def compute_pids(self) -> dict[int, tuple[int, ...]]:

@@ -46,3 +46,17 @@ def test_other_paths_and_methods():
     assert status == 405 and headers[b"allow"] == b"GET, HEAD"
     status, _, body = call(app, "/metrics", method="HEAD")
     assert status == 200 and body == b""
+
+
+import pytest
+
+from gpumond.agent.server import accepts_gzip
+
+
+@pytest.mark.parametrize("header, ok", [
+    (b"gzip", True), (b"gzip, deflate", True), (b"identity, gzip;q=0", False), (b"gzip;q=0.5", True),
+    (b"*", True), (b"*;q=0", False), (b"deflate", False), (b"", False), (b"*, gzip;q=0", False),
+    (b"GZIP", True), (b"gzip;q=bogus", False),
+])
+def test_gzip_negotiation(header, ok):
+    assert accepts_gzip(header) is ok

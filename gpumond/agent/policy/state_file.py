@@ -1,0 +1,70 @@
+"""Crash-safe record of the limits the policy found and set, so a restarted agent can restore or resume."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger("gpumond.policy")
+
+VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRecord:
+    """Per GPU (keyed by UUID): the limit before gpumond touched it, and the last one gpumond set."""
+
+    original_w: float
+    last_set_w: float | None = None
+
+
+class StateFile:
+    """A JSON file replaced atomically (write temp, fsync, rename, fsync dir) on every change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, LimitRecord]:
+        """Records from the last run; a missing file is empty, a corrupt one is set aside and reported."""
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        try:
+            data = json.loads(raw)
+            if data.get("version") != VERSION:
+                raise ValueError(f"unknown version {data.get('version')!r}")
+            return {uuid: LimitRecord(float(r["original_w"]),
+                                      None if r.get("last_set_w") is None else float(r["last_set_w"]))
+                    for uuid, r in data["gpus"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            aside = self.path.with_suffix(".corrupt")
+            os.replace(self.path, aside)
+            log.error("policy state file unreadable; set aside, original limits from it are lost",
+                      extra={"path": str(self.path), "moved_to": str(aside), "error": str(e)})
+            return {}
+
+    def save(self, records: dict[str, LimitRecord]) -> None:
+        """Atomically replace the file; a crash at any point leaves either the old or the new version."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"version": VERSION, "gpus": {u: asdict(r) for u, r in sorted(records.items())}},
+                          indent=1, sort_keys=True)
+        fd, tmp = tempfile.mkstemp(prefix=".policy-", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)

@@ -1,0 +1,47 @@
+"""Pure: the latest fast and slow reads of each GPU, folded into the policy's immutable GpuView."""
+
+from __future__ import annotations
+
+from gpumond.agent.policy.view import GpuView
+from gpumond.nvml.session import TierRead
+
+# (reader, key) → (GpuView field, divisor from NVML units)
+_FIELDS: dict[tuple[str, str], tuple[str, float]] = {
+    ("temperature", "gpu"): ("temperature_c", 1),
+    ("fields_fast", "memory_temp"): ("memory_temperature_c", 1),
+    ("power", "watts"): ("power_w", 1000),
+    ("power_limit", "enforced"): ("enforced_limit_w", 1000),
+    ("power_limit_requested", "requested"): ("requested_limit_w", 1000),
+    ("limit_constraints", "min"): ("limit_min_w", 1000),
+    ("limit_constraints", "max"): ("limit_max_w", 1000),
+    ("limit_default", "default"): ("limit_default_w", 1000),
+    ("thresholds", "slowdown"): ("slowdown_c", 1),
+    ("thresholds", "shutdown"): ("shutdown_c", 1),
+    ("thresholds", "gpu_max"): ("gpu_max_c", 1),
+    ("sm_clock", "current"): ("sm_clock_hz", 1e-6),
+    ("ecc", "uncorrected_volatile"): ("ecc_uncorrected_volatile", 1),
+    ("ecc", "uncorrected_aggregate"): ("ecc_uncorrected_aggregate", 1),
+}
+
+
+def build_views(fast: TierRead, slow: TierRead | None) -> list[GpuView]:
+    """One GpuView per GPU in the fast read; slow-tier values come from the last slow read."""
+    slow_values = {}
+    if slow is not None:
+        slow_values = {g.identity.index: g.values for g in slow.gpus if g.up}
+    views = []
+    for g in fast.gpus:
+        kw: dict[str, object] = {}
+        for reader, key, value in (*g.values, *slow_values.get(g.identity.index, ())) if g.up else ():
+            if (reader, key) == ("clocks_event", "mask"):
+                kw["clocks_event_mask"] = int(value)
+            elif (reader, key) == ("remapped_rows", "pending"):
+                kw["remap_pending"] = bool(value)
+            elif (reader, key) == ("remapped_rows", "failure"):
+                kw["remap_failed"] = bool(value)
+            elif (reader, key) in _FIELDS:
+                name, div = _FIELDS[(reader, key)]
+                kw[name] = value / div
+        views.append(GpuView(index=g.identity.index, uuid=g.identity.uuid, name=g.identity.name, up=g.up,
+                             **kw))  # type: ignore[arg-type]
+    return views

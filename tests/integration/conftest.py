@@ -1,0 +1,87 @@
+"""Fixtures for integration tests: agents, a real Prometheus, promtool — all on 127.0.0.1.
+
+Fixtures (function scope; everything they start is stopped at teardown):
+
+- `start_agent(*args, name="agent", port=None, timeout=30) -> AgentProcess`: starts
+  `python -m gpumond.cli agent ARGS --listen 127.0.0.1:<free port>` in tmp_path/<name>
+  and waits until /healthz is 200.
+- `start_prometheus(targets, name="prometheus", **kw) -> PrometheusServer`: a real
+  Prometheus scraping `targets` ("127.0.0.1:PORT") every second, ready (/-/ready 200).
+- `promtool`: path of the promtool binary (fails, never skips, when it is missing).
+
+Module-scoped setups build the same objects from `helpers` directly (see
+test_agent_faults.py). Whatever the scope, a failed test gets the stdout/stderr of every
+process that was running during it (or started for it) appended to its report, and any
+process left running at the end of the session is stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.integration import helpers
+from tests.integration.helpers import REGISTRY, AgentProcess, PrometheusServer
+
+_FIRST_PROC = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_FIRST_PROC] = len(REGISTRY)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    first = item.stash.get(_FIRST_PROC, len(REGISTRY))
+    for i, proc in enumerate(REGISTRY):
+        if i >= first or proc.running:
+            report.sections.append((f"{proc.label} #{i} output", proc.describe()))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for proc in REGISTRY:  # the safety net; fixtures normally stopped them already
+        if proc.running:
+            proc.stop()
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
+    started: list[AgentProcess] = []
+
+    def start(*args: str | Path, name: str = "agent", port: int | None = None,
+              timeout: float = helpers.START_TIMEOUT_S) -> AgentProcess:
+        agent = AgentProcess(list(args), tmp_path / name, port=port)
+        started.append(agent)
+        return agent.start(timeout)
+
+    yield start
+    for agent in started:
+        if agent.proc is not None:
+            agent.stop()
+
+
+@pytest.fixture
+def start_prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
+    started: list[PrometheusServer] = []
+
+    def start(targets: Sequence[str], *, name: str = "prometheus", **kwargs: object) -> PrometheusServer:
+        prom = PrometheusServer(targets, tmp_path / name, **kwargs)  # type: ignore[arg-type]
+        started.append(prom)
+        return prom.start()
+
+    yield start
+    for prom in started:
+        if prom.proc is not None:
+            prom.stop()
+
+
+@pytest.fixture
+def promtool() -> str:
+    return helpers.require_binary("promtool")
