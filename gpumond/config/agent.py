@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, ValidationInfo, field_validator
+from pydantic_core import core_schema
 
 from gpumond.config.types import ConfigModel, ListenAddress
 
@@ -71,6 +74,163 @@ class LogConfig(ConfigModel):
     format: Annotated[Literal["logfmt", "json"], BeforeValidator(_lowercase)] = "logfmt"
 
 
+_PERCENT = re.compile(r"\d+(\.\d+)?%", re.ASCII)
+_GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+_POWER_HINT = 'must be watts (a number) or a percentage of the default limit, e.g. "80%"'
+
+
+@dataclass(frozen=True, slots=True)
+class PowerSetting:
+    """A requested power limit: absolute watts, or a percentage of the board's default limit."""
+
+    watts: float | None = None
+    percent: float | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> PowerSetting:
+        """Read a YAML number (watts) or an "N%" string; raise ValueError for anything else."""
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(_POWER_HINT)
+        if isinstance(value, str):
+            if not _PERCENT.fullmatch(value):
+                raise ValueError(_POWER_HINT)
+            percent = float(value[:-1])
+            if not 0 < percent <= 200:
+                raise ValueError("a percentage must be greater than 0% and at most 200%")
+            return cls(percent=percent)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError("watts must be a number greater than 0")
+        return cls(watts=float(value))
+
+    def __str__(self) -> str:
+        if self.percent is not None:
+            return f"{self.percent:g}%"
+        return f"{self.watts:g} W"
+
+    def _dump(self) -> float | str:
+        return f"{self.percent:g}%" if self.percent is not None else float(self.watts or 0.0)
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            lambda v: v if isinstance(v, cls) else cls.parse(v),
+            serialization=core_schema.plain_serializer_function_ser_schema(cls._dump),
+            json_schema_input_schema=core_schema.union_schema(
+                [core_schema.float_schema(gt=0), core_schema.str_schema(pattern=_PERCENT.pattern)]
+            ),
+        )
+
+
+def gpu_selector_kind(selector: str) -> Literal["uuid", "index", "model"] | None:
+    """What a per_gpu key names: a GPU UUID, an index, a model name; None if it is none of them."""
+    if selector.upper().startswith(("GPU-", "MIG-")):
+        # MIG instances share their parent's power limit, so only a whole GPU is a target.
+        return "uuid" if _GPU_UUID.fullmatch(selector) else None
+    if selector.isdecimal():
+        # "01" is almost certainly a typo for an index; refusing it keeps one spelling per GPU.
+        return "index" if selector == str(int(selector)) else None
+    if not selector.strip() or selector != selector.strip() or selector.lstrip("+-").isdecimal():
+        return None
+    return "model"
+
+
+@dataclass(frozen=True, slots=True)
+class PerGpuLimits:
+    """`power_limit.per_gpu`: selector → PowerSetting, immutable and hashable like every section."""
+
+    items: tuple[tuple[str, PowerSetting], ...] = ()
+
+    def get(self, selector: str) -> PowerSetting | None:
+        """The setting for this exact selector (UUIDs compare case-insensitively)."""
+        key = _selector_key(selector)
+        return next((s for k, s in self.items if _selector_key(k) == key), None)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @classmethod
+    def _from_mapping(cls, value: dict[str, PowerSetting]) -> PerGpuLimits:
+        seen: dict[str, str] = {}
+        for selector in value:
+            if gpu_selector_kind(selector) is None:
+                raise ValueError(
+                    f"{selector!r} is not a GPU index (0, 1, …), a GPU UUID (GPU-xxxxxxxx-xxxx-…) "
+                    "or a model name (e.g. 'NVIDIA H100 80GB HBM3')"
+                )
+            key = _selector_key(selector)
+            if key in seen:
+                raise ValueError(f"{selector!r} names the same GPUs as {seen[key]!r}")
+            seen[key] = selector
+        return cls(tuple(value.items()))
+
+    @staticmethod
+    def _int_keys_to_text(value: Any) -> Any:
+        # YAML reads `per_gpu: {0: 350}` with an integer key; that is an index, say so.
+        if not isinstance(value, dict):
+            return value
+        return {str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v for k, v in value.items()}
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        mapping = core_schema.dict_schema(
+            keys_schema=core_schema.str_schema(strict=True),
+            values_schema=handler.generate_schema(PowerSetting),
+        )
+        return core_schema.no_info_before_validator_function(
+            cls._int_keys_to_text,
+            core_schema.no_info_after_validator_function(cls._from_mapping, mapping),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda v: {k: s._dump() for k, s in v.items}
+            ),
+        )
+
+
+def _selector_key(selector: str) -> str:
+    return selector.lower() if selector.upper().startswith("GPU-") else selector
+
+
+class PowerLimitConfig(ConfigModel):
+    """Persistent power limits: one for every GPU, overridden per index, UUID or model name."""
+
+    default_w: PowerSetting | None = None
+    per_gpu: PerGpuLimits = Field(PerGpuLimits(), json_schema_extra={"default": {}})
+
+
+class ThermalConfig(ConfigModel):
+    """The closed-loop thermal power capping controller."""
+
+    enabled: bool = True
+    # None: the GPU's own slowdown threshold minus margin_c (83 °C when none is reported).
+    target_c: float | None = Field(None, ge=30, le=110)
+    margin_c: float = Field(5.0, ge=0, le=40)
+    memory_target_c: float | None = Field(None, ge=30, le=120)
+    hysteresis_c: float = Field(3.0, ge=0, le=20)
+    step_w: float = Field(10.0, gt=0, le=1000)
+    floor_w: float | None = Field(None, gt=0, le=10000)
+    interval_s: float = Field(5.0, ge=1, le=600)
+
+
+class PolicyAlertsConfig(ConfigModel):
+    """How long a condition must last before the agent raises its alert."""
+
+    throttle_after_s: float = Field(60.0, ge=0, le=86400)
+    floor_after_s: float = Field(300.0, ge=0, le=86400)
+
+
+class PolicyConfig(ConfigModel):
+    """What the agent may do to the GPUs: persistent limits, thermal capping, local alerts."""
+
+    mode: Annotated[Literal["enforce", "dry_run", "off"], BeforeValidator(_lowercase)] = "enforce"
+    restore_on_exit: bool = True
+    power_limit: PowerLimitConfig = PowerLimitConfig()
+    thermal: ThermalConfig = ThermalConfig()
+    alerts: PolicyAlertsConfig = PolicyAlertsConfig()
+
+
 class AgentConfig(ConfigModel):
     """The whole agent config file (`agent.yaml`)."""
 
@@ -82,6 +242,7 @@ class AgentConfig(ConfigModel):
     host: HostConfig = HostConfig()
     state_dir: Path = Field(Path("/var/lib/gpumond"), strict=False)
     log: LogConfig = LogConfig()
+    policy: PolicyConfig = PolicyConfig()
 
     @field_validator("node_name", mode="before")
     @classmethod

@@ -1,0 +1,230 @@
+"""The agent's own alert rules: GPU views (and new XIDs) in, alert conditions out. Pure.
+
+Durations are the AlertTracker's job (each condition carries its `for_s`); this module only
+says what is true now, and remembers what must outlive one sample: the last ECC counters
+(to see an increase) and recent events (an XID or an ECC increase stays active for
+EVENT_HOLD_S, since an event has no "still true" of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+
+from gpumond.agent.policy.view import (
+    HW_POWER_BRAKE_SLOWDOWN,
+    HW_SLOWDOWN,
+    HW_THERMAL_SLOWDOWN,
+    SW_THERMAL_SLOWDOWN,
+    GpuView,
+)
+from gpumond.agent.policy.xid_table import xid_info
+from gpumond.alerts.model import Condition, rfc3339
+from gpumond.config import PolicyAlertsConfig
+
+RUNBOOK_URL = "https://github.com/gpumond/gpumond/blob/main/docs/runbooks.md"
+EVENT_HOLD_S = 900.0  # an XID or an ECC increase stays active 15 min (agent time) after the last one
+LOST_FOR_S = 15.0  # one failed read is not a lost GPU; XID 79 alerts at once anyway
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSpec:
+    """An alert the agent can raise: fixed severity (None: from the XID table) and wording."""
+
+    severity: str | None
+    summary: str
+    meaning: str
+
+
+ALERTS: dict[str, AlertSpec] = {
+    "GpuHwThermalSlowdown": AlertSpec(
+        "critical", "hardware thermal slowdown",
+        "The GPU reached its hardware slowdown temperature and cut its clocks by half or more."),
+    "GpuHwSlowdown": AlertSpec(
+        "critical", "hardware slowdown",
+        "Hardware slowdown is engaged without a thermal or power-brake reason, typically power "
+        "draw too high for the board."),
+    "GpuHwPowerBrakeSlowdown": AlertSpec(
+        "critical", "hardware power-brake slowdown",
+        "An external power-brake signal (e.g. from the system power supply) holds the clocks down."),
+    "GpuSwThermalSlowdown": AlertSpec(
+        "warning", "software thermal slowdown",
+        "The driver lowers clocks to keep the GPU under its maximum operating temperature."),
+    "GpuEccUncorrectedIncreasing": AlertSpec(
+        "critical", "uncorrected ECC errors increasing",
+        "The GPU reported new uncorrectable memory errors; affected applications got bad data or were stopped."),
+    "GpuRowRemapPending": AlertSpec(
+        "warning", "row remap pending",
+        "A memory row is marked for remapping; it takes effect at the next GPU reset."),
+    "GpuRowRemapFailed": AlertSpec(
+        "critical", "row remapping failed",
+        "A row remap failed: the GPU can no longer isolate its bad memory."),
+    "GpuXidCritical": AlertSpec(
+        None, "XID error",
+        "The driver reported an XID error event (NVML XidCriticalError)."),
+    "GpuLost": AlertSpec(
+        "critical", "GPU lost",
+        "NVML cannot read this GPU: it fell off the bus, is being reset, or is failing."),
+    "GpuPowerCapAtFloor": AlertSpec(
+        "warning", "thermal power cap pinned at its floor",
+        "The thermal controller holds the power limit at its floor and the GPU is still above "
+        "target: the next stop is hardware slowdown."),
+}
+
+# Clock-event bits → alert, checked in this order.
+_THROTTLES = (
+    (HW_THERMAL_SLOWDOWN, "GpuHwThermalSlowdown"),
+    (HW_POWER_BRAKE_SLOWDOWN, "GpuHwPowerBrakeSlowdown"),
+    (SW_THERMAL_SLOWDOWN, "GpuSwThermalSlowdown"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """Events of one kind on one GPU within the hold: when, and how many."""
+
+    gpu: int
+    uuid: str
+    first_at: float
+    last_at: float
+    count: float
+
+
+@dataclass(frozen=True, slots=True)
+class AgentAlertState:
+    """What the rules remember between samples; start from `AgentAlertState()`."""
+
+    ecc_counts: tuple[tuple[str, float | None, float | None], ...] = ()  # (uuid, volatile, aggregate)
+    ecc_events: tuple[EventRecord, ...] = ()
+    xid_events: tuple[tuple[int, EventRecord], ...] = ()  # (xid, record)
+
+
+def agent_conditions(
+    views: Sequence[GpuView], prev: AgentAlertState, new_xids: Sequence[tuple[int, int]], node: str,
+    cfg: PolicyAlertsConfig, now: float, *, at_floor: Collection[str] = frozenset(),
+) -> tuple[AgentAlertState, list[Condition]]:
+    """Conditions true now for this node's GPUs.
+
+    `new_xids` are (gpu index, xid) events seen since the last call; `at_floor` holds the
+    UUIDs whose thermal controller is pinned at its floor (ThermalState.at_floor).
+    """
+    state = _track_ecc(prev, views, now)
+    state = _track_xids(state, views, new_xids, now)
+    conditions: list[Condition] = []
+    for view in views:
+        if not view.up:
+            conditions.append(_condition("GpuLost", view.index, view.uuid, node, LOST_FOR_S))
+            continue
+        conditions += _throttles(view, node, cfg)
+        if view.remap_failed:
+            conditions.append(_condition("GpuRowRemapFailed", view.index, view.uuid, node, 0.0, _values(view)))
+        if view.remap_pending:
+            conditions.append(_condition("GpuRowRemapPending", view.index, view.uuid, node, 0.0, _values(view)))
+        if view.uuid in at_floor:
+            conditions.append(_condition("GpuPowerCapAtFloor", view.index, view.uuid, node, cfg.floor_after_s,
+                                         _values(view)))
+    by_uuid = {v.uuid: v for v in views}
+    for record in state.ecc_events:
+        view = by_uuid.get(record.uuid)
+        counters = ""
+        if view is not None and view.ecc_uncorrected_volatile is not None:
+            counters = f" Counters now: volatile {view.ecc_uncorrected_volatile:g}"
+            if view.ecc_uncorrected_aggregate is not None:
+                counters += f", aggregate {view.ecc_uncorrected_aggregate:g}"
+            counters += "."
+        conditions.append(_condition("GpuEccUncorrectedIncreasing", record.gpu, record.uuid, node, 0.0,
+                                     f"{record.count:g} new error(s) {_span(record)}.{counters}"))
+    for code, record in state.xid_events:
+        info = xid_info(code)
+        conditions.append(_condition(
+            "GpuXidCritical", record.gpu, record.uuid, node, 0.0,
+            f"XID {code}: {info.meaning}; {record.count:g} time(s) {_span(record)}. {info.action}",
+            severity=info.severity, xid=code,
+        ))
+    return state, conditions
+
+
+def _throttles(view: GpuView, node: str, cfg: PolicyAlertsConfig) -> list[Condition]:
+    mask = view.clocks_event_mask or 0
+    found = [name for bit, name in _THROTTLES if mask & bit]
+    # HwSlowdown is also raised alongside the thermal and power-brake reasons; alone, it
+    # means another hardware protection (e.g. power draw too high for the board).
+    if mask & HW_SLOWDOWN and not mask & (HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN):
+        found.append("GpuHwSlowdown")
+    return [_condition(name, view.index, view.uuid, node, cfg.throttle_after_s, _values(view)) for name in found]
+
+
+def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float) -> AgentAlertState:
+    """Update counter baselines; a rise is an event, a drop (driver reload, reset) a new baseline."""
+    counts = {uuid: (vol, agg) for uuid, vol, agg in state.ecc_counts}
+    events = {r.uuid: r for r in state.ecc_events if now - r.last_at < EVENT_HOLD_S}
+    for view in views:
+        current = (view.ecc_uncorrected_volatile, view.ecc_uncorrected_aggregate)
+        before = counts.get(view.uuid)
+        if before is not None:
+            rises = [c - b for b, c in zip(before, current, strict=True) if b is not None and c is not None]
+            increase = max(rises, default=0.0)
+            if increase > 0:
+                old = events.get(view.uuid)
+                events[view.uuid] = (
+                    replace(old, last_at=now, count=old.count + increase, gpu=view.index) if old
+                    else EventRecord(view.index, view.uuid, now, now, increase)
+                )
+        # A missing reading (lost GPU, slow tier not run yet) keeps the old baseline.
+        merged = tuple(c if c is not None else b for b, c in zip(before or (None, None), current, strict=True))
+        counts[view.uuid] = (merged[0], merged[1])
+    return replace(
+        state,
+        ecc_counts=tuple(sorted((uuid, vol, agg) for uuid, (vol, agg) in counts.items())),
+        ecc_events=tuple(sorted(events.values(), key=lambda r: (r.gpu, r.uuid))),
+    )
+
+
+def _track_xids(state: AgentAlertState, views: Sequence[GpuView], new_xids: Sequence[tuple[int, int]],
+                now: float) -> AgentAlertState:
+    by_index = {v.index: v.uuid for v in views}
+    events = {(code, r.uuid): r for code, r in state.xid_events if now - r.last_at < EVENT_HOLD_S}
+    for gpu, code in new_xids:
+        uuid = by_index.get(gpu, "unknown")
+        old = events.get((code, uuid))
+        events[(code, uuid)] = (replace(old, last_at=now, count=old.count + 1) if old
+                                else EventRecord(gpu, uuid, now, now, 1))
+    ordered = sorted(events.items(), key=lambda item: (item[1].gpu, item[0][0]))
+    return replace(state, xid_events=tuple((code, record) for (code, _), record in ordered))
+
+
+def _condition(alertname: str, gpu: int, uuid: str, node: str, for_s: float, details: str = "",
+               severity: str | None = None, xid: int | None = None) -> Condition:
+    spec = ALERTS[alertname]
+    labels: dict[str, object] = {"alertname": alertname, "severity": severity or spec.severity,
+                                 "node": node, "gpu": gpu, "uuid": uuid}
+    if xid is not None:
+        labels["xid"] = xid
+    annotations = {
+        "summary": f"GPU {gpu} on {node}: {spec.summary}" + (f" (XID {xid})" if xid is not None else ""),
+        "description": f"{spec.meaning} {details}".strip(),
+        "runbook_url": f"{RUNBOOK_URL}#{alertname.lower()}",
+    }
+    return Condition.of(labels, annotations, for_s)
+
+
+def _values(view: GpuView) -> str:
+    """The GPU's current readings, for the description (labels never carry changing values)."""
+    parts = []
+    if view.temperature_c is not None:
+        slow = f" (slowdown at {view.slowdown_c:g} °C)" if view.slowdown_c is not None else ""
+        parts.append(f"temperature {view.temperature_c:g} °C{slow}")
+    if view.memory_temperature_c is not None:
+        parts.append(f"memory {view.memory_temperature_c:g} °C")
+    if view.power_w is not None:
+        limit = f" of a {view.enforced_limit_w:g} W limit" if view.enforced_limit_w is not None else ""
+        parts.append(f"power {view.power_w:.0f} W{limit}")
+    if view.sm_clock_hz is not None:
+        parts.append(f"SM clock {view.sm_clock_hz / 1e6:.0f} MHz")
+    return ("Now: " + ", ".join(parts) + ".") if parts else ""
+
+
+def _span(record: EventRecord) -> str:
+    if record.first_at == record.last_at:
+        return f"at {rfc3339(record.last_at)}"
+    return f"from {rfc3339(record.first_at)} to {rfc3339(record.last_at)}"

@@ -1,0 +1,207 @@
+"""Agent alert rules on literal view sequences, run through the AlertTracker for durations."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gpumond.agent.policy.alert_rules import (
+    ALERTS,
+    EVENT_HOLD_S,
+    LOST_FOR_S,
+    AgentAlertState,
+    agent_conditions,
+)
+from gpumond.agent.policy.view import (
+    GPU_IDLE,
+    HW_POWER_BRAKE_SLOWDOWN,
+    HW_SLOWDOWN,
+    HW_THERMAL_SLOWDOWN,
+    SW_POWER_CAP,
+    SW_THERMAL_SLOWDOWN,
+    GpuView,
+)
+from gpumond.alerts.lifecycle import AlertTracker
+from gpumond.alerts.model import Alert
+from gpumond.config import PolicyAlertsConfig
+
+RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
+CFG = PolicyAlertsConfig()  # throttle after 60 s, floor after 300 s
+
+
+def gpu(index: int = 0, **kw) -> GpuView:
+    values = dict(index=index, uuid=f"GPU-{index}", name="NVIDIA H100 80GB HBM3", up=True, temperature_c=80.0,
+                  power_w=650.0, enforced_limit_w=700.0, slowdown_c=89.0, clocks_event_mask=0,
+                  ecc_uncorrected_volatile=0.0, ecc_uncorrected_aggregate=0.0, remap_pending=False,
+                  remap_failed=False)
+    values.update(kw)
+    return GpuView(**values)
+
+
+class Agent:
+    """Rules + tracker on an explicit clock, the way the agent runs them every sample."""
+
+    def __init__(self, cfg: PolicyAlertsConfig = CFG) -> None:
+        self.cfg, self.rules, self.tracker, self.t = cfg, AgentAlertState(), AlertTracker(), 0.0
+
+    def at(self, t: float, views: Sequence[GpuView], xids: Sequence[tuple[int, int]] = (),
+           at_floor: frozenset[str] = frozenset()) -> list[Alert]:
+        self.t = t
+        self.rules, conditions = agent_conditions(views, self.rules, xids, "node-a", self.cfg, t, at_floor=at_floor)
+        self.tracker, _ = self.tracker.update(conditions, t)
+        return list(self.tracker.firing)
+
+    def every_second(self, start: float, end: float, views: Sequence[GpuView], **kw) -> list[Alert]:
+        firing: list[Alert] = []
+        for t in range(int(start), int(end)):
+            firing = self.at(float(t), views, **kw)
+        return firing
+
+
+def names(alerts: Sequence[Alert]) -> list[str]:
+    return sorted(a.alertname for a in alerts)
+
+
+@pytest.mark.parametrize(
+    ("mask", "alertname", "severity"),
+    [
+        (HW_THERMAL_SLOWDOWN | HW_SLOWDOWN, "GpuHwThermalSlowdown", "critical"),
+        (HW_POWER_BRAKE_SLOWDOWN | HW_SLOWDOWN, "GpuHwPowerBrakeSlowdown", "critical"),
+        (HW_SLOWDOWN, "GpuHwSlowdown", "critical"),
+        (SW_THERMAL_SLOWDOWN | SW_POWER_CAP, "GpuSwThermalSlowdown", "warning"),
+    ],
+)
+def test_throttles_fire_after_throttle_after_s(mask: int, alertname: str, severity: str) -> None:
+    agent = Agent()
+    assert agent.every_second(0, 60, [gpu(clocks_event_mask=mask)]) == []  # t = 59: pending
+    (alert,) = agent.at(60.0, [gpu(clocks_event_mask=mask)])
+    assert (alert.alertname, alert.severity, alert.starts_at) == (alertname, severity, 60.0)
+    assert dict(alert.labels) == {"alertname": alertname, "severity": severity, "node": "node-a",
+                                  "gpu": "0", "uuid": "GPU-0"}
+    assert alert.annotation("runbook_url").endswith(f"/docs/runbooks.md#{alertname.lower()}")
+    assert "temperature 80 °C (slowdown at 89 °C)" in alert.annotation("description")
+
+
+def test_a_throttle_that_stops_resets_the_clock() -> None:
+    agent = Agent()
+    agent.every_second(0, 50, [gpu(clocks_event_mask=SW_THERMAL_SLOWDOWN)])
+    agent.at(50.0, [gpu()])
+    assert agent.every_second(51, 110, [gpu(clocks_event_mask=SW_THERMAL_SLOWDOWN)]) == []
+    assert names(agent.at(111.0, [gpu(clocks_event_mask=SW_THERMAL_SLOWDOWN)])) == ["GpuSwThermalSlowdown"]
+
+
+def test_throttle_after_is_configurable() -> None:
+    agent = Agent(PolicyAlertsConfig(throttle_after_s=0))
+    assert names(agent.at(0.0, [gpu(clocks_event_mask=HW_THERMAL_SLOWDOWN | HW_SLOWDOWN)])) == ["GpuHwThermalSlowdown"]
+
+
+def test_power_cap_and_idle_are_not_alerts() -> None:
+    agent = Agent(PolicyAlertsConfig(throttle_after_s=0))
+    assert agent.every_second(0, 100, [gpu(clocks_event_mask=SW_POWER_CAP | GPU_IDLE)]) == []
+
+
+def test_values_are_annotations_never_labels() -> None:
+    agent = Agent(PolicyAlertsConfig(throttle_after_s=0))
+    first = agent.at(0.0, [gpu(temperature_c=90.0, clocks_event_mask=HW_THERMAL_SLOWDOWN)])[0]
+    second = agent.at(1.0, [gpu(temperature_c=91.0, clocks_event_mask=HW_THERMAL_SLOWDOWN)])[0]
+    assert first.fingerprint == second.fingerprint
+    assert "91 °C" in second.annotation("description")
+
+
+def test_ecc_increase_fires_and_holds_then_resolves() -> None:
+    agent = Agent()
+    agent.at(0.0, [gpu(ecc_uncorrected_volatile=2.0, ecc_uncorrected_aggregate=5.0)])  # baseline, no alert
+    assert agent.at(1.0, [gpu(ecc_uncorrected_volatile=2.0, ecc_uncorrected_aggregate=5.0)]) == []
+    (alert,) = agent.at(2.0, [gpu(ecc_uncorrected_volatile=3.0, ecc_uncorrected_aggregate=6.0)])
+    assert (alert.alertname, alert.severity) == ("GpuEccUncorrectedIncreasing", "critical")
+    assert "1 new error(s)" in alert.annotation("description")
+    assert "volatile 3, aggregate 6" in alert.annotation("description")
+    steady = [gpu(ecc_uncorrected_volatile=3.0, ecc_uncorrected_aggregate=6.0)]
+    assert names(agent.at(2.0 + EVENT_HOLD_S - 1, steady)) == ["GpuEccUncorrectedIncreasing"]
+    assert agent.at(2.0 + EVENT_HOLD_S, steady) == []
+    assert names(agent.tracker.resolved) == ["GpuEccUncorrectedIncreasing"]
+
+
+def test_ecc_counter_reset_is_not_an_increase() -> None:
+    agent = Agent()
+    agent.at(0.0, [gpu(ecc_uncorrected_volatile=7.0, ecc_uncorrected_aggregate=9.0)])
+    # Driver reload: the volatile counter starts again from 0, the aggregate one is unchanged.
+    assert agent.at(1.0, [gpu(ecc_uncorrected_volatile=0.0, ecc_uncorrected_aggregate=9.0)]) == []
+    # A later rise from the new baseline is one.
+    assert names(agent.at(2.0, [gpu(ecc_uncorrected_volatile=1.0, ecc_uncorrected_aggregate=9.0)])) == \
+        ["GpuEccUncorrectedIncreasing"]
+
+
+def test_ecc_missing_reading_keeps_the_baseline() -> None:
+    agent = Agent()
+    agent.at(0.0, [gpu(ecc_uncorrected_volatile=1.0, ecc_uncorrected_aggregate=1.0)])
+    agent.at(1.0, [gpu(ecc_uncorrected_volatile=None, ecc_uncorrected_aggregate=None)])
+    assert agent.at(2.0, [gpu(ecc_uncorrected_volatile=1.0, ecc_uncorrected_aggregate=1.0)]) == []
+
+
+def test_row_remap_pending_and_failed() -> None:
+    agent = Agent()
+    firing = agent.at(0.0, [gpu(remap_pending=True), gpu(1, remap_failed=True)])
+    assert {(a.alertname, a.severity, a.label("gpu")) for a in firing} == {
+        ("GpuRowRemapPending", "warning", "0"), ("GpuRowRemapFailed", "critical", "1")}
+    assert agent.at(1.0, [gpu(), gpu(1)]) == []
+
+
+def test_xid_alert_holds_for_the_documented_time_and_extends() -> None:
+    agent = Agent()
+    (alert,) = agent.at(0.0, [gpu(3)], xids=[(3, 79)])
+    assert dict(alert.labels) == {"alertname": "GpuXidCritical", "severity": "critical", "node": "node-a",
+                                  "gpu": "3", "uuid": "GPU-3", "xid": "79"}
+    assert "fallen off the bus" in alert.annotation("description")
+    assert names(agent.at(600.0, [gpu(3)], xids=[(3, 79)])) == ["GpuXidCritical"]  # again: hold extends
+    assert "2 time(s)" in agent.tracker.firing[0].annotation("description")
+    assert names(agent.at(600.0 + EVENT_HOLD_S - 1, [gpu(3)])) == ["GpuXidCritical"]
+    assert agent.at(600.0 + EVENT_HOLD_S, [gpu(3)]) == []
+
+
+def test_xid_severity_comes_from_the_table_and_each_code_is_its_own_alert() -> None:
+    agent = Agent()
+    firing = agent.at(0.0, [gpu()], xids=[(0, 13), (0, 48), (0, 94), (0, 999)])
+    got = {(a.label("xid"), a.severity) for a in firing}
+    assert got == {("13", "info"), ("48", "critical"), ("94", "warning"), ("999", "warning")}
+    unknown = next(a for a in firing if a.label("xid") == "999")
+    assert "unknown XID, see nvidia-smi -q and dmesg" in unknown.annotation("description")
+
+
+def test_xid_on_a_gpu_missing_from_the_views_still_alerts() -> None:
+    (alert,) = Agent().at(0.0, [gpu(0)], xids=[(5, 79)])
+    assert (alert.label("gpu"), alert.label("uuid")) == ("5", "unknown")
+
+
+def test_gpu_lost_after_a_short_grace() -> None:
+    agent = Agent()
+    lost = [GpuView(index=2, uuid="GPU-2", name="NVIDIA H100 80GB HBM3", up=False)]
+    assert agent.at(0.0, lost) == []
+    assert agent.at(LOST_FOR_S - 1, lost) == []
+    (alert,) = agent.at(LOST_FOR_S, lost)
+    assert (alert.alertname, alert.severity, alert.label("gpu")) == ("GpuLost", "critical", "2")
+    assert agent.at(LOST_FOR_S + 1, [gpu(2)]) == []
+
+
+def test_power_cap_at_floor_after_floor_after_s() -> None:
+    agent = Agent()
+    pinned = frozenset({"GPU-1"})
+    assert agent.every_second(0, 300, [gpu(0), gpu(1)], at_floor=pinned) == []
+    (alert,) = agent.at(300.0, [gpu(0), gpu(1)], at_floor=pinned)
+    assert (alert.alertname, alert.severity, alert.label("uuid")) == ("GpuPowerCapAtFloor", "warning", "GPU-1")
+
+
+def test_rules_are_pure() -> None:
+    state = AgentAlertState()
+    views = [gpu(ecc_uncorrected_volatile=1.0)]
+    a = agent_conditions(views, state, [(0, 48)], "n", CFG, 5.0)
+    b = agent_conditions(views, state, [(0, 48)], "n", CFG, 5.0)
+    assert a == b and state == AgentAlertState()
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    text = RUNBOOKS.read_text()
+    for alertname in ALERTS:
+        assert f"\n## {alertname}\n" in text, alertname
