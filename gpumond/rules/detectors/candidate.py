@@ -1,0 +1,24 @@
+"""A detector's raw output for one evaluation, before persistence turns it into a Finding."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One entity flagged in one evaluation."""
+
+    kind: str
+    job: str
+    node: str | None = None
+    rank: int | None = None
+    gpu_uuid: str | None = None
+    score: float = 0.0
+    evidence: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, str | None, int | None, str | None]:
+        """Identity across evaluations."""
+        return (self.kind, self.job, self.node, self.rank, self.gpu_uuid)

@@ -1,0 +1,34 @@
+"""Detector thresholds: defaults chosen from the signal physics and tuned on benchmarks/detection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    """Every threshold the detectors use; see docs/detectors.md for why each default is what it is."""
+
+    recent_s: float = 60.0  # features are medians over this much recent history
+    min_peers: int = 4  # fewer comparable GPUs/ranks than this: no peer comparison
+    z_base: float = 3.5  # modified-z threshold for small groups (Iglewicz & Hoaglin)
+    z_tail: float = 1e-4  # per-group false-flag budget; the threshold rises with group size
+    max_outlier_frac: float = 0.10  # more outliers than this in a group is a shift, not stragglers
+    # MAD floors: the smallest deviation that can count as one "sigma", per signal
+    floor_clock_ratio: float = 0.01
+    floor_power_ratio: float = 0.015
+    floor_temperature_c: float = 1.5
+    floor_wait_frac: float = 0.004
+    throttle_frac_min: float = 0.5  # a GPU throttled in at least half its samples…
+    throttle_peer_max: float = 0.1  # …while its peers' median is below this
+    wait_min_frac: float = 0.04  # a rank must wait on data at least this fraction of its step
+    job_wait_rank_frac: float = 0.5  # at least this share of ranks starved: the job's pipeline is the cause
+    node_min_gpus: int = 2  # this many straggling GPUs of one node (and ≥ half of its GPUs): the node
+    slowdown_ratio: float = 1.10  # job step time above baseline × this: job slowdown
+    baseline_min_steps: int = 10
+    baseline_alpha: float = 0.05
+    hang_min_s: float = 20.0  # no step for max(this, hang_factor × baseline step time): stalled
+    hang_factor: float = 5.0
+    hang_busy_util: float = 0.5  # peers must look busy (spinning in a collective), else the job just ended
+    cpu_busy: float = 0.9  # host evidence: CPU-bound data loader
+    iowait_high: float = 0.15  # host evidence: storage-bound data loader

@@ -1,0 +1,78 @@
+"""One evaluation: windows in, candidates out. Pure; the service and the benchmark run this same code."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpumond.rules.detectors.candidate import Candidate
+from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.detectors.features import (
+    GpuFeatures,
+    HostFeatures,
+    gpu_features,
+    host_features,
+    job_step_times,
+    rank_features,
+)
+from gpumond.rules.detectors.io_starvation import detect_io_starvation
+from gpumond.rules.detectors.job import JobBaseline, job_slowdown, job_stall
+from gpumond.rules.detectors.straggler import detect_stragglers
+from gpumond.rules.types import GpuSample, HostSample, RankWindow
+
+
+@dataclass(frozen=True, slots=True)
+class EvalInputs:
+    """What one evaluation sees: pushed rank windows and telemetry windows, already bounded in time."""
+
+    now: float
+    jobs: Mapping[str, Mapping[int, RankWindow]]
+    gpu_windows: Mapping[str, Sequence[GpuSample]] = field(default_factory=dict)
+    host_windows: Mapping[str, Sequence[HostSample]] = field(default_factory=dict)
+    absent_nodes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorState:
+    """What detectors remember between evaluations: each job's learnt baseline."""
+
+    baselines: Mapping[str, JobBaseline] = field(default_factory=dict)
+
+
+def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig) -> tuple[DetectorState, list[Candidate]]:
+    """Run every detector on every job; returns the new state and this evaluation's candidates."""
+    since = inputs.now - cfg.recent_s
+    baselines = dict(state.baselines)
+    out: list[Candidate] = []
+    for job, ranks in inputs.jobs.items():
+        feats = [rank_features(w, since) for w in ranks.values()]
+        gpus: dict[str, GpuFeatures] = {}
+        hosts: dict[str, HostFeatures] = {}
+        for r in feats:
+            if r.node in inputs.absent_nodes:
+                continue  # no telemetry from that agent: never judged a straggler on missing data
+            samples = [s for s in inputs.gpu_windows.get(r.gpu_uuid, ()) if s.t >= since]
+            if samples:
+                gpus[r.gpu_uuid] = gpu_features(r.gpu_uuid, samples)
+            if r.node not in hosts:
+                hs = [h for h in inputs.host_windows.get(r.node, ()) if h.t >= since]
+                if hs:
+                    hosts[r.node] = host_features(r.node, hs)
+        baseline, slow = job_slowdown(job, job_step_times(ranks, since, inputs.now), baselines.get(job), cfg)
+        if baseline is not None:
+            baselines[job] = baseline
+        stall = job_stall(job, feats, gpus, baseline, inputs.now, cfg)
+        if stall:
+            out.extend(stall)
+            continue  # a stalled job's windows say nothing about stragglers or starvation
+        active = [r for r in feats if r.steps > 0]
+        out.extend(slow)
+        starved = detect_io_starvation(job, active, gpus, hosts, cfg)
+        out.extend(starved)
+        # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
+        explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
+        out.extend(c for c in detect_stragglers(job, active, gpus, cfg) if c.rank not in explained)
+    for job in list(baselines):
+        if job not in inputs.jobs:
+            del baselines[job]  # the job expired from the store: forget it
+    return DetectorState(baselines), out

@@ -1,0 +1,129 @@
+"""Pure: summarise each rank's steps and each GPU's telemetry over a window into a few robust numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpumond.rules.detectors.stats import median
+from gpumond.rules.types import GpuSample, HostSample, RankWindow, StepRecord
+
+THROTTLE_SIGNALS = ("throttle_hw_thermal", "throttle_sw_thermal", "throttle_hw_slowdown", "throttle_hw_power_brake")
+
+
+@dataclass(frozen=True, slots=True)
+class RankFeatures:
+    """One rank over the recent window."""
+
+    rank: int
+    node: str
+    gpu_uuid: str
+    group: str | None
+    steps: int
+    step_time_s: float | None  # median step duration
+    wait_frac: float | None  # median data_wait / duration
+    last_end: float | None  # unix s of the newest step end seen (any window)
+    last_push: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFeatures:
+    """One GPU over the recent window; None where the agent did not export the signal."""
+
+    uuid: str
+    node: str
+    samples: int
+    up: bool
+    clock_ratio: float | None  # SM clock / max SM clock
+    power_ratio: float | None  # power / enforced limit
+    utilization: float | None
+    temperature_c: float | None
+    throttle_frac: float | None  # fraction of samples with a thermal/slowdown/brake reason active
+    throttle_reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HostFeatures:
+    """A node's host evidence over the window."""
+
+    node: str
+    cpu_utilization: float | None
+    cpu_iowait: float | None
+    disk_read_bytes_per_s: float | None
+
+
+def _recent(steps: Sequence[StepRecord], since: float) -> list[StepRecord]:
+    return [s for s in steps if s.end >= since]
+
+
+def rank_features(w: RankWindow, since: float) -> RankFeatures:
+    """Median step time and data-wait fraction of the steps that ended since `since`."""
+    recent = _recent(w.steps, since)
+    durations = [s.duration_s for s in recent if s.duration_s > 0]
+    waits = [min(s.data_wait_s / s.duration_s, 1.0) for s in recent if s.duration_s > 0]
+    return RankFeatures(
+        rank=w.info.rank, node=w.info.node, gpu_uuid=w.info.gpu_uuid, group=w.info.group,
+        steps=len(recent),
+        step_time_s=median(durations) if durations else None,
+        wait_frac=median(waits) if waits else None,
+        last_end=max((s.end for s in w.steps), default=None),
+        last_push=w.last_push,
+    )
+
+
+def _med(samples: Sequence[GpuSample], key: str) -> float | None:
+    xs = [s.values[key] for s in samples if key in s.values]
+    return median(xs) if xs else None
+
+
+def _ratio(samples: Sequence[GpuSample], num: str, den: str) -> float | None:
+    xs = [s.values[num] / s.values[den] for s in samples
+          if num in s.values and s.values.get(den, 0) > 0]
+    return median(xs) if xs else None
+
+
+def gpu_features(uuid: str, samples: Sequence[GpuSample]) -> GpuFeatures:
+    """Medians of clock ratio, power ratio, utilization, temperature, and how often it was throttled."""
+    live = [s for s in samples if s.up]
+    node = samples[-1].node if samples else ""
+    if not live:
+        return GpuFeatures(uuid, node, 0, bool(samples) and samples[-1].up, None, None, None, None, None)
+    throttled = [s for s in live if any(s.values.get(k, 0) >= 0.5 for k in THROTTLE_SIGNALS)]
+    has_throttle = any(k in s.values for s in live for k in THROTTLE_SIGNALS)
+    reasons = sorted({k.removeprefix("throttle_") for s in throttled for k in THROTTLE_SIGNALS
+                      if s.values.get(k, 0) >= 0.5})
+    return GpuFeatures(
+        uuid=uuid, node=node, samples=len(live), up=samples[-1].up,
+        clock_ratio=_ratio(live, "sm_clock_hz", "sm_clock_max_hz"),
+        power_ratio=_ratio(live, "power_w", "power_limit_w"),
+        utilization=_med(live, "utilization"),
+        temperature_c=_med(live, "temperature_c"),
+        throttle_frac=(len(throttled) / len(live)) if has_throttle else None,
+        throttle_reasons=tuple(reasons),
+    )
+
+
+def host_features(node: str, samples: Sequence[HostSample]) -> HostFeatures:
+    """Median CPU and iowait; disk read rate from the first and last counter in the window."""
+    if not samples:
+        return HostFeatures(node, None, None, None)
+
+    def med(key: str) -> float | None:
+        xs = [s.values[key] for s in samples if key in s.values]
+        return median(xs) if xs else None
+
+    rate = None
+    disk = [(s.t, s.values["disk_read_bytes_total"]) for s in samples if "disk_read_bytes_total" in s.values]
+    if len(disk) >= 2 and disk[-1][0] > disk[0][0] and disk[-1][1] >= disk[0][1]:
+        rate = (disk[-1][1] - disk[0][1]) / (disk[-1][0] - disk[0][0])
+    return HostFeatures(node, med("cpu_utilization"), med("cpu_iowait"), rate)
+
+
+def job_step_times(ranks: Mapping[int, RankWindow], since: float, until: float) -> list[float]:
+    """Per-step job time (the slowest rank's duration for each step number) for steps ending in [since, until)."""
+    per_step: dict[int, float] = {}
+    for w in ranks.values():
+        for s in w.steps:
+            if since <= s.end < until:
+                per_step[s.step] = max(per_step.get(s.step, 0.0), s.duration_s)
+    return [per_step[k] for k in sorted(per_step)]

@@ -1,0 +1,78 @@
+"""I/O starvation: a rank (or the whole job) blocked on its data loader.
+
+A starved rank shows high data-loader wait with low utilization and power on its GPU, while its peers
+wait in collectives instead (high utilization, no data wait). When most ranks wait on data, the data
+pipeline itself is the bottleneck: that is one job-level finding, not many rank findings. Host CPU and
+iowait from the agent say whether a starved rank is CPU-bound or storage-bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpumond.rules.detectors.candidate import Candidate
+from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.detectors.features import GpuFeatures, HostFeatures, RankFeatures
+from gpumond.rules.detectors.stats import median, robust_z, threshold_for
+
+
+def _cause(host: HostFeatures | None, cfg: DetectorConfig) -> str:
+    if host is None:
+        return "unknown (no host evidence)"
+    if host.cpu_iowait is not None and host.cpu_iowait >= cfg.iowait_high:
+        return "storage (host iowait high)"
+    if host.cpu_utilization is not None and host.cpu_utilization >= cfg.cpu_busy:
+        return "cpu (host CPU saturated)"
+    return "unknown (host CPU and iowait normal: check the loader, network storage, or sharding)"
+
+
+def _host_evidence(host: HostFeatures | None) -> dict[str, object]:
+    if host is None:
+        return {}
+    return {k: round(v, 4) for k, v in (("host_cpu_utilization", host.cpu_utilization),
+                                        ("host_cpu_iowait", host.cpu_iowait),
+                                        ("host_disk_read_bytes_per_s", host.disk_read_bytes_per_s))
+            if v is not None}
+
+
+def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
+                         hosts: Mapping[str, HostFeatures], cfg: DetectorConfig) -> list[Candidate]:
+    """`io_starved_job` when most ranks wait on data, else `io_starved_rank` for outlying ranks."""
+    waiting = [r for r in ranks if r.wait_frac is not None]
+    if not waiting:
+        return []
+    starved = [r for r in waiting if r.wait_frac >= cfg.wait_min_frac]  # type: ignore[operator]
+    job_med = median([r.wait_frac for r in waiting])  # type: ignore[misc]
+    if len(waiting) >= 2 and len(starved) >= cfg.job_wait_rank_frac * len(waiting) \
+            and job_med >= cfg.wait_min_frac:
+        nodes = sorted({r.node for r in starved})
+        return [Candidate("io_starved_job", job, None, None, None, round(job_med, 4), {
+            "median_data_wait_frac": round(job_med, 4), "ranks_starved": len(starved), "ranks": len(waiting),
+            "nodes": nodes[:16], "meaning": "the whole job waits on its data pipeline"})]
+    out = []
+    by_group: dict[str | None, list[RankFeatures]] = {}
+    for r in waiting:
+        by_group.setdefault(r.group, []).append(r)
+    for group, members in by_group.items():
+        if len(members) < cfg.min_peers:
+            # Too few peers for a z-score; an absolute wait this high is still a finding on its own.
+            flagged = [(r, None, median([m.wait_frac for m in members])) for r in members  # type: ignore[misc]
+                       if r.wait_frac >= max(2 * cfg.wait_min_frac, 0.1)]  # type: ignore[operator]
+        else:
+            thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
+            zs, med, _ = robust_z([r.wait_frac for r in members], cfg.floor_wait_frac)  # type: ignore[misc]
+            flagged = [(r, z, med) for r, z in zip(members, zs, strict=True)
+                       if z > thr and r.wait_frac >= cfg.wait_min_frac]  # type: ignore[operator]
+        for r, z, med in flagged:
+            g = gpus.get(r.gpu_uuid)
+            gpu_ev = {}
+            if g is not None:
+                gpu_ev = {k: round(v, 4) for k, v in (("gpu_utilization", g.utilization),
+                                                      ("gpu_power_ratio", g.power_ratio)) if v is not None}
+            host = hosts.get(r.node)
+            score = r.wait_frac if z is None else z  # type: ignore[assignment]
+            out.append(Candidate("io_starved_rank", job, r.node, r.rank, r.gpu_uuid, round(score, 2), {
+                "group": group, "data_wait_frac": round(r.wait_frac, 4),  # type: ignore[arg-type]
+                "peer_median_data_wait_frac": round(med, 4), "likely_cause": _cause(host, cfg),
+                **gpu_ev, **_host_evidence(host)}))
+    return out

@@ -1,0 +1,126 @@
+"""Shared vocabulary of the rules service: what ingest stores, what telemetry sources return, what detectors emit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+# ----- from training jobs (push API) -------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One training step as a rank reported it."""
+
+    step: int
+    end: float  # unix seconds when the step ended
+    duration_s: float  # wall time of the step
+    data_wait_s: float  # time blocked waiting on the data loader within the step
+    samples: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    """Who a rank is: the job, its place in it, and the GPU it runs on (the join key is gpu_uuid)."""
+
+    job: str
+    rank: int
+    world_size: int
+    node: str
+    gpu_uuid: str
+    group: str | None = None  # peer group, e.g. a pipeline stage; ranks compare only within it
+
+
+@dataclass(frozen=True, slots=True)
+class RankWindow:
+    """A rank's recent steps, oldest first, bounded in time and count."""
+
+    info: RankInfo
+    steps: tuple[StepRecord, ...]
+    last_push: float  # unix seconds of the last accepted push
+
+
+# ----- from GPU telemetry (agents or Prometheus) --------------------------------------------------
+# Keys of GpuSample.values, in base units, named after the agent's metrics without prefix/unit noise:
+GPU_SIGNALS = (
+    "sm_clock_hz",  # gpumond_gpu_sm_clock_hertz
+    "sm_clock_max_hz",  # gpumond_gpu_sm_clock_max_hertz
+    "power_w",  # gpumond_gpu_power_watts
+    "power_limit_w",  # gpumond_gpu_power_limit_watts
+    "utilization",  # gpumond_gpu_utilization_ratio (0–1)
+    "temperature_c",  # gpumond_gpu_temperature_celsius
+    "throttle_hw_thermal",  # gpumond_gpu_clocks_event_active{reason="hw_thermal_slowdown"} (0/1)
+    "throttle_sw_thermal",  # …{reason="sw_thermal_slowdown"}
+    "throttle_hw_slowdown",  # …{reason="hw_slowdown"}
+    "throttle_sw_power_cap",  # …{reason="sw_power_cap"}
+    "throttle_hw_power_brake",  # …{reason="hw_power_brake_slowdown"}
+)
+HOST_SIGNALS = (
+    "cpu_utilization",  # gpumond_host_cpu_utilization_ratio
+    "cpu_iowait",  # gpumond_host_cpu_iowait_ratio
+    "disk_read_bytes_total",  # gpumond_host_disk_read_bytes_total
+    "memory_used_bytes",  # gpumond_host_memory_used_bytes
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU at one instant, as a telemetry source saw it. A signal the agent did not export is absent."""
+
+    uuid: str
+    node: str
+    gpu: str  # index on its node
+    t: float  # unix seconds
+    up: bool
+    values: Mapping[str, float] = field(default_factory=dict)
+    jobs: tuple[str, ...] = ()  # from gpumond_gpu_job_info
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """One node's host evidence at one instant."""
+
+    node: str
+    t: float
+    values: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryBatch:
+    """Everything one fetch returned. Nodes whose agent could not be reached are `absent` (never stragglers)."""
+
+    t: float
+    gpus: tuple[GpuSample, ...] = ()
+    hosts: tuple[HostSample, ...] = ()
+    absent_nodes: frozenset[str] = frozenset()
+    errors: tuple[str, ...] = ()  # one line per failed target/query, for logs and /readyz
+
+
+class TelemetrySource(Protocol):
+    """Where GPU telemetry comes from: agents scraped directly, or a Prometheus-compatible query API."""
+
+    name: str
+
+    def fetch(self) -> TelemetryBatch: ...
+
+    def close(self) -> None: ...
+
+
+# ----- findings ----------------------------------------------------------------------------------
+FindingKind = Literal["straggler", "straggler_node", "io_starved_rank", "io_starved_job", "job_slowdown",
+                      "hung_rank"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A detector's conclusion about one entity, with evidence a human can act on."""
+
+    kind: str
+    job: str
+    node: str | None
+    rank: int | None
+    gpu_uuid: str | None
+    score: float
+    since: float  # unix seconds the condition was first seen
+    state: Literal["pending", "firing"]
+    evidence: Mapping[str, object] = field(default_factory=dict)

@@ -1,0 +1,173 @@
+"""Detectors on literal windows: the planted entity is found with the right class; clean groups are quiet."""
+
+import random
+
+from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
+from gpumond.rules.detectors.stats import robust_z, threshold_for
+from gpumond.rules.findings import Persistence, advance
+from gpumond.rules.detectors.candidate import Candidate
+from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord
+
+NOW = 10_000.0
+CFG = DetectorConfig()
+
+
+def build(nodes=4, gpus_per_node=8, step_s=1.0, wait=None, gpu=None, host=None, stop_at=None, seed=1,
+          group=None):
+    """A synchronous job: every rank ends step k at the same time; per-rank waits and per-GPU values tweakable."""
+    rnd = random.Random(seed)
+    wait = wait or {}
+    gpu = gpu or {}
+    host = host or {}
+    jobs, gwin, hwin = {}, {}, {}
+    ranks = {}
+    n = nodes * gpus_per_node
+    end_last = stop_at if stop_at is not None else NOW
+    steps = [(k, end_last - (60 - k) * step_s) for k in range(60)]
+    for rank in range(n):
+        node = f"node-{rank // gpus_per_node}"
+        uuid = f"GPU-{rank:04d}"
+        info = RankInfo("job-a", rank, n, node, uuid, group(rank) if group else None)
+        w = wait.get(rank, 0.002)
+        recs = tuple(StepRecord(k, t, step_s * (1 + rnd.uniform(-0.01, 0.01)), w * step_s) for k, t in steps)
+        ranks[rank] = RankWindow(info, recs, end_last)
+        base = {"sm_clock_hz": 1.98e9 * (1 - rnd.uniform(0, 0.004)), "sm_clock_max_hz": 1.98e9,
+                "power_w": 620 + rnd.uniform(-6, 6), "power_limit_w": 700.0, "utilization": 0.99,
+                "temperature_c": 70 + rnd.uniform(-2, 2), "throttle_hw_thermal": 0.0, "throttle_sw_thermal": 0.0,
+                "throttle_hw_slowdown": 0.0, "throttle_hw_power_brake": 0.0}
+        base.update(gpu.get(rank, {}))
+        gwin[uuid] = tuple(GpuSample(uuid, node, str(rank % gpus_per_node), NOW - 55 + 5 * i, True, dict(base))
+                           for i in range(12))
+    for i in range(nodes):
+        vals = {"cpu_utilization": 0.3, "cpu_iowait": 0.01, "disk_read_bytes_total": 1e9}
+        vals.update(host.get(f"node-{i}", {}))
+        hwin[f"node-{i}"] = tuple(HostSample(f"node-{i}", NOW - 55 + 5 * k, vals) for k in range(12))
+    jobs["job-a"] = ranks
+    return EvalInputs(NOW, jobs, gwin, hwin)
+
+
+def kinds(cands):
+    return sorted((c.kind, c.rank, c.node) for c in cands)
+
+
+def run(inputs, state=None):
+    return evaluate(inputs, state or DetectorState(), CFG)
+
+
+def test_robust_z_floors_quantised_signals_and_threshold_rises_with_n():
+    zs, med, scale = robust_z([1.0] * 7 + [1.001], floor=0.01)
+    assert med == 1.0 and scale == 0.01 and abs(zs[-1] - 0.1) < 1e-9
+    assert threshold_for(8) < threshold_for(512) < threshold_for(8192) < threshold_for(131072)
+    assert threshold_for(1) == float("inf")
+
+
+def test_clean_job_is_quiet():
+    assert run(build())[1] == []
+
+
+def test_thermally_throttled_gpu_is_a_straggler_with_evidence():
+    _, c = run(build(gpu={5: {"sm_clock_hz": 1.3e9, "throttle_hw_thermal": 1.0, "temperature_c": 90.0}}))
+    assert kinds(c) == [("straggler", 5, "node-0")]
+    ev = c[0].evidence
+    assert ev["signals"]["sm_clock_ratio"]["value"] < 0.7 and "hw_thermal" in ev["throttle_reasons"]
+    assert c[0].gpu_uuid == "GPU-0005"
+
+
+def test_silently_slow_gpu_stands_out_on_power():
+    _, c = run(build(gpu={12: {"power_w": 680.0}}))
+    assert kinds(c) == [("straggler", 12, "node-1")]
+    assert "power_ratio" in c[0].evidence["signals"]
+
+
+def test_a_node_whose_gpus_deviate_together_is_a_straggler_node():
+    slow = {r: {"sm_clock_hz": 1.5e9} for r in range(16, 24)}
+    _, c = run(build(gpu=slow))
+    assert ("straggler_node", None, "node-2") in kinds(c)
+
+
+def test_pipeline_stages_are_compared_only_within_their_group():
+    # stage 1 (ranks 16..31) draws more power by design: not a straggler when the job names its stages
+    heavy = {r: {"power_w": 690.0} for r in range(16, 32)}
+    _, c = run(build(gpu=heavy, group=lambda r: f"stage-{r // 16}"))
+    assert c == []
+
+
+def test_a_group_wide_shift_without_stage_labels_is_not_reported_as_many_stragglers():
+    shifted = {r: {"power_w": 690.0} for r in range(0, 32, 2)}  # every other rank, all nodes
+    _, c = run(build(gpu=shifted))
+    assert [x for x in c if x.kind == "straggler"] == []
+
+
+def test_lost_gpus_and_absent_nodes_are_never_stragglers():
+    inputs = build(gpu={3: {"sm_clock_hz": 1.0e9}})
+    gw = dict(inputs.gpu_windows)
+    gw["GPU-0003"] = tuple(GpuSample(s.uuid, s.node, s.gpu, s.t, False, {}) for s in gw["GPU-0003"])
+    assert run(EvalInputs(inputs.now, inputs.jobs, gw, inputs.host_windows))[1] == []
+    inputs = build(gpu={3: {"sm_clock_hz": 1.0e9}})
+    absent = EvalInputs(inputs.now, inputs.jobs, inputs.gpu_windows, inputs.host_windows, frozenset({"node-0"}))
+    assert run(absent)[1] == []
+
+
+def test_starved_rank_with_storage_evidence():
+    _, c = run(build(wait={9: 0.25}, gpu={9: {"utilization": 0.6, "power_w": 400.0}},
+                     host={"node-1": {"cpu_iowait": 0.4}}))
+    starved = [x for x in c if x.kind == "io_starved_rank"]
+    assert [(x.rank, x.node) for x in starved] == [(9, "node-1")]
+    assert starved[0].evidence["likely_cause"].startswith("storage")
+    assert abs(starved[0].evidence["data_wait_frac"] - 0.25) < 0.005
+    assert [x for x in c if x.kind == "straggler"] == []  # its low power is explained by the starvation
+
+
+def test_starved_rank_cpu_bound():
+    _, c = run(build(wait={2: 0.1}, host={"node-0": {"cpu_utilization": 0.97}}))
+    starved = [x for x in c if x.kind == "io_starved_rank"]
+    assert len(starved) == 1 and starved[0].evidence["likely_cause"].startswith("cpu")
+
+
+def test_small_data_wait_is_not_a_finding():
+    assert [x for x in run(build(wait={4: 0.02}))[1] if x.kind.startswith("io_")] == []
+
+
+def test_whole_job_starved_is_one_job_finding_not_many_rank_findings():
+    _, c = run(build(wait={r: 0.2 + 0.01 * (r % 3) for r in range(32)}))
+    assert [x.kind for x in c if x.kind.startswith("io_")] == ["io_starved_job"]
+
+
+def test_job_slowdown_against_its_own_baseline():
+    state, c = run(build(step_s=1.0))
+    assert c == [] and state.baselines["job-a"].step_time_s > 0.9
+    state, c = run(build(step_s=1.3, seed=2), state)
+    assert [x.kind for x in c] == ["job_slowdown"] and c[0].score > 1.2
+
+
+def test_hang_localised_to_the_idle_rank_and_silent_when_the_job_ended():
+    state, _ = run(build())
+    hung = build(stop_at=NOW - 60, gpu={7: {"utilization": 0.0, "power_w": 90.0}})
+    _, c = run(hung, state)
+    assert [(x.kind, x.rank) for x in c] == [("hung_rank", 7)]
+    ended = build(stop_at=NOW - 60, gpu={r: {"utilization": 0.0} for r in range(32)})
+    assert run(ended, state)[1] == []
+
+
+def test_persistence_k_of_n_then_resolve_after_quiet():
+    c = Candidate("straggler", "j", "n", 1, "GPU-1", 5.0)
+    tracks, f, _ = advance({}, [c], 0.0)
+    assert [x.state for x in f] == ["pending"]
+    tracks, f, _ = advance(tracks, [], 10.0)
+    tracks, f, _ = advance(tracks, [c], 20.0)
+    assert [x.state for x in f] == ["firing"] and f[0].since == 0.0
+    for t in (30.0, 40.0):
+        tracks, f, resolved = advance(tracks, [], t)
+        assert resolved == []
+    tracks, f, resolved = advance(tracks, [], 50.0)
+    assert f == [] and [x.kind for x in resolved] == ["straggler"]
+
+
+def test_a_single_blip_never_fires():
+    c = Candidate("straggler", "j", "n", 1, "GPU-1", 5.0)
+    tracks, _, _ = advance({}, [c], 0.0, Persistence(k=2, n=3))
+    for t in (10.0, 20.0, 30.0):
+        tracks, f, resolved = advance(tracks, [], t)
+        assert all(x.state == "pending" for x in f) and resolved == []
+    assert tracks == {}
