@@ -100,7 +100,7 @@ def _check_config(path: Path) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from gpumond.agent.app import Agent, ListenError, serve
+    from gpumond.agent.app import Agent, AgentStartError, ListenError, serve
     from gpumond.agent.backends import BackendError, real_backend, sim_backend
     from gpumond.config import ConfigError, load_agent_config
     from gpumond.logs import setup_logging
@@ -136,6 +136,9 @@ def _agent(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         serve(Agent(cfg, backend))
+    except AgentStartError as e:
+        print(f"gpumond: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except ListenError as e:
         print(f"gpumond: {e} (is another agent running? choose another port with --listen)", file=sys.stderr)
         return 1

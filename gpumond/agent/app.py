@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import logging
 import signal
 import socket
@@ -10,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -17,6 +19,10 @@ from apscheduler.triggers.interval import IntervalTrigger
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.host import HostEvidence
 from gpumond.agent.jobs import JobAttributor
+from gpumond.agent.policy.audit import AuditLog
+from gpumond.agent.policy.engine import PolicyEngine
+from gpumond.agent.policy.state_file import StateFile
+from gpumond.agent.policy.views import build_views
 from gpumond.agent.sampler import Sampler
 from gpumond.agent.server import AgentApp
 from gpumond.config import AgentConfig
@@ -41,6 +47,19 @@ class Backend:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+class AgentStartError(RuntimeError):
+    """The agent cannot start as configured; one line naming what and where."""
+
+
+def state_dir_for(config: AgentConfig, backend: Backend) -> Path:
+    """Where policy state and the audit log live. A simulated node that was not given a state_dir keeps its
+    state under the user's state home, so `--sim` never needs root and never touches a real node's state."""
+    if backend.name == "sim" and "state_dir" not in config.model_fields_set:
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        return base / "gpumond" / "sim" / config.node_name
+    return config.state_dir
+
+
 class Agent:
     """One node's agent: start() begins sampling, stop() ends it and releases NVML."""
 
@@ -58,8 +77,19 @@ class Agent:
                                  idle_evict_s=max(300.0, 3 * config.sampling.slow_interval_s))
         if config.sampling.xid_events:
             self.xid = XidWatcher(self.session.handles, self.session.index_of_handle)
+        state_dir = state_dir_for(config, backend)
+        try:
+            audit = AuditLog(state_dir / "policy-audit.jsonl")
+        except OSError as e:
+            raise AgentStartError(f"state_dir {state_dir}: {e.strerror or e} (set state_dir in the config, or run "
+                                  f"under systemd's StateDirectory=)") from None
+        self.policy = PolicyEngine(config.policy, self.session, node=config.node_name,
+                                   state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
+                                   clock=backend.clock)
+        self._audit = audit
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=Renderer(), xid=self.xid,
-                               jobs=jobs, host=HostEvidence() if config.host.enabled else None)
+                               jobs=jobs, host=HostEvidence() if config.host.enabled else None,
+                               policy=self.policy)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def wall_interval(self, simulated_s: float) -> float:
@@ -74,6 +104,12 @@ class Agent:
         if self.xid is not None and self.session.up:
             self.xid.start()
         self.sampler.slow_cycle()
+        if self.session.up:
+            problems = self.policy.check(build_views(self.session.read("fast"), self.sampler.slow_read))
+            if problems:
+                more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+                self.stop()
+                raise AgentStartError(problems[0] + more)
         self.sampler.fast_cycle()
         now = datetime.now(timezone.utc)
         s = self.config.sampling
@@ -91,6 +127,8 @@ class Agent:
             self._scheduler.shutdown(wait=True)
         if self.xid is not None:
             self.xid.stop()
+        self.policy.stop()  # restores limits while NVML is still open
+        self._audit.close()
         self.session.close()
         self.backend.uninstall()
         log.info("agent stopped")

@@ -79,6 +79,11 @@ class Sampler:
         self.last_snapshot: Snapshot | None = None
         self.cycles = 0
 
+    @property
+    def slow_read(self) -> TierRead | None:
+        """The last slow-tier read (limits, constraints, thresholds, ECC), for the policy's views."""
+        return self._slow_read
+
     def _idents(self) -> dict[int, GpuIdentity]:
         return {i.index: i for i in self._session.identities}
 

@@ -24,7 +24,7 @@ class AuditLog:
     def write(self, action: str, **fields: Any) -> dict[str, Any]:
         """Append one entry: ts (unix), action, then the given fields (gpu, uuid, before_w, after_w, reason…)."""
         entry = {"ts": round(self._wall(), 3), "action": action, **fields}
-        line = json.dumps(entry, sort_keys=False, separators=(",", ":"))
+        line = json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
         with self._lock:
             self._f.write(line + "\n")
             self._f.flush()

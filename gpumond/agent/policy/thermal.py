@@ -168,6 +168,11 @@ def thermal_step(
     state = replace(state, raising=raising, at_floor=False)
     if not raising or limit >= ceiling:
         return decide(limit, f"{near}: holding {_w(limit)}", state, target)
+    if ceiling - limit <= cfg.step_w and worst_room > cfg.hysteresis_c + gains.settle_c:
+        # The last few watts: halving steps under min_change_w (or a load just under the cap) would stall
+        # short of the ceiling forever, leaving the GPU capped for no thermal reason. The whole raise
+        # window had room to spare, and the remainder is at most one ordinary step.
+        return decide(ceiling, f"{near}: raising {_w(limit)} → {_w(ceiling)} (back to the ceiling)", state, target)
     if not any(s.capped for s in state.power):
         return decide(limit, f"{near}: not held back by the cap, holding {_w(limit)}", state, target)
     gap = max(worst_wanted - limit, 0.0)
