@@ -71,9 +71,33 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     a.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
 
+    r = sub.add_parser(
+        "rules", help="run the central rules service (job pushes, telemetry, findings)",
+        description="Ingest job pushes, read GPU telemetry from agents or Prometheus, and serve findings "
+                    "on /api/v1/findings (default port 9481).",
+        epilog=("examples:\n"
+                "  gpumond rules --config /etc/gpumond/rules.yaml\n"
+                "  gpumond rules --config rules.yaml --shard 0/4      # the first of four replicas\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--config", metavar="FILE", type=Path, help="rules YAML config (see deploy/examples/rules.yaml)")
+    r.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9481)")
+    r.add_argument("--shard", metavar="I/N", help="evaluate only jobs whose id hashes to I modulo N")
+    r.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
+    r.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
+
+    f = sub.add_parser("findings", help="print the rules service's current findings as a table",
+                       description="Ask a rules service for its findings and print them, firing first.")
+    f.add_argument("--url", default="http://127.0.0.1:9481", help="rules service base URL (default %(default)s)")
+    f.add_argument("--job", help="only this job")
+    f.add_argument("--kind", help="only this kind (straggler, io_starved_rank, …)")
+    f.add_argument("--state", choices=["pending", "firing"], help="only this state")
+    f.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
+
     c = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 2 invalid)",
-                       description="Validate an agent config file; prints one line naming the first bad field.")
+                       description="Validate an agent or rules config file (the kind is recognised from its "
+                                   "keys, or given with --kind); prints one line naming the first bad field.")
     c.add_argument("file", metavar="FILE", type=Path)
+    c.add_argument("--kind", choices=["agent", "rules"], help="which config this is (default: recognise it)")
     return p
 
 
@@ -81,16 +105,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gpumond` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "check-config":
-        return _check_config(args.file)
+        return _check_config(args.file, args.kind)
     if args.command == "agent":
         return _agent(args)
+    if args.command == "rules":
+        return _rules(args)
+    if args.command == "findings":
+        return _findings(args)
     return EXIT_USAGE
 
 
-def _check_config(path: Path) -> int:
-    from gpumond.config import ConfigError, load_agent_config
+_RULES_KEYS = {"tokens", "tokens_file", "allow_unauthenticated", "telemetry", "evaluation_interval_s", "window_s",
+               "limits", "expire_after_s", "shard"}
+
+
+def _check_config(path: Path, kind: str | None) -> int:
+    from gpumond.config import ConfigError, load_agent_config, read_yaml_mapping
+    from gpumond.config.rules import load_rules_config
 
     try:
+        if kind is None:
+            kind = "rules" if _RULES_KEYS & set(read_yaml_mapping(path)) else "agent"
+        if kind == "rules":
+            rules = load_rules_config(path)
+            source = "prometheus" if rules.telemetry.prometheus else "scrape" if rules.telemetry.scrape.enabled \
+                else "none"
+            print(f"{path}: ok (rules config; listen {rules.listen}, {len(rules.tokens)} token(s), "
+                  f"telemetry {source})")
+            return 0
         cfg = load_agent_config(path)
     except ConfigError as e:
         print(f"gpumond: {e}", file=sys.stderr)
@@ -99,8 +141,58 @@ def _check_config(path: Path) -> int:
     return 0
 
 
+def _rules(args: argparse.Namespace) -> int:
+    from gpumond.config import ConfigError, ListenAddress
+    from gpumond.config.rules import Shard, load_rules_config
+    from gpumond.logs import setup_logging
+    from gpumond.serving import ListenError
+
+    try:
+        cfg = load_rules_config(args.config)
+    except ConfigError as e:
+        print(f"gpumond: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    update: dict[str, object] = {}
+    for flag, text, parse, key in (("--listen", args.listen, ListenAddress.parse, "listen"),
+                                   ("--shard", args.shard, Shard.parse, "shard")):
+        if text:
+            try:
+                update[key] = parse(text)
+            except ValueError as e:
+                print(f"gpumond rules: {flag}: {e} (see: gpumond rules --help)", file=sys.stderr)
+                return EXIT_USAGE
+    log_update = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
+    if log_update:
+        update["log"] = cfg.log.model_copy(update=log_update)
+    cfg = cfg.model_copy(update=update)
+    setup_logging(cfg.log.level, cfg.log.format)
+    from gpumond.rules.service import RulesService, serve
+
+    try:
+        serve(RulesService(cfg))
+    except ListenError as e:
+        print(f"gpumond: {e} (choose another port with --listen)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _findings(args: argparse.Namespace) -> int:
+    import json
+
+    from gpumond.findings_cli import FetchError, fetch, table
+
+    try:
+        found = fetch(args.url, {"job": args.job, "kind": args.kind, "state": args.state})
+    except FetchError as e:
+        print(f"gpumond findings: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"findings": found}, indent=1) if args.json else table(found))
+    return 0
+
+
 def _agent(args: argparse.Namespace) -> int:
-    from gpumond.agent.app import Agent, AgentStartError, ListenError, serve
+    from gpumond.agent.app import Agent, AgentStartError, serve
+    from gpumond.serving import ListenError
     from gpumond.agent.backends import BackendError, real_backend, sim_backend
     from gpumond.config import ConfigError, load_agent_config
     from gpumond.logs import setup_logging

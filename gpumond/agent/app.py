@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import logging
-import signal
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +25,9 @@ from gpumond.agent.server import AgentApp
 from gpumond.config import AgentConfig
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
+from gpumond.serving import ListenError, bind, run_until_signalled
+
+__all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
 
 log = logging.getLogger("gpumond.agent")
 
@@ -155,53 +155,9 @@ class Agent:
         return AgentApp(self.latest, self.health)
 
 
-class ListenError(RuntimeError):
-    """The listen address cannot be bound; the message says which and why."""
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """Bind the listen socket before anything starts, so a taken port is one clear error, not a traceback."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def _server_class() -> type:
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        """uvicorn, minus re-raising SIGTERM after shutdown: that would kill us before policy restores limits."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return _Server
-
-
 def serve(agent: Agent) -> None:
-    """Run the agent under uvicorn until SIGTERM/SIGINT, then stop it cleanly (exit status 0)."""
-    import uvicorn
-
+    """Run the agent until SIGTERM/SIGINT, then stop it cleanly (restoring limits; exit status 0)."""
     sock = bind(agent.config.listen.host, agent.config.listen.port)
-    cfg = uvicorn.Config(agent.app(), lifespan="off", access_log=False, log_config=None, server_header=False)
-    server = _server_class()(cfg)
     agent.start()
     log.info("serving", extra={"url": f"http://{agent.config.listen}/metrics"})
-    try:
-        server.run(sockets=[sock])  # installs SIGTERM/SIGINT handlers; returns once asked to exit
-    finally:
-        agent.stop()
-        sock.close()
+    run_until_signalled(agent.app(), sock, on_stop=agent.stop)

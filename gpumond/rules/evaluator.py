@@ -1,0 +1,131 @@
+"""The rules service's loop body: pull telemetry, run the detectors on this shard's jobs, keep findings."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+
+from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
+from gpumond.rules.findings import Key, Persistence, Track, advance
+from gpumond.rules.store import GpuStore, RankStore
+from gpumond.rules.types import Finding, TelemetrySource
+from gpumond.types import Series
+
+log = logging.getLogger("gpumond.rules")
+
+
+def shard_of(job: str, count: int) -> int:
+    """Stable shard of a job id (CRC-32, the same in every replica and every Python process)."""
+    return zlib.crc32(job.encode("utf-8")) % count
+
+
+class Evaluator:
+    """Owns the detector state and the findings; every public method is safe to call from any thread."""
+
+    def __init__(self, ranks: RankStore, gpus: GpuStore, source: TelemetrySource | None, *,
+                 detectors: DetectorConfig = DetectorConfig(), persistence: Persistence = Persistence(),
+                 shard: tuple[int, int] | None = None, clock: Callable[[], float] = time.time,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self._ranks = ranks
+        self._gpus = gpus
+        self._source = source
+        self._cfg = detectors
+        self._persistence = persistence
+        self._shard = shard
+        self._clock = clock
+        self._timer = timer
+        self._lock = threading.Lock()
+        self._state = DetectorState()
+        self._tracks: dict[Key, Track] = {}
+        self._findings: tuple[Finding, ...] = ()
+        self.evaluations = 0
+        self.last_duration_s = 0.0
+        self.telemetry_ok: bool | None = None
+        self.telemetry_error: str | None = None
+        self.resolved_total = 0
+
+    def owns(self, job: str) -> bool:
+        """Whether this replica evaluates `job` (always, without sharding)."""
+        return self._shard is None or shard_of(job, self._shard[1]) == self._shard[0]
+
+    def poll_telemetry(self) -> None:
+        """Fetch one telemetry batch into the GPU store; a failing source is reported, never raised."""
+        if self._source is None:
+            return
+        try:
+            batch = self._source.fetch()
+        except Exception as e:  # a source bug must not stop evaluation on push data
+            self.telemetry_ok, self.telemetry_error = False, repr(e)
+            log.warning("telemetry fetch failed", extra={"source": self._source.name, "error": repr(e)})
+            return
+        self._gpus.add(batch)
+        self.telemetry_ok = bool(batch.gpus) or not batch.errors
+        self.telemetry_error = "; ".join(batch.errors[:3]) if batch.errors else None
+
+    def evaluate(self) -> tuple[Finding, ...]:
+        """One evaluation over every job this replica owns; returns the current findings."""
+        start = self._timer()
+        now = self._clock()
+        self._ranks.expire(now)
+        self._gpus.expire(now)
+        jobs = {j: r for j, r in self._ranks.jobs(now).items() if self.owns(j)}
+        since = now - self._cfg.recent_s
+        uuids = {w.info.gpu_uuid for ranks in jobs.values() for w in ranks.values()}
+        nodes = {w.info.node for ranks in jobs.values() for w in ranks.values()}
+        inputs = EvalInputs(now=now, jobs=jobs,
+                            gpu_windows={u: self._gpus.window(u, since) for u in uuids},
+                            host_windows={n: self._gpus.hosts(n, since) for n in nodes},
+                            absent_nodes=self._gpus.absent_nodes())
+        with self._lock:
+            self._state, candidates = evaluate(inputs, self._state, self._cfg)
+            before = {k: t.firing for k, t in self._tracks.items()}
+            self._tracks, findings, resolved = advance(self._tracks, candidates, now, self._persistence)
+            self._findings = tuple(findings)
+            self.evaluations += 1
+            self.resolved_total += len(resolved)
+        for f in findings:
+            key = (f.kind, f.job, f.node, f.rank, f.gpu_uuid)
+            if f.state == "firing" and not before.get(key, False):
+                log.warning("finding firing", extra={"kind": f.kind, "job": f.job, "node": f.node, "rank": f.rank,
+                                                     "gpu_uuid": f.gpu_uuid, "score": f.score})
+        for f in resolved:
+            log.info("finding resolved", extra={"kind": f.kind, "job": f.job, "node": f.node, "rank": f.rank})
+        self.last_duration_s = self._timer() - start
+        return self._findings
+
+    def findings(self) -> tuple[Finding, ...]:
+        """Current findings (pending and firing), highest score first."""
+        return self._findings
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready once one evaluation ran and the telemetry source (if any) answered."""
+        if self.evaluations == 0:
+            return False, "no evaluation yet"
+        if self._source is not None and self.telemetry_ok is False:
+            return False, f"telemetry source {self._source.name} failing: {self.telemetry_error}"
+        return True, "ok"
+
+    def series(self) -> Sequence[Series]:
+        """gpumond_finding{…} for firing findings, and the evaluator's own health."""
+        out = []
+        for f in self._findings:
+            if f.state != "firing":
+                continue
+            labels = (("kind", f.kind), ("job", f.job), ("node", f.node or ""),
+                      ("rank", "" if f.rank is None else str(f.rank)), ("gpu_uuid", f.gpu_uuid or ""))
+            out.append(Series("gpumond_finding", labels, 1.0))
+        counts: dict[tuple[str, str], int] = {}
+        for f in self._findings:
+            counts[(f.kind, f.state)] = counts.get((f.kind, f.state), 0) + 1
+        out += [Series("gpumond_findings", (("kind", k), ("state", s)), float(n)) for (k, s), n in sorted(counts.items())]
+        out.append(Series("gpumond_rules_evaluations_total", (), float(self.evaluations)))
+        out.append(Series("gpumond_rules_evaluation_duration_seconds", (), self.last_duration_s))
+        out.append(Series("gpumond_rules_findings_resolved_total", (), float(self.resolved_total)))
+        if self._source is not None and self.telemetry_ok is not None:
+            out.append(Series("gpumond_rules_telemetry_up", (("source", self._source.name),),
+                              1.0 if self.telemetry_ok else 0.0))
+        return out

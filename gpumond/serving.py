@@ -1,0 +1,51 @@
+"""Serving an ASGI app under uvicorn the way both daemons need: bind first, clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class ListenError(RuntimeError):
+    """The listen address cannot be bound; the message says which and why."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind the listen socket before anything starts, so a taken port is one clear error, not a traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], None] = lambda: None) -> None:
+    """Serve `app` on `sock` until SIGTERM/SIGINT; then `on_stop()`; the process exits normally (status 0)."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        """uvicorn, minus re-raising the signal after shutdown: that would kill us before on_stop runs."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False)
+    try:
+        _Server(cfg).run(sockets=[sock])
+    finally:
+        on_stop()
+        sock.close()
