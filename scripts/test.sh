@@ -10,6 +10,7 @@ command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
 command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+command -v victoria-metrics >/dev/null || need_apt+=(victoria-metrics)
 if ((${#need_apt[@]})); then
     echo "installing Debian packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

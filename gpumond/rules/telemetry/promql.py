@@ -1,0 +1,128 @@
+"""Telemetry from a Prometheus-compatible query API (Prometheus, VictoriaMetrics, Thanos, Mimir) at fleet scale."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from gpumond import __version__
+from gpumond.rules.telemetry import signals
+from gpumond.rules.telemetry.errors import one_line
+from gpumond.rules.telemetry.httpget import FetchError, get_bounded
+from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, join
+from gpumond.rules.types import TelemetryBatch
+
+DEFAULT_TIMEOUT_S = 10.0
+# Prometheus' default lookback delta: a target gone longer than this is forgotten rather than absent.
+DEFAULT_LOOKBACK_S = 300.0
+DEFAULT_MAX_WORKERS = 4
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def build_queries(lookback_s: float) -> dict[str, str]:
+    """The instant queries one fetch runs, keyed as promql_join.join expects: one per metric name."""
+    info = f"last_over_time({signals.INFO}[{max(1, round(lookback_s))}s])"
+    return {
+        IDENTITY: info,
+        # `up` of gpumond targets only: a large Prometheus has many other targets we do not care about.
+        TARGETS: f"up and on (job, instance) {info}",
+        signals.GPU_UP: signals.GPU_UP,
+        signals.JOB_INFO: signals.JOB_INFO,
+        **signals.gpu_selectors(),
+        **{metric: metric for metric in signals.HOST_SERIES.values()},
+    }
+
+
+class PrometheusSource:
+    """Instant queries against /api/v1/query, joined by GPU uuid; failures land in `errors`, never raised."""
+
+    name = "prometheus"
+
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None,
+                 clock: Callable[[], float] = time.time, lookback_s: float = DEFAULT_LOOKBACK_S,
+                 max_workers: int = DEFAULT_MAX_WORKERS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        if timeout_s <= 0 or lookback_s <= 0 or max_workers < 1 or max_body_bytes < 1:
+            raise ValueError("timeout_s, lookback_s, max_workers and max_body_bytes must be positive")
+        # `url` is the API root, the part before /api/v1/query: http://prometheus:9090,
+        # http://mimir/prometheus, http://vmselect:8481/select/0/prometheus (VictoriaMetrics cluster).
+        self.url = url.rstrip("/")
+        self._endpoint = f"{self.url}/api/v1/query"
+        self._timeout_s = float(timeout_s)
+        self._max_body = max_body_bytes
+        self._clock = clock
+        self._queries = build_queries(lookback_s)
+        self._owns_client = client is None
+        self._client = client or httpx.Client(headers={"User-Agent": f"gpumond-rules/{__version__}"})
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gpumond-promql")
+
+    def fetch(self) -> TelemetryBatch:
+        """Run every query at one evaluation time and join the answers."""
+        t = self._clock()
+        futures = {key: self._pool.submit(self._query_safely, q, t) for key, q in self._queries.items()}
+        results: dict[str, list[Row]] = {}
+        errors: list[str] = []
+        for key, future in futures.items():
+            outcome = future.result()
+            if isinstance(outcome, str):
+                errors.append(f"prometheus {self._queries[key]}: {outcome}")
+            else:
+                results[key] = outcome
+        if IDENTITY not in results or signals.GPU_UP not in results:
+            # Without identities and liveness nothing can be said about any node, least of all that it is absent.
+            return TelemetryBatch(t=t, errors=tuple(errors))
+        joined = join(results, t=t)
+        return TelemetryBatch(t=t, gpus=joined.gpus, hosts=joined.hosts, absent_nodes=joined.absent_nodes,
+                              errors=tuple(errors))
+
+    def close(self) -> None:
+        """Stop the worker threads and close the HTTP client if we made it."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._owns_client:
+            self._client.close()
+
+    def _query_safely(self, promql: str, t: float) -> list[Row] | str:
+        try:
+            return self._query(promql, t)
+        except Exception as e:  # noqa: BLE001 - one query's surprise must not fail the fetch
+            return f"unexpected {type(e).__name__}: {one_line(e)}"
+
+    def _query(self, promql: str, t: float) -> list[Row] | str:
+        """The rows of one instant vector, or one line saying why there are none."""
+        params = {
+            "query": promql,
+            "time": f"{t:.3f}",  # every query of a fetch evaluates at the same instant
+            "timeout": f"{self._timeout_s:g}s",  # the server gives up too, rather than work for nobody
+            # VictoriaMetrics otherwise moves an instant query near "now" back by -search.latencyOffset (30 s);
+            # Prometheus, Thanos and Mimir ignore the parameter.
+            "nocache": "1",
+        }
+        try:
+            status, body = get_bounded(self._client, self._endpoint, params=params, timeout_s=self._timeout_s,
+                                       max_bytes=self._max_body)
+        except FetchError as e:
+            return str(e)
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return f"HTTP {status}: response is not JSON: {one_line(body[:200].decode('utf-8', 'replace'))}"
+        if not isinstance(payload, dict):
+            return f"HTTP {status}: response is not a JSON object"
+        if status != 200 or payload.get("status") != "success":
+            return one_line(f"HTTP {status}: {payload.get('errorType', 'error')}: {payload.get('error', '')}")
+        data = payload.get("data") or {}
+        if data.get("resultType") != "vector":
+            return f"expected an instant vector, got {data.get('resultType')!r}"
+        rows = []
+        try:
+            for item in data["result"]:
+                value = float(item["value"][1])
+                if math.isfinite(value):  # NaN / Inf carry no reading
+                    rows.append(Row(labels=dict(item["metric"]), value=value))
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            return f"malformed result: {type(e).__name__}: {one_line(e)}"
+        return rows

@@ -1,0 +1,120 @@
+"""Pure join of instant-query results (one per metric) into GPU and host samples, by uuid and target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from gpumond.rules.telemetry import signals
+from gpumond.rules.telemetry.mapping import gpu_order
+from gpumond.rules.types import GpuSample, HostSample
+
+# Keys of the results mapping besides metric names.
+IDENTITY = "identity"  # last_over_time(gpumond_gpu_info[lookback]): remembers GPUs of targets gone stale
+TARGETS = "targets"  # up, for the targets that expose gpumond_gpu_info
+
+TargetKey = tuple[str, str]  # (job, instance): the labels Prometheus adds to every series of a target
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One series of an instant-vector result."""
+
+    labels: Mapping[str, str]
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """The GPUs and hosts of targets that are up, and the nodes of targets that are not."""
+
+    gpus: tuple[GpuSample, ...]
+    hosts: tuple[HostSample, ...]
+    absent_nodes: frozenset[str]
+
+
+def join(results: Mapping[str, Sequence[Row]], *, t: float) -> Joined:
+    """Join by uuid; a target with up == 0, or no up and no fresh gpumond_gpu_up, makes its node absent.
+
+    `results` maps IDENTITY, TARGETS, signals.GPU_UP, signals.JOB_INFO and each GPU / host metric name
+    to its rows; a key whose query failed is missing (that signal is then absent everywhere).
+    """
+    identity: dict[str, tuple[TargetKey, str]] = {}  # uuid → (target, gpu index)
+    nodes: dict[TargetKey, str] = {}  # one node name per target, as when scraping it
+    for row in _sorted(results.get(IDENTITY, ())):
+        uuid, key = row.labels.get("uuid"), _target(row.labels)
+        nodes.setdefault(key, _node(row.labels))
+        if uuid and uuid not in identity:  # duplicates (HA pairs, two jobs on one agent): first wins
+            identity[uuid] = (key, row.labels.get("gpu", ""))
+
+    gpu_up: dict[str, float] = {}
+    fresh: set[TargetKey] = set()
+    for row in results.get(signals.GPU_UP, ()):
+        uuid, key = row.labels.get("uuid"), _target(row.labels)
+        if uuid:
+            gpu_up[uuid] = row.value
+            fresh.add(key)
+            nodes.setdefault(key, _node(row.labels))
+            identity.setdefault(uuid, (key, row.labels.get("gpu", "")))
+
+    up = {_target(r.labels): r.value == 1 for r in results.get(TARGETS, ())}
+
+    def present(key: TargetKey) -> bool:
+        # `up` is the scraper's word; without it (remote write that drops it) fresh series are the evidence.
+        return up.get(key, key in fresh)
+
+    values: dict[str, dict[str, float]] = {}
+    for metric in dict.fromkeys(m for m, _ in signals.GPU_SERIES.values()):
+        for row in results.get(metric, ()):
+            signal = signals.gpu_signal(metric, row.labels)
+            uuid = row.labels.get("uuid")
+            if signal and uuid:
+                values.setdefault(uuid, {})[signal] = row.value
+    jobs: dict[str, set[str]] = {}
+    for row in results.get(signals.JOB_INFO, ()):
+        if row.labels.get("uuid") and row.labels.get("job") and row.value == 1:
+            jobs.setdefault(row.labels["uuid"], set()).add(row.labels["job"])
+
+    gpus = tuple(
+        GpuSample(uuid=uuid, node=nodes[key], gpu=gpu, t=t, up=gpu_up.get(uuid) == 1, values=values.get(uuid, {}),
+                  jobs=tuple(sorted(jobs.get(uuid, ()))))
+        for uuid, (key, gpu) in sorted(identity.items(), key=lambda kv: (nodes[kv[1][0]], gpu_order(kv[1][1])))
+        # A GPU whose series all went stale on a live target was removed from its agent: leave it out.
+        if present(key) and (uuid in gpu_up or uuid in values)
+    )
+    return Joined(gpus=gpus, hosts=_hosts(results, nodes, present, t),
+                  absent_nodes=frozenset(node for key, node in nodes.items() if not present(key)))
+
+
+def _hosts(results: Mapping[str, Sequence[Row]], nodes: Mapping[TargetKey, str],
+           present: Callable[[TargetKey], bool], t: float) -> tuple[HostSample, ...]:
+    by_target: dict[TargetKey, dict[str, float]] = {}
+    for signal, metric in signals.HOST_SERIES.items():
+        for row in results.get(metric, ()):
+            key = _target(row.labels)
+            if key in nodes and present(key):
+                by_target.setdefault(key, {})[signal] = row.value
+    return tuple(HostSample(node=nodes[key], t=t, values=vals) for key, vals in sorted(by_target.items()))
+
+
+def _target(labels: Mapping[str, str]) -> TargetKey:
+    return labels.get("job", ""), labels.get("instance", "")
+
+
+def _node(labels: Mapping[str, str]) -> str:
+    # Same order as scraping: an operator's `node` target label, the agent's hostname, the target's host.
+    instance = labels.get("instance", "")
+    return labels.get("node") or labels.get("hostname") or _host(instance) or instance or "unknown"
+
+
+def _host(instance: str) -> str | None:
+    try:
+        return urlsplit("//" + instance).hostname
+    except ValueError:
+        return None
+
+
+def _sorted(rows: Sequence[Row]) -> list[Row]:
+    # Deterministic winner among duplicate uuids, whatever order the server returned.
+    return sorted(rows, key=lambda r: (r.labels.get("job", ""), r.labels.get("instance", "")))

@@ -1,0 +1,62 @@
+"""Which agent series feed which telemetry signal: the one table both sources read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+INFO = "gpumond_gpu_info"
+GPU_UP = "gpumond_gpu_up"
+JOB_INFO = "gpumond_gpu_job_info"
+CLOCKS_EVENT = "gpumond_gpu_clocks_event_active"
+
+# signal → (metric, value of its `reason` label or None); keys are exactly types.GPU_SIGNALS.
+GPU_SERIES: Mapping[str, tuple[str, str | None]] = MappingProxyType({
+    "sm_clock_hz": ("gpumond_gpu_sm_clock_hertz", None),
+    "sm_clock_max_hz": ("gpumond_gpu_sm_clock_max_hertz", None),
+    "power_w": ("gpumond_gpu_power_watts", None),
+    "power_limit_w": ("gpumond_gpu_power_limit_watts", None),
+    "utilization": ("gpumond_gpu_utilization_ratio", None),
+    "temperature_c": ("gpumond_gpu_temperature_celsius", None),
+    "throttle_hw_thermal": (CLOCKS_EVENT, "hw_thermal_slowdown"),
+    "throttle_sw_thermal": (CLOCKS_EVENT, "sw_thermal_slowdown"),
+    "throttle_hw_slowdown": (CLOCKS_EVENT, "hw_slowdown"),
+    "throttle_sw_power_cap": (CLOCKS_EVENT, "sw_power_cap"),
+    "throttle_hw_power_brake": (CLOCKS_EVENT, "hw_power_brake_slowdown"),
+})
+
+# signal → metric; keys are exactly types.HOST_SIGNALS. Host series carry no GPU labels.
+HOST_SERIES: Mapping[str, str] = MappingProxyType({
+    "cpu_utilization": "gpumond_host_cpu_utilization_ratio",
+    "cpu_iowait": "gpumond_host_cpu_iowait_ratio",
+    "disk_read_bytes_total": "gpumond_host_disk_read_bytes_total",
+    "memory_used_bytes": "gpumond_host_memory_used_bytes",
+})
+
+_GPU_BY_METRIC: dict[str, dict[str | None, str]] = {}
+for _signal, (_metric, _reason) in GPU_SERIES.items():
+    _GPU_BY_METRIC.setdefault(_metric, {})[_reason] = _signal
+_HOST_BY_METRIC = {metric: signal for signal, metric in HOST_SERIES.items()}
+
+
+def gpu_signal(metric: str, labels: Mapping[str, str]) -> str | None:
+    """The GPU signal a sample feeds, or None when it feeds none."""
+    by_reason = _GPU_BY_METRIC.get(metric)
+    if by_reason is None:
+        return None
+    return by_reason.get(labels.get("reason")) if metric == CLOCKS_EVENT else by_reason.get(None)
+
+
+def host_signal(metric: str) -> str | None:
+    """The host signal a sample feeds, or None."""
+    return _HOST_BY_METRIC.get(metric)
+
+
+def gpu_selectors() -> dict[str, str]:
+    """One PromQL selector per metric behind the GPU signals, keyed by metric name."""
+    out: dict[str, str] = {}
+    for metric, by_reason in _GPU_BY_METRIC.items():
+        reasons = sorted(r for r in by_reason if r is not None)
+        # Only the reasons we map: the agent exports ~9 per GPU and we would discard the rest.
+        out[metric] = f'{metric}{{reason=~"{"|".join(reasons)}"}}' if reasons else metric
+    return out

@@ -1,0 +1,135 @@
+"""Both telemetry sources against real processes: sim agents, Prometheus and VictoriaMetrics on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpumond.rules.telemetry import PrometheusSource, ScrapeSource
+from gpumond.rules.types import GPU_SIGNALS, HOST_SIGNALS, GpuSample, TelemetryBatch
+from tests.integration.helpers import PrometheusServer, free_port, wait_until
+from tests.integration.rules_helpers import VictoriaMetricsServer, running_agents
+
+pytestmark = pytest.mark.integration
+
+NODES = {"node-a": 4, "node-b": 4}
+GPUS = sum(NODES.values())
+# A steady load, so a value read through the TSDB a second late equals the direct one: the default
+# training square wave swings power by ~40 % every few seconds.
+STEADY = "default_load: {pattern: constant, utilization: 0.9, noise: 0}\n"
+# What may still move under a steady load (relative, absolute): the thermal model settling.
+TOLERANCE = {"power_w": (0.05, 0.0), "temperature_c": (0.0, 3.0)}
+
+
+@pytest.fixture
+def sources() -> Iterator[list]:
+    made: list = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def _complete(batch: TelemetryBatch, nodes: set[str]) -> bool:
+    """Every GPU of `nodes` is there with every signal, and every node has host evidence."""
+    gpus = [g for g in batch.gpus if g.node in nodes]
+    return (len(gpus) == sum(NODES[n] for n in nodes) and all(set(g.values) == set(GPU_SIGNALS) for g in gpus)
+            and {h.node for h in batch.hosts} >= nodes)
+
+
+def _when_complete(source: ScrapeSource | PrometheusSource) -> Callable[[], TelemetryBatch | None]:
+    """A wait_until probe: one fetch, returned once it holds every GPU and host of NODES."""
+    def probe() -> TelemetryBatch | None:
+        batch = source.fetch()
+        return batch if _complete(batch, set(NODES)) else None
+
+    return probe
+
+
+def _assert_same_gpus(got: TelemetryBatch, want: TelemetryBatch) -> None:
+    """Same GPUs, identities and jobs; values equal, or within TOLERANCE for those that move."""
+    def ident(g: GpuSample) -> tuple[str, str, str, bool, tuple[str, ...]]:
+        return g.uuid, g.node, g.gpu, g.up, g.jobs
+
+    assert sorted(map(ident, got.gpus)) == sorted(map(ident, want.gpus))
+    direct = {g.uuid: g for g in want.gpus}
+    for g in got.gpus:
+        d = direct[g.uuid]
+        assert set(g.values) == set(d.values) == set(GPU_SIGNALS), (g.uuid, g.values, d.values)
+        for key, v in g.values.items():
+            rel, abs_ = TOLERANCE.get(key, (0.0, 0.0))
+            assert math.isclose(v, d.values[key], rel_tol=rel, abs_tol=abs_), (g.uuid, key, v, d.values[key])
+    assert {h.node: set(h.values) for h in got.hosts} == {h.node: set(h.values) for h in want.hosts}
+    assert all(set(h.values) == set(HOST_SIGNALS) for h in got.hosts)
+
+
+def test_scrape_source_reads_real_agents_and_marks_dead_ones_absent(tmp_path: Path, sources: list) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    with running_agents(NODES, tmp_path) as agents:
+        a, b = agents["node-a"], agents["node-b"]
+        src = ScrapeSource([a.address, b.address, dead], timeout_s=2.0)
+        sources.append(src)
+
+        batch = wait_until(_when_complete(src), timeout=10, what="all 8 simulated GPUs with every signal")
+        assert len(batch.gpus) == GPUS and len({g.uuid for g in batch.gpus}) == GPUS
+        assert {g.node for g in batch.gpus} == set(NODES) and all(g.up for g in batch.gpus)
+        assert all(0 < g.values["power_w"] <= g.values["power_limit_w"] for g in batch.gpus)
+        assert batch.absent_nodes == {"127.0.0.1"}  # a dead target is named by its host: nothing else is known
+        assert len(batch.errors) == 1 and batch.errors[0].startswith(f"scrape {dead}: ")
+
+        a.stop(sig=signal.SIGKILL)  # no goodbye: the socket just closes
+        batch = src.fetch()
+        assert {g.node for g in batch.gpus} == {"node-b"} and len(batch.gpus) == NODES["node-b"]
+        assert batch.absent_nodes == {"node-a", "127.0.0.1"}  # node-a keeps the name its agent gave
+        assert len(batch.errors) == 2
+
+        # The same fleet through file_sd, where the operator's node label beats the agent's hostname.
+        sd = tmp_path / "targets.json"
+        sd.write_text(json.dumps([{"targets": [b.address], "labels": {"node": "rack2-b"}}]), encoding="utf-8")
+        via_sd = ScrapeSource(file_sd=sd, timeout_s=2.0)
+        sources.append(via_sd)
+        batch = via_sd.fetch()
+        assert {g.node for g in batch.gpus} == {"rack2-b"} and batch.errors == ()
+
+
+def _prometheus(targets: list[str], workdir: Path) -> PrometheusServer:
+    return PrometheusServer(targets, workdir)
+
+
+def _victoria_metrics(targets: list[str], workdir: Path) -> VictoriaMetricsServer:
+    return VictoriaMetricsServer(targets, workdir)
+
+
+@pytest.mark.parametrize("server", [_prometheus, _victoria_metrics], ids=["prometheus", "victoria-metrics"])
+def test_query_source_matches_a_direct_scrape_and_marks_stopped_agents_absent(
+        server: Callable[[list[str], Path], PrometheusServer | VictoriaMetricsServer], tmp_path: Path,
+        sources: list) -> None:
+    scenario = tmp_path / "steady.yaml"
+    scenario.write_text(STEADY, encoding="utf-8")
+    with running_agents(NODES, tmp_path, ["--sim-scenario", scenario]) as agents:
+        addresses = [a.address for a in agents.values()]
+        with server(addresses, tmp_path / "tsdb") as tsdb:
+            src = PrometheusSource(tsdb.base_url, timeout_s=5.0, lookback_s=120)
+            direct = ScrapeSource(addresses, timeout_s=2.0)
+            sources += [src, direct]
+
+            # Prometheus takes ~5 s to start scraping, VictoriaMetrics ~10 s to show new series.
+            batch = wait_until(_when_complete(src), timeout=30, describe=tsdb.describe,
+                               what=f"{tsdb.label} to hold all 8 GPUs with every signal")
+            assert batch.errors == () and batch.absent_nodes == frozenset()
+            _assert_same_gpus(batch, direct.fetch())
+
+            agents["node-a"].stop()
+
+            def node_a_absent() -> TelemetryBatch | None:
+                b = src.fetch()
+                return b if b.absent_nodes == {"node-a"} else None
+
+            batch = wait_until(node_a_absent, timeout=15, what=f"{tsdb.label} to report node-a absent",
+                               describe=tsdb.describe)
+            assert {g.node for g in batch.gpus} == {"node-b"} and len(batch.gpus) == NODES["node-b"]
+            assert {h.node for h in batch.hosts} == {"node-b"} and batch.errors == ()

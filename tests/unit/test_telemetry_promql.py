@@ -1,0 +1,251 @@
+"""PrometheusSource: the pure join on synthetic query results, and HTTP failures against a fake API."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from gpumond.rules.telemetry import PrometheusSource, Row, build_queries, join, signals
+from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS
+
+A = {"job": "gpumond", "instance": "10.0.0.1:9480"}
+B = {"job": "gpumond", "instance": "10.0.0.2:9480"}
+
+
+def _info(target: Mapping[str, str], uuid: str, gpu: str, hostname: str | None = "n", **extra: str) -> Row:
+    labels = {**target, "uuid": uuid, "gpu": gpu, **extra}
+    if hostname:
+        labels["hostname"] = hostname
+    return Row(labels, 1.0)
+
+
+def _gpu(target: Mapping[str, str], uuid: str, gpu: str, value: float, **extra: str) -> Row:
+    return Row({**target, "uuid": uuid, "gpu": gpu, **extra}, value)
+
+
+def _results(**over: list[Row]) -> dict[str, list[Row]]:
+    """Two healthy targets: node-a (GPUs a0, a1) and node-b (GPU b0)."""
+    base: dict[str, list[Row]] = {
+        IDENTITY: [_info(A, "a0", "0", "node-a"), _info(A, "a1", "1", "node-a"), _info(B, "b0", "0", "node-b")],
+        TARGETS: [Row(A, 1.0), Row(B, 1.0)],
+        signals.GPU_UP: [_gpu(A, "a0", "0", 1), _gpu(A, "a1", "1", 0), _gpu(B, "b0", "0", 1)],
+        signals.JOB_INFO: [_gpu(A, "a0", "0", 1, job="j1"), _gpu(B, "b0", "0", 1, job="j1")],
+        "gpumond_gpu_power_watts": [_gpu(A, "a0", "0", 650.0), _gpu(B, "b0", "0", 400.0)],
+        "gpumond_gpu_clocks_event_active": [_gpu(A, "a0", "0", 1.0, reason="sw_power_cap"),
+                                            _gpu(B, "b0", "0", 0.0, reason="hw_thermal_slowdown")],
+        "gpumond_host_cpu_iowait_ratio": [Row(A, 0.1), Row(B, 0.6)],
+    }
+    return {**base, **over}
+
+
+def test_join_by_uuid_with_node_from_hostname() -> None:
+    j = join(_results(), t=50.0)
+    assert [(g.uuid, g.node, g.gpu, g.up, dict(g.values), g.jobs, g.t) for g in j.gpus] == [
+        ("a0", "node-a", "0", True, {"power_w": 650.0, "throttle_sw_power_cap": 1.0}, ("j1",), 50.0),
+        ("a1", "node-a", "1", False, {}, (), 50.0),
+        ("b0", "node-b", "0", True, {"power_w": 400.0, "throttle_hw_thermal": 0.0}, ("j1",), 50.0),
+    ]
+    assert [(h.node, dict(h.values)) for h in j.hosts] == [("node-a", {"cpu_iowait": 0.1}),
+                                                          ("node-b", {"cpu_iowait": 0.6})]
+    assert j.absent_nodes == frozenset()
+
+
+def test_a_down_target_makes_its_node_absent_and_its_gpus_disappear() -> None:
+    # Prometheus writes up=0 and stale markers: only the remembered identity names the node.
+    j = join(_results(**{TARGETS: [Row(A, 0.0), Row(B, 1.0)],
+                         signals.GPU_UP: [_gpu(B, "b0", "0", 1)],
+                         "gpumond_host_cpu_iowait_ratio": [Row(B, 0.6)]}), t=1.0)
+    assert [g.uuid for g in j.gpus] == ["b0"]
+    assert j.absent_nodes == {"node-a"}
+    assert [h.node for h in j.hosts] == ["node-b"]
+
+
+def test_up_zero_wins_over_series_not_yet_stale() -> None:
+    # VictoriaMetrics or a slow staleness pass may still return values for a moment.
+    j = join(_results(**{TARGETS: [Row(A, 0.0), Row(B, 1.0)]}), t=1.0)
+    assert [g.uuid for g in j.gpus] == ["b0"] and j.absent_nodes == {"node-a"}
+
+
+def test_without_up_series_freshness_decides() -> None:
+    # Remote-write pipelines may drop `up`: a target with a fresh gpumond_gpu_up is present, else absent.
+    j = join(_results(**{TARGETS: [], signals.GPU_UP: [_gpu(B, "b0", "0", 1)]}), t=1.0)
+    assert [g.uuid for g in j.gpus] == ["b0"] and j.absent_nodes == {"node-a"}
+    results = _results()
+    del results[TARGETS]  # the `up` query failed outright
+    assert [g.uuid for g in join(results, t=1.0).gpus] == ["a0", "a1", "b0"]
+
+
+def test_a_gpu_gone_stale_on_a_live_target_is_left_out() -> None:
+    j = join(_results(**{signals.GPU_UP: [_gpu(A, "a0", "0", 1), _gpu(B, "b0", "0", 1)]}), t=1.0)
+    assert [g.uuid for g in j.gpus] == ["a0", "b0"] and j.absent_nodes == frozenset()
+
+
+def test_node_label_then_hostname_then_instance_host() -> None:
+    # A `node` label on a target (e.g. from Prometheus' own file_sd) is on every series of that target.
+    rack = {**A, "node": "rack1-a"}
+    j = join(_results(**{IDENTITY: [_info(rack, "a0", "0", "node-a"), _info(rack, "a1", "1", "node-a"),
+                                    _info(B, "b0", "0", None)]}), t=1.0)
+    assert {g.uuid: g.node for g in j.gpus} == {"a0": "rack1-a", "a1": "rack1-a", "b0": "10.0.0.2"}
+    assert {h.node for h in j.hosts} == {"rack1-a", "10.0.0.2"}  # host rows join by target, not by label
+    j = join(_results(**{IDENTITY: [], TARGETS: []}), t=1.0)  # identities lost: fall back to gpu_up rows
+    assert {g.uuid: g.node for g in j.gpus} == {"a0": "10.0.0.1", "a1": "10.0.0.1", "b0": "10.0.0.2"}
+
+
+def test_duplicate_uuids_from_two_jobs_resolve_deterministically() -> None:
+    twin = {"job": "another", "instance": "10.0.0.1:9480"}
+    rows = [_info(twin, "a0", "0", "node-a"), *_results()[IDENTITY]]
+    for order in (rows, list(reversed(rows))):
+        j = join(_results(**{IDENTITY: order, TARGETS: [Row(A, 1.0), Row(B, 1.0), Row(twin, 1.0)]}), t=1.0)
+        assert [g.uuid for g in j.gpus] == ["a0", "a1", "b0"]
+
+
+def test_queries_are_one_per_metric_and_cover_every_signal() -> None:
+    q = build_queries(120)
+    assert q[IDENTITY] == "last_over_time(gpumond_gpu_info[120s])"
+    assert q[TARGETS] == "up and on (job, instance) last_over_time(gpumond_gpu_info[120s])"
+    metrics = {m for m, _ in signals.GPU_SERIES.values()} | set(signals.HOST_SERIES.values())
+    assert metrics | {IDENTITY, TARGETS, signals.GPU_UP, signals.JOB_INFO} == set(q)
+    reasons = {r for _, r in signals.GPU_SERIES.values() if r}
+    assert all(r in q[signals.CLOCKS_EVENT] for r in reasons) and "gpu_idle" not in q[signals.CLOCKS_EVENT]
+
+
+# ----- over HTTP ---------------------------------------------------------------------------------
+Responder = Callable[[str], tuple[int, object]]
+
+
+class FakePrometheus:
+    """/api/v1/query on 127.0.0.1; `respond(query) -> (status, JSON-able or bytes)` decides each answer."""
+
+    def __init__(self, respond: Responder) -> None:
+        self.respond = respond
+        self.params: list[dict[str, str]] = []
+        self.release = threading.Event()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                parts = urllib.parse.urlsplit(self.path)
+                params = dict(urllib.parse.parse_qsl(parts.query))
+                fake.params.append({"path": parts.path, **params})
+                status, payload = fake.respond(params.get("query", ""))
+                if payload == "hang":
+                    fake.release.wait(5.0)
+                    return
+                body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _vector(rows: list[Row]) -> dict[str, object]:
+    return {"status": "success", "data": {"resultType": "vector",
+                                          "result": [{"metric": dict(r.labels), "value": [1.0, repr(r.value)]}
+                                                     for r in rows]}}
+
+
+def _healthy(query: str) -> tuple[int, object]:
+    by_query = {q: _results().get(key, []) for key, q in build_queries(300).items()}
+    return 200, _vector(by_query[query])
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Responder], FakePrometheus]]:
+    made: list[FakePrometheus] = []
+
+    def start(respond: Responder) -> FakePrometheus:
+        made.append(FakePrometheus(respond))
+        return made[-1]
+
+    yield start
+    for p in made:
+        p.close()
+
+
+def _source(url: str, **kw: object) -> PrometheusSource:
+    kw.setdefault("timeout_s", 0.5)
+    return PrometheusSource(url, clock=lambda: 1700000000.25, **kw)  # type: ignore[arg-type]
+
+
+def test_fetch_queries_every_metric_at_one_instant(serve) -> None:
+    prom = serve(_healthy)
+    src = _source(prom.url + "/")
+    try:
+        batch = src.fetch()
+    finally:
+        src.close()
+    assert batch.errors == () and batch.t == 1700000000.25
+    assert [g.uuid for g in batch.gpus] == ["a0", "a1", "b0"]
+    assert len(prom.params) == len(build_queries(300))
+    assert {p["path"] for p in prom.params} == {"/api/v1/query"}
+    assert {p["time"] for p in prom.params} == {"1700000000.250"}
+    assert {p["nocache"] for p in prom.params} == {"1"}
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    ((500, b"upstream exploded"), "HTTP 500: response is not JSON: upstream exploded"),
+    ((400, {"status": "error", "errorType": "bad_data", "error": "parse error"}), "HTTP 400: bad_data: parse error"),
+    ((200, {"status": "success", "data": {"resultType": "matrix", "result": []}}), "expected an instant vector"),
+    ((200, {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}),
+     "malformed result"),
+    ((200, "hang"), "timed out after 0.5s"),
+])
+def test_a_failing_signal_query_is_an_error_line_and_the_rest_still_joins(serve, answer, message) -> None:
+    power = build_queries(300)["gpumond_gpu_power_watts"]
+    prom = serve(lambda q: answer if q == power else _healthy(q))
+    src = _source(prom.url)
+    started = time.monotonic()
+    try:
+        batch = src.fetch()
+    finally:
+        src.close()
+    assert time.monotonic() - started < 2.0
+    assert len(batch.errors) == 1 and batch.errors[0].startswith(f"prometheus {power}: ")
+    assert message in batch.errors[0], batch.errors
+    a0 = batch.gpus[0]
+    assert "power_w" not in a0.values and a0.values["throttle_sw_power_cap"] == 1.0
+
+
+def test_without_identities_nothing_is_claimed_absent(serve) -> None:
+    identity = build_queries(300)[IDENTITY]
+    prom = serve(lambda q: (503, b"") if q == identity else _healthy(q))
+    src = _source(prom.url)
+    try:
+        batch = src.fetch()
+    finally:
+        src.close()
+    assert (batch.gpus, batch.hosts, batch.absent_nodes) == ((), (), frozenset())
+    assert len(batch.errors) == 1 and "HTTP 503" in batch.errors[0]
+
+
+def test_an_unreachable_server_is_errors_not_an_exception() -> None:
+    src = _source("http://127.0.0.1:9", timeout_s=0.5)
+    try:
+        batch = src.fetch()
+    finally:
+        src.close()
+    assert batch.gpus == () and len(batch.errors) == len(build_queries(300))
+    assert all("ConnectError" in e for e in batch.errors)
