@@ -43,7 +43,10 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False)
+    # keep-alive above the job SDK's 5 s push interval (and Prometheus' usual scrape intervals), so clients
+    # reuse their connection instead of reconnecting on every request
+    cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False,
+                         timeout_keep_alive=75)
     try:
         _Server(cfg).run(sockets=[sock])
     finally:

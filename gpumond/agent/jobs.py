@@ -13,7 +13,7 @@ from typing import Protocol
 
 import psutil
 
-DEFAULT_ENV_VARS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GPUMOND_JOB_ID")
+DEFAULT_ENV_VARS = ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 MAX_JOB_ID_CHARS = 128
 # Launcher -> wrapper -> trainer -> dataloader worker is about as deep as real stacks go;
 # the bound keeps a lookup cheap and stops it wandering into unrelated system daemons.
@@ -81,8 +81,8 @@ def job_from_environ(environ: dict[str, str], env_vars: Sequence[str]) -> str | 
     """Return the job id from the first of env_vars that holds a usable value."""
     for name in env_vars:
         job = clean_job_id(environ.get(name))
-        if job is not None:
-            return job
+        if job is not None and not (name == "TORCHELASTIC_RUN_ID" and job == "none"):
+            return job  # torchrun's default run id is the literal "none": no id at all (as in the job SDK)
     return None
 
 

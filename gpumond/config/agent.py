@@ -47,7 +47,7 @@ class JobsConfig(ConfigModel):
 
     enabled: bool = True
     env_vars: tuple[str, ...] = Field(
-        ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GPUMOND_JOB_ID"), min_length=1, strict=False
+        ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"), min_length=1, strict=False
     )
     kubernetes_pods: bool = True
     cache_size: int = Field(4096, ge=16, le=1_048_576)

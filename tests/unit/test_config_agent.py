@@ -23,7 +23,7 @@ def test_defaults_match_the_documented_values() -> None:
     assert config.sampling.xid_events is True
     assert config.sampling.nvml_retry_max_s == 300
     assert config.jobs.enabled and config.jobs.kubernetes_pods
-    assert config.jobs.env_vars == ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GPUMOND_JOB_ID")
+    assert config.jobs.env_vars == ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
     assert config.jobs.cache_size == 4096
     assert config.host.enabled is True
     assert config.state_dir == Path("/var/lib/gpumond")

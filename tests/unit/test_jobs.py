@@ -433,3 +433,9 @@ def test_cgroup_read_errors_are_tolerated(host: FakeHost, make) -> None:
     attributor = make()
     assert attributor.jobs_for([10]) == ()
     assert attributor.stats.denied == 1
+
+
+def test_torchrun_default_run_id_none_is_no_job_id():
+    assert job_from_environ({"TORCHELASTIC_RUN_ID": "none"}, ("TORCHELASTIC_RUN_ID",)) is None
+    assert job_from_environ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7"},
+                            ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")) == "7"

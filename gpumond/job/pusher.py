@@ -1,0 +1,205 @@
+"""The background thread: takes recorded steps off the queue and pushes them, retrying or dropping."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from gpumond.job import backoff
+from gpumond.job.payload import Record, encode, encode_head
+from gpumond.job.transport import Transport
+
+log = logging.getLogger("gpumond.job")
+
+JOIN_GRACE_S = 0.25  # a request started just before the close deadline still gets to finish
+MIN_RETRY_S = 0.05  # a "Retry-After: 0" loop must not spin
+RETRY_STATUSES = frozenset({408, 429})  # plus every 5xx
+
+
+class Pusher:
+    """Owns everything after the queue: batching, the transport, retries and the counters it writes."""
+
+    def __init__(self, queue: deque[Record], head: Mapping[str, object], transport: Transport, *,
+                 interval_s: float, max_steps: int, timeout_s: float,
+                 clock: Callable[[], float], wall: Callable[[], float]) -> None:
+        if queue.maxlen is None:
+            raise ValueError("the queue must be bounded")
+        self._q = queue
+        self._max_queue = queue.maxlen
+        self._head = encode_head(head)
+        self._transport = transport
+        self._interval = interval_s
+        self._timeout = timeout_s
+        self._clock, self._wall = clock, wall
+        self.limit = max_steps  # steps per push; halved on every 413
+        self.rand: Callable[[], float] = random.random  # the backoff's jitter source
+        self._pending: list[Record] = []  # the batch being sent; older than anything still queued
+        self._attempt = 0
+        self._outage = False
+        self._warned: set[object] = set()
+        # Written only by this thread; the reporter reads them for its stats snapshot.
+        self.taken = self.pushed = self.dropped = self.failed = 0
+        self.last_error: str | None = None
+        self._closing = False
+        self._deadline = 0.0
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpumond-job-push", daemon=True)
+
+    @property
+    def pending_len(self) -> int:
+        """Steps taken off the queue but not yet pushed or dropped."""
+        return len(self._pending)
+
+    def start(self) -> None:
+        """Start the daemon thread."""
+        self._thread.start()
+
+    def close(self, timeout_s: float) -> None:
+        """Ask the thread to flush until `timeout_s` from now, and wait for it about that long."""
+        timeout_s = max(0.0, timeout_s)
+        self._deadline = time.monotonic() + timeout_s
+        self._closing = True
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s + JOIN_GRACE_S)
+
+    # ----- the thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        delay = self._interval
+        try:
+            while not self._closing:
+                self._wake.wait(delay)
+                if self._closing:
+                    break
+                retry_in = self._drain_safely(self._timeout)
+                delay = self._interval if retry_in is None else retry_in
+            self._flush_until_deadline()
+        finally:
+            self._abandon()
+
+    def _flush_until_deadline(self) -> None:
+        """Closing: keep pushing (and retrying) while the close deadline leaves time for it."""
+        while (left := self._deadline - time.monotonic()) > 0:
+            retry_in = self._drain_safely(min(self._timeout, left))
+            if retry_in is None or retry_in >= self._deadline - time.monotonic():
+                return
+            time.sleep(retry_in)
+
+    def _abandon(self) -> None:
+        """Count whatever is still held as dropped and let the connection go."""
+        leftover = len(self._pending)
+        self._pending = []
+        while self._q:
+            self._q.popleft()
+            self.taken += 1
+            leftover += 1
+        self.dropped += leftover
+        if leftover:
+            log.warning("gpumond: %d steps were not pushed before close and are dropped", leftover)
+        try:
+            self._transport.close()
+        except Exception:  # closing a broken connection can fail; nothing is left to do about it
+            pass
+
+    def _drain_safely(self, timeout_s: float) -> float | None:
+        """drain(), but a bug in it costs the batch in hand, never the thread."""
+        try:
+            return self.drain(timeout_s)
+        except Exception as exc:
+            self._drop(f"internal error: {exc!r}", key="internal", exc_info=True)
+            return None
+
+    # ----- one round of pushing --------------------------------------------------------------------
+    def drain(self, timeout_s: float) -> float | None:
+        """Push queued steps until the queue is empty (None) or a failure asks to wait (seconds)."""
+        while True:
+            if not self._pending:
+                self._pending = self._take()
+                if not self._pending:
+                    return None
+            self._trim()
+            if not self._pending:
+                continue
+            try:
+                body = encode(self._head, self._pending, self._wall(), self._clock())
+            except (TypeError, ValueError) as exc:
+                self._drop(f"cannot encode steps: {exc}", key="encode")
+                continue
+            try:
+                reply = self._transport.post(body, timeout_s)
+            except Exception as exc:  # no answer at all: refused, reset, timed out, DNS
+                return self._retry_later(f"{type(exc).__name__}: {exc}", None)
+            if 200 <= reply.status < 300:
+                self._pushed()
+            elif reply.status in RETRY_STATUSES or reply.status >= 500:
+                return self._retry_later(_describe(reply.status, reply.detail), reply.retry_after_s)
+            else:
+                self._reject(reply.status, reply.detail)
+
+    def _take(self) -> list[Record]:
+        """Pop up to `limit` of the oldest queued steps (only this thread pops, so none vanish under us)."""
+        n = min(len(self._q), self.limit)
+        popleft = self._q.popleft
+        batch = [popleft() for _ in range(n)]
+        self.taken += n
+        return batch
+
+    def _trim(self) -> None:
+        """Keep queue + batch in hand within max_queue by dropping the oldest, which are in hand."""
+        excess = len(self._pending) + len(self._q) - self._max_queue
+        if excess > 0:
+            del self._pending[:excess]
+            self.dropped += excess
+
+    def _pushed(self) -> None:
+        self.pushed += len(self._pending)
+        self._pending = []
+        if self._outage:
+            log.info("gpumond: pushes resumed after %d failed attempts", self._attempt)
+        self._outage = False
+        self._attempt = 0
+
+    def _retry_later(self, error: str, retry_after_s: float | None) -> float:
+        """Keep the batch, count the failure, and say how long to wait before the next attempt."""
+        self.failed += 1
+        self._attempt += 1
+        self.last_error = error
+        if not self._outage:
+            self._outage = True
+            log.warning("gpumond: push to the rules service failed (%s); retrying with backoff, "
+                        "queueing up to %d steps and then dropping the oldest", error, self._max_queue)
+        if retry_after_s is not None:
+            return max(retry_after_s, MIN_RETRY_S)
+        # The module's constants are read at call time so a test can shorten the schedule.
+        return backoff.backoff_s(self._attempt, self.rand, base_s=backoff.BASE_S, cap_s=backoff.CAP_S)
+
+    def _reject(self, status: int, detail: str) -> None:
+        """The service refused this batch for good: drop it; a 413 also shrinks later batches."""
+        self.failed += 1
+        note = ""
+        if status == 413:
+            self.limit = max(1, len(self._pending) // 2)
+            note = f"; sending at most {self.limit} steps per push from now on"
+        self._drop(_describe(status, detail) + note, key=status)
+
+    def _drop(self, error: str, *, key: object, exc_info: bool = False) -> None:
+        """Drop the batch in hand, counted, with one warning per kind of reason."""
+        count = len(self._pending)
+        self.dropped += count
+        self._pending = []
+        self._attempt = 0
+        self.last_error = error
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("gpumond: dropped %d steps: %s (further drops for this reason are only counted)",
+                        count, error, exc_info=exc_info)
+
+
+def _describe(status: int, detail: str) -> str:
+    """`HTTP 401: <what the service said>` on one line."""
+    detail = " ".join(detail.split())
+    return f"HTTP {status}: {detail}" if detail else f"HTTP {status}"

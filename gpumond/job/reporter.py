@@ -1,0 +1,293 @@
+"""The Reporter: times steps and data-loader waits on the training thread, hands them to the pusher.
+
+A step is the span between consecutive batch fetches through `wrap()`, unless it is ended
+explicitly: `step_end()` ends the open step at once, and `with reporter.step():` makes the block
+one step that every fetch inside it counts towards (use it for gradient accumulation).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, TypeVar
+
+from gpumond.job.device import local_gpu_uuid
+from gpumond.job.payload import Record
+from gpumond.job.pusher import Pusher
+from gpumond.job.settings import ConfigError, Identity, resolve_endpoint, resolve_identity, resolve_token
+from gpumond.job.stats import Stats
+from gpumond.job.transport import HttpTransport, Transport
+
+log = logging.getLogger("gpumond.job")
+T = TypeVar("T")
+
+# What the open step is, if any.
+_NONE = 0  # no step open: the next fetch opens one
+_FETCH = 1  # opened by a fetch; the next fetch ends it
+_BLOCK = 2  # inside `with step()`: fetches add their wait, only the block's end ends it
+
+
+class Reporter:
+    """Measures steps of one training process and pushes them to the rules service; never raises."""
+
+    def __init__(self, endpoint: str | None = None, token: str | None = None, job: str | None = None,
+                 rank: int | None = None, world_size: int | None = None, node: str | None = None,
+                 gpu_uuid: str | None = None, group: str | None = None, push_interval_s: float = 5.0,
+                 max_queue: int = 10_000, max_steps_per_push: int = 512, timeout_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 transport: Transport | None = None) -> None:
+        # Hot-path state comes first, so a reporter whose setup fails below is still safe to call.
+        self._off = True
+        self._closed = False
+        self._pid = os.getpid()
+        self._clock = clock
+        self._open = _NONE
+        self._depth = 0
+        self._start = self._last_end = self._wait = 0.0
+        self._next_step = 0
+        self._recorded = 0
+        self._block_samples: int | None = None
+        self._block = _StepBlock(self)
+        self._q: deque[Record] = deque(maxlen=1)
+        self._pusher: Pusher | None = None
+        self._identity: Identity | None = None
+        self._reason: str | None = None
+        try:
+            _check_numbers(push_interval_s, max_queue, max_steps_per_push, timeout_s)
+            if transport is None:
+                # Before the GPU lookup: without a place to send to there is no point running nvidia-smi.
+                transport = HttpTransport(resolve_endpoint(endpoint, os.environ), resolve_token(token, os.environ))
+            self._identity = resolve_identity(job=job, rank=rank, world_size=world_size, node=node,
+                                              gpu_uuid=gpu_uuid, group=group, environ=os.environ,
+                                              find_gpu=local_gpu_uuid)
+            self._q = deque(maxlen=max_queue)
+            self._pusher = Pusher(self._q, self._identity.head(), transport, interval_s=push_interval_s,
+                                  max_steps=max_steps_per_push, timeout_s=timeout_s, clock=clock, wall=wall)
+            self._start = self._last_end = clock()
+            self._pusher.start()
+        except ConfigError as exc:
+            self._disable(str(exc))
+            return
+        except Exception as exc:  # whatever went wrong, training must go on
+            self._disable(f"unexpected error while configuring: {exc!r}")
+            return
+        atexit.register(self.close)
+        # A forked child (a DataLoader worker) inherits this object but not the thread: make it inert.
+        os.register_at_fork(after_in_child=_make_inert_in_child(weakref.ref(self)))
+        self._off = False
+
+    # ----- state ------------------------------------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        """True while steps are being recorded and pushed."""
+        return not self._off
+
+    @property
+    def identity(self) -> Identity | None:
+        """Job, rank, world size, node, GPU UUID and group as pushed; None if misconfigured."""
+        return self._identity
+
+    @property
+    def stats(self) -> Stats:
+        """A snapshot of the counters."""
+        pusher = self._pusher
+        if pusher is None:
+            return Stats(last_error=self._reason)
+        # Read in this order so that racing with both threads can only under-count overflow drops.
+        recorded = self._recorded
+        queued = len(self._q)
+        taken = pusher.taken
+        overflow = max(0, recorded - queued - taken)
+        return Stats(pushed_steps=pusher.pushed, dropped_steps=pusher.dropped + overflow,
+                     failed_pushes=pusher.failed, queue_len=queued + pusher.pending_len,
+                     last_error=self._reason or pusher.last_error)
+
+    def _disable(self, reason: str) -> None:
+        self._off = True
+        if self._reason is None:  # one warning per reporter, whatever else goes wrong later
+            log.warning("gpumond: step reporting disabled, training continues unaffected: %s", reason)
+        self._reason = f"disabled: {reason}"
+
+    def _fail(self, exc: BaseException) -> None:
+        """A bug in our bookkeeping: stop measuring rather than disturb training."""
+        self._disable(f"internal error: {exc!r}")
+
+    # ----- the hot path -----------------------------------------------------------------------------
+    def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Iterate `iterable`, timing each next() as data-loader wait; a fetch ends the step before it."""
+        return _Timed(self, iter(iterable))
+
+    def step_end(self, samples: int | None = None, step: int | None = None) -> None:
+        """End the open step now (or, with none open, record the span since the previous step ended)."""
+        if self._off:
+            return
+        try:
+            now = self._clock()
+            if self._open == _NONE:
+                self._start, self._wait = self._last_end, 0.0
+            if step is not None:
+                self._next_step = int(step)
+            if samples is not None and (type(samples) is not int or samples < 0):
+                samples = _as_count(samples)
+            self._record(now, samples)
+        except Exception as exc:
+            self._fail(exc)
+
+    def step(self, samples: int | None = None) -> _StepBlock:
+        """`with reporter.step():` — the block is one step; fetches inside it add to its data wait."""
+        if self._depth == 0:
+            self._block_samples = None if samples is None else _as_count(samples)
+        return self._block
+
+    def _record(self, end: float, samples: int | None) -> None:
+        step = self._next_step
+        self._next_step = step + 1
+        self._recorded += 1
+        # deque(maxlen) drops the oldest itself when full; the stats derive how many from the counts.
+        self._q.append((step, end, end - self._start, self._wait, samples))
+        self._last_end = end
+        self._open = _NONE
+
+    def _fetched(self, t0: float, t1: float | None) -> None:
+        """A fetch asked at t0 returned at t1 (None: the iterable is exhausted)."""
+        try:
+            mode = self._open
+            if mode == _BLOCK:
+                if t1 is not None:
+                    self._wait += t1 - t0
+                return
+            if mode == _FETCH:
+                self._record(t0, None)  # the previous batch's step ends when the next one is asked for
+            if t1 is not None:
+                self._open, self._start, self._wait = _FETCH, t0, t1 - t0
+        except Exception as exc:
+            self._fail(exc)
+
+    def _block_enter(self) -> None:
+        if self._off:
+            return
+        try:
+            self._depth += 1
+            if self._depth > 1:
+                return  # nested blocks are one step: the outermost one
+            if self._open == _FETCH:
+                self._open = _BLOCK  # the batch just fetched belongs to this block's step
+            elif self._open == _NONE:
+                self._open, self._start, self._wait = _BLOCK, self._clock(), 0.0
+        except Exception as exc:
+            self._fail(exc)
+
+    def _block_exit(self, ok: bool) -> None:
+        if self._off or self._depth == 0:
+            return
+        try:
+            self._depth -= 1
+            if self._depth or self._open == _NONE:
+                return
+            now = self._clock()
+            if ok:
+                self._record(now, self._block_samples)
+            else:
+                # A step that raised did not complete; its time says nothing about training speed.
+                self._open, self._last_end = _NONE, now
+        except Exception as exc:
+            self._fail(exc)
+
+    # ----- lifecycle --------------------------------------------------------------------------------
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop recording and flush what can be pushed within `timeout_s`; idempotent, no-op in a forked child."""
+        if self._closed or os.getpid() != self._pid:
+            self._off = True
+            return
+        self._closed = True
+        self._off = True
+        atexit.unregister(self.close)
+        if self._pusher is not None:
+            try:
+                self._pusher.close(timeout_s)
+            except Exception as exc:  # at exit, of all times, nothing may escape
+                log.warning("gpumond: error while closing the reporter: %r", exc)
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class _Timed:
+    """The iterator `wrap()` returns."""
+
+    __slots__ = ("_rep", "_it")
+
+    def __init__(self, rep: Reporter, it: Iterator[Any]) -> None:
+        self._rep = rep
+        self._it = it
+
+    def __iter__(self) -> _Timed:
+        return self
+
+    def __next__(self) -> Any:
+        rep = self._rep
+        if rep._off:
+            return next(self._it)
+        clock = rep._clock
+        t0 = clock()
+        try:
+            item = next(self._it)
+        except StopIteration:
+            rep._fetched(t0, None)
+            raise
+        rep._fetched(t0, clock())
+        return item
+
+
+class _StepBlock:
+    """The reusable context manager behind `reporter.step()` (one object: nothing allocated per step)."""
+
+    __slots__ = ("_rep",)
+
+    def __init__(self, rep: Reporter) -> None:
+        self._rep = rep
+
+    def __enter__(self) -> None:
+        self._rep._block_enter()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self._rep._block_exit(et is None)
+
+
+def _make_inert_in_child(ref: weakref.ref[Reporter]) -> Callable[[], None]:
+    """An at-fork hook that silences the reporter in the child; a weak reference, so it keeps nothing alive."""
+    def hook() -> None:
+        rep = ref()
+        if rep is not None:
+            rep._off = True
+            rep._closed = True
+            rep._q.clear()  # the parent pushes these; the child must not hold them either
+    return hook
+
+
+def _check_numbers(push_interval_s: float, max_queue: int, max_steps_per_push: int, timeout_s: float) -> None:
+    """Reject settings that would make the pusher spin, stall or hold nothing."""
+    for name, value in (("push_interval_s", push_interval_s), ("timeout_s", timeout_s)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
+            raise ConfigError(f"{name} must be a positive number of seconds (got {value!r})")
+    for name, value in (("max_queue", max_queue), ("max_steps_per_push", max_steps_per_push)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer (got {value!r})")
+
+
+def _as_count(samples: object) -> int | None:
+    """A sample count from an int-like (numpy, tensor item); None when it is not one."""
+    try:
+        value = int(samples)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if value >= 0 else None

@@ -1,0 +1,141 @@
+"""Who this rank is and where it reports: explicit arguments first, then the environment."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# First usable value wins. GPUMOND_JOB_ID lets a user override the scheduler's id.
+JOB_ENV = ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+# torchrun inside an sbatch allocation sets both; RANK is the global rank torchrun assigned,
+# SLURM_PROCID only the launcher task's index.
+RANK_ENV = ("RANK", "SLURM_PROCID")
+WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS")
+# torchrun's default --rdzv-id is the literal "none": it names no job.
+_NO_RUN_ID = {"TORCHELASTIC_RUN_ID": "none"}
+MAX_LABEL_CHARS = 128  # the agent truncates job ids to the same length
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# NVML's form, which the agent exports and the rules service joins on; anything else would be refused
+# on every push, so it is caught here once.
+GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+class ConfigError(Exception):
+    """A required setting is missing or malformed; the reporter disables itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The fields every push carries before its steps."""
+
+    job: str
+    rank: int
+    world_size: int
+    node: str
+    gpu_uuid: str
+    group: str | None
+
+    def head(self) -> dict[str, object]:
+        """The payload's fixed part, in contract order."""
+        return {"job": self.job, "rank": self.rank, "world_size": self.world_size, "node": self.node,
+                "gpu_uuid": self.gpu_uuid, "group": self.group}
+
+
+def clean_label(value: object) -> str | None:
+    """A usable label from a raw value: stripped, no control characters, bounded; else None."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text or _CONTROL_CHARS.search(text):
+        return None
+    return text[:MAX_LABEL_CHARS]
+
+
+def first_env(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    """(name, value) of the first variable in `names` holding a usable label."""
+    for name in names:
+        value = clean_label(environ.get(name))
+        if value is not None and value != _NO_RUN_ID.get(name):
+            return name, value
+    return None
+
+
+def resolve_identity(*, job: str | None, rank: int | None, world_size: int | None, node: str | None,
+                     gpu_uuid: str | None, group: str | None, environ: Mapping[str, str],
+                     find_gpu: Callable[[Mapping[str, str]], str | None]) -> Identity:
+    """Fill every identity field from its argument, else the environment; ConfigError names what is missing."""
+    job_value = clean_label(job)
+    if job_value is None:
+        found = first_env(environ, JOB_ENV)
+        if found is None:
+            raise ConfigError(f"no job id: pass job= or set one of {', '.join(JOB_ENV)}")
+        job_value = found[1]
+    rank_value = _int_setting("rank", rank, environ, RANK_ENV, default=0, minimum=0)
+    world_value = _int_setting("world_size", world_size, environ, WORLD_SIZE_ENV, default=1, minimum=1)
+    if rank_value >= world_value:
+        raise ConfigError(f"rank {rank_value} is not below world_size {world_value}")
+    node_value = (clean_label(node) or clean_label(environ.get("GPUMOND_NODE"))
+                  or clean_label(socket.gethostname()))
+    if node_value is None:
+        raise ConfigError("no node name: pass node= or set GPUMOND_NODE")
+    uuid, source = clean_label(gpu_uuid), "gpu_uuid"
+    if uuid is None:
+        uuid, source = clean_label(environ.get("GPUMOND_GPU_UUID")), "GPUMOND_GPU_UUID"
+    if uuid is None:
+        uuid, source = clean_label(find_gpu(environ)), "the local device"
+    if uuid is None:
+        raise ConfigError("could not find this rank's GPU UUID: pass gpu_uuid= or set GPUMOND_GPU_UUID")
+    if not GPU_UUID.fullmatch(uuid):
+        raise ConfigError(f"{source} must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
+                          f"(got {uuid!r})")
+    group_value = clean_label(group) if group is not None else clean_label(environ.get("GPUMOND_GROUP"))
+    return Identity(job_value, rank_value, world_value, node_value, uuid, group_value)
+
+
+def _int_setting(field: str, explicit: int | None, environ: Mapping[str, str], names: tuple[str, ...],
+                 *, default: int, minimum: int) -> int:
+    """An integer from the argument, else the first set variable, else the default; range-checked."""
+    source, raw = field, explicit
+    if raw is None:
+        found = first_env(environ, names)
+        if found is None:
+            return default
+        source, raw = found
+    try:
+        # bool and float are ints to int(); a rank of True or 2.5 is a bug to report, not round.
+        if isinstance(raw, (bool, float)):
+            raise ValueError
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source} must be an integer (got {raw!r})") from None
+    if value < minimum:
+        raise ConfigError(f"{source} must be ≥ {minimum} (got {raw!r})")
+    return value
+
+
+def resolve_endpoint(endpoint: str | None, environ: Mapping[str, str]) -> str:
+    """The rules service's base URL from the argument or GPUMOND_ENDPOINT."""
+    value = clean_label(endpoint) or clean_label(environ.get("GPUMOND_ENDPOINT"))
+    if value is None:
+        raise ConfigError("no endpoint: pass endpoint= or set GPUMOND_ENDPOINT (e.g. http://rules:9481)")
+    return value
+
+
+def resolve_token(token: str | None, environ: Mapping[str, str]) -> str:
+    """The bearer token from the argument, GPUMOND_TOKEN, or the file GPUMOND_TOKEN_FILE names."""
+    value = (token or environ.get("GPUMOND_TOKEN") or "").strip()
+    if not value and environ.get("GPUMOND_TOKEN_FILE"):
+        path = Path(environ["GPUMOND_TOKEN_FILE"])
+        try:
+            value = path.read_text().strip()
+        except OSError as exc:
+            # The path is not secret; the content would be, so it never appears in a message.
+            raise ConfigError(f"cannot read GPUMOND_TOKEN_FILE {str(path)!r}: {exc.strerror or exc}") from None
+    if not value:
+        raise ConfigError("no token: pass token= or set GPUMOND_TOKEN or GPUMOND_TOKEN_FILE")
+    if any(c.isspace() for c in value) or _CONTROL_CHARS.search(value):
+        raise ConfigError("the token contains whitespace or control characters")
+    return value

@@ -1,0 +1,115 @@
+"""POST one push body to the rules service over a reused keep-alive connection (http.client)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpumond import __version__
+from gpumond.job.backoff import parse_retry_after
+from gpumond.job.settings import ConfigError
+
+PUSH_PATH = "/api/v1/push"
+_MAX_REPLY_BYTES = 64 * 1024  # the service answers in a few bytes; more is not worth reading
+# What a kept-alive socket the server closed while idle raises on reuse; worth one immediate retry.
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the service answered: status, its Retry-After in seconds, and the start of the body."""
+
+    status: int
+    retry_after_s: float | None = None
+    detail: str = ""
+
+
+class Transport(Protocol):
+    """Sends one push; raises OSError or http.client.HTTPException when there was no answer."""
+
+    def post(self, body: bytes, timeout_s: float) -> Reply: ...
+
+    def close(self) -> None: ...
+
+
+class HttpTransport:
+    """`POST <endpoint>/api/v1/push` with a bearer token, one connection kept open between pushes."""
+
+    def __init__(self, endpoint: str, token: str) -> None:
+        url = urllib.parse.urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(f"endpoint must be an http:// or https:// URL with a host (got {endpoint!r})")
+        try:
+            self._port = url.port
+        except ValueError:
+            raise ConfigError(f"endpoint has a bad port (got {endpoint!r})") from None
+        self._https = url.scheme == "https"
+        self._host = url.hostname
+        self.path = url.path.rstrip("/") + PUSH_PATH
+        self._headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "User-Agent": f"gpumond-job/{__version__}",
+        }
+        self._conn: http.client.HTTPConnection | None = None
+        self.connections = 0  # opened so far; keep-alive keeps this at 1 on a healthy link
+
+    def post(self, body: bytes, timeout_s: float) -> Reply:
+        """Send one body; retry once at once when a kept-alive socket turns out to be closed."""
+        reused = self._conn is not None and self._conn.sock is not None
+        try:
+            return self._exchange(body, timeout_s)
+        except _STALE:
+            self.close()
+            if not reused:
+                raise
+        return self._exchange(body, timeout_s)
+
+    def _exchange(self, body: bytes, timeout_s: float) -> Reply:
+        conn = self._connection(timeout_s)
+        try:
+            conn.request("POST", self.path, body=body, headers=self._headers)
+            resp = conn.getresponse()
+            # Read the answer, even an error page: a connection is reusable only once its body is consumed.
+            detail = _message(resp.read(_MAX_REPLY_BYTES))
+            retry_after = parse_retry_after(resp.getheader("Retry-After"), time.time())
+            if resp.will_close or not resp.isclosed():
+                self.close()  # the server is closing, or sent more than we will read
+            return Reply(resp.status, retry_after, detail)
+        except BaseException:
+            self.close()  # half a request leaves the connection in an unknown state
+            raise
+
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=timeout_s)
+            self.connections += 1
+        else:
+            self._conn.timeout = timeout_s  # used by the next connect
+            if self._conn.sock is not None:
+                self._conn.sock.settimeout(timeout_s)
+        return self._conn
+
+    def close(self) -> None:
+        """Drop the connection; the next post opens a new one."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _message(body: bytes) -> str:
+    """The service's one-line reason from an error body ({"error": …}), else the start of the raw text."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        for key in ("error", "detail"):
+            if isinstance(parsed.get(key), str):
+                return parsed[key][:200]
+    return body[:200].decode("utf-8", "replace")

@@ -1,0 +1,387 @@
+"""The job SDK against a real HTTP receiver on 127.0.0.1 that checks every push against the contract.
+
+The receiver stands in for the rules service's `POST /api/v1/push` until `gpumond.rules` exists;
+it can be made slow, down, or answer 401 / 413 / 429 / 500. Every loop and wait here is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from gpumond.job import Reporter, backoff
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "test-token"
+WAIT_S = 10.0  # the longest any condition below may take
+STEP_KEYS = ["step", "end", "duration_s", "data_wait_s", "samples"]
+TOP_KEYS = ["job", "rank", "world_size", "node", "gpu_uuid", "group", "steps"]
+GPU = "GPU-00000000-0000-4000-8000-000000000007"
+
+
+def contract_errors(payload: object) -> list[str]:
+    """Everything about a push body that the DESIGN.md contract does not allow, by field."""
+    if not isinstance(payload, dict):
+        return ["body: not an object"]
+    errors = [f"{k}: unexpected or missing" for k in set(TOP_KEYS) ^ set(payload)]
+    for key in ("job", "node", "gpu_uuid"):
+        if not (isinstance(payload.get(key), str) and payload[key]):
+            errors.append(f"{key}: must be a non-empty string")
+    if payload.get("group") is not None and not isinstance(payload.get("group"), str):
+        errors.append("group: must be a string or null")
+    rank, world = payload.get("rank"), payload.get("world_size")
+    if not (_is_int(rank) and _is_int(world) and 0 <= rank < world):  # type: ignore[operator]
+        errors.append("rank/world_size: need integers with 0 <= rank < world_size")
+    steps = payload.get("steps")
+    if not (isinstance(steps, list) and steps):
+        return errors + ["steps: must be a non-empty list"]
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or list(step) != STEP_KEYS:
+            errors.append(f"steps.{i}: keys must be {STEP_KEYS}")
+            continue
+        if not (_is_int(step["step"]) and step["step"] >= 0):
+            errors.append(f"steps.{i}.step: must be an integer >= 0")
+        for key in ("end", "duration_s", "data_wait_s"):
+            if not (_is_number(step[key]) and step[key] >= 0):
+                errors.append(f"steps.{i}.{key}: must be a finite number >= 0")
+        if _is_number(step["duration_s"]) and _is_number(step["data_wait_s"]) \
+                and step["data_wait_s"] > step["duration_s"] + 1e-6:
+            errors.append(f"steps.{i}.data_wait_s: longer than the step")
+        if step["samples"] is not None and not (_is_int(step["samples"]) and step["samples"] >= 0):
+            errors.append(f"steps.{i}.samples: must be an integer >= 0 or null")
+    return errors
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+class Receiver:
+    """A push endpoint on 127.0.0.1: validates, records, and misbehaves on request."""
+
+    def __init__(self) -> None:
+        self.mode = 202  # the status to answer: 202, or 401 / 413 / 429 / 500
+        self.mode_count = math.inf  # answer `mode` this many more times, then 202
+        self.max_steps = math.inf  # more steps than this in one push: 413
+        self.delay_s = 0.0  # sleep before answering
+        self.retry_after: str | None = None  # sent with 429 / 500
+        self.drop_idle = False  # close the socket after answering, without saying so
+        self.accepted: list[dict] = []
+        self.statuses: list[int] = []
+        self.request_times: list[float] = []
+        self.violations: list[str] = []
+        self.connections = 0
+        self.port = 0
+        self._live: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Receiver:
+        """Listen (on the same port as before, after a stop)."""
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
+        server.daemon_threads = True
+        server.receiver = self  # type: ignore[attr-defined]
+        self.port = server.server_address[1]
+        self._server = server
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and cut every open connection, as a crashed service would."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            live = list(self._live)
+        for conn in live:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def steps(self) -> list[dict]:
+        with self._lock:
+            return [s for p in self.accepted for s in p["steps"]]
+
+    def answer(self, headers: dict[str, str], body: bytes, path: str) -> tuple[int, dict[str, str], bytes]:
+        """Decide the reply to one request."""
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        with self._lock:
+            self.request_times.append(time.monotonic())
+            status, extra, reply = self._decide(headers, body, path)
+            self.statuses.append(status)
+        return status, extra, json.dumps(reply).encode()
+
+    def _decide(self, headers: dict[str, str], body: bytes, path: str) -> tuple[int, dict[str, str], dict]:
+        if path != "/api/v1/push":
+            return 404, {}, {"detail": "not found"}
+        if headers.get("Authorization") != f"Bearer {TOKEN}":
+            return 401, {}, {"detail": "missing or invalid bearer token"}
+        if self.mode != 202 and self.mode_count > 0:
+            self.mode_count -= 1
+            extra = {"Retry-After": self.retry_after} if self.retry_after else {}
+            return self.mode, extra, {"detail": f"told to answer {self.mode}"}
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            self.violations.append("body: not JSON")
+            return 400, {}, {"detail": "body: not JSON"}
+        errors = contract_errors(payload)
+        if errors:
+            self.violations += errors
+            return 422, {}, {"detail": errors[0]}
+        if len(payload["steps"]) > self.max_steps:
+            return 413, {}, {"detail": f"steps: more than {self.max_steps}"}
+        self.accepted.append(payload)
+        return 202, {}, {"accepted": len(payload["steps"])}
+
+    def opened(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+            self._live.add(conn)
+
+    def closed(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._live.discard(conn)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the real service speaks
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.receiver.opened(self.connection)  # type: ignore[attr-defined]
+
+    def finish(self) -> None:
+        self.server.receiver.closed(self.connection)  # type: ignore[attr-defined]
+        super().finish()
+
+    def do_POST(self) -> None:  # noqa: N802 — http.server's naming
+        receiver: Receiver = self.server.receiver  # type: ignore[attr-defined]
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        status, extra, reply = receiver.answer(dict(self.headers), body, self.path)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        for key, value in extra.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(reply)
+        if receiver.drop_idle:
+            self.close_connection = True  # without a "Connection: close": the client finds out on reuse
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 — quiet
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    recv = Receiver().start()
+    yield recv
+    recv.stop()
+    assert recv.violations == []
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backoff, "BASE_S", 0.02)
+    monkeypatch.setattr(backoff, "CAP_S", 0.1)
+
+
+def reporter(recv: Receiver, **kwargs: object) -> Reporter:
+    args: dict[str, object] = dict(endpoint=recv.url, token=TOKEN, job="job-7", rank=2, world_size=4,
+                                   node="node-b", gpu_uuid=GPU, group="stage-1", push_interval_s=0.02,
+                                   timeout_s=2.0)
+    args.update(kwargs)
+    rep = Reporter(**args)  # type: ignore[arg-type]
+    assert rep.enabled, rep.stats.last_error
+    return rep
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ----- the happy path -------------------------------------------------------------------------------
+def test_steps_arrive_with_the_right_numbers_over_one_connection(receiver: Receiver) -> None:
+    clock = FakeClock()
+    rep = reporter(receiver, clock=clock, wall=lambda: clock.now + 1_763_760_000.0)
+
+    def batches(n: int) -> Iterator[int]:
+        for i in range(n):
+            clock.now += 0.01 * (i % 3)  # blocked in the loader
+            yield i
+
+    expected = []
+    for chunk in range(3):  # three chunks, each pushed before the next: several pushes, one connection
+        for i in rep.wrap(batches(20)):
+            clock.now += 0.5
+            rep.step_end(samples=32)
+            expected.append((chunk * 20 + i, 1_763_760_000.0 + clock.now, 0.5 + 0.01 * (i % 3), 0.01 * (i % 3)))
+        wait_for(lambda n=len(expected): len(receiver.steps()) == n, f"{len(expected)} steps")
+    rep.close()
+    got = [(s["step"], s["end"], s["duration_s"], s["data_wait_s"]) for s in receiver.steps()]
+    assert got == [pytest.approx(e, abs=1e-6) for e in expected]
+    assert all(s["samples"] == 32 for s in receiver.steps())
+    first = receiver.accepted[0]
+    assert {k: first[k] for k in TOP_KEYS[:-1]} == {"job": "job-7", "rank": 2, "world_size": 4, "node": "node-b",
+                                                    "gpu_uuid": GPU, "group": "stage-1"}
+    assert len(receiver.accepted) >= 3 and receiver.connections == 1
+    assert rep.stats.pushed_steps == 60 and rep.stats.dropped_steps == 0 and rep.stats.failed_pushes == 0
+
+
+def test_a_kept_alive_socket_closed_by_the_server_is_reopened_without_a_failure(receiver: Receiver) -> None:
+    receiver.drop_idle = True
+    rep = reporter(receiver)
+    for n in (1, 2, 3):
+        rep.step_end()
+        wait_for(lambda n=n: len(receiver.steps()) == n, f"step {n}")
+        time.sleep(0.05)  # let the server's close land before the next push reuses the socket
+    rep.close()
+    assert rep.stats.failed_pushes == 0 and receiver.connections == 3
+
+
+# ----- the service misbehaving ----------------------------------------------------------------------
+def test_receiver_down_training_runs_at_full_speed_and_drops_are_counted(receiver: Receiver) -> None:
+    receiver.stop()
+    rep = reporter(receiver, max_queue=1000)
+    n = 50_000
+    started = time.perf_counter()
+    for _ in rep.wrap(range(n)):
+        rep.step_end(samples=1)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 2.5, f"{n} steps took {elapsed:.2f}s"  # ~50 µs a step at worst; ~2 µs is typical
+    closing = time.monotonic()
+    rep.close(timeout_s=0.5)
+    assert time.monotonic() - closing < 2.0
+    stats = rep.stats
+    assert (stats.pushed_steps, stats.dropped_steps, stats.queue_len) == (0, n, 0)
+    assert stats.failed_pushes >= 1 and "Connection" in (stats.last_error or "")
+
+
+def test_pushes_resume_when_the_receiver_comes_back(receiver: Receiver, fast_backoff: None,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpumond.job")
+    receiver.stop()
+    rep = reporter(receiver)
+    for _ in rep.wrap(range(100)):
+        pass
+    wait_for(lambda: rep.stats.failed_pushes >= 2, "failed pushes")
+    receiver.start()
+    wait_for(lambda: len(receiver.steps()) == 100, "100 steps after the restart")
+    rep.close()
+    assert [s["step"] for s in receiver.steps()] == list(range(100))
+    assert rep.stats.pushed_steps == 100 and rep.stats.dropped_steps == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("retrying" in m for m in messages) and any("resumed" in m for m in messages)
+
+
+def test_401_is_dropped_not_retried_and_warned_once(receiver: Receiver,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="gpumond.job")
+    rep = reporter(receiver, token="wrong-token")
+    for n in (10, 20, 30):
+        for _ in range(10):
+            rep.step_end()
+        wait_for(lambda n=n: rep.stats.dropped_steps == n, f"{n} dropped")
+    rep.close()
+    stats = rep.stats
+    assert stats.pushed_steps == 0 and stats.dropped_steps == 30
+    assert stats.failed_pushes == len(receiver.statuses) and set(receiver.statuses) == {401}
+    warnings = [r.getMessage() for r in caplog.records if "401" in r.getMessage()]
+    assert len(warnings) == 1 and "wrong-token" not in warnings[0]
+
+
+def test_slow_receiver_does_not_slow_the_training_loop(receiver: Receiver) -> None:
+    def train(rep: Reporter | None, steps: int) -> tuple[float, float]:
+        """Total and longest step of a loop doing ~2 ms of work a step."""
+        longest, started = 0.0, time.perf_counter()
+        data = range(steps) if rep is None else rep.wrap(range(steps))
+        for _ in data:
+            t0 = time.perf_counter()
+            time.sleep(0.002)
+            longest = max(longest, time.perf_counter() - t0)
+        return time.perf_counter() - started, longest
+
+    bare, _ = train(None, 200)
+    receiver.delay_s = 0.5
+    rep = reporter(receiver, push_interval_s=0.01)
+    total, longest = train(rep, 200)
+    assert receiver.connections >= 1  # a push was in flight meanwhile
+    assert longest < 0.25, f"a step took {longest:.3f}s: it waited on the receiver"
+    assert total < 1.5 * bare + 0.2, f"{total:.2f}s with a slow receiver vs {bare:.2f}s bare"
+    rep.close(timeout_s=5)
+    assert rep.stats.pushed_steps == 200 and rep.stats.dropped_steps == 0
+
+
+def test_429_waits_as_long_as_retry_after_says(receiver: Receiver, fast_backoff: None) -> None:
+    receiver.mode, receiver.mode_count, receiver.retry_after = 429, 1, "1"
+    rep = reporter(receiver)
+    rep.step_end()
+    wait_for(lambda: len(receiver.steps()) == 1, "the step after the 429")
+    rep.close()
+    assert receiver.statuses == [429, 202]
+    first, second = receiver.request_times
+    assert second - first >= 0.95  # not the 20 ms the (shortened) backoff alone would give
+    assert rep.stats.failed_pushes == 1 and rep.stats.pushed_steps == 1
+
+
+def test_500_is_retried_with_backoff_until_it_succeeds(receiver: Receiver, fast_backoff: None) -> None:
+    receiver.mode, receiver.mode_count = 500, 3
+    rep = reporter(receiver)
+    for _ in range(5):
+        rep.step_end()
+    wait_for(lambda: len(receiver.steps()) == 5, "5 steps after three 500s")
+    rep.close()
+    assert receiver.statuses[:3] == [500, 500, 500]
+    assert [s["step"] for s in receiver.steps()] == [0, 1, 2, 3, 4]  # each exactly once
+    assert rep.stats.failed_pushes == 3 and rep.stats.dropped_steps == 0
+
+
+def test_413_drops_the_batch_and_later_pushes_are_smaller(receiver: Receiver,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="gpumond.job")
+    receiver.max_steps = 100
+    rep = reporter(receiver, push_interval_s=3600, max_steps_per_push=400)  # pushes only at close
+    for _ in range(700):
+        rep.step_end()
+    rep.close()
+    # 400 → 413, halve; 200 → 413, halve; 100 fits.
+    assert receiver.statuses == [413, 413, 202]
+    assert [s["step"] for s in receiver.steps()] == list(range(600, 700))
+    assert rep.stats.dropped_steps == 600 and rep.stats.pushed_steps == 100
+    assert sum("HTTP 413" in r.getMessage() for r in caplog.records) == 1
