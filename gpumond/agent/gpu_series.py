@@ -32,17 +32,18 @@ def tier_series(read: TierRead, *, with_up: bool) -> list[Series]:
             out.append(Series("gpumond_gpu_up", base, 1.0 if g.up else 0.0))
         if not g.up:
             continue  # a lost GPU exports up=0 and nothing stale
-        for reader, key, value in g.values:
-            for f in _BY_READER_KEY.get((reader, key), ()):
-                if f.scale is None:
-                    mask = int(value)
-                    for bit, reason in CLOCK_EVENT_REASONS.items():
-                        out.append(Series(f.metric, base + (("reason", reason),), 1.0 if mask & bit else 0.0))
-                elif f.scale < 1:
-                    # divide by the exact integer (100, 1000, 1e9) so 95 % is 0.95, not 0.9500000000000001
-                    out.append(Series(f.metric, base + f.labels, value / _DIVISOR[f.scale]))
-                else:
-                    out.append(Series(f.metric, base + f.labels, value * f.scale))
+        for reader, vals in g.values:
+            for key, value in vals.items():
+                for f in _BY_READER_KEY.get((reader, key), ()):
+                    if f.scale is None:
+                        mask = int(value)
+                        for bit, reason in CLOCK_EVENT_REASONS.items():
+                            out.append(Series(f.metric, base + (("reason", reason),), 1.0 if mask & bit else 0.0))
+                    elif f.scale < 1:
+                        # divide by the exact integer (100, 1000, 1e9) so 95 % is 0.95, not 0.9500000000000001
+                        out.append(Series(f.metric, base + f.labels, value / _DIVISOR[f.scale]))
+                    else:
+                        out.append(Series(f.metric, base + f.labels, value * f.scale))
     return out
 
 

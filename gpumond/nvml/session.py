@@ -7,13 +7,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import pynvml
 
-from gpumond.nvml.calls import READERS, Reader
+from gpumond.nvml.calls import READERS, Call, Reader
 from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
 
 log = logging.getLogger("gpumond.nvml")
@@ -33,11 +34,17 @@ class GpuIdentity:
 
 @dataclass(frozen=True, slots=True)
 class GpuRead:
-    """One tier's raw values for one GPU: (reader, key, value in NVML units)."""
+    """One tier's raw values for one GPU: per reader, its values in NVML units (read-only mappings)."""
 
     identity: GpuIdentity
     up: bool
-    values: tuple[tuple[str, str, float], ...] = ()
+    values: tuple[tuple[str, Mapping[str, float]], ...] = ()
+
+    def triples(self) -> Iterator[tuple[str, str, float]]:
+        """(reader, key, value) for every value read."""
+        for reader, vals in self.values:
+            for key, value in vals.items():
+                yield reader, key, value
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,7 @@ class _GpuState:
     handle: Any
     choice: dict[str, int] = field(default_factory=dict)  # reader → index of the call that worked
     unsupported: set[str] = field(default_factory=set)
+    plans: dict[str, list[tuple[Reader, Call]]] = field(default_factory=dict)  # tier → calls to make
     lost: bool = False
     next_retry: float = 0.0
     backoff: float = _FIRST_BACKOFF_S
@@ -147,7 +155,7 @@ class NvmlSession:
                 ident = self._identity(i, h)
                 prev = known.get(i)
                 if prev is not None and prev.identity.uuid == ident.uuid:
-                    prev.handle, prev.lost, prev.choice, prev.unsupported = h, False, {}, set()
+                    prev.handle, prev.lost, prev.choice, prev.unsupported, prev.plans = h, False, {}, set(), {}
                     gpus.append(prev)
                 else:
                     gpus.append(_GpuState(ident, h))
@@ -199,66 +207,83 @@ class NvmlSession:
                 if not self._up:
                     down = tuple(GpuRead(g.identity, False) for g in self._gpus)
                     return TierRead(False, down, self._down_reason)
-            readers = [r for r in self._readers if r.tier == tier]
             out = []
             for g in self._gpus:
-                out.append(self._read_gpu(g, readers))
+                out.append(self._read_gpu(g, tier))
                 if not self._up:  # a driver-wide failure surfaced on this GPU
                     return TierRead(False, tuple(GpuRead(x.identity, False) for x in self._gpus),
                                     self._down_reason)
             return TierRead(True, tuple(out))
 
-    def _read_gpu(self, g: _GpuState, readers: list[Reader]) -> GpuRead:
+    def _plan(self, g: _GpuState, tier: str) -> list[tuple[Reader, Call]]:
+        plan = g.plans.get(tier)
+        if plan is None:
+            plan = [(r, r.calls[g.choice.get(r.name, 0)]) for r in self._readers
+                    if r.tier == tier and r.name not in g.unsupported]
+            g.plans[tier] = plan
+        return plan
+
+    def _read_gpu(self, g: _GpuState, tier: str) -> GpuRead:
+        """The hot path: one call per planned reader; every failure goes to _recover_call."""
         if g.lost and not self._recover(g):
             return GpuRead(g.identity, False)
-        values: list[tuple[str, str, float]] = []
-        for reader in readers:
-            if reader.name in g.unsupported:
-                continue
-            got = self._read_one(g, reader)
-            if g.lost or not self._up:
-                return GpuRead(g.identity, False)
-            if got:
-                values.extend((reader.name, k, float(v)) for k, v in got.items())
+        handle = g.handle
+        values: list[tuple[str, Mapping[str, float]]] = []
+        for reader, call in self._plan(g, tier):
+            try:
+                vals = call.fn(handle)
+            except Exception as e:  # noqa: BLE001 - classified in _recover_call
+                vals = self._recover_call(g, reader, e)
+                if g.lost or not self._up:
+                    return GpuRead(g.identity, False)
+                if vals is None:
+                    continue
+            values.append((reader.name, MappingProxyType(vals)))
         return GpuRead(g.identity, True, tuple(values))
 
-    def _read_one(self, g: _GpuState, reader: Reader) -> dict[str, float] | None:
+    def _recover_call(self, g: _GpuState, reader: Reader, first: Exception) -> dict[str, float] | None:
+        """The error policy for one failed reader: alternatives, lost GPU, driver gone, retry, give up."""
         idx = g.choice.get(reader.name, 0)
         retried = False
+        error: Exception | None = first
         while idx < len(reader.calls):
             call = reader.calls[idx]
-            try:
-                vals = call.fn(g.handle)
-            except pynvml.NVMLError as e:
-                d = classify(e)
-                if d in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL, Disposition.NO_PERMISSION):
-                    self._say_once(g, reader, call.symbol, d, e)
-                    idx += 1
-                    continue
-                if d is Disposition.GPU_LOST:
-                    self._mark_lost(g, call.symbol)
-                    return None
-                if d in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
-                    self._go_down(e)
-                    return None
-                self.errors_total[(g.identity.index, call.symbol, error_name(e))] += 1
-                if not retried:  # transient (Unknown, Timeout…): one immediate retry, then next cycle
-                    retried = True
-                    continue
-                return None
-            except Exception as e:  # a broken binding must not take the GPU (or the agent) down
+            if error is None:
+                try:
+                    vals = call.fn(g.handle)
+                except Exception as e:  # noqa: BLE001
+                    error = e
+                else:
+                    if g.choice.get(reader.name, 0) != idx:
+                        g.choice[reader.name] = idx
+                        g.plans.clear()
+                        log.info("using fallback nvml call", extra={
+                            "gpu": g.identity.index, "reader": reader.name, "call": call.symbol})
+                    return dict(vals)
+            e, error = error, None
+            if not isinstance(e, pynvml.NVMLError):  # a broken binding must not take the GPU down
                 self.errors_total[(g.identity.index, call.symbol, type(e).__name__)] += 1
                 log.warning("nvml call raised", extra={"gpu": g.identity.index, "call": call.symbol,
                                                         "error": repr(e)})
                 return None
-            if g.choice.get(reader.name) != idx:
-                g.choice[reader.name] = idx
-                if idx > 0:
-                    log.info("using fallback nvml call", extra={"gpu": g.identity.index, "reader": reader.name,
-                                                                 "call": call.symbol})
-            return dict(vals)
+            d = classify(e)
+            if d in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL, Disposition.NO_PERMISSION):
+                self._say_once(g, reader, call.symbol, d, e)
+                idx += 1
+                continue
+            if d is Disposition.GPU_LOST:
+                self._mark_lost(g, call.symbol)
+                return None
+            if d in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
+                self._go_down(e)
+                return None
+            self.errors_total[(g.identity.index, call.symbol, error_name(e))] += 1
+            if retried:  # transient (Unknown, Timeout…): one immediate retry, then the next cycle
+                return None
+            retried = True
         g.unsupported.add(reader.name)
         g.choice.pop(reader.name, None)
+        g.plans.clear()
         return None
 
     def _say_once(self, g: _GpuState, reader: Reader, symbol: str, d: Disposition, e: Exception) -> None:
@@ -291,7 +316,7 @@ class NvmlSession:
             g.backoff = min(g.backoff * 2, self._retry_max_s)
             g.next_retry = now + g.backoff
             return False
-        g.handle, g.lost, g.choice, g.unsupported = h, False, {}, set()
+        g.handle, g.lost, g.choice, g.unsupported, g.plans = h, False, {}, set(), {}
         g.backoff = _FIRST_BACKOFF_S
         log.warning("gpu back", extra={"gpu": g.identity.index, "uuid": g.identity.uuid})
         return True

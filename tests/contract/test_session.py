@@ -8,7 +8,7 @@ from gpumond.nvml.session import TierRead
 def values(read: TierRead, gpu: int) -> dict[tuple[str, str], float]:
     g = read.gpus[gpu]
     assert g.identity.index == gpu
-    return {(r, k): v for r, k, v in g.values}
+    return {(r, k): v for r, k, v in g.triples()}
 
 
 def test_every_catalogue_reader_is_read_on_a_hopper_gpu(make_session):

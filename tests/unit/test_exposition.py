@@ -46,3 +46,50 @@ def test_a_failing_source_is_isolated_and_reported():
     assert success == {"nvml_fast": 1.0, "host": 0.0, "xid": 0.0}
     assert fams["gpumond_gpu_up"].samples[0].value == 1.0
     assert fams["gpumond_gpu_xid_errors"].samples[0].value == 1.0
+
+
+# ----- the cached-prefix encoder writes exactly what prometheus-client writes ---------------------------
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+NAMES = ["gpumond_gpu_temperature_celsius", "gpumond_gpu_energy_joules_total", "gpumond_gpu_info",
+         "gpumond_nvml_up", "gpumond_gpu_xid_errors_total"]
+LABEL_NAMES = ["gpu", "uuid", "reason", "job"]
+values = st.one_of(st.floats(allow_nan=False), st.just(float("inf")), st.just(float("-inf")),
+                   st.integers(-10**18, 10**18).map(float))
+label_values = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
+
+
+def reference(series, types):
+    class C:
+        def describe(self):
+            return []
+
+        def collect(self):
+            fams = {}
+            for s in sorted(series, key=lambda s: s.name):
+                if s.name not in fams:
+                    kind, help_ = types.get(s.name, ("gauge", ""))
+                    names = [k for k, _ in s.labels]
+                    fams[s.name] = (CounterMetricFamily(s.name.removesuffix("_total"), help_, labels=names)
+                                    if kind == "counter" else GaugeMetricFamily(s.name, help_, labels=names))
+                fams[s.name].add_metric([v for _, v in s.labels], s.value)
+            yield from fams.values()
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(C())
+    return generate_latest(reg)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(NAMES), st.lists(label_values, min_size=2, max_size=2), values),
+                max_size=30))
+def test_encoder_is_byte_identical_to_prometheus_client(rows):
+    from gpumond.agent.metrics import metric_types
+
+    series = [Series(name, tuple(zip(LABEL_NAMES[:2], lv, strict=True)), v) for name, lv, v in rows]
+    r = Renderer()
+    assert r.encode(series) == reference(series, metric_types())
+    assert r.encode(series) == reference(series, metric_types())  # and again from the warm cache

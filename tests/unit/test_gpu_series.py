@@ -5,6 +5,14 @@ G0 = GpuIdentity(0, "GPU-aaa", "Sim H100", "00000000:18:00.0")
 G1 = GpuIdentity(1, "GPU-bbb", "Sim H100", "00000000:2A:00.0")
 
 
+def read_of(*triples):
+    """GpuRead values from (reader, key, value) triples."""
+    grouped = {}
+    for r, k, v in triples:
+        grouped.setdefault(r, {})[k] = v
+    return tuple(grouped.items())
+
+
 def by_name(series):
     out = {}
     for s in series:
@@ -13,7 +21,7 @@ def by_name(series):
 
 
 def test_units_are_converted_to_base_units():
-    read = TierRead(True, (GpuRead(G0, True, (
+    read = TierRead(True, (GpuRead(G0, True, read_of(
         ("temperature", "gpu", 71.0), ("power", "watts", 412_345.0), ("sm_clock", "current", 1980.0),
         ("utilization", "gpu", 87.0), ("energy", "total", 5_000.0),
         ("fields_fast", "ev_hw_thermal", 2_500_000_000.0))),),)
@@ -30,7 +38,7 @@ def test_units_are_converted_to_base_units():
 
 
 def test_clock_event_mask_expands_to_one_series_per_reason():
-    read = TierRead(True, (GpuRead(G0, True, (("clocks_event", "mask", 0x4 | 0x40),)),))
+    read = TierRead(True, (GpuRead(G0, True, read_of(("clocks_event", "mask", 0x4 | 0x40))),))
     active = {lab["reason"]: v for lab, v in by_name(tier_series(read, with_up=False))[
         "gpumond_gpu_clocks_event_active"]}
     assert active["sw_power_cap"] == 1.0 and active["hw_thermal_slowdown"] == 1.0
@@ -39,14 +47,14 @@ def test_clock_event_mask_expands_to_one_series_per_reason():
 
 
 def test_a_lost_gpu_exports_up_zero_and_nothing_else_while_its_peer_is_untouched():
-    read = TierRead(True, (GpuRead(G0, False, ()), GpuRead(G1, True, (("temperature", "gpu", 60.0),))))
+    read = TierRead(True, (GpuRead(G0, False, ()), GpuRead(G1, True, read_of(("temperature", "gpu", 60.0)))))
     s = by_name(tier_series(read, with_up=True))
     assert ({"gpu": "0", "uuid": "GPU-aaa"}, 0.0) in s["gpumond_gpu_up"]
     assert s["gpumond_gpu_temperature_celsius"] == [({"gpu": "1", "uuid": "GPU-bbb"}, 60.0)]
 
 
 def test_values_not_read_are_absent_not_zero():
-    read = TierRead(True, (GpuRead(G0, True, (("temperature", "gpu", 60.0),)),))
+    read = TierRead(True, (GpuRead(G0, True, read_of(("temperature", "gpu", 60.0))),))
     s = by_name(tier_series(read, with_up=False))
     assert "gpumond_gpu_memory_temperature_celsius" not in s
     assert "gpumond_gpu_up" not in s  # only the fast tier speaks for up

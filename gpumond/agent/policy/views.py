@@ -26,13 +26,18 @@ _FIELDS: dict[tuple[str, str], tuple[str, float]] = {
 
 def build_views(fast: TierRead, slow: TierRead | None) -> list[GpuView]:
     """One GpuView per GPU in the fast read; slow-tier values come from the last slow read."""
-    slow_values = {}
+    slow_reads = {}
     if slow is not None:
-        slow_values = {g.identity.index: g.values for g in slow.gpus if g.up}
+        slow_reads = {g.identity.index: g for g in slow.gpus if g.up}
     views = []
     for g in fast.gpus:
         kw: dict[str, object] = {}
-        for reader, key, value in (*g.values, *slow_values.get(g.identity.index, ())) if g.up else ():
+        triples = []
+        if g.up:
+            triples = list(g.triples())
+            if g.identity.index in slow_reads:
+                triples += slow_reads[g.identity.index].triples()
+        for reader, key, value in triples:
             if (reader, key) == ("clocks_event", "mask"):
                 kw["clocks_event_mask"] = int(value)
             elif (reader, key) == ("remapped_rows", "pending"):
