@@ -49,7 +49,7 @@ def sdk_bodies(**kwargs: object) -> list[bytes]:
 
 def test_sdk_bodies_validate_under_the_service_defaults() -> None:
     limits = rules_config.LimitsConfig()
-    model = payload.push_model(limits.max_string_len, limits.max_steps_per_push, limits.max_ranks)
+    model = payload.push_model(limits.max_string_len, limits.max_steps_per_push)
     bodies = sdk_bodies()
     assert [len(json.loads(b)["steps"]) for b in bodies] == [512, 1]
     assert MAX_LABEL_CHARS <= limits.max_string_len

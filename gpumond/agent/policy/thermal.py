@@ -206,11 +206,18 @@ class _Assessment:
 
 def _assess(nodes: list[tuple[ThermalObserver, float, str, float]], samples: tuple[PowerSample, ...],
             limit: float, ceiling: float, r: float, gains: ThermalGains) -> _Assessment:
-    power = mean_power_under(samples, limit)
+    # Forecast on the power the recent load actually drew (clipped to the current limit). NVML's power
+    # reading is a 1 s average: the sample just after a light phase has SwPowerCap set but an average
+    # far below the limit, so mean_power_under() overstates the mean (~20–30 W on 10 s steps, ~1 °C of
+    # forecast). The limit model is used only for how the mean changes with the limit: `shift`.
+    modelled = mean_power_under(samples, limit)
+    power = sum(min(s.power_w, limit) for s in samples) / len(samples) if samples else limit
+    shift = modelled - power
     found = []
     for node, goal, name, measured in nodes:
         forecast = node.forecast_c(power, r, gains.tau_s, gains.horizon_s)
-        fit = limit_for_mean_power(samples, node.power_for(goal, r, gains.tau_s, gains.horizon_s), 0.0, ceiling)
+        wanted = node.power_for(goal, r, gains.tau_s, gains.horizon_s) + shift
+        fit = limit_for_mean_power(samples, wanted, 0.0, ceiling)
         found.append(_Assessment(name, measured, forecast, goal, fit))
     return min(found, key=lambda a: a.room)
 
