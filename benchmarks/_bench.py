@@ -1,0 +1,223 @@
+"""Shared helpers for the benchmarks: machine facts, robust statistics, Markdown output, /proc readers.
+
+Not part of gpumond: the scripts next to this file import it as `_bench` (they put their own folder
+on sys.path), so they run as plain `python benchmarks/<name>.py` from anywhere.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+# ----- statistics --------------------------------------------------------------------------------
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of a non-empty sample (q in [0, 1])."""
+    s = sorted(xs)
+    if not s:
+        raise ValueError("empty sample")
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def spread(xs: Sequence[float]) -> tuple[float, float, float]:
+    """(min, median, p90)."""
+    return min(xs), statistics.median(xs), quantile(xs, 0.9)
+
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (slope, intercept)."""
+    n = len(xs)
+    if n < 2:
+        return 0.0, (ys[0] if ys else 0.0)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, my
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope, my - slope * mx
+
+
+# ----- formatting --------------------------------------------------------------------------------
+def fmt_us(seconds: float) -> str:
+    """Seconds as microseconds with 3 significant-ish digits."""
+    us = seconds * 1e6
+    if us >= 100:
+        return f"{us:,.0f} µs"
+    if us >= 10:
+        return f"{us:.1f} µs"
+    return f"{us:.2f} µs"
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A GitHub Markdown table; numbers right-aligned."""
+    rows = [[str(c) for c in r] for r in rows]
+    align = []
+    for i, _ in enumerate(headers):
+        numeric = rows and all(_looks_numeric(r[i]) for r in rows)
+        align.append("---:" if numeric else "---")
+    out = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _looks_numeric(text: str) -> bool:
+    t = text.replace(",", "").replace("×", "").replace("µs", "").replace("ms", "").replace("%", "").strip()
+    t = t.split(" ")[0]
+    try:
+        float(t)
+    except ValueError:
+        return False
+    return True
+
+
+# ----- machine facts -----------------------------------------------------------------------------
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "gpumond"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{' + uncommitted changes under gpumond/' if dirty else ''}" if head else "unknown"
+
+
+def machine_block(extra: dict[str, str] | None = None) -> str:
+    """A Markdown list stating the machine, the versions and the command, for every result file."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    facts = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{_cpu_model()}, {os.cpu_count()} CPUs, {mem_gib:.0f} GiB, "
+                   f"Linux {platform.release()} ({'virtualised' if _hypervisor() else 'bare metal?'})",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "packages": ", ".join(f"{d} {_version(d)}" for d in (
+            "gpumond", "nvidia-ml-py", "prometheus-client", "uvicorn", "h11", "httptools", "apscheduler",
+            "psutil")),
+        "gpumond tree": _git(),
+        "command": " ".join(["python", *[_rel(a) for a in sys.argv]]),
+    }
+    facts.update(extra or {})
+    return "\n".join(f"- **{k}**: {v}" for k, v in facts.items())
+
+
+def _rel(arg: str) -> str:
+    try:
+        return str(Path(arg).resolve().relative_to(REPO))
+    except ValueError:
+        return arg
+
+
+def _hypervisor() -> bool:
+    try:
+        return "hypervisor" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def write_result(name: str, text: str) -> Path:
+    """Print the Markdown and write it to benchmarks/results/<name>.md."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.md"
+    path.write_text(text.rstrip() + "\n")
+    print(text)
+    print(f"\n(written to {path.relative_to(REPO)})")
+    return path
+
+
+# ----- processes ---------------------------------------------------------------------------------
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of a whole process (all threads), in seconds, from /proc/PID/stat."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rindex(")") + 2:].split()  # skip "pid (comm) "; fields[0] is field 3 (state)
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_status_kib(pid: int, key: str) -> int:
+    """A 'kB' line of /proc/PID/status (VmRSS, VmHWM, …) in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1 (racy, good enough on a quiet machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    """Wait until `url` answers 200, or fail naming the URL (and the process's exit status)."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server for {url} exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError as e:
+            last = e
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f}s: {last}")
+
+
+def fetch(url: str, gzip_ok: bool = False, timeout_s: float = 10.0) -> bytes:
+    """GET a URL and return the raw (possibly gzipped) body."""
+    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gzip_ok else {})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return r.read()
+
+
+def count_series(text: bytes) -> int:
+    """Samples in a Prometheus text exposition (non-empty, non-comment lines)."""
+    return sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGTERM a process we started, then SIGKILL it if it lingers."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)

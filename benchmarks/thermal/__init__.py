@@ -1,0 +1,1 @@
+"""Helpers of benchmarks/thermal_policy.py (not part of gpumond)."""
