@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     r.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
 
+    d = sub.add_parser(
+        "demo", help="run a whole simulated cluster here: agents, a training job with planted faults, findings",
+        description="Start simulated GPU nodes (agents), the rules service and a synchronous training job with "
+                    "planted faults (a GPU losing cooling, a starved data loader, an XID), and print policy "
+                    "actions, alerts and findings as they happen. No GPU needed.")
+    d.add_argument("--nodes", type=_positive_int, default=4, help="simulated nodes, 8 GPUs each (default 4)")
+    d.add_argument("--duration", type=_speed, default=120.0, metavar="SECONDS",
+                   help="how long to run before the summary (default 120; Ctrl-C ends it early)")
+    d.add_argument("--speed", type=_speed, default=1.0, metavar="X",
+                   help="simulated GPU time runs X times faster (default 1)")
+    d.add_argument("--keep", action="store_true", help="keep the agents' logs and state (path printed at start)")
+
     f = sub.add_parser("findings", help="print the rules service's current findings as a table",
                        description="Ask a rules service for its findings and print them, firing first.")
     f.add_argument("--url", default="http://127.0.0.1:9481", help="rules service base URL (default %(default)s)")
@@ -112,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _rules(args)
     if args.command == "findings":
         return _findings(args)
+    if args.command == "demo":
+        return _demo(args)
     return EXIT_USAGE
 
 
@@ -174,6 +188,19 @@ def _rules(args: argparse.Namespace) -> int:
         print(f"gpumond: {e} (choose another port with --listen)", file=sys.stderr)
         return 1
     return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gpumond.demo.plan import DemoPlan
+    from gpumond.demo.run import run_demo
+    from gpumond.logs import setup_logging
+
+    if args.nodes < 3:
+        print("gpumond demo: --nodes: must be at least 3 (the planted faults sit on nodes 0, 1 and 2)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging("error", "logfmt")  # the demo prints its own story; service logs would drown it
+    return run_demo(DemoPlan(nodes=args.nodes), duration_s=args.duration, speed=args.speed, keep=args.keep)
 
 
 def _findings(args: argparse.Namespace) -> int:

@@ -1,0 +1,334 @@
+"""The rules service's configuration (`rules.yaml`): one frozen model per section, push tokens resolved at load."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import (AfterValidator, BeforeValidator, Field, GetCoreSchemaHandler, PlainSerializer, PlainValidator,
+                      ValidationInfo, field_validator)
+from pydantic_core import core_schema
+
+from gpumond.config.agent import LogConfig
+from gpumond.config.errors import ConfigError
+from gpumond.config.load import load_config
+from gpumond.config.types import ConfigModel, ListenAddress
+
+# 9481: next to the agent's 9480, clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
+DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9481)
+TOKENS_ENV = "GPUMOND_RULES_TOKENS"
+NO_TOKENS = ("tokens: no push tokens configured (set tokens, tokens_file or GPUMOND_RULES_TOKENS, "
+             "or allow_unauthenticated: true for a demo)")
+
+# RFC 6750 b64token, so a token always fits an Authorization header unquoted; 16 characters is
+# the floor of a random secret (`openssl rand -hex 16` gives 32).
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]{16,512}=*")
+_TOKEN_RULE = "must be 16-512 characters of A-Z a-z 0-9 - . _ ~ + / (then optional '=' padding)"
+
+
+# ----- secrets: validated like any value, but never echoed in an error line -------------------------
+class _Hidden:
+    """Wraps a secret on its way through validation so an error shows `<hidden>`, not the value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return "<hidden>"
+
+    __repr__ = __str__
+
+
+def token_problem(token: str) -> str | None:
+    """Why `token` cannot be a bearer token, or None when it can."""
+    return None if _TOKEN.fullmatch(token) else _TOKEN_RULE
+
+
+def _tokens(hidden: _Hidden) -> tuple[str, ...]:
+    value = hidden.value
+    if not isinstance(value, (list, tuple)):
+        raise ValueError("must be a list of tokens")
+    for i, token in enumerate(value):
+        problem = "must be a string" if not isinstance(token, str) else token_problem(token)
+        if problem:
+            raise ValueError(f"item {i}: {problem}")
+    return tuple(dict.fromkeys(value))
+
+
+def _secret_text(hidden: _Hidden) -> str:
+    if not isinstance(hidden.value, str) or not hidden.value.strip():
+        raise ValueError("must be a non-empty string")
+    return hidden.value.strip()
+
+
+Tokens = Annotated[tuple[str, ...], PlainValidator(_tokens), BeforeValidator(_Hidden),
+                   PlainSerializer(list, return_type=list[str])]
+SecretText = Annotated[str, PlainValidator(_secret_text), BeforeValidator(_Hidden)]
+
+
+# ----- small value types -------------------------------------------------------------------------
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return value.rstrip("/")
+
+
+def _absolute(value: Path) -> Path:
+    # A relative path would depend on the daemon's working directory (/ under systemd).
+    if not value.is_absolute():
+        raise ValueError("must be an absolute path")
+    return value
+
+
+HttpUrl = Annotated[str, Field(min_length=1, max_length=2048), AfterValidator(_http_url)]
+AbsolutePath = Annotated[Path, Field(strict=False), AfterValidator(_absolute)]
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """`I/N`: this replica owns the jobs whose id hashes to I modulo N (0 ≤ I < N)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """Parse "I/N"; raise ValueError with an operator-facing message."""
+        index, sep, count = text.strip().partition("/")
+        if not sep or not index.isdecimal() or not count.isdecimal():
+            raise ValueError('must be "I/N", e.g. "0/4" for the first of four replicas')
+        i, n = int(index), int(count)
+        if not 1 <= n <= 1024:
+            raise ValueError("N must be from 1 to 1024")
+        if i >= n:
+            raise ValueError(f"I must be from 0 to {n - 1} (shards count from 0)")
+        return cls(i, n)
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        def validate(value: Any) -> Shard:
+            if isinstance(value, cls):
+                return value
+            if not isinstance(value, str):
+                raise ValueError('must be a string "I/N", e.g. "0/4"')
+            return cls.parse(value)
+
+        return core_schema.no_info_plain_validator_function(
+            validate,
+            serialization=core_schema.plain_serializer_function_ser_schema(str),
+            json_schema_input_schema=core_schema.str_schema(pattern=r"^\d+/\d+$"),
+        )
+
+
+# ----- sections ----------------------------------------------------------------------------------
+class ScrapeConfig(ConfigModel):
+    """Scrape gpumond agents directly: static targets and/or a Prometheus file_sd JSON file."""
+
+    targets: tuple[str, ...] = Field((), strict=False)
+    file_sd: AbsolutePath | None = None
+    interval_s: float = Field(5.0, gt=0, le=3600)
+    timeout_s: float = Field(2.0, gt=0, le=600)
+
+    @field_validator("targets")
+    @classmethod
+    def _host_ports(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for target in value:
+            try:
+                ListenAddress.parse(target)
+            except ValueError as err:
+                raise ValueError(f"{target!r}: {err}") from None
+        if len(set(value)) != len(value):
+            raise ValueError("a target is listed twice")
+        return value
+
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _within_interval(cls, value: float, info: ValidationInfo) -> float:
+        interval = info.data.get("interval_s")
+        if interval is not None and value > interval:
+            raise ValueError(f"must be at most interval_s ({interval:g})")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        """True when there is something to scrape."""
+        return bool(self.targets) or self.file_sd is not None
+
+
+class PrometheusConfig(ConfigModel):
+    """Read GPU telemetry from a Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics)."""
+
+    url: HttpUrl
+    interval_s: float = Field(15.0, gt=0, le=3600)
+    timeout_s: float = Field(5.0, gt=0, le=600)
+
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _within_interval(cls, value: float, info: ValidationInfo) -> float:
+        interval = info.data.get("interval_s")
+        if interval is not None and value > interval:
+            raise ValueError(f"must be at most interval_s ({interval:g})")
+        return value
+
+
+class TelemetryConfig(ConfigModel):
+    """Where GPU telemetry comes from: at most one source; none means push data only."""
+
+    scrape: ScrapeConfig = ScrapeConfig()
+    prometheus: PrometheusConfig | None = None
+
+    @field_validator("prometheus")
+    @classmethod
+    def _one_source(cls, value: PrometheusConfig | None, info: ValidationInfo) -> PrometheusConfig | None:
+        scrape = info.data.get("scrape")
+        if value is not None and scrape is not None and scrape.enabled:
+            raise ValueError("set telemetry.scrape (targets or file_sd) or telemetry.prometheus, not both")
+        return value
+
+
+class LimitsConfig(ConfigModel):
+    """What one push may carry and how much the service holds: a hostile client cannot exhaust memory."""
+
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=64 * 1_048_576)
+    max_steps_per_push: int = Field(4096, ge=1, le=65_536)
+    max_string_len: int = Field(256, ge=16, le=4096)
+    pushes_per_second_per_client: float = Field(50.0, gt=0, le=1_000_000)
+    burst: int = Field(100, ge=1, le=1_000_000)
+    max_clients: int = Field(16_384, ge=1, le=1_048_576)
+    max_jobs: int = Field(2048, ge=1, le=1_048_576)
+    max_ranks: int = Field(65_536, ge=1, le=16_777_216)
+    max_gpus: int = Field(65_536, ge=1, le=16_777_216)
+    max_steps_per_rank: int = Field(2048, ge=1, le=1_048_576)
+    max_steps_held: int = Field(16_777_216, ge=1, le=1_073_741_824)
+    max_samples_per_gpu: int = Field(512, ge=1, le=65_536)
+    max_clock_skew_s: float = Field(300.0, ge=0, le=86_400)
+
+
+class AlertmanagerConfig(ConfigModel):
+    """Alertmanager instances alerts are posted to (`POST /api/v2/alerts`)."""
+
+    urls: tuple[HttpUrl, ...] = Field(min_length=1, strict=False)
+
+
+
+class SlackConfig(ConfigModel):
+    """A Slack incoming webhook, given inline or in a file (it is a secret)."""
+
+    webhook_url: SecretText | None = Field(None, repr=False)
+    webhook_url_file: AbsolutePath | None = Field(None, validate_default=True)
+
+
+    @field_validator("webhook_url_file")
+    @classmethod
+    def _exactly_one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if "webhook_url" in info.data and (value is None) == (info.data["webhook_url"] is None):
+            raise ValueError("set exactly one of webhook_url and webhook_url_file")
+        return value
+
+
+class PagerDutyConfig(ConfigModel):
+    """PagerDuty Events API v2; the routing key is a secret, inline or in a file."""
+
+    routing_key: SecretText | None = Field(None, repr=False)
+    routing_key_file: AbsolutePath | None = Field(None, validate_default=True)
+    url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
+
+
+    @field_validator("routing_key_file")
+    @classmethod
+    def _exactly_one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if "routing_key" in info.data and (value is None) == (info.data["routing_key"] is None):
+            raise ValueError("set exactly one of routing_key and routing_key_file")
+        return value
+
+
+class AlertingConfig(ConfigModel):
+    """Alert sinks; each is off when null. The log sink is always on."""
+
+    alertmanager: AlertmanagerConfig | None = None
+    slack: SlackConfig | None = None
+    pagerduty: PagerDutyConfig | None = None
+
+
+class RulesConfig(ConfigModel):
+    """The whole rules service config file (`rules.yaml`)."""
+
+    listen: ListenAddress = DEFAULT_LISTEN
+    # After load_rules_config, `tokens` holds every accepted token: inline, tokens_file and env.
+    tokens: Tokens = Field((), repr=False)
+    tokens_file: AbsolutePath | None = None
+    allow_unauthenticated: bool = False
+    telemetry: TelemetryConfig = TelemetryConfig()
+    evaluation_interval_s: float = Field(10.0, gt=0, le=3600)
+    window_s: float = Field(300.0, gt=0, le=86_400)
+    limits: LimitsConfig = LimitsConfig()
+    expire_after_s: float = Field(900.0, gt=0, le=7 * 86_400, validate_default=True)
+    alerting: AlertingConfig = AlertingConfig()
+    shard: Shard | None = None
+    log: LogConfig = LogConfig()
+
+
+    @field_validator("expire_after_s")
+    @classmethod
+    def _not_shorter_than_window(cls, value: float, info: ValidationInfo) -> float:
+        # A rank dropped before its window fills would never be compared with its peers.
+        window = info.data.get("window_s")
+        if window is not None and value < window:
+            raise ValueError(f"must be at least window_s ({window:g})")
+        return value
+
+    @classmethod
+    def default(cls) -> RulesConfig:
+        """Every key at its default (valid only once tokens come from the environment)."""
+        return cls.model_validate({})
+
+
+def load_rules_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> RulesConfig:
+    """Load and validate a rules config, adding tokens from tokens_file and GPUMOND_RULES_TOKENS. Raises ConfigError."""
+    config = RulesConfig.default() if path is None else load_config(path, RulesConfig)
+    return resolve_tokens(config, str(path or "rules config"), os.environ if env is None else env)
+
+
+def resolve_tokens(config: RulesConfig, source: str, env: Mapping[str, str]) -> RulesConfig:
+    """`config` with tokens_file and the environment merged into `tokens`; ConfigError when none are left."""
+    tokens = list(config.tokens)
+    if config.tokens_file is not None:
+        tokens += _read_tokens_file(config.tokens_file, source)
+    for i, token in enumerate(t.strip() for t in env.get(TOKENS_ENV, "").split(",") if t.strip()):
+        if problem := token_problem(token):
+            raise ConfigError(source, f"{TOKENS_ENV}: item {i}: {problem}")
+        tokens.append(token)
+    if not tokens and not config.allow_unauthenticated:
+        raise ConfigError(source, NO_TOKENS)
+    return config.model_copy(update={"tokens": tuple(dict.fromkeys(tokens))})
+
+
+def _read_tokens_file(path: Path, source: str) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(source, f"tokens_file: cannot read {path}: not UTF-8 text") from None
+    except OSError as err:
+        raise ConfigError(source, f"tokens_file: cannot read {path}: {err.strerror or err}") from None
+    tokens = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        token = line.split("#", 1)[0].strip()
+        if not token:
+            continue
+        if problem := token_problem(token):
+            raise ConfigError(source, f"tokens_file: {path} line {number}: {problem}")
+        tokens.append(token)
+    return tokens

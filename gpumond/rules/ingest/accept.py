@@ -1,0 +1,115 @@
+"""The push endpoint's decisions, apart from the HTTP server: who may push, how often, what, and how much."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpumond.config.rules import RulesConfig
+from gpumond.rules.ingest.auth import TokenAuth
+from gpumond.rules.ingest.body import declared_too_large
+from gpumond.rules.ingest.payload import PayloadError, parse, push_model
+from gpumond.rules.ingest.ratelimit import RateLimiter, retry_after
+from gpumond.rules.ingest.stats import IngestStats
+from gpumond.rules.store import CapExceeded, RankStore
+
+log = logging.getLogger("gpumond.rules.ingest")
+
+_JSON_TYPES = ("application/json",)
+_WARN_EVERY_S = 60.0  # one log line per kind of refusal per minute; the counters have the totals
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What to answer: status, JSON body, extra headers."""
+
+    status: int
+    body: dict[str, object]
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """An admitted caller: the token that matched (never the token itself) and where it came from."""
+
+    identity: str
+    address: str
+
+
+class Ingest:
+    """Authenticates, rate-limits, bounds, validates and stores pushes; every outcome is counted."""
+
+    def __init__(self, *, config: RulesConfig, store: RankStore, clock: Callable[[], float],
+                 stats: IngestStats | None = None) -> None:
+        limits = config.limits
+        self.store = store
+        self.stats = stats or IngestStats(store)
+        self.max_body_bytes = limits.max_body_bytes
+        self.model = push_model(limits.max_string_len, limits.max_steps_per_push)
+        self._auth = TokenAuth(config.tokens, config.allow_unauthenticated)
+        self._limiter = RateLimiter(limits.pushes_per_second_per_client, limits.burst, limits.max_clients, clock)
+        self._rate_text = f"{limits.pushes_per_second_per_client:g} pushes/s (burst {limits.burst})"
+        self._skew_s = limits.max_clock_skew_s
+        self._clock = clock
+        self._warned: dict[str, float] = {}
+
+    def admit(self, *, authorization: str | None, address: str, content_type: str | None,
+              content_encoding: str | None, content_length: str | None) -> Client | Reply:
+        """Everything decided before reading a byte of the body: a Client, or the refusal."""
+        auth = self._auth.check(authorization)
+        if auth.identity is None:
+            challenge = 'Bearer realm="gpumond"' + ("" if auth.missing else ', error="invalid_token"')
+            self._warn("auth", f"push refused: {auth.problem}", address=address)
+            return self._reply(401, auth.problem, ("WWW-Authenticate", challenge))
+        wait = self._limiter.take((auth.identity, address))
+        self.stats.rate_limit_clients = len(self._limiter)
+        if wait:
+            after = retry_after(wait)
+            self._warn("rate", "push refused: rate limit", address=address, client=auth.identity)
+            return self._reply(429, f"rate limit: more than {self._rate_text} from this client; "
+                                    f"retry after {after} s", ("Retry-After", after))
+        if content_type is not None and content_type.split(";")[0].strip().lower() not in _JSON_TYPES:
+            return self._reply(415, f"Content-Type must be application/json (got {content_type[:64]!r})")
+        if content_encoding is not None and content_encoding.strip().lower() not in ("", "identity"):
+            return self._reply(415, f"Content-Encoding {content_encoding[:32]!r} is not supported; send the JSON "
+                                    "uncompressed")
+        if declared_too_large(content_length, self.max_body_bytes):
+            return self.too_large()
+        return Client(auth.identity, address)
+
+    def too_large(self) -> Reply:
+        """The answer to a body over limits.max_body_bytes."""
+        return self._reply(413, f"body larger than limits.max_body_bytes ({self.max_body_bytes} bytes)")
+
+    def accept(self, client: Client, body: bytes) -> Reply:
+        """Validate and store one push body from an admitted client."""
+        try:
+            push = parse(self.model, body)
+        except PayloadError as err:
+            return self._reply(err.status, err.message)
+        now = self._clock()
+        records = push.steps
+        for i, s in enumerate(records):
+            if s.end > now + self._skew_s:
+                return self._reply(422, f"steps[{i}].end: {s.end - now:.0f} s in the future, more than "
+                                        f"limits.max_clock_skew_s ({self._skew_s:g}); check the clock of node "
+                                        f"{push.node!r}")
+        info = push.rank_info()
+        try:
+            accepted = self.store.add(info, records, now)
+        except CapExceeded as err:
+            self._warn(f"cap:{err.cap}", "push refused: cap reached", cap=err.cap, job=info.job, client=client.identity)
+            return self._reply(503, str(err))
+        self.stats.count(202)
+        return Reply(202, {"accepted": accepted})
+
+    def _reply(self, status: int, message: str, *headers: tuple[str, str]) -> Reply:
+        self.stats.count(status)
+        return Reply(status, {"error": message}, headers)
+
+    def _warn(self, key: str, message: str, **fields: object) -> None:
+        now = self._clock()
+        if now - self._warned.get(key, float("-inf")) >= _WARN_EVERY_S:
+            self._warned[key] = now
+            log.warning(message, extra={**fields, "repeats": "counted in gpumond_rules_push_requests_total"})

@@ -1,0 +1,163 @@
+"""The push body as pydantic models, bounded by the configured limits, and its one-line error messages.
+
+Rules beyond the types (documented in docs/rules-api.md):
+- strings are 1..max_string_len characters without control characters; `gpu_uuid` has NVML's shape
+  `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex, any case; stored lowercase, as the agent exports it);
+- 0 <= rank < world_size <= 2**20; at most limits.max_steps_per_push steps, possibly none
+  (a heartbeat that only says the rank is alive);
+- numbers are finite; step and samples are non-negative integers; `end` is non-negative unix seconds;
+  0 <= data_wait_s <= duration_s (+1 µs for clock rounding) <= 86400;
+- JSON types are strict: "17" is not a rank and 1.0 is not a step; unknown keys are ignored so a newer
+  SDK can add fields without breaking an older service.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Annotated, Any
+
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetPydanticSchema,
+                      ValidationError, ValidationInfo, field_validator)
+from pydantic_core import core_schema
+
+from gpumond.config.errors import validation_problem
+from gpumond.rules.types import RankInfo, StepRecord
+
+MAX_WORLD_SIZE = 1_048_576  # a sanity bound; how many ranks are *held* is limits.max_ranks
+MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
+_WAIT_SLACK_S = 1e-6  # data wait and duration come from two clock reads; allow their rounding
+_INT64 = 2**63 - 1
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"  # the JSON Schema spelling of _printable
+_MODEL = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, extra="ignore")
+
+
+def _printable(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+def _gpu_uuid(value: str) -> str:
+    if not _UUID.fullmatch(value):
+        raise ValueError("must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex)")
+    return "GPU-" + value[4:].lower()
+
+
+def _step_schema(source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+    # Validated straight into the shared StepRecord by pydantic-core: no intermediate model per step
+    # (half the cost of a push). Constraints live here; data_wait_s <= duration_s is checked in `parse`.
+    def field(name: str, schema: core_schema.CoreSchema, description: str) -> core_schema.DataclassField:
+        return core_schema.dataclass_field(name, schema, metadata={"pydantic_js_updates": {"description": description}})
+
+    def number(**bounds: float) -> core_schema.FloatSchema:
+        return core_schema.float_schema(strict=True, allow_inf_nan=False, **bounds)
+
+    def count() -> core_schema.IntSchema:
+        return core_schema.int_schema(strict=True, ge=0, le=_INT64)
+
+    fields = [
+        field("step", count(), "step number, unique within the rank"),
+        field("end", number(ge=0), "unix seconds when the step ended"),
+        field("duration_s", number(ge=0, le=MAX_STEP_DURATION_S), "wall time of the step"),
+        field("data_wait_s", number(ge=0), "time blocked on the data loader within the step, at most duration_s"),
+        field("samples", core_schema.with_default_schema(core_schema.nullable_schema(count()), default=None),
+              "samples processed in the step"),
+    ]
+    args = core_schema.dataclass_args_schema("Step", fields, extra_behavior="ignore")
+    return core_schema.dataclass_schema(StepRecord, args, [f["name"] for f in fields], slots=True, frozen=True,
+                                        strict=True, ref="Step")
+
+
+Step = Annotated[StepRecord, GetPydanticSchema(_step_schema)]
+
+
+class PushBody(BaseModel):
+    """The whole push; subclasses made by `push_model` carry the configured limits."""
+
+    model_config = _MODEL
+
+    job: str
+    world_size: int
+    rank: int
+    node: str
+    gpu_uuid: str
+    group: str | None = None
+    steps: list[Step]
+
+    def rank_info(self) -> RankInfo:
+        """Who sent it, as the shared RankInfo."""
+        return RankInfo(self.job, self.rank, self.world_size, self.node, self.gpu_uuid, self.group)
+
+
+
+@functools.cache
+def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
+    """A PushBody with these limits built into its schema (so the OpenAPI document states them too)."""
+    text = Annotated[str, Field(min_length=1, max_length=max_string_len, json_schema_extra={"pattern": _PRINTABLE}),
+                     AfterValidator(_printable)]
+
+    class Push(PushBody):
+        job: text  # type: ignore[valid-type]
+        # world_size before rank: the rank validator reads it.
+        world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
+        rank: int = Field(ge=0)
+        node: text  # type: ignore[valid-type]
+        gpu_uuid: Annotated[str, Field(max_length=40, json_schema_extra={"pattern": f"^{_UUID.pattern}$"}),
+                            AfterValidator(_gpu_uuid)]
+        group: text | None = None  # type: ignore[valid-type]
+        steps: list[Step] = Field(max_length=max_steps)
+
+        @field_validator("rank")
+        @classmethod
+        def _below_world_size(cls, value: int, info: ValidationInfo) -> int:
+            world = info.data.get("world_size")
+            if world is not None and value >= world:
+                raise ValueError(f"must be less than world_size ({world})")
+            return value
+
+    Push.__name__ = Push.__qualname__ = "Push"
+    return Push
+
+
+class PayloadError(ValueError):
+    """A body that is not a valid push; `status` is 400 (not JSON) or 422 (JSON, but invalid)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def parse(model: type[PushBody], body: bytes) -> PushBody:
+    """Parse and validate a push body in one pass; PayloadError names where it is wrong."""
+    try:
+        push = model.model_validate_json(body)
+    except ValidationError as err:
+        raise PayloadError(*describe(err, model)) from None
+    for i, s in enumerate(push.steps):
+        if s.data_wait_s > s.duration_s + _WAIT_SLACK_S:
+            raise PayloadError(422, f"steps[{i}].data_wait_s: must be at most duration_s ({s.duration_s:g}) "
+                                    f"(got {s.data_wait_s:g})")
+    return push
+
+
+def describe(err: ValidationError, model: type[PushBody]) -> tuple[int, str]:
+    """(status, one line) for a failed push: `steps[3].duration_s: must be at least 0 (got -1)`."""
+    first = err.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return 400, "invalid JSON: " + first["msg"].removeprefix("Invalid JSON: ")
+    if first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        where = _path(first["loc"]) or "body"
+        more = len(err.errors()) - 1
+        return 422, f"{where}: must be a JSON object" + (f" (+{more} more)" if more else "")
+    return 422, validation_problem(err, model)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out

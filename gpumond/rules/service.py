@@ -1,0 +1,133 @@
+"""Assembles the rules service: stores, telemetry source, evaluator, schedule, HTTP app."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpumond import __version__
+from gpumond.config.rules import RulesConfig
+from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.evaluator import Evaluator
+from gpumond.rules.http import build_app
+from gpumond.rules.ingest.stats import IngestStats
+from gpumond.rules.store import GpuStore, RankStore
+from gpumond.rules.telemetry import build_source
+from gpumond.rules.types import TelemetrySource
+from gpumond.serving import bind, run_until_signalled
+from gpumond.types import Series
+
+log = logging.getLogger("gpumond.rules")
+
+_HELP = {
+    "gpumond_finding": ("gauge", "1 for each firing finding (straggler, io_starved_rank, io_starved_job, …)."),
+    "gpumond_findings": ("gauge", "Current findings by kind and state (pending or firing)."),
+    "gpumond_rules_evaluations_total": ("counter", "Detector evaluations run."),
+    "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
+    "gpumond_rules_findings_resolved_total": ("counter", "Findings that fired and then resolved."),
+    "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
+    "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
+}
+
+
+class _Collector:
+    def __init__(self, series: Iterable[Series]) -> None:
+        self._series = list(series)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        fams: dict[str, Metric] = {}
+        for s in sorted(self._series, key=lambda x: x.name):
+            fam = fams.get(s.name)
+            if fam is None:
+                kind, help_ = _HELP.get(s.name, ("gauge", ""))
+                names = [k for k, _ in s.labels]
+                fam = (CounterMetricFamily(s.name.removesuffix("_total"), help_, labels=names) if kind == "counter"
+                       else GaugeMetricFamily(s.name, help_, labels=names))
+                fams[s.name] = fam
+            fam.add_metric([v for _, v in s.labels], s.value)
+        yield from fams.values()
+
+
+def render(series: Iterable[Series]) -> bytes:
+    """Prometheus text for the given series (the service's /metrics is small; rendered per scrape)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(series))  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+class RulesService:
+    """The rules service; `start()` schedules telemetry and evaluation, `stop()` ends them."""
+
+    def __init__(self, config: RulesConfig, *, source: TelemetrySource | None = None,
+                 detectors: DetectorConfig = DetectorConfig(), clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.ranks = RankStore.from_config(config)
+        self.gpus = GpuStore.from_config(config)
+        self.source = source if source is not None else build_source(config.telemetry)
+        shard = (config.shard.index, config.shard.count) if config.shard is not None else None
+        self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, shard=shard, clock=clock)
+        self.stats = IngestStats(self.ranks, self.gpus)
+        self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
+                             metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats)
+        self._scheduler = BackgroundScheduler(timezone=timezone.utc)
+
+    def metrics(self) -> bytes:
+        """The service's /metrics: findings, evaluation health, ingest counters."""
+        series = list(self.evaluator.series())
+        series += self.stats.series()
+        series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
+        return render(series)
+
+    def start(self) -> None:
+        """Fetch telemetry and evaluate once, then on their intervals."""
+        now = datetime.now(timezone.utc)
+        if self.source is not None:
+            interval = _telemetry_interval(self.config)
+            self._scheduler.add_job(self.evaluator.poll_telemetry, IntervalTrigger(seconds=interval),
+                                    id="telemetry", max_instances=1, coalesce=True, next_run_time=now)
+        self._scheduler.add_job(self._evaluate, IntervalTrigger(seconds=self.config.evaluation_interval_s),
+                                id="evaluate", max_instances=1, coalesce=True, next_run_time=now)
+        self._scheduler.start()
+        log.info("rules service started", extra={
+            "telemetry": self.source.name if self.source else None,
+            "evaluation_interval_s": self.config.evaluation_interval_s,
+            "shard": str(self.config.shard) if self.config.shard else None})
+
+    def _evaluate(self) -> None:
+        try:
+            self.evaluator.evaluate()
+        except Exception:  # an evaluation bug must not kill the schedule; it is logged and retried
+            log.exception("evaluation failed")
+
+    def stop(self) -> None:
+        """Stop the schedule and close the telemetry source."""
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=True)
+        if self.source is not None:
+            self.source.close()
+        log.info("rules service stopped")
+
+
+def _telemetry_interval(config: RulesConfig) -> float:
+    t = config.telemetry
+    if t.prometheus is not None:
+        return t.prometheus.interval_s
+    return t.scrape.interval_s
+
+
+def serve(service: RulesService) -> None:
+    """Run the service until SIGTERM/SIGINT; exit cleanly."""
+    sock = bind(service.config.listen.host, service.config.listen.port)
+    service.start()
+    log.info("serving", extra={"url": f"http://{service.config.listen}/api/v1/findings"})
+    run_until_signalled(service.app, sock, on_stop=service.stop)

@@ -1,0 +1,375 @@
+"""Windows of recent data, bounded in time and memory: per (job, rank) from pushes, per GPU and node from telemetry."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
+
+if TYPE_CHECKING:
+    from gpumond.config.rules import RulesConfig
+
+CAPS = ("jobs", "ranks", "gpus", "steps")
+_CAP_KEYS = {"jobs": "max_jobs", "ranks": "max_ranks", "gpus": "max_gpus", "steps": "max_steps_held"}
+
+
+class CapExceeded(Exception):
+    """A push would add a new job, rank or GPU (or steps for a new rank) past a cap; nothing was stored."""
+
+    def __init__(self, cap: str, limit: int, what: str) -> None:
+        super().__init__(f"{cap} cap reached: {limit} {cap} held (limits.{_CAP_KEYS[cap]}); new {what} refused, "
+                         "data of those already held is still accepted")
+        self.cap = cap
+
+
+@dataclass(frozen=True, slots=True)
+class RankCounts:
+    """What a RankStore holds and has refused or dropped, for /metrics."""
+
+    jobs: int
+    ranks: int
+    gpus: int
+    steps: int
+    steps_accepted: int
+    steps_duplicate: int
+    steps_stale: int  # older than the window when they arrived
+    steps_refused: int  # did not fit under max_steps_held
+    refused: Mapping[str, int]  # pushes refused, by cap
+    expired: Mapping[str, int]  # dropped for silence, by "jobs" / "ranks" / "gpus"
+
+
+class _Rank:
+    """One (job, rank): its latest RankInfo and its steps in arrival order."""
+
+    __slots__ = ("info", "steps", "last_push", "last_step", "view")
+
+    def __init__(self, info: RankInfo) -> None:
+        self.info = info
+        self.steps: deque[StepRecord] = deque()
+        self.last_push = 0.0
+        self.last_step = -1  # highest step number ever held: steps above it cannot be duplicates
+        self.view: RankWindow | None = None  # the last snapshot, reused until something changes
+
+
+class RankStore:
+    """Thread-safe per-(job, rank) windows of StepRecords, under caps on jobs, ranks, GPUs and steps."""
+
+    def __init__(self, *, window_s: float, expire_after_s: float, max_jobs: int, max_ranks: int, max_gpus: int,
+                 max_steps_per_rank: int, max_steps_held: int) -> None:
+        self.window_s = window_s
+        self.expire_after_s = expire_after_s
+        self.limits = {"jobs": max_jobs, "ranks": max_ranks, "gpus": max_gpus, "steps": max_steps_held}
+        self._per_rank = max_steps_per_rank
+        self._lock = threading.Lock()
+        self._jobs: dict[str, dict[int, _Rank]] = {}
+        self._gpus: dict[str, int] = {}  # GPU UUID -> number of ranks on it
+        self._ranks = 0
+        self._steps = 0
+        self._accepted = self._duplicate = self._stale = self._refused_steps = 0
+        self._refused = dict.fromkeys(CAPS, 0)
+        self._expired = dict.fromkeys(("jobs", "ranks", "gpus"), 0)
+
+    @classmethod
+    def from_config(cls, config: RulesConfig) -> RankStore:
+        """Built from a RulesConfig (window_s, expire_after_s and limits)."""
+        limits = config.limits
+        return cls(window_s=config.window_s, expire_after_s=config.expire_after_s,
+                   max_jobs=limits.max_jobs, max_ranks=limits.max_ranks, max_gpus=limits.max_gpus,
+                   max_steps_per_rank=limits.max_steps_per_rank, max_steps_held=limits.max_steps_held)
+
+    # ----- writing ---------------------------------------------------------------------------------
+    def add(self, info: RankInfo, steps: Sequence[StepRecord], now: float) -> int:
+        """Record a push; return how many steps were new and kept. Raises CapExceeded (nothing stored)."""
+        cutoff = now - self.window_s
+        with self._lock:
+            job = self._jobs.get(info.job)
+            rank = job.get(info.rank) if job is not None else None
+            self._admit(info, job, rank, bool(steps))
+            if job is None:
+                job = self._jobs[info.job] = {}
+            if rank is None:
+                rank = job[info.rank] = _Rank(info)
+                self._ranks += 1
+                self._gpus[info.gpu_uuid] = self._gpus.get(info.gpu_uuid, 0) + 1
+            elif rank.info != info:
+                self._move_gpu(rank.info.gpu_uuid, info.gpu_uuid)
+                rank.info = info
+            fresh, highest = self._fresh(rank, steps, cutoff)
+            self._trim(rank, cutoff)
+            fresh = self._fit(rank, fresh)
+            rank.steps.extend(fresh)
+            self._steps += len(fresh)
+            self._accepted += len(fresh)
+            rank.last_step = max(rank.last_step, highest)
+            rank.last_push = now
+            rank.view = None
+            return len(fresh)
+
+    def _admit(self, info: RankInfo, job: dict[int, _Rank] | None, rank: _Rank | None, has_steps: bool) -> None:
+        new_gpu = info.gpu_uuid not in self._gpus
+        if rank is None:
+            if job is None and len(self._jobs) >= self.limits["jobs"]:
+                self._refuse("jobs", f"job {info.job!r}")
+            if self._ranks >= self.limits["ranks"]:
+                self._refuse("ranks", f"rank {info.rank} of job {info.job!r}")
+            if new_gpu and len(self._gpus) >= self.limits["gpus"]:
+                self._refuse("gpus", f"GPU {info.gpu_uuid}")
+            if has_steps and self._steps >= self.limits["steps"]:
+                self._refuse("steps", f"rank {info.rank} of job {info.job!r}")
+        elif new_gpu and len(self._gpus) >= self.limits["gpus"] and self._gpus.get(rank.info.gpu_uuid) != 1:
+            # A rank moving to a new GPU frees its old one only when it was the last rank there.
+            self._refuse("gpus", f"GPU {info.gpu_uuid}")
+
+    def _refuse(self, cap: str, what: str) -> None:
+        self._refused[cap] += 1
+        raise CapExceeded(cap, self.limits[cap], what)
+
+    def _move_gpu(self, old: str, new: str) -> None:
+        if old == new:
+            return
+        self._gpus[new] = self._gpus.get(new, 0) + 1
+        self._release_gpu(old)
+
+    def _release_gpu(self, uuid: str) -> None:
+        left = self._gpus[uuid] - 1
+        if left:
+            self._gpus[uuid] = left
+        else:
+            del self._gpus[uuid]
+
+    def _fresh(self, rank: _Rank, steps: Sequence[StepRecord], cutoff: float) -> tuple[list[StepRecord], int]:
+        """The steps of a push neither already held (retries) nor older than the window, and their highest number."""
+        numbers = [s.step for s in steps]
+        # The SDK's usual push: new steps in increasing order, all inside the window. Checked with
+        # C-speed builtins because it is most of the work of a push.
+        if numbers and numbers[0] > rank.last_step and min([s.end for s in steps]) >= cutoff \
+                and numbers == sorted(set(numbers)):
+            return list(steps), numbers[-1]
+        fresh: list[StepRecord] = []
+        seen: set[int] = set()
+        held: set[int] | None = None
+        for s in steps:
+            if s.end < cutoff:
+                self._stale += 1
+            elif s.step in seen:
+                self._duplicate += 1
+            else:
+                if s.step <= rank.last_step:
+                    if held is None:  # only a retry or a restarted job pays for this set
+                        held = {r.step for r in rank.steps}
+                    if s.step in held:
+                        self._duplicate += 1
+                        continue
+                seen.add(s.step)
+                fresh.append(s)
+        return fresh, max(seen, default=-1)
+
+    def _fit(self, rank: _Rank, fresh: list[StepRecord]) -> list[StepRecord]:
+        """Make room for `fresh` under the per-rank cap and the global cap; return what can be kept."""
+        held = len(rank.steps)
+        # This rank may grow into the free room, or else only roll its own window.
+        allowed = min(self._per_rank, held + max(0, self.limits["steps"] - self._steps))
+        excess = held + len(fresh) - allowed
+        if excess <= 0:
+            return fresh
+        drop_old = min(excess, held)
+        for _ in range(drop_old):
+            rank.steps.popleft()
+        self._steps -= drop_old
+        drop_new = excess - drop_old
+        if drop_new:
+            # Only possible when the global cap is full; the oldest of the new steps go first.
+            self._refused_steps += drop_new
+            fresh = fresh[drop_new:]
+        return fresh
+
+    def _trim(self, rank: _Rank, cutoff: float) -> int:
+        steps = rank.steps
+        n = 0
+        while steps and steps[0].end < cutoff:
+            steps.popleft()
+            n += 1
+        if n:
+            self._steps -= n
+            rank.view = None
+        return n
+
+    def expire(self, now: float) -> RankCounts:
+        """Drop ranks silent for expire_after_s (and jobs and GPUs left empty), trim windows; return the counts."""
+        silent_before, cutoff = now - self.expire_after_s, now - self.window_s
+        with self._lock:
+            for name in list(self._jobs):
+                ranks = self._jobs[name]
+                for number in list(ranks):
+                    rank = ranks[number]
+                    if rank.last_push < silent_before:
+                        del ranks[number]
+                        self._ranks -= 1
+                        self._steps -= len(rank.steps)
+                        self._expired["ranks"] += 1
+                        gpus = len(self._gpus)
+                        self._release_gpu(rank.info.gpu_uuid)
+                        self._expired["gpus"] += gpus - len(self._gpus)
+                    else:
+                        self._trim(rank, cutoff)
+                if not ranks:
+                    del self._jobs[name]
+                    self._expired["jobs"] += 1
+            return self._counts()
+
+    # ----- reading ---------------------------------------------------------------------------------
+    def jobs(self, now: float) -> Mapping[str, Mapping[int, RankWindow]]:
+        """An immutable snapshot: job -> rank -> RankWindow, steps within the window, oldest first."""
+        # Each job is copied whole under the lock, one job at a time: pushes wait for at most one
+        # job's copy, never the whole store, and detectors compare ranks within a job only.
+        cutoff = now - self.window_s
+        with self._lock:
+            names = list(self._jobs)
+        out: dict[str, Mapping[int, RankWindow]] = {}
+        for name in names:
+            with self._lock:
+                ranks = self._jobs.get(name)
+                if ranks is None:
+                    continue  # expired meanwhile
+                views: dict[int, RankWindow] = {}
+                for number, rank in ranks.items():
+                    self._trim(rank, cutoff)
+                    if rank.view is None:
+                        rank.view = RankWindow(rank.info, tuple(rank.steps), rank.last_push)
+                    views[number] = rank.view
+            out[name] = MappingProxyType(views)
+        return MappingProxyType(out)
+
+    def counts(self) -> RankCounts:
+        """Current sizes and counters."""
+        with self._lock:
+            return self._counts()
+
+    def _counts(self) -> RankCounts:
+        return RankCounts(len(self._jobs), self._ranks, len(self._gpus), self._steps, self._accepted,
+                          self._duplicate, self._stale, self._refused_steps, dict(self._refused), dict(self._expired))
+
+
+# ----- GPU telemetry -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GpuCounts:
+    """What a GpuStore holds and has refused or dropped, for /metrics."""
+
+    gpus: int
+    nodes: int
+    samples: int
+    refused_gpus: int  # samples of a new GPU past max_gpus
+    refused_nodes: int
+    expired_gpus: int
+    expired_nodes: int
+
+
+class GpuStore:
+    """Thread-safe time windows of GpuSamples per GPU UUID and HostSamples per node, under caps."""
+
+    def __init__(self, *, window_s: float, expire_after_s: float, max_gpus: int, max_samples: int) -> None:
+        self.window_s = window_s
+        self.expire_after_s = expire_after_s
+        self.max_gpus = max_gpus
+        self._max_samples = max_samples
+        self._lock = threading.Lock()
+        self._gpus: dict[str, deque[GpuSample]] = {}
+        self._hosts: dict[str, deque[HostSample]] = {}
+        self._absent: frozenset[str] = frozenset()
+        self._refused_gpus = self._refused_nodes = self._expired_gpus = self._expired_nodes = 0
+
+    @classmethod
+    def from_config(cls, config: RulesConfig) -> GpuStore:
+        """Built from a RulesConfig (window_s, expire_after_s, limits.max_gpus / max_samples_per_gpu)."""
+        limits = config.limits
+        return cls(window_s=config.window_s, expire_after_s=config.expire_after_s,
+                   max_gpus=limits.max_gpus, max_samples=limits.max_samples_per_gpu)
+
+    def add(self, batch: TelemetryBatch) -> None:
+        """Append one fetch: samples go to their GPU's and node's windows; absent nodes are remembered."""
+        with self._lock:
+            for g in batch.gpus:
+                if self._append(self._gpus, g.uuid, g):
+                    self._refused_gpus += 1
+            for h in batch.hosts:
+                # A node has at least one GPU, so max_gpus bounds nodes too.
+                if self._append(self._hosts, h.node, h):
+                    self._refused_nodes += 1
+            self._absent = batch.absent_nodes
+
+    def _append(self, series: dict, key: str, sample: GpuSample | HostSample) -> bool:
+        window = series.get(key)
+        if window is None:
+            if len(series) >= self.max_gpus:
+                return True
+            window = series[key] = deque(maxlen=self._max_samples)
+        if window and sample.t < window[-1].t:
+            return False  # a late sample from a slow fetch: the window stays in time order
+        window.append(sample)
+        cutoff = sample.t - self.window_s
+        while window[0].t < cutoff:
+            window.popleft()
+        return False
+
+    def window(self, uuid: str, since: float) -> tuple[GpuSample, ...]:
+        """The GPU's samples taken at or after `since`, oldest first (empty when unknown)."""
+        with self._lock:
+            return _since(self._gpus.get(uuid, ()), since)
+
+    def hosts(self, node: str, since: float) -> tuple[HostSample, ...]:
+        """The node's host samples taken at or after `since`, oldest first."""
+        with self._lock:
+            return _since(self._hosts.get(node, ()), since)
+
+    def uuids(self) -> frozenset[str]:
+        """Every GPU with a window."""
+        with self._lock:
+            return frozenset(self._gpus)
+
+    def absent_nodes(self) -> frozenset[str]:
+        """Nodes whose agent could not be reached in the latest fetch (never stragglers)."""
+        with self._lock:
+            return self._absent
+
+    def expire(self, now: float) -> GpuCounts:
+        """Drop GPUs and nodes with no sample for expire_after_s, trim the rest to the window."""
+        silent_before, cutoff = now - self.expire_after_s, now - self.window_s
+        with self._lock:
+            self._expired_gpus += _expire(self._gpus, silent_before, cutoff)
+            self._expired_nodes += _expire(self._hosts, silent_before, cutoff)
+            return self._counts()
+
+    def counts(self) -> GpuCounts:
+        """Current sizes and counters."""
+        with self._lock:
+            return self._counts()
+
+    def _counts(self) -> GpuCounts:
+        return GpuCounts(len(self._gpus), len(self._hosts), sum(len(w) for w in self._gpus.values()),
+                         self._refused_gpus, self._refused_nodes, self._expired_gpus, self._expired_nodes)
+
+
+def _since(window: Iterable[GpuSample | HostSample], since: float) -> tuple:
+    samples = tuple(window)
+    i = len(samples)
+    while i and samples[i - 1].t >= since:  # windows are short (≤ max_samples); scan from the newest
+        i -= 1
+    return samples[i:]
+
+
+def _expire(series: dict[str, deque], silent_before: float, cutoff: float) -> int:
+    dropped = 0
+    for key in list(series):
+        window = series[key]
+        if not window or window[-1].t < silent_before:
+            del series[key]
+            dropped += 1
+            continue
+        while len(window) > 1 and window[0].t < cutoff:
+            window.popleft()  # the newest stays, so its time still says when the series was last seen
+    return dropped

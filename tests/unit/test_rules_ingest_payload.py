@@ -1,0 +1,133 @@
+"""Push body validation: what is accepted, and the one-line message naming the field when not."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpumond.rules.ingest.payload import PayloadError, parse, push_model
+from gpumond.rules.types import RankInfo, StepRecord
+
+MODEL = push_model(32, 8)  # max_string_len, max_steps
+UUID = "GPU-5b0c1234-aaaa-bbbb-cccc-0123456789ab"
+
+
+def step(n: int = 1200, **over: Any) -> dict[str, Any]:
+    return {"step": n, "end": 1763760000.12, "duration_s": 0.84, "data_wait_s": 0.02, "samples": 32, **over}
+
+
+def push(**over: Any) -> dict[str, Any]:
+    body = {"job": "llama-70b-r3", "rank": 17, "world_size": 64, "node": "gpu-node-03", "gpu_uuid": UUID,
+            "group": "pp-stage-2", "steps": [step()]}
+    body.update(over)
+    return body
+
+
+def refused(body: Any) -> tuple[int, str]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with pytest.raises(PayloadError) as info:
+        parse(MODEL, raw)
+    assert "\n" not in info.value.message
+    return info.value.status, info.value.message
+
+
+def test_the_design_example_parses_into_the_shared_types() -> None:
+    p = parse(MODEL, json.dumps(push()).encode())
+    assert p.rank_info() == RankInfo("llama-70b-r3", 17, 64, "gpu-node-03", UUID, "pp-stage-2")
+    assert p.steps == [StepRecord(1200, 1763760000.12, 0.84, 0.02, 32)]
+    assert type(p.steps[0]) is StepRecord
+
+
+def test_optional_fields_and_an_empty_heartbeat() -> None:
+    body = push(steps=[{"step": 0, "end": 1, "duration_s": 0, "data_wait_s": 0}])
+    del body["group"]
+    p = parse(MODEL, json.dumps(body).encode())
+    assert p.group is None and p.steps[0].samples is None
+    assert parse(MODEL, json.dumps(push(steps=[])).encode()).steps == []
+
+
+def test_gpu_uuid_is_stored_lowercase_like_the_agent_exports_it() -> None:
+    p = parse(MODEL, json.dumps(push(gpu_uuid=UUID.upper().replace("GPU-", "GPU-"))).encode())
+    assert p.gpu_uuid == UUID
+
+
+def test_integer_numbers_are_fine_where_floats_are_expected() -> None:
+    p = parse(MODEL, json.dumps(push(steps=[step(end=1763760000, duration_s=1, data_wait_s=1)])).encode())
+    assert p.steps[0].duration_s == 1.0
+
+
+def test_unknown_keys_are_ignored_for_newer_sdks() -> None:
+    p = parse(MODEL, json.dumps(push(sdk="0.2", steps=[step(gpu_ms=3)])).encode())
+    assert p.job == "llama-70b-r3"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b"", 400, "invalid JSON: EOF while parsing a value at line 1 column 0"),
+        (b'{"job": "a",', 400, "invalid JSON: EOF while parsing"),
+        (b"\xff{}", 400, "invalid JSON: expected value at line 1 column 1"),
+        (b"[1, 2]", 422, "body: must be a JSON object"),
+        (b'"push"', 422, "body: must be a JSON object"),
+        (push(steps=[step(duration_s=-0.5)]), 422, "steps[0].duration_s: must be at least 0 (got -0.5)"),
+        (push(steps=[step(), step(3, data_wait_s=-1)]), 422, "steps[1].data_wait_s: must be at least 0 (got -1)"),
+        (push(steps=[step(data_wait_s=0.9)]), 422, "steps[0].data_wait_s: must be at most duration_s (0.84) (got 0.9)"),
+        (push(steps=[step(duration_s=86401, data_wait_s=0)]), 422, "steps[0].duration_s: must be at most 86400"),
+        (push(steps=[step(-1)]), 422, "steps[0].step: must be at least 0 (got -1)"),
+        (push(steps=[step("12")]), 422, "steps[0].step: must be a valid integer (got '12')"),
+        (push(steps=[step(1.5)]), 422, "steps[0].step: must be a valid integer"),
+        (push(steps=[step(True)]), 422, "steps[0].step: must be a valid integer"),
+        (push(steps=[step(2**64)]), 422, "steps[0].step: must be"),
+        (push(steps=[step(end="now")]), 422, "steps[0].end: must be a valid number (got 'now')"),
+        (push(steps=[step(end=-1)]), 422, "steps[0].end: must be at least 0"),
+        (push(steps=[step(samples=-3)]), 422, "steps[0].samples: must be at least 0 (got -3)"),
+        (push(steps=[{"step": 1, "duration_s": 1, "data_wait_s": 0}]), 422, "steps[0].end: required key is missing"),
+        (push(steps=[5]), 422, "steps[0]: must be an object (got 5)"),
+        (push(steps=[step()] * 9), 422, "steps: must have at most 8 items"),
+        (push(steps={"0": step()}), 422, "steps: must be a list"),
+        (push(rank=64), 422, "rank: must be less than world_size (64) (got 64)"),
+        (push(rank=-1), 422, "rank: must be at least 0 (got -1)"),
+        (push(rank="17"), 422, "rank: must be a valid integer (got '17')"),
+        (push(world_size=0, rank=0), 422, "world_size: must be at least 1 (got 0)"),
+        (push(world_size=2**20 + 1), 422, "world_size: must be at most 1048576 (got 1048577)"),
+        (push(job=""), 422, "job: must not be empty"),
+        (push(job="j" * 33), 422, "job: must have at most 32 characters"),
+        (push(job=17), 422, "job: must be a valid string (got 17)"),
+        (push(node="gpu\nnode"), 422, "node: must not contain control characters"),
+        (push(group="\x00"), 422, "group: must not contain control characters"),
+        (push(gpu_uuid="MIG-5b0c1234-aaaa-bbbb-cccc-0123456789ab"), 422, "gpu_uuid: must be an NVML GPU UUID"),
+        (push(gpu_uuid="GPU-xyz"), 422, "gpu_uuid: must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"),
+        ({k: v for k, v in push().items() if k != "steps"}, 422, "steps: required key is missing"),
+        ({}, 422, "job: required key is missing (+5 more)"),
+    ],
+)
+def test_refusals_name_the_field(body: Any, status: int, message: str) -> None:
+    got_status, got = refused(body)
+    assert got_status == status
+    assert got.startswith(message), got
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_non_finite_numbers_are_refused(literal: bytes) -> None:
+    raw = json.dumps(push(steps=[step(duration_s=777.5)])).encode().replace(b"777.5", literal)
+    status, message = refused(raw)
+    assert status == 422
+    assert message.startswith("steps[0].duration_s: must be a finite number"), message
+
+
+def test_the_model_is_cached_per_limits() -> None:
+    assert push_model(32, 8) is MODEL
+    assert push_model(64, 8) is not MODEL
+
+
+def test_the_json_schema_states_the_limits() -> None:
+    schema = MODEL.model_json_schema()
+    assert schema["properties"]["steps"]["maxItems"] == 8
+    assert schema["properties"]["job"]["maxLength"] == 32
+    assert schema["properties"]["world_size"]["maximum"] == 2**20
+    assert schema["properties"]["gpu_uuid"]["pattern"].startswith("^GPU-")
+    step_schema = schema["$defs"]["Step"]
+    assert set(step_schema["required"]) == {"step", "end", "duration_s", "data_wait_s"}
+    assert step_schema["properties"]["duration_s"]["minimum"] == 0
