@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -17,7 +18,7 @@ from gpumond.config.rules import RulesConfig
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.evaluator import Evaluator
 from gpumond.rules.http import build_app
-from gpumond.rules.ingest.stats import IngestStats
+from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
@@ -34,6 +35,7 @@ _HELP = {
     "gpumond_rules_findings_resolved_total": ("counter", "Findings that fired and then resolved."),
     "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
     "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
+    **INGEST_METRICS,
 }
 
 
@@ -127,6 +129,9 @@ def _telemetry_interval(config: RulesConfig) -> float:
 
 def serve(service: RulesService) -> None:
     """Run the service until SIGTERM/SIGINT; exit cleanly."""
+    # Held steps are many small GC-tracked objects with no reference cycles; default thresholds make full
+    # collections walk all of them often (p99 push latency 525 ms → 57 ms at 32,768 ranks when raised).
+    gc.set_threshold(100_000, 50, 1000)
     sock = bind(service.config.listen.host, service.config.listen.port)
     service.start()
     log.info("serving", extra={"url": f"http://{service.config.listen}/api/v1/findings"})
