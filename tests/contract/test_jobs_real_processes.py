@@ -7,7 +7,9 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -48,6 +50,7 @@ def spawn() -> Iterator:
             [sys.executable, "-c", code], env=env, start_new_session=True, **kwargs
         )
         children.append(child)
+        wait_exec(child.pid)
         return child
 
     yield start
@@ -59,6 +62,19 @@ def spawn() -> Iterator:
         child.wait(timeout=WAIT_S)
         if child.stdout is not None:
             child.stdout.close()
+
+
+def wait_exec(pid: int) -> None:
+    """Until the child has exec'd: before that, /proc/PID/environ still shows the parent's environment."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if b"-c" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                return
+        except OSError:
+            return  # already gone; the test itself deals with that
+        time.sleep(0.005)
+    raise AssertionError(f"child {pid} did not exec within {WAIT_S} s")
 
 
 def read_line(child: subprocess.Popen) -> str:

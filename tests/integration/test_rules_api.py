@@ -343,8 +343,14 @@ def test_a_lying_content_length_reads_only_what_was_declared(serve) -> None:
     # Declares 20 bytes, sends the whole push and then 200 KB more: only 20 bytes are read as the
     # body (an incomplete JSON document), the rest is never buffered as part of it.
     response = raw_exchange(svc.port, _head(20), [payload + b" " * 200_000], read_after=0)
-    status, body = status_and_json(response)
-    assert status == 400 and body["error"].startswith("invalid JSON: EOF while parsing")
+    # Either the app answers the 20-byte body (h11 hands it over, then meets the rest as a bad next
+    # request), or the HTTP parser rejects the stream at once (httptools parses the whole buffer first).
+    # Both are 400 and neither reads past the declared length into the body.
+    if b"Invalid HTTP request" in response:
+        assert response.startswith(b"HTTP/1.1 400")
+    else:
+        status, body = status_and_json(response)
+        assert status == 400 and body["error"].startswith("invalid JSON: EOF while parsing")
     with svc.client() as c:
         assert post(c, push()).status_code == 202
     assert svc.steps_held("llama", 0) == [0, 1, 2, 3]
