@@ -10,8 +10,6 @@ from datetime import datetime, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpumond import __version__
 from gpumond.config.rules import RulesConfig
@@ -23,6 +21,7 @@ from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
 from gpumond.serving import bind, run_until_signalled
+from gpumond.textformat import Encoder
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
@@ -39,32 +38,12 @@ _HELP = {
 }
 
 
-class _Collector:
-    def __init__(self, series: Iterable[Series]) -> None:
-        self._series = list(series)
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        fams: dict[str, Metric] = {}
-        for s in sorted(self._series, key=lambda x: x.name):
-            fam = fams.get(s.name)
-            if fam is None:
-                kind, help_ = _HELP.get(s.name, ("gauge", ""))
-                names = [k for k, _ in s.labels]
-                fam = (CounterMetricFamily(s.name.removesuffix("_total"), help_, labels=names) if kind == "counter"
-                       else GaugeMetricFamily(s.name, help_, labels=names))
-                fams[s.name] = fam
-            fam.add_metric([v for _, v in s.labels], s.value)
-        yield from fams.values()
+_ENCODER = Encoder(_HELP)
 
 
 def render(series: Iterable[Series]) -> bytes:
     """Prometheus text for the given series (the service's /metrics is small; rendered per scrape)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(series))  # type: ignore[arg-type]
-    return generate_latest(registry)
+    return _ENCODER.encode(series)
 
 
 class RulesService:

@@ -1,0 +1,70 @@
+"""Prometheus text format (0.0.4) encoding shared by both daemons.
+
+Writes the same bytes as prometheus-client's `generate_latest` (held to that by a property test and the
+agent's golden file) but caches each series' escaped `name{labels} ` prefix, which stays the same from one
+cycle to the next: prometheus-client formats every label of every sample on every call, and that was two
+thirds of the agent's sample cycle (benchmarks/results/agent_sample_cycle.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from prometheus_client.utils import floatToGoString
+
+from gpumond.types import Labels, Series
+
+_MAX_CACHED = 100_000  # series identities; far above any node's, bounded so churn cannot grow memory
+
+
+def escape_label_value(v: str) -> str:
+    """Exposition-format escaping of a label value (backslash, newline, double quote)."""
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _help_text(h: str) -> str:
+    return h.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+class Encoder:
+    """Series → exposition bytes; `types` maps a metric name to (type, help)."""
+
+    def __init__(self, types: Mapping[str, tuple[str, str]]) -> None:
+        self._types = types
+        self._prefixes: dict[tuple[str, Labels], str] = {}
+        self._headers: dict[str, str] = {}
+
+    def _header(self, name: str) -> str:
+        h = self._headers.get(name)
+        if h is None:
+            kind, help_ = self._types.get(name, ("gauge", ""))
+            h = f"# HELP {name} {_help_text(help_)}\n# TYPE {name} {kind}\n"
+            self._headers[name] = h
+        return h
+
+    def _prefix(self, name: str, labels: Labels) -> str:
+        key = (name, labels)
+        p = self._prefixes.get(key)
+        if p is None:
+            if labels:
+                inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(labels))
+                p = f"{name}{{{inner}}} "
+            else:
+                p = f"{name} "
+            if len(self._prefixes) >= _MAX_CACHED:
+                self._prefixes.clear()
+            self._prefixes[key] = p
+        return p
+
+    def encode(self, series: Iterable[Series]) -> bytes:
+        """Prometheus text format 0.0.4 for these series, grouped into families by name."""
+        ordered = sorted(series, key=lambda s: s.name)  # stable: a family's samples keep their order
+        out: list[str] = []
+        last = None
+        prefix = self._prefix
+        for s in ordered:
+            if s.name != last:
+                out.append(self._header(s.name))
+                last = s.name
+            out.append(prefix(s.name, s.labels) + floatToGoString(s.value) + "\n")
+        return "".join(out).encode("utf-8")
