@@ -54,6 +54,7 @@ GPU_SIGNALS = (
     "throttle_hw_slowdown",  # …{reason="hw_slowdown"}
     "throttle_sw_power_cap",  # …{reason="sw_power_cap"}
     "throttle_hw_power_brake",  # …{reason="hw_power_brake_slowdown"}
+    "energy_j",  # gpumond_gpu_energy_joules_total: exact mean power over a window, immune to sampling aliasing
 )
 HOST_SIGNALS = (
     "cpu_utilization",  # gpumond_host_cpu_utilization_ratio

@@ -112,6 +112,7 @@ def test_values_are_keyed_by_signal_in_base_units() -> None:
         "sm_clock_hz": 1.755e9, "sm_clock_max_hz": 1.98e9, "power_w": 662.24, "power_limit_w": 700.0,
         "utilization": 0.94, "temperature_c": 72.0, "throttle_hw_thermal": 0.0, "throttle_sw_thermal": 0.0,
         "throttle_hw_slowdown": 0.0, "throttle_sw_power_cap": 1.0, "throttle_hw_power_brake": 0.0,
+        "energy_j": 3312.168,
     }
     assert g0.jobs == ("eval-7", "llama-70b-r3")
 

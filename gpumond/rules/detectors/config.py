@@ -10,6 +10,7 @@ class DetectorConfig:
     """Every threshold the detectors use; see docs/detectors.md for why each default is what it is."""
 
     recent_s: float = 60.0  # features are medians over this much recent history
+    min_samples: int = 6  # a GPU with fewer samples in the window (a job just started) is not compared
     min_peers: int = 4  # fewer comparable GPUs/ranks than this: no peer comparison
     z_base: float = 3.5  # modified-z threshold for small groups (Iglewicz & Hoaglin)
     z_tail: float = 1e-4  # per-group false-flag budget; the threshold rises with group size
@@ -27,8 +28,8 @@ class DetectorConfig:
     slowdown_ratio: float = 1.10  # job step time above baseline × this: job slowdown
     baseline_min_steps: int = 10
     baseline_alpha: float = 0.05
-    hang_min_s: float = 20.0  # no step for max(this, hang_factor × baseline step time): stalled
-    hang_factor: float = 5.0
+    hang_min_s: float = 10.0  # no step for max(this, hang_factor × baseline step time): stalled
+    hang_factor: float = 3.0
     hang_busy_util: float = 0.5  # peers must look busy (spinning in a collective), else the job just ended
     cpu_busy: float = 0.9  # host evidence: CPU-bound data loader
     iowait_high: float = 0.15  # host evidence: storage-bound data loader

@@ -61,7 +61,17 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig) -> t
         baseline, slow = job_slowdown(job, job_step_times(ranks, since, inputs.now), baselines.get(job), cfg)
         if baseline is not None:
             baselines[job] = baseline
-        stall = job_stall(job, feats, gpus, baseline, inputs.now, cfg)
+        last = max((r.last_end for r in feats if r.last_end is not None), default=None)
+        stall_gpus = gpus
+        if last is not None and inputs.now - last >= cfg.hang_min_s:
+            # Judge a stall on what the GPUs did since the last step ended, not on the whole window:
+            # a checkpoint (writers idle) and a hang (peers spin, the culprit idles) differ only there.
+            stall_gpus = {}
+            for r in feats:
+                ss = [s for s in inputs.gpu_windows.get(r.gpu_uuid, ()) if s.t > last + 1.0]
+                if ss and r.node not in inputs.absent_nodes:
+                    stall_gpus[r.gpu_uuid] = gpu_features(r.gpu_uuid, ss)
+        stall = job_stall(job, feats, stall_gpus, baseline, inputs.now, cfg)
         if stall:
             out.extend(stall)
             continue  # a stalled job's windows say nothing about stragglers or starvation

@@ -82,6 +82,15 @@ def _ratio(samples: Sequence[GpuSample], num: str, den: str) -> float | None:
     return median(xs) if xs else None
 
 
+def _energy_power_ratio(samples: Sequence[GpuSample]) -> float | None:
+    """Mean power over the window from the energy counter (exact, immune to sampling/step aliasing)."""
+    xs = [(s.t, s.values["energy_j"], s.values.get("power_limit_w", 0.0)) for s in samples if "energy_j" in s.values]
+    if len(xs) < 3 or xs[-1][0] <= xs[0][0] or xs[-1][1] < xs[0][1]:
+        return None
+    limit = median([x[2] for x in xs])
+    return (xs[-1][1] - xs[0][1]) / (xs[-1][0] - xs[0][0]) / limit if limit > 0 else None
+
+
 def gpu_features(uuid: str, samples: Sequence[GpuSample]) -> GpuFeatures:
     """Medians of clock ratio, power ratio, utilization, temperature, and how often it was throttled."""
     live = [s for s in samples if s.up]
@@ -94,8 +103,11 @@ def gpu_features(uuid: str, samples: Sequence[GpuSample]) -> GpuFeatures:
                       if s.values.get(k, 0) >= 0.5})
     return GpuFeatures(
         uuid=uuid, node=node, samples=len(live), up=samples[-1].up,
-        clock_ratio=_ratio(live, "sm_clock_hz", "sm_clock_max_hz"),
-        power_ratio=_ratio(live, "power_w", "power_limit_w"),
+        # An idle GPU's clock drops (gpu_idle): compare clocks only while kernels run, else a checkpoint
+        # write or a data wait reads as throttling.
+        clock_ratio=_ratio([s for s in live if s.values.get("utilization", 1.0) >= 0.5] or live,
+                           "sm_clock_hz", "sm_clock_max_hz"),
+        power_ratio=_energy_power_ratio(live) or _ratio(live, "power_w", "power_limit_w"),
         utilization=_med(live, "utilization"),
         temperature_c=_med(live, "temperature_c"),
         throttle_frac=(len(throttled) / len(live)) if has_throttle else None,

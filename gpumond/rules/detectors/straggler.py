@@ -36,7 +36,7 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
     groups: dict[str | None, list[tuple[RankFeatures, GpuFeatures]]] = {}
     for r in ranks:
         g = gpus.get(r.gpu_uuid)
-        if g is not None and g.up and g.samples > 0:
+        if g is not None and g.up and g.samples >= cfg.min_samples:  # a fresh job: not enough to judge
             groups.setdefault(r.group, []).append((r, g))
     out: list[Candidate] = []
     for group, members in groups.items():
@@ -70,13 +70,24 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
         # Temperature alone is weak evidence (cooling differs by slot); it only supports another signal.
         for rank in [k for k, sig in flagged.items() if set(sig) == {"temperature_c"}]:
             del flagged[rank], scores[rank]
-        if len(flagged) > max(1, cfg.max_outlier_frac * len(members)):
-            by_node: dict[str, int] = {}
-            for r, _ in members:
-                if r.rank in flagged:
-                    by_node[r.node] = by_node.get(r.node, 0) + 1
-            if len(by_node) > max(1, len(flagged) // 8 + 1):
-                continue  # a shift shared by many ranks on many nodes: workload imbalance, not a fault
+        # A shift, not stragglers: many ranks on many nodes sit past half the threshold on clock or power
+        # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
+        # whose members straddle the threshold from one evaluation to the next.
+        soft: dict[int, str] = {}
+        for attr, floor, sign in (("clock_ratio", cfg.floor_clock_ratio, -1), ("power_ratio", cfg.floor_power_ratio, 0)):
+            xs = [(r, getattr(g, attr)) for r, g in members if getattr(g, attr) is not None]
+            if len(xs) < 2:
+                continue
+            zs, _, _ = robust_z([v for _, v in xs], floor)
+            for (r, _), z in zip(xs, zs, strict=True):
+                if (abs(z) if sign == 0 else sign * z) > thr / 2:
+                    soft[r.rank] = r.node
+        nodes_in_group = len({r.node for r, _ in members})
+        if len(soft) > max(1, cfg.max_outlier_frac * len(members)) \
+                and len(set(soft.values())) > max(1, cfg.max_outlier_frac * nodes_in_group):
+            # keep only what a shift cannot explain: a throttle reason on the GPU itself
+            flagged = {k: v for k, v in flagged.items() if "throttled" in v}
+            scores = {k: scores[k] for k in flagged}
         by_rank = {r.rank: (r, g) for r, g in members}
         for rank, evidence in flagged.items():
             r, g = by_rank[rank]

@@ -23,6 +23,7 @@ GPU_SERIES: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "throttle_hw_slowdown": (CLOCKS_EVENT, "hw_slowdown"),
     "throttle_sw_power_cap": (CLOCKS_EVENT, "sw_power_cap"),
     "throttle_hw_power_brake": (CLOCKS_EVENT, "hw_power_brake_slowdown"),
+    "energy_j": ("gpumond_gpu_energy_joules_total", None),
 })
 
 # signal → metric; keys are exactly types.HOST_SIGNALS. Host series carry no GPU labels.
