@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gpumond import __version__
 
@@ -129,6 +130,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE
 
 
+class _FlagError(Exception):
+    """A command-line override that does not parse; the message is the one line to print."""
+
+
+def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
+                parsers: Sequence[tuple[str, str | None, Callable[[str], object], str]]) -> Any:
+    """`cfg` with validated flag overrides (flag, text, parse, key) and --log-level / --log-format applied."""
+    update: dict[str, object] = {}
+    for flag, text, parse, key in parsers:
+        if text:
+            try:
+                update[key] = parse(text)
+            except ValueError as e:
+                raise _FlagError(f"gpumond {command}: {flag}: {e} (see: gpumond {command} --help)") from None
+    log_update = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
+    if log_update:
+        update["log"] = cfg.log.model_copy(update=log_update)
+    return cfg.model_copy(update=update)  # every value above is already validated
+
+
 _RULES_KEYS = {"tokens", "tokens_file", "allow_unauthenticated", "telemetry", "evaluation_interval_s", "window_s",
                "limits", "expire_after_s", "shard"}
 
@@ -166,19 +187,12 @@ def _rules(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE
-    update: dict[str, object] = {}
-    for flag, text, parse, key in (("--listen", args.listen, ListenAddress.parse, "listen"),
-                                   ("--shard", args.shard, Shard.parse, "shard")):
-        if text:
-            try:
-                update[key] = parse(text)
-            except ValueError as e:
-                print(f"gpumond rules: {flag}: {e} (see: gpumond rules --help)", file=sys.stderr)
-                return EXIT_USAGE
-    log_update = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
-    if log_update:
-        update["log"] = cfg.log.model_copy(update=log_update)
-    cfg = cfg.model_copy(update=update)
+    try:
+        cfg = _with_flags(cfg, "rules", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
+                                               ("--shard", args.shard, Shard.parse, "shard")))
+    except _FlagError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(cfg.log.level, cfg.log.format)
     from gpumond.rules.service import RulesService, serve
 
@@ -219,31 +233,22 @@ def _findings(args: argparse.Namespace) -> int:
 
 def _agent(args: argparse.Namespace) -> int:
     from gpumond.agent.app import Agent, AgentStartError, serve
-    from gpumond.serving import ListenError
     from gpumond.agent.backends import BackendError, real_backend, sim_backend
-    from gpumond.config import ConfigError, load_agent_config
+    from gpumond.config import ConfigError, ListenAddress, load_agent_config
     from gpumond.logs import setup_logging
-
-    from gpumond.config import ListenAddress
+    from gpumond.serving import ListenError
 
     try:
         cfg = load_agent_config(args.config)
     except ConfigError as e:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE
-    update: dict[str, object] = {}
-    if args.listen:
-        try:
-            update["listen"] = ListenAddress.parse(args.listen)
-        except ValueError as e:
-            print(f"gpumond agent: --listen: {e} (see: gpumond agent --help)", file=sys.stderr)
-            return EXIT_USAGE
-    if args.node_name:
-        update["node_name"] = args.node_name
-    log_update = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
-    if log_update:
-        update["log"] = cfg.log.model_copy(update=log_update)
-    cfg = cfg.model_copy(update=update)  # values above are already validated
+    try:
+        cfg = _with_flags(cfg, "agent", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
+                                               ("--node-name", args.node_name, str, "node_name")))
+    except _FlagError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(cfg.log.level, cfg.log.format)
     try:
         if args.sim or args.sim_scenario:

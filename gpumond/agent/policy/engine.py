@@ -23,6 +23,7 @@ from gpumond.agent.policy.view import GpuView
 from gpumond.alerts.lifecycle import AlertTracker
 from gpumond.alerts.model import Alert
 from gpumond.config import PolicyConfig
+from gpumond.nvml.session import SetFailed  # the one error type actuation raises
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.policy")
@@ -138,8 +139,6 @@ class PolicyEngine:
 
     def _set(self, v: GpuView, g: _Gpu, record: LimitRecord, current: float, wanted: float, action: str,
              reason: str, now: float) -> None:
-        from gpumond.nvml.session import SetFailed  # the one error type actuation raises
-
         try:
             back = self._act.set_power_limit(v.index, wanted)
         except SetFailed as e:
@@ -187,8 +186,6 @@ class PolicyEngine:
         with self._lock:
             if not self.cfg.restore_on_exit or self.cfg.mode != "enforce":
                 return
-            from gpumond.nvml.session import SetFailed
-
             for uuid, record in list(self._records.items()):
                 if record.last_set_w is None or self._gpus.get(uuid, _Gpu()).fallback_dry_run:
                     continue
@@ -197,8 +194,6 @@ class PolicyEngine:
                     self._restore(index, uuid, record, "agent stopping (restore_on_exit)")
 
     def _restore(self, index: int, uuid: str, record: LimitRecord, reason: str) -> None:
-        from gpumond.nvml.session import SetFailed
-
         try:
             back = self._act.set_power_limit(index, record.original_w)
         except SetFailed as e:
