@@ -49,14 +49,17 @@ THERMAL_SLOWDOWN_C = 87.0  # a thermally throttled GPU sits at its slowdown temp
 # Real StepRecord / GpuSample objects, built through their slot descriptors: 3× faster than the frozen
 # dataclass __init__, and indistinguishable to the detectors (same class, same fields, same equality).
 _new = object.__new__
-_SR = [StepRecord.__dict__[k].__set__ for k in ("step", "end", "duration_s", "data_wait_s", "samples")]
+_SR = [StepRecord.__dict__[k].__set__ for k in ("step", "end", "duration_s", "data_wait_s", "samples",
+                                                 "comm_wait_s")]
 _GS = [GpuSample.__dict__[k].__set__ for k in ("uuid", "node", "gpu", "t", "up", "values", "jobs")]
 
 
-def step_record(step: int, end: float, duration_s: float, data_wait_s: float) -> StepRecord:
+def step_record(step: int, end: float, duration_s: float, data_wait_s: float,
+                comm_wait_s: float | None = None) -> StepRecord:
     """A StepRecord, built fast."""
     o = _new(StepRecord)
     _SR[0](o, step), _SR[1](o, end), _SR[2](o, duration_s), _SR[3](o, data_wait_s), _SR[4](o, None)
+    _SR[5](o, comm_wait_s)
     return o
 
 

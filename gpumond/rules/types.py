@@ -17,6 +17,9 @@ class StepRecord:
     duration_s: float  # wall time of the step
     data_wait_s: float  # time blocked waiting on the data loader within the step
     samples: int | None = None
+    # Time this rank waited for its peers in the step's collectives (optional; SDKs before 0.2 omit it).
+    # In synchronous training the slowest rank waits least: the one push signal that localises a straggler.
+    comm_wait_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

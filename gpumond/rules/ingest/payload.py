@@ -65,6 +65,8 @@ def _step_schema(source: Any, handler: GetCoreSchemaHandler) -> core_schema.Core
         field("data_wait_s", number(ge=0), "time blocked on the data loader within the step, at most duration_s"),
         field("samples", core_schema.with_default_schema(core_schema.nullable_schema(count()), default=None),
               "samples processed in the step"),
+        field("comm_wait_s", core_schema.with_default_schema(core_schema.nullable_schema(number(ge=0)), default=None),
+              "time this rank waited for its peers in the step's collectives, at most duration_s (optional)"),
     ]
     args = core_schema.dataclass_args_schema("Step", fields, extra_behavior="ignore")
     return core_schema.dataclass_schema(StepRecord, args, [f["name"] for f in fields], slots=True, frozen=True,
