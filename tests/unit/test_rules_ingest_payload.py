@@ -48,6 +48,25 @@ def test_optional_fields_and_an_empty_heartbeat() -> None:
     assert parse(MODEL, json.dumps(push(steps=[])).encode()).steps == []
 
 
+def test_comm_wait_is_optional_and_kept_when_given() -> None:
+    without = parse(MODEL, json.dumps(push()).encode())
+    assert without.steps[0].comm_wait_s is None  # an older SDK
+    null = parse(MODEL, json.dumps(push(steps=[step(comm_wait_s=None)])).encode())
+    assert null.steps[0].comm_wait_s is None
+    given = parse(MODEL, json.dumps(push(steps=[step(comm_wait_s=0.31), step(1201, comm_wait_s=0)])).encode())
+    assert [s.comm_wait_s for s in given.steps] == [0.31, 0.0]
+    assert given.steps[0] == StepRecord(1200, 1763760000.12, 0.84, 0.02, 32, 0.31)
+
+
+def test_comm_wait_may_fill_the_step_with_the_data_wait_up_to_the_rounding_slack() -> None:
+    # 0.84 - 0.02 exactly, then 1 µs over it: both within the slack the data wait check also allows.
+    for comm in (0.82, 0.82 + 1e-6, 0.84 + 1e-6 - 0.02):
+        p = parse(MODEL, json.dumps(push(steps=[step(comm_wait_s=comm)])).encode())
+        assert p.steps[0].comm_wait_s == comm
+    p = parse(MODEL, json.dumps(push(steps=[step(data_wait_s=0, comm_wait_s=0.84)])).encode())
+    assert p.steps[0].comm_wait_s == 0.84
+
+
 def test_gpu_uuid_is_stored_lowercase_like_the_agent_exports_it() -> None:
     p = parse(MODEL, json.dumps(push(gpu_uuid=UUID.upper().replace("GPU-", "GPU-"))).encode())
     assert p.gpu_uuid == UUID
@@ -83,6 +102,20 @@ def test_unknown_keys_are_ignored_for_newer_sdks() -> None:
         (push(steps=[step(end="now")]), 422, "steps[0].end: must be a valid number (got 'now')"),
         (push(steps=[step(end=-1)]), 422, "steps[0].end: must be at least 0"),
         (push(steps=[step(samples=-3)]), 422, "steps[0].samples: must be at least 0 (got -3)"),
+        (push(steps=[step(), step(1201, comm_wait_s=-0.1)]), 422,
+         "steps[1].comm_wait_s: must be at least 0 (got -0.1)"),
+        (push(steps=[step(comm_wait_s=0.9)]), 422, "steps[0].comm_wait_s: must be at most duration_s (0.84) (got 0.9)"),
+        (push(steps=[step(data_wait_s=0, comm_wait_s=0.841)]), 422,
+         "steps[0].comm_wait_s: must be at most duration_s (0.84) (got 0.841)"),
+        (push(steps=[step(comm_wait_s=0.83)]), 422,
+         "steps[0].comm_wait_s: must be at most duration_s - data_wait_s (0.82) (got 0.83)"),
+        (push(steps=[step(data_wait_s=0.5, comm_wait_s=0.5)]), 422,
+         "steps[0].comm_wait_s: must be at most duration_s - data_wait_s (0.34) (got 0.5)"),
+        (push(steps=[step(data_wait_s=0.9, comm_wait_s=0.1)]), 422,  # the data wait is named first
+         "steps[0].data_wait_s: must be at most duration_s (0.84) (got 0.9)"),
+        (push(steps=[step(comm_wait_s="0.1")]), 422, "steps[0].comm_wait_s: must be a valid number (got '0.1')"),
+        (push(steps=[step(comm_wait_s=[0.1])]), 422, "steps[0].comm_wait_s: must be a valid number"),
+        (push(steps=[step(comm_wait_s=True)]), 422, "steps[0].comm_wait_s: must be a valid number"),
         (push(steps=[{"step": 1, "duration_s": 1, "data_wait_s": 0}]), 422, "steps[0].end: required key is missing"),
         (push(steps=[5]), 422, "steps[0]: must be an object (got 5)"),
         (push(steps=[step()] * 9), 422, "steps: must have at most 8 items"),
@@ -110,11 +143,12 @@ def test_refusals_name_the_field(body: Any, status: int, message: str) -> None:
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
-def test_non_finite_numbers_are_refused(literal: bytes) -> None:
-    raw = json.dumps(push(steps=[step(duration_s=777.5)])).encode().replace(b"777.5", literal)
+@pytest.mark.parametrize("key", ["duration_s", "comm_wait_s"])
+def test_non_finite_numbers_are_refused(literal: bytes, key: str) -> None:
+    raw = json.dumps(push(steps=[step(**{key: 777.5})])).encode().replace(b"777.5", literal)
     status, message = refused(raw)
     assert status == 422
-    assert message.startswith("steps[0].duration_s: must be a finite number"), message
+    assert message.startswith(f"steps[0].{key}: must be a finite number"), message
 
 
 def test_the_model_is_cached_per_limits() -> None:
@@ -131,3 +165,15 @@ def test_the_json_schema_states_the_limits() -> None:
     step_schema = schema["$defs"]["Step"]
     assert set(step_schema["required"]) == {"step", "end", "duration_s", "data_wait_s"}
     assert step_schema["properties"]["duration_s"]["minimum"] == 0
+    comm = step_schema["properties"]["comm_wait_s"]
+    assert comm["anyOf"] == [{"type": "number", "minimum": 0}, {"type": "null"}] and comm["default"] is None
+    assert "data_wait_s + comm_wait_s" in comm["description"]
+
+
+def test_the_openapi_document_shows_the_optional_comm_wait() -> None:
+    from gpumond.rules.ingest.openapi import openapi_document
+
+    schemas = openapi_document(MODEL, "test")["components"]["schemas"]
+    step_schema = schemas["Step"]
+    assert "comm_wait_s" in step_schema["properties"] and "comm_wait_s" not in step_schema["required"]
+    assert schemas["Push"]["properties"]["steps"]["items"] == {"$ref": "#/components/schemas/Step"}

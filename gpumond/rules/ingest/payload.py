@@ -7,6 +7,8 @@ Rules beyond the types (documented in docs/rules-api.md):
   (a heartbeat that only says the rank is alive);
 - numbers are finite; step and samples are non-negative integers; `end` is non-negative unix seconds;
   0 <= data_wait_s <= duration_s (+1 µs for clock rounding) <= 86400;
+- comm_wait_s is optional (absent or null: not measured; SDKs before 0.2 never send it); when given,
+  0 <= comm_wait_s and data_wait_s + comm_wait_s <= duration_s (+1 µs): both waits lie within the step;
 - JSON types are strict: "17" is not a rank and 1.0 is not a step; unknown keys are ignored so a newer
   SDK can add fields without breaking an older service.
 """
@@ -26,7 +28,7 @@ from gpumond.rules.types import RankInfo, StepRecord
 
 MAX_WORLD_SIZE = 1_048_576  # a sanity bound; how many ranks are *held* is limits.max_ranks
 MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
-_WAIT_SLACK_S = 1e-6  # data wait and duration come from two clock reads; allow their rounding
+_WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow their rounding
 _INT64 = 2**63 - 1
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
@@ -48,7 +50,7 @@ def _gpu_uuid(value: str) -> str:
 
 def _step_schema(source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
     # Validated straight into the shared StepRecord by pydantic-core: no intermediate model per step
-    # (half the cost of a push). Constraints live here; data_wait_s <= duration_s is checked in `parse`.
+    # (half the cost of a push). Constraints live here; the waits' bounds by duration_s are checked in `parse`.
     def field(name: str, schema: core_schema.CoreSchema, description: str) -> core_schema.DataclassField:
         return core_schema.dataclass_field(name, schema, metadata={"pydantic_js_updates": {"description": description}})
 
@@ -66,7 +68,8 @@ def _step_schema(source: Any, handler: GetCoreSchemaHandler) -> core_schema.Core
         field("samples", core_schema.with_default_schema(core_schema.nullable_schema(count()), default=None),
               "samples processed in the step"),
         field("comm_wait_s", core_schema.with_default_schema(core_schema.nullable_schema(number(ge=0)), default=None),
-              "time this rank waited for its peers in the step's collectives, at most duration_s (optional)"),
+              "time this rank waited for its peers in the step's collectives; data_wait_s + comm_wait_s is at "
+              "most duration_s (optional: absent or null when not measured)"),
     ]
     args = core_schema.dataclass_args_schema("Step", fields, extra_behavior="ignore")
     return core_schema.dataclass_schema(StepRecord, args, [f["name"] for f in fields], slots=True, frozen=True,
@@ -140,9 +143,18 @@ def parse(model: type[PushBody], body: bytes) -> PushBody:
     except ValidationError as err:
         raise PayloadError(*describe(err, model)) from None
     for i, s in enumerate(push.steps):
-        if s.data_wait_s > s.duration_s + _WAIT_SLACK_S:
+        most = s.duration_s + _WAIT_SLACK_S
+        if s.data_wait_s > most:
             raise PayloadError(422, f"steps[{i}].data_wait_s: must be at most duration_s ({s.duration_s:g}) "
                                     f"(got {s.data_wait_s:g})")
+        comm = s.comm_wait_s
+        if comm is not None and comm + s.data_wait_s > most:
+            # The two waits are spent one after the other within the step: together they fit in it.
+            if comm > most:
+                raise PayloadError(422, f"steps[{i}].comm_wait_s: must be at most duration_s ({s.duration_s:g}) "
+                                        f"(got {comm:g})")
+            raise PayloadError(422, f"steps[{i}].comm_wait_s: must be at most duration_s - data_wait_s "
+                                    f"({s.duration_s - s.data_wait_s:g}) (got {comm:g})")
     return push
 
 
