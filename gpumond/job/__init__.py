@@ -1,8 +1,10 @@
-"""gpumond's training-job SDK: per-step time and data-loader wait, pushed to the rules service (stdlib only).
+"""gpumond's training-job SDK: per-step time, data-loader and peer waits, pushed to the rules service (stdlib only).
 
     import gpumond.job
     for batch in gpumond.job.wrap(loader):   # a step is the span between consecutive fetches
         train(batch)
+        with gpumond.job.comm_wait():        # optional: time spent waiting for the other ranks
+            all_reduce_loss()
 
 Configured by `init(**kwargs)` or the environment (GPUMOND_ENDPOINT, GPUMOND_TOKEN, …); a
 misconfigured reporter logs one warning on the "gpumond.job" logger and does nothing.
@@ -18,7 +20,8 @@ from gpumond.job.reporter import Reporter
 from gpumond.job.settings import Identity
 from gpumond.job.stats import Stats
 
-__all__ = ["Identity", "Reporter", "Stats", "close", "get_reporter", "init", "step", "step_end", "wrap"]
+__all__ = ["Identity", "Reporter", "Stats", "close", "comm_wait", "get_reporter", "init", "step", "step_end",
+           "wrap"]
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -50,14 +53,19 @@ def wrap(iterable: Iterable[T]) -> Iterator[T]:
     return get_reporter().wrap(iterable)
 
 
-def step_end(samples: int | None = None, step: int | None = None) -> None:
+def step_end(samples: int | None = None, step: int | None = None, comm_wait_s: float | None = None) -> None:
     """`get_reporter().step_end(...)`."""
-    get_reporter().step_end(samples, step)
+    get_reporter().step_end(samples, step, comm_wait_s)
 
 
 def step(samples: int | None = None) -> Any:
     """`with gpumond.job.step():` on the default reporter."""
     return get_reporter().step(samples)
+
+
+def comm_wait() -> Any:
+    """`with gpumond.job.comm_wait():` on the default reporter."""
+    return get_reporter().comm_wait()
 
 
 def close(timeout_s: float = 5.0) -> None:

@@ -1,8 +1,10 @@
-"""The Reporter: times steps and data-loader waits on the training thread, hands them to the pusher.
+"""The Reporter: times steps, data-loader and collective waits on the training thread, hands them to the pusher.
 
 A step is the span between consecutive batch fetches through `wrap()`, unless it is ended
 explicitly: `step_end()` ends the open step at once, and `with reporter.step():` makes the block
 one step that every fetch inside it counts towards (use it for gradient accumulation).
+`with reporter.comm_wait():` times a wait for the other ranks; it adds to the open step's comm
+wait, or, between steps, to the next step's, as a fetch between steps belongs to the step it opens.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Reporter:
         self._recorded = 0
         self._block_samples: int | None = None
         self._block = _StepBlock(self)
+        self._comm: float | None = None  # comm wait of the open (or next) step; None: not measured
+        self._comm_block = _CommWait(self)
         self._q: deque[Record] = deque(maxlen=1)
         self._pusher: Pusher | None = None
         self._identity: Identity | None = None
@@ -123,8 +127,12 @@ class Reporter:
         """Iterate `iterable`, timing each next() as data-loader wait; a fetch ends the step before it."""
         return _Timed(self, iter(iterable))
 
-    def step_end(self, samples: int | None = None, step: int | None = None) -> None:
-        """End the open step now (or, with none open, record the span since the previous step ended)."""
+    def step_end(self, samples: int | None = None, step: int | None = None,
+                 comm_wait_s: float | None = None) -> None:
+        """End the open step now (or, with none open, record the span since the previous step ended).
+
+        `comm_wait_s`, when given, is the step's comm wait, replacing what `comm_wait()` measured in it.
+        """
         if self._off:
             return
         try:
@@ -135,6 +143,8 @@ class Reporter:
                 self._next_step = int(step)
             if samples is not None and (type(samples) is not int or samples < 0):
                 samples = _as_count(samples)
+            if comm_wait_s is not None:
+                self._comm = _as_seconds(comm_wait_s)
             self._record(now, samples)
         except Exception as exc:
             self._fail(exc)
@@ -145,12 +155,22 @@ class Reporter:
             self._block_samples = None if samples is None else _as_count(samples)
         return self._block
 
+    def comm_wait(self) -> _CommWait:
+        """`with reporter.comm_wait():` — the block's time is this step's wait for the other ranks."""
+        return self._comm_block
+
     def _record(self, end: float, samples: int | None) -> None:
         step = self._next_step
         self._next_step = step + 1
         self._recorded += 1
         # deque(maxlen) drops the oldest itself when full; the stats derive how many from the counts.
-        self._q.append((step, end, end - self._start, self._wait, samples))
+        # Comm wait goes in only when measured (the push then omits it); the encoder fits it to the step.
+        comm = self._comm
+        if comm is None:
+            self._q.append((step, end, end - self._start, self._wait, samples))
+        else:
+            self._comm = None
+            self._q.append((step, end, end - self._start, self._wait, samples, comm))
         self._last_end = end
         self._open = _NONE
 
@@ -195,7 +215,7 @@ class Reporter:
                 self._record(now, self._block_samples)
             else:
                 # A step that raised did not complete; its time says nothing about training speed.
-                self._open, self._last_end = _NONE, now
+                self._open, self._last_end, self._comm = _NONE, now, None
         except Exception as exc:
             self._fail(exc)
 
@@ -263,6 +283,41 @@ class _StepBlock:
         self._rep._block_exit(et is None)
 
 
+class _CommWait:
+    """The reusable context manager behind `reporter.comm_wait()`: one object, so nothing is allocated
+    per block but the two clock readings; nested blocks count once, as the outermost."""
+
+    __slots__ = ("_rep", "_t0", "_depth")
+
+    def __init__(self, rep: Reporter) -> None:
+        self._rep = rep
+        self._t0 = 0.0
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        depth = self._depth
+        self._depth = depth + 1  # counted even while off, so that enters and exits always pair up
+        if depth == 0 and not self._rep._off:
+            try:
+                self._t0 = self._rep._clock()
+            except Exception as exc:
+                self._rep._fail(exc)
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        # A collective that raised still kept this rank waiting: counted (a `step()` block it leaves is dropped).
+        depth = self._depth - 1
+        self._depth = depth
+        rep = self._rep
+        if depth or rep._off:
+            return
+        try:
+            waited = rep._clock() - self._t0
+            comm = rep._comm
+            rep._comm = waited if comm is None else comm + waited
+        except Exception as exc:
+            rep._fail(exc)
+
+
 def _make_inert_in_child(ref: weakref.ref[Reporter]) -> Callable[[], None]:
     """An at-fork hook that silences the reporter in the child; a weak reference, so it keeps nothing alive."""
     def hook() -> None:
@@ -282,6 +337,15 @@ def _check_numbers(push_interval_s: float, max_queue: int, max_steps_per_push: i
     for name, value in (("max_queue", max_queue), ("max_steps_per_push", max_steps_per_push)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be a positive integer (got {value!r})")
+
+
+def _as_seconds(value: object) -> float | None:
+    """A duration from a float-like (numpy, tensor item); None when it is not a finite one >= 0."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return seconds if 0.0 <= seconds < float("inf") else None
 
 
 def _as_count(samples: object) -> int | None:

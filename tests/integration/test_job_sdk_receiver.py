@@ -1,7 +1,8 @@
 """The job SDK against a real HTTP receiver on 127.0.0.1 that checks every push against the contract.
 
-The receiver stands in for the rules service's `POST /api/v1/push` until `gpumond.rules` exists;
-it can be made slow, down, or answer 401 / 413 / 429 / 500. Every loop and wait here is bounded.
+The receiver stands in for the rules service's `POST /api/v1/push`: it can be made slow, down, or
+answer 401 / 413 / 429 / 500. The last test pushes to the rules service itself (its app under uvicorn
+on 127.0.0.1) and reads what its store holds. Every loop and wait here is bounded.
 """
 
 from __future__ import annotations
@@ -17,13 +18,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+import uvicorn
+
+from gpumond.config.rules import RulesConfig
 from gpumond.job import Reporter, backoff
+from gpumond.rules.http import build_app
+from gpumond.rules.store import RankStore
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "test-token"
+RULES_TOKEN = "rules-test-token-0123456789"  # the service wants at least 16 characters
 WAIT_S = 10.0  # the longest any condition below may take
 STEP_KEYS = ["step", "end", "duration_s", "data_wait_s", "samples"]
+OPTIONAL_STEP_KEYS = ["comm_wait_s"]  # sent only when measured, after the others
 TOP_KEYS = ["job", "rank", "world_size", "node", "gpu_uuid", "group", "steps"]
 GPU = "GPU-00000000-0000-4000-8000-000000000007"
 
@@ -45,8 +53,9 @@ def contract_errors(payload: object) -> list[str]:
     if not (isinstance(steps, list) and steps):
         return errors + ["steps: must be a non-empty list"]
     for i, step in enumerate(steps):
-        if not isinstance(step, dict) or list(step) != STEP_KEYS:
-            errors.append(f"steps.{i}: keys must be {STEP_KEYS}")
+        if not isinstance(step, dict) or list(step)[:len(STEP_KEYS)] != STEP_KEYS \
+                or not set(list(step)[len(STEP_KEYS):]) <= set(OPTIONAL_STEP_KEYS):
+            errors.append(f"steps.{i}: keys must be {STEP_KEYS}, then optionally {OPTIONAL_STEP_KEYS}")
             continue
         if not (_is_int(step["step"]) and step["step"] >= 0):
             errors.append(f"steps.{i}.step: must be an integer >= 0")
@@ -58,6 +67,13 @@ def contract_errors(payload: object) -> list[str]:
             errors.append(f"steps.{i}.data_wait_s: longer than the step")
         if step["samples"] is not None and not (_is_int(step["samples"]) and step["samples"] >= 0):
             errors.append(f"steps.{i}.samples: must be an integer >= 0 or null")
+        if "comm_wait_s" in step:
+            comm = step["comm_wait_s"]
+            if not (_is_number(comm) and comm >= 0):
+                errors.append(f"steps.{i}.comm_wait_s: must be a finite number >= 0 when present")
+            elif _is_number(step["duration_s"]) and _is_number(step["data_wait_s"]) \
+                    and step["data_wait_s"] + comm > step["duration_s"] + 1e-6:
+                errors.append(f"steps.{i}.comm_wait_s: the two waits are longer than the step")
     return errors
 
 
@@ -275,6 +291,21 @@ def test_a_kept_alive_socket_closed_by_the_server_is_reopened_without_a_failure(
     assert rep.stats.failed_pushes == 0 and receiver.connections == 3
 
 
+def test_comm_waits_arrive_only_for_steps_that_measured_them(receiver: Receiver) -> None:
+    clock = FakeClock()
+    rep = reporter(receiver, clock=clock, wall=lambda: clock.now + 1_763_760_000.0, push_interval_s=3600)
+    for i in rep.wrap(range(4)):
+        clock.now += 0.5
+        if i >= 2:
+            with rep.comm_wait():  # the all-reduce: this rank waited 0.25 s for the others
+                clock.now += 0.25
+        rep.step_end(comm_wait_s=0.125 if i == 3 else None)
+    rep.close()
+    steps = receiver.steps()
+    assert [list(s) for s in steps] == [STEP_KEYS] * 2 + [STEP_KEYS + ["comm_wait_s"]] * 2
+    assert [s.get("comm_wait_s") for s in steps] == [None, None, 0.25, 0.125]
+
+
 # ----- the service misbehaving ----------------------------------------------------------------------
 def test_receiver_down_training_runs_at_full_speed_and_drops_are_counted(receiver: Receiver) -> None:
     receiver.stop()
@@ -385,3 +416,46 @@ def test_413_drops_the_batch_and_later_pushes_are_smaller(receiver: Receiver,
     assert [s["step"] for s in receiver.steps()] == list(range(600, 700))
     assert rep.stats.dropped_steps == 600 and rep.stats.pushed_steps == 100
     assert sum("HTTP 413" in r.getMessage() for r in caplog.records) == 1
+
+
+# ----- the rules service itself -------------------------------------------------------------------------
+@pytest.fixture
+def rules_service() -> Iterator[tuple[str, RankStore]]:
+    """The rules service's app under uvicorn on 127.0.0.1 (port 0, bound first): its URL and its store."""
+    config = RulesConfig.model_validate({"tokens": [RULES_TOKEN]})
+    store = RankStore.from_config(config)
+    app = build_app(config=config, rank_store=store, findings=lambda: [], metrics=lambda: b"",
+                    ready=lambda: (True, "ready"), clock=time.time)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or not thread.is_alive(), "uvicorn to start")
+    assert server.started, "uvicorn did not start"
+    yield f"http://127.0.0.1:{port}", store
+    server.should_exit = True
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "uvicorn did not stop within 10 s"
+
+
+def test_comm_waits_reach_the_rules_service_store(rules_service: tuple[str, RankStore]) -> None:
+    url, store = rules_service
+    clock = FakeClock()
+    started_wall = time.time() - 60.0  # the steps ended a minute ago: inside the window, not in the future
+    rep = Reporter(endpoint=url, token=RULES_TOKEN, job="job-7", rank=1, world_size=2, node="node-b", gpu_uuid=GPU,
+                   push_interval_s=0.02, clock=clock, wall=lambda: clock.now - 50.0 + started_wall)
+    assert rep.enabled, rep.stats.last_error
+    for i in rep.wrap(range(3)):
+        clock.now += 0.5
+        if i:
+            with rep.comm_wait():
+                clock.now += 0.25 * i
+        rep.step_end(samples=8)
+    wait_for(lambda: rep.stats.pushed_steps == 3, "3 steps pushed")
+    rep.close()
+    assert rep.stats.failed_pushes == 0, rep.stats.last_error
+    window = store.jobs(time.time())["job-7"][1]
+    assert [(s.step, s.samples, s.comm_wait_s) for s in window.steps] == [(0, 8, None), (1, 8, 0.25), (2, 8, 0.5)]
+    assert [s.duration_s for s in window.steps] == [0.5, 0.75, 1.0]

@@ -49,6 +49,24 @@ def test_init_sets_the_default_that_wrap_and_step_end_use() -> None:
     assert transport.steps == [0, 1, 2, 3, 4]  # three fetched, one step_end, one block
 
 
+def test_comm_wait_and_step_end_comm_wait_s_use_the_default_reporter() -> None:
+    bodies: list[bytes] = []
+
+    class Keep(Transport):
+        def post(self, body: bytes, timeout_s: float) -> Reply:
+            bodies.append(body)
+            return super().post(body, timeout_s)
+
+    job.init(job="j", gpu_uuid=GPU, transport=Keep(), push_interval_s=3600)
+    with job.comm_wait():
+        pass
+    job.step_end()
+    job.step_end(comm_wait_s=0)
+    job.close()
+    steps = [s for b in bodies for s in json.loads(b)["steps"]]
+    assert 0 <= steps[0]["comm_wait_s"] <= steps[0]["duration_s"] and steps[1]["comm_wait_s"] == 0.0
+
+
 def test_init_again_closes_the_previous_default() -> None:
     first, second = Transport(), Transport()
     old = job.init(job="j", gpu_uuid=GPU, transport=first, push_interval_s=3600)

@@ -194,6 +194,155 @@ def test_wrap_passes_every_item_and_exception_through() -> None:
     rep.close()
 
 
+# ----- comm wait ----------------------------------------------------------------------------------
+def comm_waits(rep: Reporter, transport: FakeTransport) -> list[tuple]:
+    """Close the reporter and return (step, duration_s, data_wait_s, comm_wait_s or None) of everything pushed."""
+    rep.close(timeout_s=5)
+    return [(s["step"], s["duration_s"], s["data_wait_s"], s.get("comm_wait_s")) for s in transport.steps()]
+
+
+def test_comm_wait_blocks_add_up_within_a_step_and_start_again_at_zero() -> None:
+    clock, transport = FakeClock(), FakeTransport()
+    rep = make(clock, transport=transport)
+    for i in rep.wrap(loader(clock, [0.5, 0.5, 0.5])):
+        clock.advance(1.0)  # compute
+        with rep.comm_wait():
+            clock.advance(0.25 * (i + 1))  # waiting for the other ranks
+        clock.advance(0.125)
+        with rep.comm_wait():
+            clock.advance(0.0625)
+    assert comm_waits(rep, transport) == [(0, 1.9375, 0.5, 0.3125), (1, 2.1875, 0.5, 0.5625),
+                                          (2, 2.4375, 0.5, 0.8125)]
+
+
+def test_comm_wait_is_omitted_from_steps_that_did_not_measure_it() -> None:
+    clock, transport = FakeClock(), FakeTransport()
+    rep = make(clock, transport=transport)
+    for i in rep.wrap(loader(clock, [0.5, 0.5, 0.5])):
+        clock.advance(1.0)
+        if i == 1:
+            with rep.comm_wait():
+                pass  # measured, and zero
+        rep.step_end()
+    rep.close()
+    assert [list(s) for s in transport.steps()] == [
+        ["step", "end", "duration_s", "data_wait_s", "samples"],
+        ["step", "end", "duration_s", "data_wait_s", "samples", "comm_wait_s"],
+        ["step", "end", "duration_s", "data_wait_s", "samples"]]
+    assert transport.steps()[1]["comm_wait_s"] == 0.0
+
+
+def test_step_end_takes_an_explicit_comm_wait_that_replaces_the_measured_one() -> None:
+    clock, transport = FakeClock(), FakeTransport()
+    rep = make(clock, transport=transport)
+    for i in rep.wrap(loader(clock, [0.5, 0.5, 0.5])):
+        with rep.comm_wait():
+            clock.advance(0.75)
+        clock.advance(0.25)
+        rep.step_end(comm_wait_s=[0.125, None, 0.0][i])
+    # None leaves the measured value; an explicit 0 replaces it.
+    assert comm_waits(rep, transport) == [(0, 1.5, 0.5, 0.125), (1, 1.5, 0.5, 0.75), (2, 1.5, 0.5, 0.0)]
+
+
+def test_explicit_comm_waits_are_converted_and_junk_is_not_measured() -> None:
+    class FloatLike:
+        def __float__(self) -> float:
+            return 0.25
+
+    clock, transport = FakeClock(), FakeTransport()
+    rep = make(clock, transport=transport)
+    for value in (FloatLike(), 0, "lots", -0.5, float("nan"), float("inf")):
+        clock.advance(1.0)
+        rep.step_end(comm_wait_s=value)  # type: ignore[arg-type]
+    assert rep.enabled
+    assert [c for *_, c in comm_waits(rep, transport)] == [0.25, 0.0, None, None, None, None]
+
+
+def test_comm_wait_between_steps_counts_toward_the_next_one() -> None:
+    clock, transport = FakeClock(), FakeTransport()
+    rep = make(clock, transport=transport)
+    batches = rep.wrap(loader(clock, [0.5, 0.5]))
+    next(batches)
+    clock.advance(2.0)
+    rep.step_end()
+    with rep.comm_wait():  # after step_end, before the next fetch: like a fetch there, it goes to the next step
+        clock.advance(0.25)
+    clock.advance(1.0)
+    next(batches)
+    clock.advance(2.0)
+    rep.step_end()
+    with rep.comm_wait():
+        clock.advance(0.5)
+    with rep.step():  # so does a block opened after it
+        clock.advance(1.5)
+    assert comm_waits(rep, transport) == [(0, 2.5, 0.5, None), (1, 2.5, 0.5, 0.25), (2, 1.5, 0.0, 0.5)]
+
+
+def test_comm_wait_is_cut_to_what_the_step_leaves_after_its_data_wait() -> None:
+    clock, transport = FakeClock(), FakeTransport()
+    rep = make(clock, transport=transport)
+    rep.step_end()
+    with rep.comm_wait():  # measured between steps, longer than the step it is carried into
+        clock.advance(5.0)
+    rep.step_end()
+    batches = rep.wrap(loader(clock, [0.25]))
+    next(batches)
+    clock.advance(1.0)
+    rep.step_end(comm_wait_s=3.0)  # an explicit value longer than the step
+    steps = comm_waits(rep, transport)
+    assert steps[1] == (1, 5.0, 0.0, pytest.approx(5.0, abs=2e-6))
+    assert steps[2] == (2, 1.25, 0.25, pytest.approx(1.0, abs=2e-6))
+    for _, duration, data_wait, comm in steps[1:]:
+        assert data_wait + comm <= duration  # the service's rule, without even its 1 µs slack
+
+
+def test_a_step_that_raised_drops_its_comm_wait_and_nested_blocks_count_once() -> None:
+    clock, transport = FakeClock(), FakeTransport()
+    rep = make(clock, transport=transport)
+    with pytest.raises(TimeoutError), rep.step():
+        with rep.comm_wait():
+            clock.advance(3.0)
+            raise TimeoutError("NCCL watchdog")
+    with rep.step():
+        with rep.comm_wait():
+            clock.advance(0.25)
+            with rep.comm_wait():
+                clock.advance(0.5)
+            clock.advance(0.25)
+        clock.advance(1.0)
+    assert comm_waits(rep, transport) == [(0, 2.0, 0.0, 1.0)]
+
+
+def test_comm_wait_is_one_reused_object_and_a_no_op_when_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    rep = make()
+    assert rep.comm_wait() is rep.comm_wait()
+    rep.close()
+    monkeypatch.setattr(reporter_module, "local_gpu_uuid", lambda env: None)
+    off = make(gpu_uuid=None)
+    assert not off.enabled
+    with off.comm_wait():
+        off.step_end(comm_wait_s=1.0)
+    with pytest.raises(KeyError), off.comm_wait():  # the caller's exceptions pass through
+        raise KeyError("x")
+
+
+def test_a_failing_clock_in_comm_wait_disables_the_reporter_instead_of_raising(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    rep = make(clock)
+    caplog.set_level(logging.WARNING, logger="gpumond.job")
+
+    def broken() -> float:
+        raise OSError("clock broke")
+
+    rep._clock = broken  # after construction: the reporter's own setup read the clock fine
+    with rep.comm_wait():
+        pass
+    assert not rep.enabled
+    assert [r for r in caplog.records if "clock broke" in r.getMessage()]
+    rep.close()
+
+
 # ----- payload ------------------------------------------------------------------------------------
 def test_payload_shape_matches_the_push_contract() -> None:
     clock, transport = FakeClock(), FakeTransport()
