@@ -3,7 +3,8 @@
 Each rank is a thread: it fetches a batch through `reporter.wrap` (a starved rank's loader sleeps), computes
 for `step_s` stretched by its GPU's clock deficit (read from its agent's /metrics), then waits on a barrier
 with every other rank, as an all-reduce would. So step times equalise across ranks exactly as in real
-synchronous training, and only GPU telemetry and data wait can tell who is at fault.
+synchronous training, and only GPU telemetry, data wait and comm wait can tell who is at fault: each rank
+times its barrier wait with `reporter.comm_wait()`, and the slowest rank is the one that waits least.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class SimulatedJob:
         try:
             for _batch in rep.wrap(self._loader(rank)):
                 time.sleep(self._step_s * self._factors.get(node, gpu))
-                self._barrier.wait(timeout=30)  # the all-reduce: everyone waits for the slowest
+                with rep.comm_wait():  # the all-reduce: everyone waits for the slowest
+                    self._barrier.wait(timeout=30)
                 if self._stop.is_set():
                     break
         except threading.BrokenBarrierError:
