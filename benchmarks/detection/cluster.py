@@ -199,9 +199,15 @@ class _Job:
             self.recent.popleft()
         k = self.k
         ends = (end + self.skew).tolist()
-        durs = np.maximum(dur + rng.normal(0.0, 2e-4, n), 1e-3).tolist()
-        for lst, e, d, ww in zip(self.recs, ends, durs, w.tolist(), strict=True):
-            lst.append(step_record(k, e, d, ww))
+        durs = np.maximum(dur + rng.normal(0.0, 2e-4, n), 1e-3)
+        if self.sim.comm_wait:
+            # What the SDK's timed collective reads: from this rank's compute end to the step's collective
+            # end, plus ~0.5 ms of host timing noise; never more than the step minus its data wait.
+            cw = np.clip(t_pre - b1 + np.abs(rng.normal(0.0, 5e-4, n)), 0.0, durs - w).tolist()
+        else:
+            cw = [None] * n
+        for lst, e, d, ww, cc in zip(self.recs, ends, durs.tolist(), w.tolist(), cw, strict=True):
+            lst.append(step_record(k, e, d, ww, cc))
         self.ends.append(end)
         self.t = end
         self.k += 1
@@ -249,11 +255,13 @@ class Cluster:
 
     def __init__(self, jobs: Sequence[JobSpec], faults: Sequence[Fault] = (), noise: Noise = Noise(),
                  seed: int = 0, t0: float = 1_700_000_000.0, window_s: float = 300.0, recent_s: float = 60.0,
-                 scrape_s: float = 5.0, push_s: float = 5.0, energy: bool = True) -> None:
+                 scrape_s: float = 5.0, push_s: float = 5.0, energy: bool = True, comm_wait: bool = True) -> None:
         self.noise, self.t0, self.window_s, self.recent_s = noise, t0, window_s, recent_s
         # energy=True adds "energy_j" (gpumond_gpu_energy_joules_total, which the agent exports but the
         # service does not map today) to each sample: only for the detector-change experiments.
         self.energy = energy
+        # comm_wait=True: ranks push comm_wait_s (an SDK timing a collective each step); False: older SDKs.
+        self.comm_wait = comm_wait
         self.scrape_s, self.push_s = scrape_s, push_s
         self.faults = tuple(faults)
         rng = self.rng = np.random.default_rng(seed)

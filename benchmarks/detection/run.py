@@ -130,7 +130,9 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
     n_runs = len(results)
     lines += [f"# Detection benchmark{' (quick: a smoke test, numbers not to be quoted)' if args.quick else ''}", "",
               _bench.machine_block({"detectors": f"`{Path(engine.__file__).parent}`"
-                                                 + (" (energy counter emitted)" if _CLUSTER_KW else ""),
+                                                 + ("; ranks push no comm_wait_s (telemetry only)"
+                                                    if _CLUSTER_KW.get("comm_wait") is False
+                                                    else "; ranks push comm_wait_s"),
                                     "scenarios": f"{len(faults)} fault runs, {len(controls)} fault-free runs "
                                                  f"({n_runs} in all), {args.seeds} seed(s)",
                                     "wall time": f"{wall:.0f} s on {args.procs} process(es)"}), "",
@@ -305,12 +307,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the full run (default 3)")
     ap.add_argument("--procs", type=int, default=2, help="worker processes for the scenarios (default 2)")
     ap.add_argument("--no-scaling", action="store_true", help="skip evaluation time against N")
-    ap.add_argument("--energy", action="store_true",
-                    help="also emit the energy counter in GPU samples (detector-change experiments only)")
+    ap.add_argument("--no-comm-wait", action="store_true",
+                    help="ranks push no comm_wait_s (an SDK that does not time a collective): telemetry-only "
+                         "straggler localisation")
     ap.add_argument("--out", default=None, help="result name (default detection / detection_quick)")
     args = ap.parse_args(argv)
-    if args.energy:
-        _CLUSTER_KW["energy"] = True
+    if args.no_comm_wait:
+        _CLUSTER_KW["comm_wait"] = False
     if args.quick:
         args.seeds = 1
     start = time.perf_counter()

@@ -86,9 +86,7 @@ def test_rank_waiting_2_percent_is_not_reported():
 
 
 # Fault-free runs: 8 simulated minutes each. Today's detectors fire on some (see the module docstring).
-KNOWN_FALSE = {
-    "uneven stages, no group": "a node-aligned heavier stage passes the group-wide-shift check",
-}
+KNOWN_FALSE: dict[str, str] = {}
 
 
 def _control(name: str) -> Scenario:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpumond.rules.detectors.candidate import Candidate
+from gpumond.rules.detectors.compute_share import job_shares
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import (
     GpuFeatures,
@@ -18,6 +19,7 @@ from gpumond.rules.detectors.features import (
 from gpumond.rules.detectors.io_starvation import detect_io_starvation
 from gpumond.rules.detectors.job import JobBaseline, job_slowdown, job_stall
 from gpumond.rules.detectors.straggler import detect_stragglers
+from gpumond.rules.detectors.structure import Structure, learn
 from gpumond.rules.types import GpuSample, HostSample, RankWindow
 
 
@@ -34,18 +36,26 @@ class EvalInputs:
 
 @dataclass(frozen=True, slots=True)
 class DetectorState:
-    """What detectors remember between evaluations: each job's learnt baseline."""
+    """What detectors remember between evaluations, per job: the learnt step-time baseline, each rank's
+    recent compute shares (for the long look), and the job's workload structure."""
 
     baselines: Mapping[str, JobBaseline] = field(default_factory=dict)
+    shares: Mapping[str, Mapping[int, tuple[float, ...]]] = field(default_factory=dict)
+    structure: Mapping[str, Structure] = field(default_factory=dict)
 
 
 def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig) -> tuple[DetectorState, list[Candidate]]:
     """Run every detector on every job; returns the new state and this evaluation's candidates."""
     since = inputs.now - cfg.recent_s
     baselines = dict(state.baselines)
+    share_state = dict(state.shares)
+    structure = dict(state.structure)
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
         feats = [rank_features(w, since) for w in ranks.values()]
+        shares = job_shares(ranks, since, state.shares.get(job, {}), cfg.share_short_steps, cfg.share_min_steps,
+                            cfg.share_long_evals)
+        share_state[job] = {rank: sh.history for rank, sh in shares.items()}
         gpus: dict[str, GpuFeatures] = {}
         hosts: dict[str, HostFeatures] = {}
         for r in feats:
@@ -81,8 +91,13 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig) -> t
         out.extend(starved)
         # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
         explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
-        out.extend(c for c in detect_stragglers(job, active, gpus, cfg) if c.rank not in explained)
-    for job in list(baselines):
-        if job not in inputs.jobs:
-            del baselines[job]  # the job expired from the store: forget it
-    return DetectorState(baselines), out
+        known = structure.get(job)
+        found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
+                                  known.nodes if known else frozenset(), learning=known is None or not known.done)
+        if found.judged:
+            structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s)
+        out.extend(c for c in found.candidates if c.rank not in explained)
+    for kept in (baselines, share_state, structure):
+        for job in [j for j in kept if j not in inputs.jobs]:
+            del kept[job]  # the job expired from the store: forget it
+    return DetectorState(baselines, share_state, structure), out

@@ -24,6 +24,7 @@ class RankFeatures:
     wait_frac: float | None  # median data_wait / duration
     last_end: float | None  # unix s of the newest step end seen (any window)
     last_push: float
+    wait_mean: float | None = None  # mean data_wait / duration: reacts to a new wait as soon as the energy mean does
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ def rank_features(w: RankWindow, since: float) -> RankFeatures:
         wait_frac=median(waits) if waits else None,
         last_end=max((s.end for s in w.steps), default=None),
         last_push=w.last_push,
+        wait_mean=sum(waits) / len(waits) if waits else None,
     )
 
 

@@ -2,15 +2,19 @@
 
 Step time cannot localise a straggler in synchronous training (every rank waits for the slowest), so we
 compare each GPU with its peers in the same job and group on SM clock, throttle reasons, power and
-temperature. A GPU slowed visibly (thermal, power brake) shows a low clock and throttle reasons; a
-silently slow GPU computes through the time its peers spin in the collective, so its power sits apart.
+temperature, and each rank's compute share (from the collective wait the job pushes). A GPU slowed
+visibly (thermal, power brake) shows a low clock and throttle reasons; a silently slow GPU computes
+through the time its peers spin in the collective, so its compute share (and, less reliably, its power)
+sits apart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from gpumond.rules.detectors.candidate import Candidate
+from gpumond.rules.detectors.compute_share import LOOKS, Shares
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, RankFeatures
 from gpumond.rules.detectors.stats import median, robust_z, threshold_for
@@ -30,85 +34,159 @@ def _signal(xs: list[tuple[RankFeatures, float]], floor: float, thr: float,
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class StragglerResult:
+    """This evaluation's straggler candidates, and the nodes whose GPUs deviated together on silent signals
+    (the engine learns a job's workload structure from these; see `engine.evaluate`)."""
+
+    candidates: list[Candidate]
+    blocks: frozenset[str]
+    judged: bool  # some group had enough comparable peers
+
+
+Member = tuple[RankFeatures, GpuFeatures | None, Shares | None]
+
+
 def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
-                      cfg: DetectorConfig) -> list[Candidate]:
-    """Straggling GPUs (one candidate each) and straggling nodes (their GPUs deviate together)."""
-    groups: dict[str | None, list[tuple[RankFeatures, GpuFeatures]]] = {}
+                      cfg: DetectorConfig, shares: Mapping[int, Shares] | None = None,
+                      structural: frozenset[str] = frozenset(), learning: bool = False) -> StragglerResult:
+    """Straggling GPUs (one candidate each) and straggling nodes (their GPUs deviate together).
+
+    `shares` are the ranks' compute shares (jobs whose SDK pushes comm waits). `structural` are nodes whose
+    GPUs deviated together since the job could first be judged — workload structure, such as a heavier
+    pipeline stage the job did not label — so they form a peer group of their own, as if the job had
+    labelled it. While `learning` that structure, the nodes deviating together in this evaluation are
+    split off the same way (and reported in `blocks`, measured before the split, for the engine to count).
+    """
+    shares = shares or {}
+    members_of: list[Member] = []
     for r in ranks:
         g = gpus.get(r.gpu_uuid)
-        if g is not None and g.up and g.samples >= cfg.min_samples:  # a fresh job: not enough to judge
-            groups.setdefault(r.group, []).append((r, g))
+        if g is None or not g.up or g.samples < cfg.min_samples:  # a fresh job: not enough to judge
+            g = None
+        sh = shares.get(r.rank)
+        if g is not None or sh is not None:
+            members_of.append((r, g, sh))
+    blocks: set[str] = set()
+    if learning:  # counted on the job as a whole: split by what was learnt so far, a block would vanish
+        _, blocks, _ = _judge(job, members_of, cfg, frozenset())
+    out, after, judged = _judge(job, members_of, cfg, structural | blocks)
+    return StragglerResult(out, frozenset(blocks if learning else after), judged)
+
+
+def _judge(job: str, members_of: list[Member], cfg: DetectorConfig,
+           split: frozenset[str] | set[str]) -> tuple[list[Candidate], set[str], bool]:
+    """Compare within each group (the job's own groups, with `split` nodes apart)."""
+    groups: dict[tuple[str | None, bool], list[Member]] = {}
+    for m in members_of:
+        groups.setdefault((m[0].group, m[0].node in split), []).append(m)
     out: list[Candidate] = []
-    for group, members in groups.items():
+    blocks: set[str] = set()
+    judged = False
+    for (group, _), members in groups.items():
         if len(members) < cfg.min_peers:
             continue
-        thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
-        flagged: dict[int, dict[str, object]] = {}
-        scores: dict[int, float] = {}
-
-        def note(rank: int, signal: str, z: float, value: float, med: float) -> None:
-            flagged.setdefault(rank, {})[signal] = {"value": round(value, 4), "peer_median": round(med, 4),
-                                                    "z": round(z, 2)}
-            scores[rank] = max(scores.get(rank, 0.0), abs(z))
-
-        for name, attr, floor, sign in (
-            ("sm_clock_ratio", "clock_ratio", cfg.floor_clock_ratio, -1),
-            ("power_ratio", "power_ratio", cfg.floor_power_ratio, 0),
-            ("temperature_c", "temperature_c", cfg.floor_temperature_c, +1),
-        ):
-            xs = [(r, getattr(g, attr)) for r, g in members if getattr(g, attr) is not None]
-            for rank, (z, v, med) in _signal(xs, floor, thr, sign).items():
-                note(rank, name, z, v, med)
-        # Throttle reasons are near-binary: a robust z is meaningless when peers are all 0.
-        tf = [(r, g.throttle_frac) for r, g in members if g.throttle_frac is not None]
-        if len(tf) >= cfg.min_peers:
-            peer_med = median([v for _, v in tf])
-            if peer_med <= cfg.throttle_peer_max:
-                for r, v in tf:
-                    if v >= cfg.throttle_frac_min:
-                        note(r.rank, "throttled", thr + 1.0, v, peer_med)
-        # Temperature alone is weak evidence (cooling differs by slot); it only supports another signal.
-        for rank in [k for k, sig in flagged.items() if set(sig) == {"temperature_c"}]:
-            del flagged[rank], scores[rank]
-        # A shift, not stragglers: many ranks on many nodes sit past half the threshold on clock or power
-        # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
-        # whose members straddle the threshold from one evaluation to the next.
-        soft: dict[int, str] = {}
-        for attr, floor, sign in (("clock_ratio", cfg.floor_clock_ratio, -1), ("power_ratio", cfg.floor_power_ratio, 0)):
-            xs = [(r, getattr(g, attr)) for r, g in members if getattr(g, attr) is not None]
-            if len(xs) < 2:
-                continue
-            zs, _, _ = robust_z([v for _, v in xs], floor)
-            for (r, _), z in zip(xs, zs, strict=True):
-                if (abs(z) if sign == 0 else sign * z) > thr / 2:
-                    soft[r.rank] = r.node
-        nodes_in_group = len({r.node for r, _ in members})
-        if len(soft) > max(1, cfg.max_outlier_frac * len(members)) \
-                and len(set(soft.values())) > max(1, cfg.max_outlier_frac * nodes_in_group):
-            # keep only what a shift cannot explain: a throttle reason on the GPU itself
-            flagged = {k: v for k, v in flagged.items() if "throttled" in v}
-            scores = {k: scores[k] for k in flagged}
-        by_rank = {r.rank: (r, g) for r, g in members}
-        for rank, evidence in flagged.items():
-            r, g = by_rank[rank]
-            reasons = {"throttle_reasons": list(g.throttle_reasons)} if g.throttle_reasons else {}
-            out.append(Candidate("straggler", job, r.node, rank, r.gpu_uuid, round(scores[rank], 2),
-                                 {"group": group, "peers": len(members), "threshold_z": round(thr, 2),
-                                  "signals": evidence, **reasons}))
-        out.extend(_nodes(job, group, members, flagged, scores, cfg))
-    return out
+        judged = True
+        found, group_blocks = _group(job, group, members, cfg)
+        out.extend(found)
+        blocks |= group_blocks
+    return out, blocks, judged
 
 
-def _nodes(job: str, group: str | None, members: list[tuple[RankFeatures, GpuFeatures]],
-           flagged: Mapping[int, object], scores: Mapping[int, float], cfg: DetectorConfig) -> list[Candidate]:
+def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConfig) -> tuple[list[Candidate], set[str]]:
+    thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
+    flagged: dict[int, dict[str, object]] = {}
+    scores: dict[int, float] = {}
+
+    def note(rank: int, signal: str, z: float, value: float, med: float, **extra: object) -> None:
+        flagged.setdefault(rank, {})[signal] = {"value": round(value, 4), "peer_median": round(med, 4),
+                                                "z": round(z, 2), **extra}
+        scores[rank] = max(scores.get(rank, 0.0), abs(z))
+
+    def telemetry(attr: str) -> list[tuple[RankFeatures, float]]:
+        # A rank waiting on its data loader idles its GPU: low power and clock are explained by the wait, so
+        # it is neither judged nor a peer on those (its compute share already has the wait taken out).
+        return [(r, getattr(g, attr)) for r, g, _ in members if g is not None and getattr(g, attr) is not None
+                and (attr == "throttle_frac" or r.wait_mean is None or r.wait_mean < cfg.wait_min_frac)]
+
+    def share(look: str) -> list[tuple[RankFeatures, float]]:
+        return [(r, sh.look(look)) for r, _, sh in members if sh is not None and sh.look(look) is not None]
+
+    for name, attr, floor, sign in (
+        ("sm_clock_ratio", "clock_ratio", cfg.floor_clock_ratio, -1),
+        ("power_ratio", "power_ratio", cfg.floor_power_ratio, 0),
+        ("temperature_c", "temperature_c", cfg.floor_temperature_c, +1),
+    ):
+        for rank, (z, v, med) in _signal(telemetry(attr), floor, thr, sign).items():
+            note(rank, name, z, v, med)
+    # The slow rank computes through the time its peers wait for it: its compute share sits above theirs.
+    # The strongest look is reported; each look is judged against the same group-size threshold.
+    for look in LOOKS:
+        for rank, (z, v, med) in _signal(share(look), cfg.floor_compute_share, thr, +1).items():
+            prev = flagged.get(rank, {}).get("compute_share")
+            if prev is None or abs(z) > abs(prev["z"]):  # type: ignore[index]
+                note(rank, "compute_share", z, v, med, look=look)
+    # Throttle reasons are near-binary: a robust z is meaningless when peers are all 0.
+    tf = telemetry("throttle_frac")
+    if len(tf) >= cfg.min_peers:
+        peer_med = median([v for _, v in tf])
+        if peer_med <= cfg.throttle_peer_max:
+            for r, v in tf:
+                if v >= cfg.throttle_frac_min:
+                    note(r.rank, "throttled", thr + 1.0, v, peer_med)
+    # Temperature alone is weak evidence (cooling differs by slot); it only supports another signal.
+    for rank in [k for k, sig in flagged.items() if set(sig) == {"temperature_c"}]:
+        del flagged[rank], scores[rank]
+    # A shift, not stragglers: many ranks on many nodes sit past half the threshold on one silent signal
+    # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
+    # whose members straddle the threshold from one evaluation to the next; counting per signal keeps
+    # noise spread over several signals and looks from adding up to a shift.
+    soft: dict[int, str] = {}
+    shift = False
+    nodes_in_group = len({r.node for r, _, _ in members})
+    silent = [(telemetry("clock_ratio"), cfg.floor_clock_ratio, -1), (telemetry("power_ratio"), cfg.floor_power_ratio, 0)]
+    # The short look is for latency and noisy by design; a shift shows just as well in the steadier ones.
+    silent += [(share(look), cfg.floor_compute_share, +1) for look in ("recent", "long")]
+    for i, (xs, floor, sign) in enumerate(silent):
+        if len(xs) < 2:
+            continue
+        zs, _, _ = robust_z([v for _, v in xs], floor)
+        past = {r.rank: r.node for (r, _), z in zip(xs, zs, strict=True) if (abs(z) if sign == 0 else sign * z) > thr / 2}
+        if i > 0:  # workload structure shows in how long a GPU computes; a low clock is the GPU's own doing
+            soft.update(past)
+        shift = shift or (len(past) > max(1, cfg.max_outlier_frac * len(members))
+                          and len(set(past.values())) > max(1, cfg.max_outlier_frac * nodes_in_group))
     per_node: dict[str, list[RankFeatures]] = {}
-    for r, _ in members:
+    for r, _, _ in members:
         per_node.setdefault(r.node, []).append(r)
-    nodes_in_job = len(per_node)
+    blocks = {node for node, rs in per_node.items()
+              if len(per_node) >= 2 and _together(sum(r.rank in soft for r in rs), len(rs), cfg)}
+    if shift:  # keep only what a shift cannot explain: a throttle reason on the GPU itself
+        for rank in [k for k, v in flagged.items() if "throttled" not in v]:
+            del flagged[rank], scores[rank]
+    by_rank = {r.rank: (r, g) for r, g, _ in members}
+    out = []
+    for rank, evidence in flagged.items():
+        r, g = by_rank[rank]
+        reasons = {"throttle_reasons": list(g.throttle_reasons)} if g is not None and g.throttle_reasons else {}
+        out.append(Candidate("straggler", job, r.node, rank, r.gpu_uuid, round(scores[rank], 2),
+                             {"group": group, "peers": len(members), "threshold_z": round(thr, 2),
+                              "signals": evidence, **reasons}))
+    out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
+    return out, blocks
+
+
+def _together(bad: int, on_node: int, cfg: DetectorConfig) -> bool:
+    """Whether `bad` of a node's `on_node` GPUs deviating is the node deviating."""
+    return bad >= cfg.node_min_gpus and 2 * bad >= on_node
+
+
+def _nodes(job: str, group: str | None, per_node: Mapping[str, list[RankFeatures]],
+           flagged: Mapping[int, object], scores: Mapping[int, float], cfg: DetectorConfig) -> list[Candidate]:
     out = []
     for node, rs in per_node.items():
         bad = [r for r in rs if r.rank in flagged]
-        if nodes_in_job >= 2 and len(bad) >= cfg.node_min_gpus and 2 * len(bad) >= len(rs):
+        if len(per_node) >= 2 and _together(len(bad), len(rs), cfg):
             out.append(Candidate("straggler_node", job, node, None, None,
                                  round(max(scores[r.rank] for r in bad), 2),
                                  {"group": group, "gpus_flagged": len(bad), "gpus_on_node": len(rs),

@@ -1,0 +1,135 @@
+"""Compute share (from the comm_wait_s jobs push) localises silent stragglers; a job's node-aligned structure
+learnt at its start is not reported as slow nodes; a rank waiting on data is not judged on power."""
+
+import random
+
+import pytest
+
+from gpumond.rules.detectors.compute_share import job_shares, rank_shares
+from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
+from gpumond.rules.detectors.structure import Structure, learn
+from gpumond.rules.types import GpuSample, RankInfo, RankWindow, StepRecord
+
+CFG = DetectorConfig()
+T = 10_000.0
+
+
+def job(now, nodes=4, compute=None, wait=None, comm=True, power=None, seed=1, steps=120):
+    """A synchronous job with 1 s steps ending at `now`: rank r computes `compute(r, k)` seconds of step k
+    (default 0.8 ± 3 %), waits `wait(r)` on data first, then waits for the slowest in the collective."""
+    rnd = random.Random(seed)
+    n = nodes * 8
+    compute = compute or (lambda r, k: 0.8)
+    wait = wait or (lambda r: 0.002)
+    busy = {}
+    for k in range(steps):
+        busy[k] = [wait(r) + compute(r, k) * (1 + rnd.uniform(-0.03, 0.03)) for r in range(n)]
+    ranks, gwin = {}, {}
+    for r in range(n):
+        node, uuid = f"node-{r // 8}", f"GPU-{r:04d}"
+        recs = []
+        for k in range(steps):
+            dur = max(busy[k]) + 0.1
+            end = now - (steps - 1 - k) * 1.0
+            recs.append(StepRecord(k, end, dur, wait(r), None, dur - busy[k][r] if comm else None))
+        ranks[r] = RankWindow(RankInfo("job-a", r, n, node, uuid), tuple(recs), now)
+        vals = {"sm_clock_hz": 1.98e9, "sm_clock_max_hz": 1.98e9, "power_limit_w": 700.0, "utilization": 0.99,
+                "temperature_c": 70 + rnd.uniform(-1, 1), "throttle_hw_thermal": 0.0, "throttle_sw_thermal": 0.0,
+                "throttle_hw_slowdown": 0.0, "throttle_hw_power_brake": 0.0}
+        gwin[uuid] = tuple(GpuSample(uuid, node, str(r % 8), now - 55 + 5 * i, True,
+                                     {**vals, "power_w": (power or (lambda r: 600.0))(r) + rnd.uniform(-5, 5)})
+                           for i in range(12))
+    return EvalInputs(now, {"job-a": ranks}, gwin)
+
+
+def kinds(cands):
+    return sorted((c.kind, c.rank, c.node) for c in cands)
+
+
+def test_rank_shares_take_both_waits_out_and_need_enough_steps():
+    info = RankInfo("j", 0, 2, "n", "GPU-0")
+    steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.1, None, 0.2) for k in range(10))
+    sh = rank_shares(RankWindow(info, steps, 110.0), since=0.0, previous=(), short_steps=8, min_steps=5, long_evals=3)
+    assert sh.short == pytest.approx(0.7) and sh.recent == pytest.approx(0.7)
+    assert sh.long is None and sh.history == (pytest.approx(0.7),)  # one evaluation is not a long look
+    few = rank_shares(RankWindow(info, steps[:4], 110.0), 0.0, (), 8, 5, 3)
+    assert (few.short, few.recent) == (None, None)
+
+
+def test_long_look_averages_the_last_evaluations_and_forgets_older_ones():
+    info = RankInfo("j", 0, 2, "n", "GPU-0")
+    steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.0, None, 0.5) for k in range(10))
+    sh = rank_shares(RankWindow(info, steps, 110.0), 0.0, (0.9, 0.9, 0.9, 0.9, 0.9), 8, 5, 5)
+    assert sh.history == (0.9, 0.9, 0.9, 0.9, 0.5) and sh.long == pytest.approx(0.82)
+
+
+def test_jobs_that_push_no_comm_wait_have_no_shares():
+    inputs = job(T, comm=False)
+    assert job_shares(inputs.jobs["job-a"], T - 60, {}, 8, 5, 30) == {}
+
+
+def test_a_silent_straggler_invisible_to_telemetry_is_found_by_its_compute_share():
+    slow = job(T, compute=lambda r, k: 0.8 * (1.08 if r == 13 else 1.0))
+    _, c = evaluate(slow, DetectorState(), CFG)
+    assert kinds(c) == [("straggler", 13, "node-1")]
+    ev = c[0].evidence["signals"]["compute_share"]
+    assert ev["value"] > ev["peer_median"] and ev["z"] > c[0].evidence["threshold_z"]
+    assert ev["look"] in ("short", "recent", "long")
+    # the same job without comm waits: GPU telemetry alone cannot see it
+    _, c = evaluate(job(T, compute=lambda r, k: 0.8 * (1.08 if r == 13 else 1.0), comm=False), DetectorState(), CFG)
+    assert c == []
+
+
+def test_a_clean_job_with_comm_waits_is_quiet_over_many_evaluations():
+    state = DetectorState()
+    for i in range(12):
+        state, c = evaluate(job(T + 10 * i, seed=i), state, CFG)
+        assert c == []
+
+
+def test_a_rank_starved_on_data_is_starved_not_a_straggler():
+    # it waits 30 % of each step on its loader: its peers wait for it in the collective, its GPU idles
+    starved = job(T, wait=lambda r: 0.3 if r == 6 else 0.002, power=lambda r: 420.0 if r == 6 else 600.0)
+    _, c = evaluate(starved, DetectorState(), CFG)
+    assert kinds(c) == [("io_starved_rank", 6, "node-0")]
+
+
+def test_a_low_power_rank_that_waits_on_data_is_not_judged_on_power():
+    # mean data wait 10 %, just started (median still low): its low power is explained by the wait
+    waits = {r: (lambda k: 0.1 if k >= 80 else 0.002) for r in (6,)}
+    inputs = job(T, comm=False, power=lambda r: 450.0 if r == 6 else 600.0)
+    ranks = dict(inputs.jobs["job-a"])
+    w = ranks[6]
+    ranks[6] = RankWindow(w.info, tuple(StepRecord(s.step, s.end, s.duration_s, waits[6](s.step) * s.duration_s)
+                                        for s in w.steps), w.last_push)
+    _, c = evaluate(EvalInputs(T, {"job-a": ranks}, inputs.gpu_windows), DetectorState(), CFG)
+    assert [x for x in c if x.kind == "straggler"] == []
+
+
+def test_a_node_heavier_from_the_start_is_structure_but_a_node_slowing_later_is_a_straggler_node():
+    def heavy(extra_from):  # node-1 computes 25 % more from the start; node-2 from step `extra_from`
+        return lambda r, k: 0.8 * (1.25 if r // 8 == 1 else 1.0) * (1.25 if r // 8 == 2 and k >= extra_from else 1.0)
+
+    state, seen = DetectorState(), []
+    for i in range(12):
+        now = T + 10 * i
+        # node-2 slows 60 s after the job started being judged (step index relative to this window)
+        slow_from = 120 - (10 * i - 60) if i >= 6 else 10**6
+        state, c = evaluate(job(now, compute=heavy(slow_from), seed=i), state, CFG)
+        seen.append(kinds(c))
+    assert state.structure["job-a"].nodes == {"node-1"}
+    assert all(("straggler_node", None, "node-1") not in k for k in seen)
+    assert all(not any(n == "node-1" for _, _, n in k) for k in seen)
+    assert ("straggler_node", None, "node-2") in seen[-1]
+
+
+def test_structure_is_what_deviated_in_at_least_half_the_learning_evaluations():
+    s = learn(None, frozenset({"a", "b"}), 0.0, 60.0)
+    assert s.nodes == {"a", "b"}  # provisional from the first evaluation on
+    s = learn(s, frozenset({"a"}), 10.0, 60.0)
+    s = learn(s, frozenset({"a"}), 20.0, 60.0)
+    assert s.nodes == {"a"} and s.evals == 3
+    s = learn(s, frozenset(), 70.0, 60.0)  # learning over: frozen
+    assert s.done and learn(s, frozenset({"c"}), 80.0, 60.0) is s
+    assert Structure(0.0, 2, {"x": 1}).nodes == {"x"}
