@@ -1,76 +1,76 @@
-"""Medians of many small groups at once (a job's ranks or GPUs), with the exact arithmetic of stats.median.
+"""Many short sequences (a job's rank windows or GPU windows) read into one padded matrix, and medians of
+every column at once with the exact arithmetic of stats.median.
 
-The detectors take a median of each rank's ~30 steps and of each GPU's ~12 samples, for thousands of ranks
-per job. One Python sort per group costs microseconds in interpreter overhead; here every group is a row
-of a padded matrix sorted in one numpy call. The result equals stats.median bit for bit: the same order
-statistics, and the even case computed as 0.5 * (lo + hi) like stats.median. Callers route NaN elsewhere
-(numpy and `sorted` order NaN differently), which is why `has_nan` exists.
+Layout: a (width, n) matrix, one column per sequence, oldest element at the top, aligned so that every
+column's newest element sits in the last row; cells above a shorter sequence are padding (`held` False).
+
+Why read newest-first across sequences: ingest (and the benchmark's simulator) allocates step records
+and samples in time order, so taking every sequence's newest element, then every second newest, … walks
+memory nearly in allocation order. Reading one sequence after another jumps between allocations; at
+32,768 GPUs that costs about twice as much in cache and TLB misses, which is most of an evaluation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from itertools import chain, zip_longest
+from typing import TypeVar
+
 import numpy as np
 
-# A padded matrix this much larger than the data means one group dwarfs the rest: sort by key instead.
-_MAX_PAD = 8
+T = TypeVar("T")
+# Padding up to this many times the data: beyond that one sequence dwarfs the rest and callers use the
+# reference code rather than a mostly empty matrix.
+MAX_PAD = 8
 
 
-class Groups:
-    """Contiguous groups of a flat array: group i is elements [starts[i], starts[i] + counts[i])."""
+def newest_first(seqs: Sequence[Sequence[T]], pad: T) -> Iterator[T]:
+    """Every sequence's last element, then every second-to-last, … (`pad` where a sequence ran out)."""
+    return chain.from_iterable(zip_longest(*map(reversed, seqs), fillvalue=pad))
 
-    __slots__ = ("counts", "starts", "row", "col", "n", "width")
 
-    def __init__(self, counts: np.ndarray) -> None:
-        self.counts = counts.astype(np.int64, copy=False)
-        self.n = len(counts)
-        self.starts = np.zeros(self.n, dtype=np.int64)
-        if self.n > 1:
-            np.cumsum(self.counts[:-1], out=self.starts[1:])
-        total = int(self.counts.sum())
-        self.row = np.repeat(np.arange(self.n, dtype=np.int64), self.counts)  # each element's group
-        self.col = np.arange(total, dtype=np.int64) - self.starts[self.row]  # its index within the group
-        self.width = int(self.counts.max()) if self.n else 0
+def to_matrix(flat: np.ndarray, width: int, n: int) -> np.ndarray:
+    """The (width, n) matrix, oldest on top, of values read in `newest_first` order (any trailing axes kept)."""
+    return flat.reshape(width, n, *flat.shape[1:])[::-1]
 
-    def count(self, mask: np.ndarray) -> np.ndarray:
-        """How many elements of each group `mask` selects."""
-        return np.bincount(self.row[mask], minlength=self.n)
 
-    def any(self, mask: np.ndarray) -> np.ndarray:
-        """Whether `mask` selects any element of each group."""
-        return self.count(mask) > 0
+def held(counts: np.ndarray, width: int) -> np.ndarray:
+    """Which cells of a (width, n) matrix hold an element, for sequences of these lengths."""
+    return np.arange(width)[:, None] >= (width - counts)[None, :]
 
-    def first(self, values: np.ndarray) -> np.ndarray:
-        """Each group's first element (groups must be non-empty where the result is used)."""
-        return values[np.minimum(self.starts, max(len(values) - 1, 0))] if len(values) else np.zeros(self.n)
 
-    def last(self, values: np.ndarray) -> np.ndarray:
-        """Each group's last element (groups must be non-empty where the result is used)."""
-        return values[np.maximum(self.starts + self.counts - 1, 0)] if len(values) else np.zeros(self.n)
+def too_ragged(counts: np.ndarray, width: int) -> bool:
+    """Whether the padded matrix would be mostly padding."""
+    return width * len(counts) > MAX_PAD * int(counts.sum()) + 4096
 
-    def median(self, values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(median of the selected elements of each group, how many were selected); median is undefined
-        (garbage) where the count is 0. Values must not be NaN."""
-        k = self.count(mask)
-        if self.n == 0 or self.width == 0:
-            return np.zeros(self.n), k
-        if self.n * self.width <= _MAX_PAD * len(values) + 1024:
-            # Unselected cells sort last as +inf; a selected +inf ties with them, which changes nothing.
-            m = np.full((self.n, self.width), np.inf)
-            m[self.row[mask], self.col[mask]] = values[mask]
-            m.sort(axis=1, kind="stable")  # stable: ±0.0 keep their input order, as in `sorted`
-            idx = k // 2
-            hi = m[np.arange(self.n), np.minimum(idx, self.width - 1)]
-            lo = m[np.arange(self.n), np.maximum(idx - 1, 0)]
-        else:
-            order = np.lexsort((values, ~mask, self.row))  # per group: selected first, ascending, stable
-            s = values[order]
-            idx = self.starts + k // 2
-            top = max(len(s) - 1, 0)
-            hi = s[np.minimum(idx, top)]
-            lo = s[np.clip(idx - 1, 0, top)]
-        return np.where(k % 2 == 1, hi, 0.5 * (lo + hi)), k
+
+def column_median(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(median of the selected cells of each column, how many were selected); the median is meaningless
+    where the count is 0. The selected values must not be NaN (numpy and `sorted` order NaN differently)."""
+    k = mask.sum(axis=0)
+    width, n = values.shape
+    if width == 0 or n == 0:
+        return np.zeros(n), k
+    # Unselected cells sort last as +inf; a selected +inf ties with them, which changes nothing.
+    m = np.where(mask, values, np.inf).T.copy()
+    m.sort(axis=1, kind="stable")  # stable, in oldest-first order: ±0.0 keep their order, as in `sorted`
+    idx = k // 2
+    cols = np.arange(n)
+    hi = m[cols, np.minimum(idx, width - 1)]
+    lo = m[cols, np.maximum(idx - 1, 0)]
+    return np.where(k % 2 == 1, hi, 0.5 * (lo + hi)), k
+
+
+def first_row(mask: np.ndarray) -> np.ndarray:
+    """Each column's first selected row (0 where none is)."""
+    return np.argmax(mask, axis=0)
+
+
+def last_row(mask: np.ndarray) -> np.ndarray:
+    """Each column's last selected row (width − 1 where none is)."""
+    return mask.shape[0] - 1 - np.argmax(mask[::-1], axis=0)
 
 
 def has_nan(*arrays: np.ndarray) -> bool:
-    """Whether any array holds a NaN (the inputs the vectorised path leaves to the reference code)."""
+    """Whether any array holds a NaN (inputs the vectorised path leaves to the reference code)."""
     return any(bool(np.isnan(a).any()) for a in arrays if a.size)

@@ -1,30 +1,31 @@
 """Every rank's features and the job's step times in one pass over a job's steps, vectorised with numpy.
 
 Same results as features.rank_features (per rank) and features.job_step_times, which stay the reference:
-a job's ~100 steps × thousands of ranks are read once with C-level attribute getters, and the medians
-are taken for all ranks at once (ragged.Groups). Numbers are treated as floats, as ingest stores them
-(pydantic turns a JSON int into a float); a job with a NaN anywhere, or a step number past int64, is
-computed by the reference code instead, because numpy orders and compares NaN differently from `sorted`
-and `max`.
+a job's ~100 steps × thousands of ranks are read once with C-level attribute getters into padded matrices
+(ragged), and the medians are taken for all ranks at once. Numbers are treated as floats, as ingest
+stores them (pydantic turns a JSON int into a float). A job with a NaN anywhere, a step number past 2**53,
+or one rank holding far more steps than the rest is computed by the reference code instead: numpy orders
+and compares NaN differently from `sorted` and `max`, and a mostly empty matrix would waste memory.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from itertools import chain, compress
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
 from gpumond.rules.detectors.features import RankFeatures, job_step_times, rank_features
-from gpumond.rules.detectors.ragged import Groups, has_nan
-from gpumond.rules.types import RankWindow
+from gpumond.rules.detectors.ragged import column_median, has_nan, held, newest_first, to_matrix, too_ragged
+from gpumond.rules.types import RankWindow, StepRecord
 
 _END = attrgetter("end")
-_DURATION = attrgetter("duration_s")
-_WAIT = attrgetter("data_wait_s")
-_STEP = attrgetter("step")
+_READ = attrgetter("duration_s", "data_wait_s", "step")
 _STEPS = attrgetter("steps")
+_PAD = StepRecord(-1, math.nan, math.nan, math.nan)  # fills the matrix where a rank has fewer steps; masked
+_EXACT_INT = 2.0**53  # step numbers travel as floats: exact below this
 # A step-number range up to this many times the step count is indexed directly instead of via np.unique.
 _DENSE_STEPS = 4
 
@@ -33,10 +34,7 @@ def job_rank_features(ranks: Mapping[int, RankWindow], since: float,
                       until: float) -> tuple[list[RankFeatures], list[float]]:
     """([rank_features(w, since) for w in ranks.values()], job_step_times(ranks, since, until))."""
     windows = list(ranks.values())
-    try:
-        out = _vectorised(windows, since, until)
-    except OverflowError:  # a step number numpy cannot hold
-        out = None
+    out = _vectorised(windows, since, until)
     if out is None:
         return [rank_features(w, since) for w in windows], job_step_times(ranks, since, until)
     return out
@@ -45,50 +43,47 @@ def job_rank_features(ranks: Mapping[int, RankWindow], since: float,
 def _vectorised(windows: list[RankWindow], since: float,
                 until: float) -> tuple[list[RankFeatures], list[float]] | None:
     step_lists = list(map(_STEPS, windows))
-    counts = np.fromiter(map(len, step_lists), np.int64, len(step_lists))
-    flat = list(chain.from_iterable(step_lists))
-    ends = np.fromiter(map(_END, flat), float, len(flat))
-    if has_nan(ends):
+    n = len(step_lists)
+    counts = np.fromiter(map(len, step_lists), np.int64, n)
+    width = int(counts.max()) if n else 0
+    if width == 0 or too_ragged(counts, width):
         return None
-    everything = Groups(counts)
-    recent_mask = ends >= since
-    # Only recent steps are read further: with a 300 s window and 60 s of features that is a fifth of them.
-    recent = list(compress(flat, recent_mask.tolist()))
-    n = len(recent)
-    durations = np.fromiter(map(_DURATION, recent), float, n)
-    waits = np.fromiter(map(_WAIT, recent), float, n)
-    numbers = np.fromiter(map(_STEP, recent), np.int64, n)
-    if has_nan(durations, waits):
+    have = held(counts, width)
+    all_ends = to_matrix(np.fromiter(map(_END, newest_first(step_lists, _PAD)), float, width * n), width, n)
+    if has_nan(all_ends[have]):
         return None
-    groups = Groups(everything.count(recent_mask))
-    timed = durations > 0
+    last_end = np.where(have, all_ends, -np.inf).max(axis=0)
+    recent = have & (all_ends >= since)
+    k = recent.sum(axis=0)
+    depth = int(k.max())
+    if np.array_equal(recent, held(k, width)):
+        # As usual, the recent steps are each rank's newest: read only those (a fifth of a 300 s window).
+        tails = [s[len(s) - j:] for s, j in zip(step_lists, k.tolist(), strict=True)]
+        ends, recent = all_ends[width - depth:], recent[width - depth:]
+    else:
+        tails, ends, depth = step_lists, all_ends, width
+    fields = chain.from_iterable(map(_READ, newest_first(tails, _PAD)))
+    x = to_matrix(np.fromiter(fields, float, 3 * depth * n).reshape(-1, 3), depth, n)
+    durations, waits, numbers = x[..., 0], x[..., 1], x[..., 2]
+    if has_nan(durations[recent], waits[recent]) or bool((np.abs(numbers[recent]) >= _EXACT_INT).any()):
+        return None
+    timed = recent & (durations > 0)
     with np.errstate(all="ignore"):  # untimed steps divide by zero; they are masked out
         fracs = np.minimum(waits / durations, 1.0)
-    step_time, k = groups.median(durations, timed)
-    wait_frac, _ = groups.median(fracs, timed)
-    last_end = _group_max(ends, everything)
+    step_time, n_timed = column_median(durations, timed)
+    wait_frac, _ = column_median(fracs, timed)
 
     feats = []
     for w, steps, timed_k, st, wf, le, total in zip(
-            windows, groups.counts.tolist(), k.tolist(), step_time.tolist(), wait_frac.tolist(),
-            last_end.tolist(), counts.tolist(), strict=True):
+            windows, k.tolist(), n_timed.tolist(), step_time.tolist(), wait_frac.tolist(), last_end.tolist(),
+            counts.tolist(), strict=True):
         i = w.info
         feats.append(RankFeatures(
             rank=i.rank, node=i.node, gpu_uuid=i.gpu_uuid, group=i.group, steps=steps,
             step_time_s=st if timed_k else None, wait_frac=wf if timed_k else None,
             last_end=le if total else None, last_push=w.last_push))
-    in_range = ends[recent_mask] < until
-    return feats, _slowest_per_step(numbers[in_range], durations[in_range])
-
-
-def _group_max(values: np.ndarray, groups: Groups) -> np.ndarray:
-    """Each group's maximum (0.0 for an empty group, which callers mask)."""
-    out = np.zeros(groups.n)
-    nonempty = groups.counts > 0
-    if nonempty.any():
-        # Empty groups add no elements, so consecutive non-empty starts bound exactly one group each.
-        out[nonempty] = np.maximum.reduceat(values, groups.starts[nonempty])
-    return out
+    in_range = recent & (ends < until)
+    return feats, _slowest_per_step(numbers[in_range].astype(np.int64), durations[in_range])
 
 
 def _slowest_per_step(numbers: np.ndarray, durations: np.ndarray) -> list[float]:
