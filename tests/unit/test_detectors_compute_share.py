@@ -6,6 +6,8 @@ import random
 import pytest
 
 from gpumond.rules.detectors.compute_share import job_shares, rank_shares
+from gpumond.rules.detectors.features import rank_features
+from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
 from gpumond.rules.detectors.structure import Structure, learn
@@ -47,26 +49,32 @@ def kinds(cands):
     return sorted((c.kind, c.rank, c.node) for c in cands)
 
 
-def test_rank_shares_take_both_waits_out_and_need_enough_steps():
+def test_compute_share_takes_both_waits_out_and_needs_enough_steps():
     info = RankInfo("j", 0, 2, "n", "GPU-0")
-    steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.1, None, 0.2) for k in range(10))
-    sh = rank_shares(RankWindow(info, steps, 110.0), since=0.0, previous=(), short_steps=8, min_steps=5, long_evals=3)
-    assert sh.short == pytest.approx(0.7) and sh.recent == pytest.approx(0.7)
-    assert sh.long is None and sh.history == (pytest.approx(0.7),)  # one evaluation is not a long look
-    few = rank_shares(RankWindow(info, steps[:4], 110.0), 0.0, (), 8, 5, 3)
-    assert (few.short, few.recent) == (None, None)
+    steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.1, None, 0.2 + 0.01 * k) for k in range(10))
+    f = rank_features(RankWindow(info, steps, 110.0), since=0.0, short_steps=4, min_steps=5)
+    assert f.share_short == pytest.approx(0.625) and f.share_recent == pytest.approx(0.655)
+    few = rank_features(RankWindow(info, steps[:4], 110.0), 0.0, 8, 5)
+    assert (few.share_short, few.share_recent) == (None, None)
+    # the vectorised path says the same
+    (fast,), _ = job_rank_features({0: RankWindow(info, steps, 110.0)}, 0.0, 200.0, 4, 5)
+    assert (fast.share_short, fast.share_recent) == (f.share_short, f.share_recent)
 
 
 def test_long_look_averages_the_last_evaluations_and_forgets_older_ones():
     info = RankInfo("j", 0, 2, "n", "GPU-0")
     steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.0, None, 0.5) for k in range(10))
-    sh = rank_shares(RankWindow(info, steps, 110.0), 0.0, (0.9, 0.9, 0.9, 0.9, 0.9), 8, 5, 5)
+    f = rank_features(RankWindow(info, steps, 110.0), 0.0)
+    sh = rank_shares(f, (0.9, 0.9, 0.9, 0.9, 0.9), min_evals=5, long_evals=5)
     assert sh.history == (0.9, 0.9, 0.9, 0.9, 0.5) and sh.long == pytest.approx(0.82)
+    first = rank_shares(f, (), min_evals=5, long_evals=5)
+    assert first.long is None and first.history == (0.5,)  # one evaluation is not a long look
 
 
 def test_jobs_that_push_no_comm_wait_have_no_shares():
     inputs = job(T, comm=False)
-    assert job_shares(inputs.jobs["job-a"], T - 60, {}, 8, 5, 30) == {}
+    feats = [rank_features(w, T - 60) for w in inputs.jobs["job-a"].values()]
+    assert job_shares(feats, {}, 5, 30) == {}
 
 
 def test_a_silent_straggler_invisible_to_telemetry_is_found_by_its_compute_share():

@@ -12,26 +12,25 @@ data loader is not flagged by this: its data wait is taken out with the collecti
 
 Three looks trade latency for sensitivity (a 1.25× straggler is obvious in a few steps; a 1.05× one
 only over minutes of steps):
-- `short`: median over the rank's last `short_steps` steps;
-- `recent`: median over the steps that ended in the detectors' recent window;
-- `long`: mean of the `recent` medians this rank had at the last `long_evals` evaluations (kept in the
-  detector state, so a long look costs no more than a short one to compute).
+- `short`: median over the rank's last `share_short_steps` recent steps (a rank feature);
+- `recent`: median over the steps that ended in the detectors' recent window (a rank feature);
+- `long`: mean of the `recent` medians this rank had at the last `share_long_evals` evaluations (kept in
+  the detector state, so a long look costs no more than a short one to compute).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpumond.rules.detectors.stats import median
-from gpumond.rules.types import RankWindow
+from gpumond.rules.detectors.features import RankFeatures
 
 LOOKS = ("short", "recent", "long")
 
 
 @dataclass(frozen=True, slots=True)
 class Shares:
-    """One rank's compute share at the three looks; None where there were too few steps with a comm wait."""
+    """One rank's compute share at the three looks; None where there were too few steps (or evaluations)."""
 
     short: float | None
     recent: float | None
@@ -43,30 +42,21 @@ class Shares:
         return getattr(self, name)
 
 
-def rank_shares(w: RankWindow, since: float, previous: tuple[float, ...], short_steps: int, min_steps: int,
-                long_evals: int) -> Shares:
-    """A rank's compute shares; `previous` is its history from the last evaluation (empty at first)."""
-    recent: list[float] = []
-    for s in w.steps:
-        cw = s.comm_wait_s
-        if cw is None or s.end < since or s.duration_s <= 0:
-            continue
-        share = 1.0 - (s.data_wait_s + cw) / s.duration_s
-        recent.append(share if share > 0.0 else 0.0)
-    short = median(recent[-short_steps:]) if len(recent) >= min(short_steps, min_steps) else None
-    mid = median(recent) if len(recent) >= min_steps else None
-    history = previous if mid is None else (previous + (mid,))[-long_evals:]
-    # The long look only once it spans more than the recent window (else it says what `recent` says).
-    long = sum(history) / len(history) if len(history) >= min_steps else None
-    return Shares(short, mid, long, history)
+def rank_shares(r: RankFeatures, previous: tuple[float, ...], min_evals: int, long_evals: int) -> Shares:
+    """A rank's looks; `previous` is its history from the last evaluation (empty at first)."""
+    history = previous if r.share_recent is None else (previous + (r.share_recent,))[-long_evals:]
+    # The long look only once it spans well beyond the recent window (else it says what `recent` says).
+    long = sum(history) / len(history) if len(history) >= min_evals else None
+    return Shares(r.share_short, r.share_recent, long, history)
 
 
-def job_shares(ranks: Mapping[int, RankWindow], since: float, previous: Mapping[int, tuple[float, ...]],
-               short_steps: int, min_steps: int, long_evals: int) -> dict[int, Shares]:
-    """Shares of every rank of a job that pushes comm waits; empty when none of its ranks does."""
+def job_shares(feats: Sequence[RankFeatures], previous: Mapping[int, tuple[float, ...]], min_evals: int,
+               long_evals: int) -> dict[int, Shares]:
+    """Shares of every rank that pushes comm waits (or did within the long look); empty for other jobs."""
     out = {}
-    for rank, w in ranks.items():
-        sh = rank_shares(w, since, previous.get(rank, ()), short_steps, min_steps, long_evals)
-        if sh.short is not None or sh.history:
-            out[rank] = sh
+    for r in feats:
+        prev = previous.get(r.rank, ())
+        if r.share_short is None and r.share_recent is None and not prev:
+            continue
+        out[r.rank] = rank_shares(r, prev, min_evals, long_evals)
     return out

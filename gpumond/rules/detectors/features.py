@@ -25,6 +25,9 @@ class RankFeatures:
     last_end: float | None  # unix s of the newest step end seen (any window)
     last_push: float
     wait_mean: float | None = None  # mean data_wait / duration: reacts to a new wait as soon as the energy mean does
+    # Compute share 1 − (data_wait + comm_wait) / duration, for ranks that push comm_wait_s (see compute_share.py):
+    share_short: float | None = None  # median of the last `short_steps` recent steps that have one
+    share_recent: float | None = None  # median of all recent steps that have one
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +60,15 @@ def _recent(steps: Sequence[StepRecord], since: float) -> list[StepRecord]:
     return [s for s in steps if s.end >= since]
 
 
-def rank_features(w: RankWindow, since: float) -> RankFeatures:
-    """Median step time and data-wait fraction of the steps that ended since `since`."""
+def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: int = 5) -> RankFeatures:
+    """Median step time, data-wait fraction and compute share of the steps that ended since `since`
+    (a compute-share look needs at least `min_steps` steps with a comm wait, the short one
+    min(short_steps, min_steps))."""
     recent = _recent(w.steps, since)
     durations = [s.duration_s for s in recent if s.duration_s > 0]
     waits = [min(s.data_wait_s / s.duration_s, 1.0) for s in recent if s.duration_s > 0]
+    shares = [max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0) for s in recent
+              if s.duration_s > 0 and s.comm_wait_s is not None]
     return RankFeatures(
         rank=w.info.rank, node=w.info.node, gpu_uuid=w.info.gpu_uuid, group=w.info.group,
         steps=len(recent),
@@ -70,6 +77,8 @@ def rank_features(w: RankWindow, since: float) -> RankFeatures:
         last_end=max((s.end for s in w.steps), default=None),
         last_push=w.last_push,
         wait_mean=sum(waits) / len(waits) if waits else None,
+        share_short=median(shares[-short_steps:]) if shares and len(shares) >= min(short_steps, min_steps) else None,
+        share_recent=median(shares) if shares and len(shares) >= min_steps else None,
     )
 
 

@@ -1,0 +1,117 @@
+"""Every rank's features and the job's step times in one pass over a job's steps, vectorised with numpy.
+
+Same results as features.rank_features (per rank) and features.job_step_times, which stay the reference:
+a job's ~100 steps × thousands of ranks are read once with C-level attribute getters into padded matrices
+(ragged), and the medians are taken for all ranks at once. Numbers are treated as floats, as ingest
+stores them (pydantic turns a JSON int into a float). A job with a NaN anywhere, a step number past 2**53,
+or one rank holding far more steps than the rest is computed by the reference code instead: numpy orders
+and compares NaN differently from `sorted` and `max`, and a mostly empty matrix would waste memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+
+from gpumond.rules.detectors.features import RankFeatures, job_step_times, rank_features
+from gpumond.rules.detectors.ragged import column_median, has_nan, held, newest_first, to_matrix, too_ragged
+from gpumond.rules.types import RankWindow, StepRecord
+
+_END = attrgetter("end")
+_READ = attrgetter("duration_s", "data_wait_s", "step")
+_STEPS = attrgetter("steps")
+_COMM = attrgetter("comm_wait_s")
+_PAD = StepRecord(-1, math.nan, math.nan, math.nan)  # fills the matrix where a rank has fewer steps; masked
+_EXACT_INT = 2.0**53  # step numbers travel as floats: exact below this
+# A step-number range up to this many times the step count is indexed directly instead of via np.unique.
+_DENSE_STEPS = 4
+
+
+def job_rank_features(ranks: Mapping[int, RankWindow], since: float, until: float, short_steps: int = 8,
+                      min_steps: int = 5) -> tuple[list[RankFeatures], list[float]]:
+    """([rank_features(w, since, short_steps, min_steps) for w in ranks.values()],
+    job_step_times(ranks, since, until))."""
+    windows = list(ranks.values())
+    out = _vectorised(windows, since, until, short_steps, min_steps)
+    if out is None:
+        return [rank_features(w, since, short_steps, min_steps) for w in windows], job_step_times(ranks, since, until)
+    return out
+
+
+def _vectorised(windows: list[RankWindow], since: float, until: float, short_steps: int,
+                min_steps: int) -> tuple[list[RankFeatures], list[float]] | None:
+    step_lists = list(map(_STEPS, windows))
+    n = len(step_lists)
+    counts = np.fromiter(map(len, step_lists), np.int64, n)
+    width = int(counts.max()) if n else 0
+    if width == 0 or too_ragged(counts, width):
+        return None
+    have = held(counts, width)
+    all_ends = to_matrix(np.fromiter(map(_END, newest_first(step_lists, _PAD)), float, width * n), width, n)
+    if has_nan(all_ends[have]):
+        return None
+    last_end = np.where(have, all_ends, -np.inf).max(axis=0)
+    recent = have & (all_ends >= since)
+    k = recent.sum(axis=0)
+    depth = int(k.max())
+    if np.array_equal(recent, held(k, width)):
+        # As usual, the recent steps are each rank's newest: read only those (a fifth of a 300 s window).
+        tails = [s[len(s) - j:] for s, j in zip(step_lists, k.tolist(), strict=True)]
+        ends, recent = all_ends[width - depth:], recent[width - depth:]
+    else:
+        tails, ends, depth = step_lists, all_ends, width
+    fields = chain.from_iterable(map(_READ, newest_first(tails, _PAD)))
+    x = to_matrix(np.fromiter(fields, float, 3 * depth * n).reshape(-1, 3), depth, n)
+    durations, waits, numbers = x[..., 0], x[..., 1], x[..., 2]
+    if has_nan(durations[recent], waits[recent]) or bool((np.abs(numbers[recent]) >= _EXACT_INT).any()):
+        return None
+    # comm_wait_s is optional: a list conversion turns None into NaN (np.fromiter cannot).
+    comm = to_matrix(np.array(list(map(_COMM, newest_first(tails, _PAD))), dtype=float), depth, n)
+    timed = recent & (durations > 0)
+    with np.errstate(all="ignore"):  # untimed steps divide by zero; they are masked out
+        fracs = np.minimum(waits / durations, 1.0)
+        shares = np.maximum(1.0 - (waits + comm) / durations, 0.0)
+    step_time, n_timed = column_median(durations, timed)
+    wait_frac, _ = column_median(fracs, timed)
+    wait_mean = np.where(timed, fracs, 0.0).sum(axis=0) / np.maximum(n_timed, 1)
+    shared = timed & ~np.isnan(comm)
+    share_recent, n_shared = column_median(shares, shared)
+    newest = shared & (np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps)  # the last `short_steps` of them
+    share_short, _ = column_median(shares, newest)
+    short_ok = n_shared >= min(short_steps, min_steps)
+    recent_ok = n_shared >= min_steps
+
+    feats = []
+    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok in zip(
+            windows, k.tolist(), n_timed.tolist(), step_time.tolist(), wait_frac.tolist(), last_end.tolist(),
+            counts.tolist(), wait_mean.tolist(), share_short.tolist(), short_ok.tolist(), share_recent.tolist(),
+            recent_ok.tolist(), strict=True):
+        i = w.info
+        feats.append(RankFeatures(
+            rank=i.rank, node=i.node, gpu_uuid=i.gpu_uuid, group=i.group, steps=steps,
+            step_time_s=st if timed_k else None, wait_frac=wf if timed_k else None,
+            last_end=le if total else None, last_push=w.last_push, wait_mean=wm if timed_k else None,
+            share_short=ss if sok else None, share_recent=sr if rok else None))
+    in_range = recent & (ends < until)
+    return feats, _slowest_per_step(numbers[in_range].astype(np.int64), durations[in_range])
+
+
+def _slowest_per_step(numbers: np.ndarray, durations: np.ndarray) -> list[float]:
+    """The largest duration (at least 0.0) for each step number, in step-number order."""
+    if not len(numbers):
+        return []
+    lo = int(numbers.min())
+    span = int(numbers.max()) - lo + 1
+    if span <= _DENSE_STEPS * len(numbers) + 64:
+        index, slots = numbers - lo, span
+    else:
+        _, index = np.unique(numbers, return_inverse=True)
+        slots = int(index.max()) + 1
+    slowest = np.zeros(slots)
+    np.maximum.at(slowest, index, durations)
+    seen = np.bincount(index, minlength=slots) > 0
+    return slowest[seen].tolist()
