@@ -32,7 +32,16 @@ def _median(xs):
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
-def ref_rank(w: RankWindow, since: float, short: int = 8, least: int = 5) -> RankFeatures:
+def _trimmed(xs, trim):
+    s = sorted(xs)
+    g = int(trim * len(s))
+    total = 0.0
+    for x in s[g:len(s) - g]:
+        total += x
+    return total / (len(s) - 2 * g)
+
+
+def ref_rank(w: RankWindow, since: float, short: int = 8, least: int = 5, trim: float = 0.1) -> RankFeatures:
     recent = [s for s in w.steps if s.end >= since]
     durations = [s.duration_s for s in recent if s.duration_s > 0]
     waits = [min(s.data_wait_s / s.duration_s, 1.0) for s in recent if s.duration_s > 0]
@@ -43,7 +52,8 @@ def ref_rank(w: RankWindow, since: float, short: int = 8, least: int = 5) -> Ran
                         max((s.end for s in w.steps), default=None), w.last_push,
                         sum(waits) / len(waits) if waits else None,
                         _median(shares[-short:]) if len(shares) >= min(short, least) else None,
-                        _median(shares) if len(shares) >= least else None)
+                        _median(shares) if len(shares) >= least else None,
+                        _trimmed(shares, trim) if len(shares) >= least else None)
 
 
 def ref_step_times(ranks, since, until):
@@ -213,8 +223,8 @@ def test_gpu_features_edge_cases():
 
 
 # ----- whole evaluations on simulated clusters ---------------------------------------------------
-def _reference_ranks(r, since, until, short, least):
-    return [ref_rank(w, since, short, least) for w in r.values()], ref_step_times(r, since, until)
+def _reference_ranks(r, since, until, short, least, trim):
+    return [ref_rank(w, since, short, least, trim) for w in r.values()], ref_step_times(r, since, until)
 
 
 REFERENCE = engine.FeatureFns(ranks=_reference_ranks, gpus=ref_gpus)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from gpumond.rules.detectors.compute_share import job_shares, rank_shares
-from gpumond.rules.detectors.features import rank_features
+from gpumond.rules.detectors.features import rank_features, trimmed_mean
 from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
@@ -141,3 +141,32 @@ def test_structure_is_what_deviated_in_at_least_half_the_learning_evaluations():
     s = learn(s, frozenset(), 70.0, 60.0)  # learning over: frozen
     assert s.done and learn(s, frozenset({"c"}), 80.0, 60.0) is s
     assert Structure(0.0, 2, {"x": 1}).nodes == {"x"}
+
+
+def test_trimmed_mean_cuts_the_tails_before_averaging():
+    assert trimmed_mean([1.0, 2.0, 3.0, 4.0, 100.0], 0.2) == pytest.approx(3.0)  # one cut off each end
+    assert trimmed_mean([1.0, 2.0, 3.0], 0.1) == pytest.approx(2.0)  # floor(0.3) = 0: nothing cut
+    info = RankInfo("j", 0, 2, "n", "GPU-0")
+    # ten steps with a 0.7 share and one GC pause (share 0.95): the long look's input ignores the pause
+    steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.0, None, 0.05 if k == 3 else 0.3) for k in range(10))
+    f = rank_features(RankWindow(info, steps, 110.0), 0.0)
+    assert f.share_trimmed == pytest.approx(0.7)
+
+
+def test_power_alone_does_not_flag_a_rank_whose_compute_share_is_normal():
+    # rank 4 draws 12 % more power (long sequences in its batches, silicon) but computes as long as its peers
+    hot = job(T, power=lambda r: 690.0 if r == 4 else 600.0)
+    _, c = evaluate(hot, DetectorState(), CFG)
+    assert c == []
+    # without comm waits power is all there is, and it is reported
+    _, c = evaluate(job(T, comm=False, power=lambda r: 690.0 if r == 4 else 600.0), DetectorState(), CFG)
+    assert kinds(c) == [("straggler", 4, "node-0")]
+
+
+def test_a_rank_with_a_handful_of_steps_is_not_judged_on_data_wait():
+    # a job that just started: rank 2 missed one prefetch in its first three steps
+    young = job(T, wait=lambda r: 0.4 if r == 2 else 0.002, steps=3)
+    _, c = evaluate(young, DetectorState(), CFG)
+    assert [x for x in c if x.kind.startswith("io_")] == []
+    _, c = evaluate(job(T, wait=lambda r: 0.4 if r == 2 else 0.002, steps=8), DetectorState(), CFG)
+    assert ("io_starved_rank", 2, "node-0") in kinds(c)

@@ -20,10 +20,11 @@ class DetectorConfig:
     floor_power_ratio: float = 0.015
     floor_temperature_c: float = 1.5
     floor_wait_frac: float = 0.004
-    floor_compute_share: float = 0.005  # half a percent of a step: below host-timer and launch noise
+    floor_compute_share: float = 0.003  # 0.3 % of a step: above host-timer noise, below what 1.05× moves
+    min_steps: int = 5  # a rank with fewer steps in the recent window is not judged on data wait or compute share
     share_short_steps: int = 8  # compute share: the short look is the median of this many latest steps…
-    share_min_steps: int = 5  # …none with fewer steps (or evaluations, for the long look) than this…
-    share_long_evals: int = 30  # …and the long look averages this many evaluations' recent medians (5 min)
+    share_trim: float = 0.1  # …the long look averages each evaluation's mean with this share trimmed off each end…
+    share_long_evals: int = 30  # …over this many evaluations (5 min), once it has min_steps of them
     structure_learn_s: float = 60.0  # nodes deviating together this long after a job is first judged: its structure
     throttle_frac_min: float = 0.5  # a GPU throttled in at least half its samples…
     throttle_peer_max: float = 0.1  # …while its peers' median is below this

@@ -28,6 +28,7 @@ class RankFeatures:
     # Compute share 1 − (data_wait + comm_wait) / duration, for ranks that push comm_wait_s (see compute_share.py):
     share_short: float | None = None  # median of the last `short_steps` recent steps that have one
     share_recent: float | None = None  # median of all recent steps that have one
+    share_trimmed: float | None = None  # their mean with `trim` of them cut off each end (the long look's input)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,19 @@ def _recent(steps: Sequence[StepRecord], since: float) -> list[StepRecord]:
     return [s for s in steps if s.end >= since]
 
 
-def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: int = 5) -> RankFeatures:
+def trimmed_mean(xs: Sequence[float], trim: float) -> float:
+    """Mean of `xs` without the floor(trim · n) smallest and largest values (summed smallest first)."""
+    s = sorted(xs)
+    g = int(trim * len(s))
+    kept = s[g:len(s) - g]
+    total = 0.0
+    for x in kept:
+        total += x
+    return total / len(kept)
+
+
+def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: int = 5,
+                  trim: float = 0.1) -> RankFeatures:
     """Median step time, data-wait fraction and compute share of the steps that ended since `since`
     (a compute-share look needs at least `min_steps` steps with a comm wait, the short one
     min(short_steps, min_steps))."""
@@ -79,6 +92,7 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
         wait_mean=sum(waits) / len(waits) if waits else None,
         share_short=median(shares[-short_steps:]) if shares and len(shares) >= min(short_steps, min_steps) else None,
         share_recent=median(shares) if shares and len(shares) >= min_steps else None,
+        share_trimmed=trimmed_mean(shares, trim) if shares and len(shares) >= min_steps else None,
     )
 
 

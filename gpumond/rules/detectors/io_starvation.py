@@ -38,7 +38,8 @@ def _host_evidence(host: HostFeatures | None) -> dict[str, object]:
 def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
                          hosts: Mapping[str, HostFeatures], cfg: DetectorConfig) -> list[Candidate]:
     """`io_starved_job` when most ranks wait on data, else `io_starved_rank` for outlying ranks."""
-    waiting = [r for r in ranks if r.wait_frac is not None]
+    # A rank with a handful of steps (a job just started) is not judged: one missed prefetch is its median.
+    waiting = [r for r in ranks if r.wait_frac is not None and r.steps >= cfg.min_steps]
     if not waiting:
         return []
     starved = [r for r in waiting if r.wait_frac >= cfg.wait_min_frac]  # type: ignore[operator]

@@ -74,3 +74,21 @@ def last_row(mask: np.ndarray) -> np.ndarray:
 def has_nan(*arrays: np.ndarray) -> bool:
     """Whether any array holds a NaN (inputs the vectorised path leaves to the reference code)."""
     return any(bool(np.isnan(a).any()) for a in arrays if a.size)
+
+
+def column_trimmed_mean(values: np.ndarray, mask: np.ndarray, trim: float) -> tuple[np.ndarray, np.ndarray]:
+    """(mean of each column's selected cells without the floor(trim · k) smallest and largest, k); the same
+    arithmetic as features.trimmed_mean: kept values summed smallest first (a cumulative sum is sequential,
+    numpy's plain sum is pairwise and would differ in the last bit). Meaningless where k is 0."""
+    k = mask.sum(axis=0)
+    width, n = values.shape
+    if width == 0 or n == 0:
+        return np.zeros(n), k
+    m = np.where(mask, values, np.inf).T.copy()
+    m.sort(axis=1, kind="stable")
+    g = (trim * k).astype(np.int64)  # floor, as int() in the reference (k ≥ 0)
+    pos = np.arange(width)[None, :]
+    kept = (pos >= g[:, None]) & (pos < (k - g)[:, None])
+    total = np.cumsum(np.where(kept, m, 0.0), axis=1)[:, -1]
+    with np.errstate(all="ignore"):
+        return total / np.maximum(k - 2 * g, 1), k

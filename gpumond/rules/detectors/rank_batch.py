@@ -18,7 +18,8 @@ from operator import attrgetter
 import numpy as np
 
 from gpumond.rules.detectors.features import RankFeatures, job_step_times, rank_features
-from gpumond.rules.detectors.ragged import column_median, has_nan, held, newest_first, to_matrix, too_ragged
+from gpumond.rules.detectors.ragged import (column_median, column_trimmed_mean, has_nan, held, newest_first, to_matrix,
+                                            too_ragged)
 from gpumond.rules.types import RankWindow, StepRecord
 
 _END = attrgetter("end")
@@ -32,18 +33,19 @@ _DENSE_STEPS = 4
 
 
 def job_rank_features(ranks: Mapping[int, RankWindow], since: float, until: float, short_steps: int = 8,
-                      min_steps: int = 5) -> tuple[list[RankFeatures], list[float]]:
-    """([rank_features(w, since, short_steps, min_steps) for w in ranks.values()],
+                      min_steps: int = 5, trim: float = 0.1) -> tuple[list[RankFeatures], list[float]]:
+    """([rank_features(w, since, short_steps, min_steps, trim) for w in ranks.values()],
     job_step_times(ranks, since, until))."""
     windows = list(ranks.values())
-    out = _vectorised(windows, since, until, short_steps, min_steps)
+    out = _vectorised(windows, since, until, short_steps, min_steps, trim)
     if out is None:
-        return [rank_features(w, since, short_steps, min_steps) for w in windows], job_step_times(ranks, since, until)
+        return ([rank_features(w, since, short_steps, min_steps, trim) for w in windows],
+                job_step_times(ranks, since, until))
     return out
 
 
 def _vectorised(windows: list[RankWindow], since: float, until: float, short_steps: int,
-                min_steps: int) -> tuple[list[RankFeatures], list[float]] | None:
+                min_steps: int, trim: float) -> tuple[list[RankFeatures], list[float]] | None:
     step_lists = list(map(_STEPS, windows))
     n = len(step_lists)
     counts = np.fromiter(map(len, step_lists), np.int64, n)
@@ -77,25 +79,29 @@ def _vectorised(windows: list[RankWindow], since: float, until: float, short_ste
         shares = np.maximum(1.0 - (waits + comm) / durations, 0.0)
     step_time, n_timed = column_median(durations, timed)
     wait_frac, _ = column_median(fracs, timed)
-    wait_mean = np.where(timed, fracs, 0.0).sum(axis=0) / np.maximum(n_timed, 1)
+    # A cumulative sum adds oldest first, as `sum` in the reference does (numpy's sum is pairwise).
+    total_wait = np.cumsum(np.where(timed, fracs, 0.0), axis=0)[-1] if depth else np.zeros(n)
+    wait_mean = total_wait / np.maximum(n_timed, 1)
     shared = timed & ~np.isnan(comm)
     share_recent, n_shared = column_median(shares, shared)
     newest = shared & (np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps)  # the last `short_steps` of them
     share_short, _ = column_median(shares, newest)
+    share_trimmed, _ = column_trimmed_mean(shares, shared, trim)
     short_ok = n_shared >= min(short_steps, min_steps)
     recent_ok = n_shared >= min_steps
 
     feats = []
-    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok in zip(
+    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok, tm in zip(
             windows, k.tolist(), n_timed.tolist(), step_time.tolist(), wait_frac.tolist(), last_end.tolist(),
             counts.tolist(), wait_mean.tolist(), share_short.tolist(), short_ok.tolist(), share_recent.tolist(),
-            recent_ok.tolist(), strict=True):
+            recent_ok.tolist(), share_trimmed.tolist(), strict=True):
         i = w.info
         feats.append(RankFeatures(
             rank=i.rank, node=i.node, gpu_uuid=i.gpu_uuid, group=i.group, steps=steps,
             step_time_s=st if timed_k else None, wait_frac=wf if timed_k else None,
             last_end=le if total else None, last_push=w.last_push, wait_mean=wm if timed_k else None,
-            share_short=ss if sok else None, share_recent=sr if rok else None))
+            share_short=ss if sok else None, share_recent=sr if rok else None,
+            share_trimmed=tm if rok else None))
     in_range = recent & (ends < until)
     return feats, _slowest_per_step(numbers[in_range].astype(np.int64), durations[in_range])
 

@@ -134,8 +134,12 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
             for r, v in tf:
                 if v >= cfg.throttle_frac_min:
                     note(r.rank, "throttled", thr + 1.0, v, peer_med)
-    # Temperature alone is weak evidence (cooling differs by slot); it only supports another signal.
-    for rank in [k for k, sig in flagged.items() if set(sig) == {"temperature_c"}]:
+    # Temperature alone is weak evidence (cooling differs by slot); it only supports another signal. So is
+    # power for a rank with a compute share: the share measures the same thing (how long the GPU computes)
+    # directly, while the energy mean also moves with workload noise (a few batches of long sequences).
+    with_share = {r.rank for r, _, sh in members if sh is not None and (sh.short, sh.recent, sh.long) != (None,) * 3}
+    for rank in [k for k, sig in flagged.items()
+                 if set(sig) <= ({"temperature_c", "power_ratio"} if k in with_share else {"temperature_c"})]:
         del flagged[rank], scores[rank]
     # A shift, not stragglers: many ranks on many nodes sit past half the threshold on one silent signal
     # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
