@@ -49,6 +49,24 @@ def test_slow_gpu_silent_1_25_is_a_straggler_on_that_rank():
     assert tr.detected and tr.predicted == "straggler"
 
 
+def test_slow_gpu_silent_1_10_is_found_from_its_compute_share():
+    f = Fault("slow_gpu", "job-0", ONSET, 3600, rank=9, slowdown=1.10)
+    res, (tr,) = found(f, duration=330.0)
+    assert tr.detected and tr.predicted == "straggler"
+    ep = next(e for e in res.episodes if e.label == "tp")
+    assert "compute_share" in ep.evidence["signals"]
+
+
+def test_without_comm_waits_a_silent_1_10_straggler_is_missed_but_a_throttled_one_is_found():
+    # An SDK that times no collective: only GPU telemetry can localise, and a silent 1.10x hides in it.
+    silent = Fault("slow_gpu", "job-0", ONSET, 3600, rank=9, slowdown=1.10)
+    res = run(scenario(silent, 1, duration=330.0), comm_wait=False)
+    assert not res.truths[0].detected and [e for e in res.episodes if e.label == "fp"] == []
+    throttled = Fault("slow_gpu", "job-0", ONSET, 3600, rank=13, slowdown=1.5, visible=True, reason="hw_thermal")
+    res = run(scenario(throttled, 1, duration=270.0), comm_wait=False)
+    assert res.truths[0].detected and res.truths[0].predicted == "straggler"
+
+
 def test_slow_node_is_a_straggler_node():
     f = Fault("slow_node", "job-0", ONSET, 3600, node="node-00002", slowdown=1.25, visible=True,
               reason="hw_power_brake")

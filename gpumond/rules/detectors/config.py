@@ -20,7 +20,8 @@ class DetectorConfig:
     floor_power_ratio: float = 0.015
     floor_temperature_c: float = 1.5
     floor_wait_frac: float = 0.004
-    floor_compute_share: float = 0.003  # 0.3 % of a step: above host-timer noise, below what 1.05× moves
+    floor_compute_share: float = 0.005  # half a percent of a step, for the median looks (short, recent)…
+    floor_compute_share_long: float = 0.003  # …and the long look, an average of 30 evaluations (less noisy)
     min_steps: int = 5  # a rank with fewer steps in the recent window is not judged on data wait or compute share
     share_short_steps: int = 8  # compute share: the short look is the median of this many latest steps…
     share_trim: float = 0.1  # …the long look averages each evaluation's mean with this share trimmed off each end…

@@ -122,7 +122,8 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     # The slow rank computes through the time its peers wait for it: its compute share sits above theirs.
     # The strongest look is reported; each look is judged against the same group-size threshold.
     for look in LOOKS:
-        for rank, (z, v, med) in _signal(share(look), cfg.floor_compute_share, thr, +1).items():
+        floor = cfg.floor_compute_share_long if look == "long" else cfg.floor_compute_share
+        for rank, (z, v, med) in _signal(share(look), floor, thr, +1).items():
             prev = flagged.get(rank, {}).get("compute_share")
             if prev is None or abs(z) > abs(prev["z"]):  # type: ignore[index]
                 note(rank, "compute_share", z, v, med, look=look)
@@ -150,7 +151,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     nodes_in_group = len({r.node for r, _, _ in members})
     silent = [(telemetry("clock_ratio"), cfg.floor_clock_ratio, -1), (telemetry("power_ratio"), cfg.floor_power_ratio, 0)]
     # The short look is for latency and noisy by design; a shift shows just as well in the steadier ones.
-    silent += [(share(look), cfg.floor_compute_share, +1) for look in ("recent", "long")]
+    silent += [(share("recent"), cfg.floor_compute_share, +1), (share("long"), cfg.floor_compute_share_long, +1)]
     for i, (xs, floor, sign) in enumerate(silent):
         if len(xs) < 2:
             continue
