@@ -111,6 +111,13 @@ def variants(rep: Reporter, off: Reporter) -> dict[str, Callable[[list[int]], No
             with step():
                 pass
 
+    def wrap_comm_wait(data: list[int]) -> None:
+        step_end, comm_wait = rep.step_end, rep.comm_wait
+        for _ in rep.wrap(data):
+            with comm_wait():  # the timed collective of the docs' recipe, here an empty block
+                pass
+            step_end()
+
     def step_end_only(data: list[int]) -> None:
         step_end = rep.step_end
         for _ in data:
@@ -127,6 +134,7 @@ def variants(rep: Reporter, off: Reporter) -> dict[str, Callable[[list[int]], No
         "`wrap()` + `step_end()`": wrap_step_end,
         "`wrap()` + `step_end(samples=32)`": wrap_step_end_samples,
         "`wrap()` + `with step():`": wrap_block,
+        "`wrap()` + `with comm_wait():` + `step_end()`": wrap_comm_wait,
         "`step_end()` alone (no wrap)": step_end_only,
         "disabled reporter: `wrap()` + `step_end()`": disabled,
     }

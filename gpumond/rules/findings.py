@@ -14,7 +14,8 @@ Key = tuple[str, str, str | None, int | None, str | None]
 
 @dataclass(frozen=True, slots=True)
 class Persistence:
-    """k of the last n evaluations must flag an entity before it fires; `clear` quiet ones resolve it."""
+    """k of the last n evaluations must flag an entity before it fires (one, if the candidate is
+    corroborated by independent evidence); `clear` quiet ones resolve it."""
 
     k: int = 2
     n: int = 3
@@ -45,7 +46,7 @@ def advance(tracks: Mapping[Key, Track], candidates: Sequence[Candidate], now: f
             t = replace(t, candidate=c, hits=hits, quiet=0)
         else:
             t = replace(t, hits=hits, quiet=t.quiet + 1)
-        if not t.firing and sum(hits) >= p.k:
+        if not t.firing and (sum(hits) >= p.k or (c is not None and c.corroborated)):
             t = replace(t, firing=True)
         if t.firing and t.quiet >= p.clear:
             resolved.append(_finding(t))
@@ -55,7 +56,7 @@ def advance(tracks: Mapping[Key, Track], candidates: Sequence[Candidate], now: f
         new[key] = t
     for key, c in seen.items():
         t = Track(c, now, (True,))
-        new[key] = replace(t, firing=p.k <= 1)
+        new[key] = replace(t, firing=p.k <= 1 or c.corroborated)
     findings = sorted((_finding(t) for t in new.values()), key=lambda f: (-f.score, f.kind, f.job))
     return new, findings, resolved
 

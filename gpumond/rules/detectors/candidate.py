@@ -17,6 +17,9 @@ class Candidate:
     gpu_uuid: str | None = None
     score: float = 0.0
     evidence: Mapping[str, object] = field(default_factory=dict)
+    # Flagged at once by two independent measurement chains (what the job pushes and what the GPU's
+    # telemetry shows): noise does not do that, so persistence need not wait for a second evaluation.
+    corroborated: bool = False
 
     @property
     def key(self) -> tuple[str, str, str | None, int | None, str | None]:

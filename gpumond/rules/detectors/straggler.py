@@ -45,6 +45,8 @@ class StragglerResult:
 
 
 Member = tuple[RankFeatures, GpuFeatures | None, Shares | None]
+# Signals measured by the GPU's agent, independent of the job's pushes (temperature only supports).
+_TELEMETRY = frozenset({"sm_clock_ratio", "power_ratio", "throttled"})
 
 
 def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
@@ -176,7 +178,8 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         reasons = {"throttle_reasons": list(g.throttle_reasons)} if g is not None and g.throttle_reasons else {}
         out.append(Candidate("straggler", job, r.node, rank, r.gpu_uuid, round(scores[rank], 2),
                              {"group": group, "peers": len(members), "threshold_z": round(thr, 2),
-                              "signals": evidence, **reasons}))
+                              "signals": evidence, **reasons},
+                             corroborated="compute_share" in evidence and not _TELEMETRY.isdisjoint(evidence)))
     out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
     return out, blocks
 
