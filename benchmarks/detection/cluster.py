@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpumond.rules.detectors.engine import EvalInputs
-from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord
+from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepColumns, StepRecord
 
 from benchmarks.detection.faults import Fault
 from benchmarks.detection.noise import (
@@ -113,6 +113,12 @@ class _Job:
         self.ends: list[float] = []
         self.recs: list[list[StepRecord]] = [[] for _ in range(n)]
         self.offset = 0  # index in `ends` of recs[r][0]
+        # The same steps as columns (what the store keeps on ingest): cols[f, r, i] is field f (end, duration,
+        # data wait, comm wait) of rank r's step col_base + i; step numbers are the step indices, shared.
+        self.cols = np.empty((4, n, 0))
+        self.col_steps = np.empty(0, dtype=np.int64)
+        self.col_base = 0
+        self.col_keep = 0  # index in `ends` of the oldest step a window may still ask for
         self.recent: deque[_Step] = deque()
         self.hung = False
         self.push_phase = rng.uniform(0.0, sim.push_s, n)
@@ -208,9 +214,24 @@ class _Job:
             cw = [None] * n
         for lst, e, d, ww, cc in zip(self.recs, ends, durs.tolist(), w.tolist(), cw, strict=True):
             lst.append(step_record(k, e, d, ww, cc))
+        self._append_columns(k, end + self.skew, durs, w, np.array(cw, dtype=float))
         self.ends.append(end)
         self.t = end
         self.k += 1
+
+    def _append_columns(self, k: int, end: np.ndarray, dur: np.ndarray, wait: np.ndarray, comm: np.ndarray) -> None:
+        i = k - self.col_base
+        if i >= self.cols.shape[2]:
+            # New arrays rather than a shift in place: windows handed out keep viewing the old ones.
+            lo = self.col_keep - self.col_base
+            live = i - lo
+            cap = max(64, 2 * (live + 1))
+            cols = np.empty((4, self.n, cap))
+            cols[:, :, :live] = self.cols[:, :, lo:i]
+            steps = np.arange(self.col_keep, self.col_keep + cap, dtype=np.int64)
+            steps.flags.writeable = False
+            self.cols, self.col_steps, self.col_base, i = cols, steps, self.col_keep, live
+        self.cols[:, :, i] = (end, dur, wait, comm)
 
     # ----- what the service holds -----------------------------------------------------------------
     def windows(self, now: float) -> dict[int, RankWindow]:
@@ -226,10 +247,15 @@ class _Job:
         last_push = np.floor((now - self.push_phase) / sim.push_s) * sim.push_s + self.push_phase
         hi = np.searchsorted(ends, last_push, "right")
         a = lo - self.offset
+        self.col_keep = max(self.col_keep, lo)
+        ca, shift = lo - self.col_base, self.offset - self.col_base
+        cols, steps = self.cols, self.col_steps
         out = {}
         for r, (info, lst, h, lp) in enumerate(zip(self.infos, self.recs, (hi - self.offset).tolist(),
                                                     last_push.tolist(), strict=True)):
-            out[r] = RankWindow(info, tuple(lst[a:h]), lp)
+            values = cols[:, r, ca:h + shift]
+            values.flags.writeable = False
+            out[r] = RankWindow(info, tuple(lst[a:h]), lp, StepColumns(steps[ca:h + shift], values))
         return out
 
     def phases(self, t: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

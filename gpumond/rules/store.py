@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from gpumond.rules.columns import StepBuffer
 from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
 
 if TYPE_CHECKING:
@@ -46,11 +47,12 @@ class RankCounts:
 class _Rank:
     """One (job, rank): its latest RankInfo and its steps in arrival order."""
 
-    __slots__ = ("info", "steps", "last_push", "last_step", "view")
+    __slots__ = ("info", "steps", "cols", "last_push", "last_step", "view")
 
     def __init__(self, info: RankInfo) -> None:
         self.info = info
         self.steps: deque[StepRecord] = deque()
+        self.cols = StepBuffer()  # the same steps as columns, for the detectors
         self.last_push = 0.0
         self.last_step = -1  # highest step number ever held: steps above it cannot be duplicates
         self.view: RankWindow | None = None  # the last snapshot, reused until something changes
@@ -103,6 +105,7 @@ class RankStore:
             self._trim(rank, cutoff)
             fresh = self._fit(rank, fresh)
             rank.steps.extend(fresh)
+            rank.cols.extend(fresh)
             self._steps += len(fresh)
             self._accepted += len(fresh)
             rank.last_step = max(rank.last_step, highest)
@@ -180,6 +183,7 @@ class RankStore:
         drop_old = min(excess, held)
         for _ in range(drop_old):
             rank.steps.popleft()
+        rank.cols.drop(drop_old)
         self._steps -= drop_old
         drop_new = excess - drop_old
         if drop_new:
@@ -195,6 +199,7 @@ class RankStore:
             steps.popleft()
             n += 1
         if n:
+            rank.cols.drop(n)
             self._steps -= n
             rank.view = None
         return n
@@ -240,7 +245,8 @@ class RankStore:
                 for number, rank in ranks.items():
                     self._trim(rank, cutoff)
                     if rank.view is None:
-                        rank.view = RankWindow(rank.info, tuple(rank.steps), rank.last_push)
+                        steps = tuple(rank.steps)
+                        rank.view = RankWindow(rank.info, steps, rank.last_push, rank.cols.columns(steps))
                     views[number] = rank.view
             out[name] = MappingProxyType(views)
         return MappingProxyType(out)

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import numpy as np
+
 
 # ----- from training jobs (push API) -------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,43 @@ class RankInfo:
     group: str | None = None  # peer group, e.g. a pipeline stage; ranks compare only within it
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class StepColumns:
+    """A rank's steps as numpy arrays, oldest first, aligned 1:1 with RankWindow.steps.
+
+    Why: detectors read millions of steps per evaluation; reading them from arrays the store keeps up to
+    date on ingest costs a copy, reading them from StepRecord objects costs an attribute lookup each.
+    `values` holds end, duration_s, data_wait_s and comm_wait_s as rows (NaN where a rank did not report
+    comm_wait_s), so a job's ranks concatenate in one call. The arrays are read-only views of buffers
+    their owner never writes again under them: snapshots share them across threads.
+    """
+
+    # eq=False: equal content is not identity, and numpy's elementwise == has no truth value.
+    step: np.ndarray  # int64, (n,)
+    values: np.ndarray  # float64, (4, n): end, duration_s, data_wait_s, comm_wait_s
+
+    FIELDS = ("end", "duration_s", "data_wait_s", "comm_wait_s")
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.values[0]
+
+    @property
+    def duration_s(self) -> np.ndarray:
+        return self.values[1]
+
+    @property
+    def data_wait_s(self) -> np.ndarray:
+        return self.values[2]
+
+    @property
+    def comm_wait_s(self) -> np.ndarray:
+        return self.values[3]
+
+    def __len__(self) -> int:
+        return self.step.shape[0]
+
+
 @dataclass(frozen=True, slots=True)
 class RankWindow:
     """A rank's recent steps, oldest first, bounded in time and count."""
@@ -41,6 +80,9 @@ class RankWindow:
     info: RankInfo
     steps: tuple[StepRecord, ...]
     last_push: float  # unix seconds of the last accepted push
+    # The same steps as arrays, when whoever built the window keeps them (the store, the simulator);
+    # detectors fall back to reading `steps` when any window of a job lacks them.
+    columns: StepColumns | None = field(default=None, compare=False)
 
 
 # ----- from GPU telemetry (agents or Prometheus) --------------------------------------------------

@@ -74,3 +74,12 @@ def last_row(mask: np.ndarray) -> np.ndarray:
 def has_nan(*arrays: np.ndarray) -> bool:
     """Whether any array holds a NaN (inputs the vectorised path leaves to the reference code)."""
     return any(bool(np.isnan(a).any()) for a in arrays if a.size)
+
+
+def gather(flat: np.ndarray, stops: np.ndarray, counts: np.ndarray, width: int, pad: float) -> np.ndarray:
+    """The (…, width, n) matrix, layout as `to_matrix`, of sequences stored one after another along the last
+    axis of `flat` (sequence j ends just before stops[j] and holds counts[j] elements; only its newest
+    `width` are taken). Cells above a shorter sequence hold `pad`. Pure index arithmetic: no Python loop."""
+    have = held(counts, width)
+    index = stops[None, :] - width + np.arange(width)[:, None]
+    return np.where(have, flat[..., np.where(have, index, 0)], pad)
