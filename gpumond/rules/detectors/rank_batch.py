@@ -65,7 +65,9 @@ def _vectorised(windows: list[RankWindow], since: float, until: float, short_ste
         shares = np.maximum(1.0 - (waits + comm) / durations, 0.0)
     step_time, n_timed = column_median(durations, timed)
     wait_frac, _ = column_median(fracs, timed)
-    wait_mean = np.where(timed, fracs, 0.0).sum(axis=0) / np.maximum(n_timed, 1)
+    # cumsum adds in row (step) order, as the reference's sum(); .sum() adds pairwise and can differ in the last bit.
+    summed = np.cumsum(np.where(timed, fracs, 0.0), axis=0)[-1] if depth else np.zeros(n)
+    wait_mean = summed / np.maximum(n_timed, 1)
     shared = timed & ~np.isnan(comm)
     share_recent, n_shared = column_median(shares, shared)
     newest = shared & (np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps)  # the last `short_steps` of them
