@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpumond.rules.detectors.engine import EvalInputs
-from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepColumns, StepRecord
+from gpumond.rules.columns import SampleBuffer, sample_matrix
+from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord
 
 from benchmarks.detection.faults import Fault
 from benchmarks.detection.noise import (
@@ -306,6 +307,7 @@ class Cluster:
         self.energy_j = rng.uniform(1e8, 1e9, self.n_gpus)
         self.jobs = [_Job(j, self, faults, np.random.default_rng([seed, i])) for i, j in enumerate(jobs)]
         self.gpu_win: dict[str, deque[GpuSample]] = {}
+        self.gpu_cols: dict[str, SampleBuffer] = {}  # the same samples as columns (as the GpuStore keeps them)
         self.host_win: dict[str, deque[HostSample]] = {}
         self.absent: frozenset[str] = frozenset()
         self.next_scrape = t0 + rng.uniform(0.0, scrape_s)
@@ -333,7 +335,9 @@ class Cluster:
         gw = {}
         for j in self.jobs:
             for info in j.infos:
-                gw[info.gpu_uuid] = _since(self.gpu_win.get(info.gpu_uuid, ()), since)
+                samples = _since(self.gpu_win.get(info.gpu_uuid, ()), since)
+                cols = self.gpu_cols.get(info.gpu_uuid)
+                gw[info.gpu_uuid] = GpuWindow(samples, cols.columns(len(samples)) if cols is not None else None)
         hw = {node: _since(self.host_win.get(node, ()), since) for j in self.jobs for node in j.node_ranks}
         return EvalInputs(now, jobs, gw, hw, self.absent)
 
@@ -384,6 +388,7 @@ class Cluster:
             missing = (rng.random(n) < noise.sample_miss_p) | node_down[j.node_idx]
             rows = zip(clk.tolist(), p.tolist(), util.tolist(), temp.tolist(), *bits.tolist(), strict=True)
             jobs = (j.spec.name,)
+            added: list[GpuSample] = []
             for r, (row, miss) in enumerate(zip(rows, missing.tolist(), strict=True)):
                 if miss:
                     continue
@@ -398,7 +403,14 @@ class Cluster:
                 dq = self.gpu_win.get(info.gpu_uuid)
                 if dq is None:
                     dq = self.gpu_win[info.gpu_uuid] = deque(maxlen=16)
-                dq.append(gpu_sample(info.gpu_uuid, info.node, str(g[r] % 8), ts, values, jobs))
+                    self.gpu_cols[info.gpu_uuid] = SampleBuffer()
+                elif len(dq) == dq.maxlen:
+                    self.gpu_cols[info.gpu_uuid].drop(1)  # the deque drops its oldest on this append
+                sample = gpu_sample(info.gpu_uuid, info.node, str(g[r] % 8), ts, values, jobs)
+                dq.append(sample)
+                added.append(sample)
+            for sample, column in zip(added, sample_matrix(added).T, strict=True):
+                self.gpu_cols[sample.uuid].append(column)
             self._hosts(j, ts, node_down, absent)
         self.absent = frozenset(absent)
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpumond.rules.types import StepColumns, StepRecord
+from gpumond.rules.types import GPU_SIGNALS, SAMPLE_ROWS, GpuColumns, GpuSample, StepColumns, StepRecord
 
 _MIN_CAP = 16
 
@@ -101,3 +101,58 @@ class StepBuffer:
             self._start, self._stop = 0, len(steps)
         a, b = self._start, self._stop
         return StepColumns(_frozen(self._step[a:b]), _frozen(self._values[:, a:b]))
+
+
+# ----- GPU samples -------------------------------------------------------------------------------
+_BITS = 2.0 ** np.arange(len(GPU_SIGNALS))
+
+
+def sample_matrix(samples: Sequence[GpuSample]) -> np.ndarray:
+    """The (SAMPLE_ROWS, n) GpuColumns matrix of `samples` (a telemetry batch at once: no per-key Python)."""
+    raw = [[s.t, 1.0 if s.up else 0.0, *map(s.values.get, GPU_SIGNALS)] for s in samples]
+    if not raw:
+        return np.empty((SAMPLE_ROWS, 0))
+    objects = np.array(raw, dtype=object)
+    present = (objects[:, 2:] != None) @ _BITS  # noqa: E711 - elementwise: which signals the sample had
+    rows = np.empty((len(raw), SAMPLE_ROWS))
+    rows[:, :2] = objects[:, :2]
+    rows[:, 2] = present
+    rows[:, 3:] = np.array(objects[:, 2:], dtype=float)  # None (absent) becomes NaN
+    return rows.T.copy()
+
+
+def gpu_columns(samples: Sequence[GpuSample]) -> GpuColumns:
+    """Read-only columns of `samples`."""
+    return GpuColumns(_frozen(sample_matrix(samples)))
+
+
+class SampleBuffer:
+    """One GPU's samples in window order, as a growable GpuColumns matrix aligned with the store's deque."""
+
+    __slots__ = ("_data", "_start", "_stop")
+
+    def __init__(self) -> None:
+        self._data = np.empty((SAMPLE_ROWS, 0))
+        self._start = self._stop = 0
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def append(self, column: np.ndarray) -> None:
+        """Append one sample's column of sample_matrix."""
+        if self._stop == self._data.shape[1]:
+            live = self._stop - self._start
+            data = np.empty((SAMPLE_ROWS, max(_MIN_CAP, 2 * (live + 1))))
+            data[:, :live] = self._data[:, self._start:self._stop]  # new cells: views handed out keep the old
+            self._data, self._start, self._stop = data, 0, live
+        self._data[:, self._stop] = column
+        self._stop += 1
+
+    def drop(self, n: int) -> None:
+        """Forget the `n` oldest samples."""
+        self._start += n
+        assert self._start <= self._stop
+
+    def columns(self, newest: int) -> GpuColumns:
+        """Read-only view of the `newest` latest samples."""
+        return GpuColumns(_frozen(self._data[:, self._stop - newest:self._stop]))

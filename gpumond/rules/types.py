@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -120,6 +120,56 @@ class GpuSample:
     up: bool
     values: Mapping[str, float] = field(default_factory=dict)
     jobs: tuple[str, ...] = ()  # from gpumond_gpu_job_info
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GpuColumns:
+    """A GPU's samples as one read-only float64 matrix, oldest first, aligned 1:1 with its GpuWindow.
+
+    Rows: t, up (1.0/0.0), which signals were present (bit j for GPU_SIGNALS[j]: a NaN there is a value the
+    agent sent, elsewhere an absent signal), then one row per signal of GPU_SIGNALS (NaN where absent).
+    One matrix, so the store writes a sample with one assignment and a job's GPUs concatenate in one call.
+    """
+
+    data: np.ndarray  # (SAMPLE_ROWS, n)
+
+    @property
+    def t(self) -> np.ndarray:
+        return self.data[0]
+
+    @property
+    def up(self) -> np.ndarray:
+        return self.data[1] != 0.0
+
+    @property
+    def present(self) -> np.ndarray:
+        return self.data[2].astype(np.int64)
+
+    @property
+    def values(self) -> np.ndarray:
+        """(len(GPU_SIGNALS), n)."""
+        return self.data[3:]
+
+    def signal(self, name: str) -> np.ndarray:
+        return self.data[3 + GPU_SIGNALS.index(name)]
+
+    def __len__(self) -> int:
+        return self.data.shape[1]
+
+
+SAMPLE_ROWS = 3 + len(GPU_SIGNALS)
+
+
+class GpuWindow(tuple):  # noqa: SLOT001 - a tuple subclass cannot have non-empty __slots__
+    """A GPU's samples, oldest first: a tuple of GpuSample (every Sequence[GpuSample] reader is unchanged)
+    that may also carry the same samples as GpuColumns, for the detectors."""
+
+    columns: GpuColumns | None
+
+    def __new__(cls, samples: Iterable[GpuSample] = (), columns: GpuColumns | None = None) -> GpuWindow:
+        window = super().__new__(cls, samples)
+        window.columns = columns
+        return window
 
 
 @dataclass(frozen=True, slots=True)

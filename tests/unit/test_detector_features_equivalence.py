@@ -18,13 +18,13 @@ from benchmarks.detection.cluster import Cluster, JobSpec
 from benchmarks.detection.faults import Fault
 from benchmarks.detection.noise import Noise
 from benchmarks.detection.scenarios import T0
-from gpumond.rules.columns import step_columns
+from gpumond.rules.columns import gpu_columns, step_columns
 from gpumond.rules.detectors import engine
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import THROTTLE_SIGNALS, GpuFeatures, RankFeatures
 from gpumond.rules.detectors.gpu_batch import gpu_features_many
 from gpumond.rules.detectors.rank_batch import job_rank_features
-from gpumond.rules.types import GpuSample, RankInfo, RankWindow, StepRecord
+from gpumond.rules.types import GpuSample, GpuWindow, RankInfo, RankWindow, StepRecord
 
 
 # ----- reference: one Python loop per rank / GPU -------------------------------------------------
@@ -200,11 +200,22 @@ def gpu_windows(draw):
     return windows
 
 
+def with_gpu_columns(windows, every=True):
+    """The same GPU windows carrying GpuColumns (all of them, or all but the first: the objects path)."""
+    out = {u: GpuWindow(w, gpu_columns(w)) for u, w in windows.items()}
+    if not every and out:
+        first = next(iter(out))
+        out[first] = tuple(out[first])
+    return out
+
+
 @settings(max_examples=400, deadline=None)
-@given(gpu_windows(), st.booleans())
-def test_gpu_features_match_the_reference(windows, strict):
+@given(gpu_windows(), st.booleans(), st.booleans())
+def test_gpu_features_match_the_reference(windows, strict, every):
     uuids = [*windows, "G-unknown", *list(windows)[:1]]  # a GPU without telemetry, a GPU asked twice
-    assert same(gpu_features_many(uuids, windows, SINCE, strict), ref_gpus(uuids, windows, SINCE, strict))
+    expected = ref_gpus(uuids, windows, SINCE, strict)
+    for variant in (windows, with_gpu_columns(windows, every)):  # the objects path, then the columns path
+        assert same(gpu_features_many(uuids, variant, SINCE, strict), expected)
 
 
 def test_gpu_features_edge_cases():
@@ -225,13 +236,15 @@ def test_gpu_features_edge_cases():
         "int values": tuple(s(NOW - i, temperature_c=70 + i) for i in range(3)),
     }
     for name, samples in cases.items():
-        windows = {"G": samples}
+        plain = {"G": samples}
         for strict in (False, True):
-            assert same(gpu_features_many(["G"], windows, SINCE, strict), ref_gpus(["G"], windows, SINCE, strict)) \
-                or name == "int values", name
+            for windows in (plain, with_gpu_columns(plain)):
+                got = gpu_features_many(["G"], windows, SINCE, strict)
+                assert same(got, ref_gpus(["G"], plain, SINCE, strict)) or name == "int values", name
     # ints: the fast path reads numbers as floats (telemetry sources only produce floats); values still equal
     windows = {"G": cases["int values"]}
     assert gpu_features_many(["G"], windows, SINCE) == ref_gpus(["G"], windows, SINCE)
+    assert gpu_features_many(["G"], with_gpu_columns(windows), SINCE) == ref_gpus(["G"], windows, SINCE)
 
 
 # ----- whole evaluations on simulated clusters ---------------------------------------------------

@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumond.rules.store import CapExceeded, RankStore
-from gpumond.rules.types import RankInfo, RankWindow, StepRecord
+from gpumond.rules.store import CapExceeded, GpuStore, RankStore
+from gpumond.rules.types import GPU_SIGNALS, GpuSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
 
 NOW = 1_763_760_000.0
 
@@ -90,3 +90,42 @@ def test_columns_grow_past_their_first_buffer_without_touching_earlier_snapshots
     for i, w in enumerate(snaps):
         assert w.columns.step.tolist() == list(range(max(0, i - 39), i + 1))
         assert_columns_match(w)
+
+
+# ----- GpuStore ----------------------------------------------------------------------------------
+SIGNALS = ("sm_clock_hz", "power_w", "energy_j", "utilization")
+sample = st.tuples(st.integers(0, 3), st.sampled_from([-3.0, 0.0, 1.0, 4.0]), st.booleans(),
+                   st.dictionaries(st.sampled_from(SIGNALS), st.sampled_from([0.0, 1.5, float("nan")])))
+
+
+def assert_gpu_columns_match(window) -> None:
+    cols = window.columns
+    assert cols is not None and len(cols) == len(window)
+    assert not cols.data.flags.writeable
+    assert cols.t.tolist() == [s.t for s in window] and cols.up.tolist() == [s.up for s in window]
+    for j, name in enumerate(GPU_SIGNALS):
+        assert [bool(p >> j & 1) for p in cols.present.tolist()] == [name in s.values for s in window]
+        expected = np.array([s.values.get(name, np.nan) for s in window], dtype=float)
+        assert np.array_equal(cols.signal(name), expected, equal_nan=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(sample, max_size=5), st.sampled_from([0.0, 2.0, 9.0]), st.booleans()),
+                max_size=20))
+def test_gpu_columns_always_equal_the_samples(fetches):
+    g = GpuStore(window_s=10, expire_after_s=15, max_gpus=3, max_samples=4)
+    now = NOW
+    taken = []
+    for batch, advance, expire in fetches:
+        gpus = tuple(GpuSample(f"G{u}", "n", str(u), now + dt, up, values) for u, dt, up, values in batch)
+        g.add(TelemetryBatch(now, gpus))
+        now += advance
+        if expire:
+            g.expire(now)
+        for u in range(5):
+            w = g.window(f"G{u}", now - 8.0)
+            if w:
+                assert_gpu_columns_match(w)
+                taken.append((w, w.columns.data.copy()))
+    for w, data in taken:  # later fetches never wrote under an earlier window
+        assert np.array_equal(w.columns.data, data, equal_nan=True)
