@@ -116,7 +116,7 @@ class _Job:
         self.offset = 0  # index in `ends` of recs[r][0]
         # The same steps as columns (what the store keeps on ingest): cols[f, r, i] is field f (end, duration,
         # data wait, comm wait) of rank r's step col_base + i; step numbers are the step indices, shared.
-        self.cols = np.empty((4, n, 0))
+        self.cols = self.cols_read = np.empty((4, n, 0))
         self.col_steps = np.empty(0, dtype=np.int64)
         self.col_base = 0
         self.col_keep = 0  # index in `ends` of the oldest step a window may still ask for
@@ -232,6 +232,8 @@ class _Job:
             steps = np.arange(self.col_keep, self.col_keep + cap, dtype=np.int64)
             steps.flags.writeable = False
             self.cols, self.col_steps, self.col_base, i = cols, steps, self.col_keep, live
+            self.cols_read = cols.view()
+            self.cols_read.flags.writeable = False  # windows slice this: read-only without a flag per view
         self.cols[:, :, i] = (end, dur, wait, comm)
 
     # ----- what the service holds -----------------------------------------------------------------
@@ -250,12 +252,11 @@ class _Job:
         a = lo - self.offset
         self.col_keep = max(self.col_keep, lo)
         ca, shift = lo - self.col_base, self.offset - self.col_base
-        cols, steps = self.cols, self.col_steps
+        cols, steps = self.cols_read, self.col_steps
         out = {}
         for r, (info, lst, h, lp) in enumerate(zip(self.infos, self.recs, (hi - self.offset).tolist(),
                                                     last_push.tolist(), strict=True)):
             values = cols[:, r, ca:h + shift]
-            values.flags.writeable = False
             out[r] = RankWindow(info, tuple(lst[a:h]), lp, StepColumns(steps[ca:h + shift], values))
         return out
 

@@ -22,6 +22,10 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _read_only(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    return tuple(_frozen(a.view()) for a in arrays)
+
+
 def step_rows(steps: Sequence[StepRecord]) -> tuple[np.ndarray, np.ndarray]:
     """(step numbers as int64, (4, n) float64 of end, duration_s, data_wait_s, comm_wait_s with NaN for None).
     Raises OverflowError for a step number outside int64."""
@@ -42,11 +46,12 @@ def step_columns(steps: Sequence[StepRecord]) -> StepColumns | None:
 class StepBuffer:
     """One rank's steps in arrival order, as growable columns aligned with the store's deque."""
 
-    __slots__ = ("_step", "_values", "_start", "_stop", "_broken")
+    __slots__ = ("_step", "_values", "_read", "_start", "_stop", "_broken")
 
     def __init__(self) -> None:
         self._step = np.empty(0, dtype=np.int64)
         self._values = np.empty((4, 0))
+        self._read = _read_only(self._step, self._values)  # slices of read-only views are read-only: no flag per snapshot
         self._start = self._stop = 0
         self._broken = False  # a step number did not fit int64: rebuilt from the records when asked
 
@@ -81,6 +86,7 @@ class StepBuffer:
         step[:live] = self._step[self._start:self._stop]
         values[:, :live] = self._values[:, self._start:self._stop]
         self._step, self._values, self._start, self._stop = step, values, 0, live
+        self._read = _read_only(step, values)
 
     def drop(self, n: int) -> None:
         """Forget the `n` oldest steps."""
@@ -98,9 +104,11 @@ class StepBuffer:
                 return None
             self._broken = False
             self._step, self._values = np.array(cols.step), np.array(cols.values)
+            self._read = _read_only(self._step, self._values)
             self._start, self._stop = 0, len(steps)
         a, b = self._start, self._stop
-        return StepColumns(_frozen(self._step[a:b]), _frozen(self._values[:, a:b]))
+        step, values = self._read
+        return StepColumns(step[a:b], values[:, a:b])
 
 
 # ----- GPU samples -------------------------------------------------------------------------------
@@ -108,17 +116,18 @@ _BITS = 2.0 ** np.arange(len(GPU_SIGNALS))
 
 
 def sample_matrix(samples: Sequence[GpuSample]) -> np.ndarray:
-    """The (SAMPLE_ROWS, n) GpuColumns matrix of `samples` (a telemetry batch at once: no per-key Python)."""
-    raw = [[s.t, 1.0 if s.up else 0.0, *map(s.values.get, GPU_SIGNALS)] for s in samples]
-    if not raw:
-        return np.empty((SAMPLE_ROWS, 0))
-    objects = np.array(raw, dtype=object)
-    present = (objects[:, 2:] != None) @ _BITS  # noqa: E711 - elementwise: which signals the sample had
-    rows = np.empty((len(raw), SAMPLE_ROWS))
-    rows[:, :2] = objects[:, :2]
-    rows[:, 2] = present
-    rows[:, 3:] = np.array(objects[:, 2:], dtype=float)  # None (absent) becomes NaN
-    return rows.T.copy()
+    """The (SAMPLE_ROWS, n) GpuColumns matrix of `samples` (a telemetry batch at once: one conversion)."""
+    rows = [[s.t, s.up, *map(s.values.get, GPU_SIGNALS)] for s in samples]
+    m = np.array(rows, dtype=float).reshape(-1, 2 + len(GPU_SIGNALS))  # an absent signal (None) becomes NaN
+    nan = np.isnan(m[:, 2:])
+    out = np.empty((SAMPLE_ROWS, len(rows)))
+    out[:2] = m[:, :2].T
+    out[2] = ~nan @ _BITS
+    for r, j in zip(*np.nonzero(nan), strict=True):  # NaN: absent, or a NaN the agent sent (then present)
+        if GPU_SIGNALS[j] in samples[r].values:
+            out[2, r] += _BITS[j]
+    out[3:] = m[:, 2:].T
+    return out
 
 
 def gpu_columns(samples: Sequence[GpuSample]) -> GpuColumns:
@@ -129,10 +138,11 @@ def gpu_columns(samples: Sequence[GpuSample]) -> GpuColumns:
 class SampleBuffer:
     """One GPU's samples in window order, as a growable GpuColumns matrix aligned with the store's deque."""
 
-    __slots__ = ("_data", "_start", "_stop")
+    __slots__ = ("_data", "_read", "_start", "_stop")
 
     def __init__(self) -> None:
         self._data = np.empty((SAMPLE_ROWS, 0))
+        self._read = _frozen(self._data.view())
         self._start = self._stop = 0
 
     def __len__(self) -> int:
@@ -145,6 +155,7 @@ class SampleBuffer:
             data = np.empty((SAMPLE_ROWS, max(_MIN_CAP, 2 * (live + 1))))
             data[:, :live] = self._data[:, self._start:self._stop]  # new cells: views handed out keep the old
             self._data, self._start, self._stop = data, 0, live
+            self._read = _frozen(data.view())
         self._data[:, self._stop] = column
         self._stop += 1
 
@@ -155,4 +166,4 @@ class SampleBuffer:
 
     def columns(self, newest: int) -> GpuColumns:
         """Read-only view of the `newest` latest samples."""
-        return GpuColumns(_frozen(self._data[:, self._stop - newest:self._stop]))
+        return GpuColumns(self._read[:, self._stop - newest:self._stop])
