@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpumond.rules.detectors.engine import EvalInputs
-from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord
+from gpumond.rules.columns import SampleBuffer, sample_matrix
+from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord
 
 from benchmarks.detection.faults import Fault
 from benchmarks.detection.noise import (
@@ -113,6 +114,12 @@ class _Job:
         self.ends: list[float] = []
         self.recs: list[list[StepRecord]] = [[] for _ in range(n)]
         self.offset = 0  # index in `ends` of recs[r][0]
+        # The same steps as columns (what the store keeps on ingest): cols[f, r, i] is field f (end, duration,
+        # data wait, comm wait) of rank r's step col_base + i; step numbers are the step indices, shared.
+        self.cols = self.cols_read = np.empty((4, n, 0))
+        self.col_steps = np.empty(0, dtype=np.int64)
+        self.col_base = 0
+        self.col_keep = 0  # index in `ends` of the oldest step a window may still ask for
         self.recent: deque[_Step] = deque()
         self.hung = False
         self.push_phase = rng.uniform(0.0, sim.push_s, n)
@@ -208,9 +215,26 @@ class _Job:
             cw = [None] * n
         for lst, e, d, ww, cc in zip(self.recs, ends, durs.tolist(), w.tolist(), cw, strict=True):
             lst.append(step_record(k, e, d, ww, cc))
+        self._append_columns(k, end + self.skew, durs, w, np.array(cw, dtype=float))
         self.ends.append(end)
         self.t = end
         self.k += 1
+
+    def _append_columns(self, k: int, end: np.ndarray, dur: np.ndarray, wait: np.ndarray, comm: np.ndarray) -> None:
+        i = k - self.col_base
+        if i >= self.cols.shape[2]:
+            # New arrays rather than a shift in place: windows handed out keep viewing the old ones.
+            lo = self.col_keep - self.col_base
+            live = i - lo
+            cap = max(64, 2 * (live + 1))
+            cols = np.empty((4, self.n, cap))
+            cols[:, :, :live] = self.cols[:, :, lo:i]
+            steps = np.arange(self.col_keep, self.col_keep + cap, dtype=np.int64)
+            steps.flags.writeable = False
+            self.cols, self.col_steps, self.col_base, i = cols, steps, self.col_keep, live
+            self.cols_read = cols.view()
+            self.cols_read.flags.writeable = False  # windows slice this: read-only without a flag per view
+        self.cols[:, :, i] = (end, dur, wait, comm)
 
     # ----- what the service holds -----------------------------------------------------------------
     def windows(self, now: float) -> dict[int, RankWindow]:
@@ -226,10 +250,14 @@ class _Job:
         last_push = np.floor((now - self.push_phase) / sim.push_s) * sim.push_s + self.push_phase
         hi = np.searchsorted(ends, last_push, "right")
         a = lo - self.offset
+        self.col_keep = max(self.col_keep, lo)
+        ca, shift = lo - self.col_base, self.offset - self.col_base
+        cols, steps = self.cols_read, self.col_steps
         out = {}
         for r, (info, lst, h, lp) in enumerate(zip(self.infos, self.recs, (hi - self.offset).tolist(),
                                                     last_push.tolist(), strict=True)):
-            out[r] = RankWindow(info, tuple(lst[a:h]), lp)
+            values = cols[:, r, ca:h + shift]
+            out[r] = RankWindow(info, tuple(lst[a:h]), lp, StepColumns(steps[ca:h + shift], values))
         return out
 
     def phases(self, t: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -280,6 +308,7 @@ class Cluster:
         self.energy_j = rng.uniform(1e8, 1e9, self.n_gpus)
         self.jobs = [_Job(j, self, faults, np.random.default_rng([seed, i])) for i, j in enumerate(jobs)]
         self.gpu_win: dict[str, deque[GpuSample]] = {}
+        self.gpu_cols: dict[str, SampleBuffer] = {}  # the same samples as columns (as the GpuStore keeps them)
         self.host_win: dict[str, deque[HostSample]] = {}
         self.absent: frozenset[str] = frozenset()
         self.next_scrape = t0 + rng.uniform(0.0, scrape_s)
@@ -307,7 +336,9 @@ class Cluster:
         gw = {}
         for j in self.jobs:
             for info in j.infos:
-                gw[info.gpu_uuid] = _since(self.gpu_win.get(info.gpu_uuid, ()), since)
+                samples = _since(self.gpu_win.get(info.gpu_uuid, ()), since)
+                cols = self.gpu_cols.get(info.gpu_uuid)
+                gw[info.gpu_uuid] = GpuWindow(samples, cols.columns(len(samples)) if cols is not None else None)
         hw = {node: _since(self.host_win.get(node, ()), since) for j in self.jobs for node in j.node_ranks}
         return EvalInputs(now, jobs, gw, hw, self.absent)
 
@@ -358,6 +389,7 @@ class Cluster:
             missing = (rng.random(n) < noise.sample_miss_p) | node_down[j.node_idx]
             rows = zip(clk.tolist(), p.tolist(), util.tolist(), temp.tolist(), *bits.tolist(), strict=True)
             jobs = (j.spec.name,)
+            added: list[GpuSample] = []
             for r, (row, miss) in enumerate(zip(rows, missing.tolist(), strict=True)):
                 if miss:
                     continue
@@ -372,7 +404,14 @@ class Cluster:
                 dq = self.gpu_win.get(info.gpu_uuid)
                 if dq is None:
                     dq = self.gpu_win[info.gpu_uuid] = deque(maxlen=16)
-                dq.append(gpu_sample(info.gpu_uuid, info.node, str(g[r] % 8), ts, values, jobs))
+                    self.gpu_cols[info.gpu_uuid] = SampleBuffer()
+                elif len(dq) == dq.maxlen:
+                    self.gpu_cols[info.gpu_uuid].drop(1)  # the deque drops its oldest on this append
+                sample = gpu_sample(info.gpu_uuid, info.node, str(g[r] % 8), ts, values, jobs)
+                dq.append(sample)
+                added.append(sample)
+            for sample, column in zip(added, sample_matrix(added).T, strict=True):
+                self.gpu_cols[sample.uuid].append(column)
             self._hosts(j, ts, node_down, absent)
         self.absent = frozenset(absent)
 

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
+import numpy as np
+
+from gpumond.rules.columns import SampleBuffer, StepBuffer, sample_matrix
+from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
 
 if TYPE_CHECKING:
     from gpumond.config.rules import RulesConfig
@@ -46,11 +49,12 @@ class RankCounts:
 class _Rank:
     """One (job, rank): its latest RankInfo and its steps in arrival order."""
 
-    __slots__ = ("info", "steps", "last_push", "last_step", "view")
+    __slots__ = ("info", "steps", "cols", "last_push", "last_step", "view")
 
     def __init__(self, info: RankInfo) -> None:
         self.info = info
         self.steps: deque[StepRecord] = deque()
+        self.cols = StepBuffer()  # the same steps as columns, for the detectors
         self.last_push = 0.0
         self.last_step = -1  # highest step number ever held: steps above it cannot be duplicates
         self.view: RankWindow | None = None  # the last snapshot, reused until something changes
@@ -103,6 +107,7 @@ class RankStore:
             self._trim(rank, cutoff)
             fresh = self._fit(rank, fresh)
             rank.steps.extend(fresh)
+            rank.cols.extend(fresh)
             self._steps += len(fresh)
             self._accepted += len(fresh)
             rank.last_step = max(rank.last_step, highest)
@@ -180,6 +185,7 @@ class RankStore:
         drop_old = min(excess, held)
         for _ in range(drop_old):
             rank.steps.popleft()
+        rank.cols.drop(drop_old)
         self._steps -= drop_old
         drop_new = excess - drop_old
         if drop_new:
@@ -195,6 +201,7 @@ class RankStore:
             steps.popleft()
             n += 1
         if n:
+            rank.cols.drop(n)
             self._steps -= n
             rank.view = None
         return n
@@ -240,7 +247,8 @@ class RankStore:
                 for number, rank in ranks.items():
                     self._trim(rank, cutoff)
                     if rank.view is None:
-                        rank.view = RankWindow(rank.info, tuple(rank.steps), rank.last_push)
+                        steps = tuple(rank.steps)
+                        rank.view = RankWindow(rank.info, steps, rank.last_push, rank.cols.columns(steps))
                     views[number] = rank.view
             out[name] = MappingProxyType(views)
         return MappingProxyType(out)
@@ -279,6 +287,7 @@ class GpuStore:
         self._max_samples = max_samples
         self._lock = threading.Lock()
         self._gpus: dict[str, deque[GpuSample]] = {}
+        self._cols: dict[str, SampleBuffer] = {}  # the same samples as columns, aligned with each deque
         self._hosts: dict[str, deque[HostSample]] = {}
         self._absent: frozenset[str] = frozenset()
         self._refused_gpus = self._refused_nodes = self._expired_gpus = self._expired_nodes = 0
@@ -292,9 +301,11 @@ class GpuStore:
 
     def add(self, batch: TelemetryBatch) -> None:
         """Append one fetch: samples go to their GPU's and node's windows; absent nodes are remembered."""
+        # Built for the whole batch before taking the lock: a fetch's samples at once, vectorised.
+        matrix = sample_matrix(batch.gpus).T
         with self._lock:
-            for g in batch.gpus:
-                if self._append(self._gpus, g.uuid, g):
+            for g, column in zip(batch.gpus, matrix, strict=True):
+                if self._append(self._gpus, g.uuid, g, self._cols, column):
                     self._refused_gpus += 1
             for h in batch.hosts:
                 # A node has at least one GPU, so max_gpus bounds nodes too.
@@ -302,24 +313,38 @@ class GpuStore:
                     self._refused_nodes += 1
             self._absent = batch.absent_nodes
 
-    def _append(self, series: dict, key: str, sample: GpuSample | HostSample) -> bool:
+    def _append(self, series: dict, key: str, sample: GpuSample | HostSample,
+                cols: dict[str, SampleBuffer] | None = None, column: np.ndarray | None = None) -> bool:
         window = series.get(key)
         if window is None:
             if len(series) >= self.max_gpus:
                 return True
             window = series[key] = deque(maxlen=self._max_samples)
+            if cols is not None:
+                cols[key] = SampleBuffer()
         if window and sample.t < window[-1].t:
             return False  # a late sample from a slow fetch: the window stays in time order
+        buffer = cols[key] if cols is not None else None
+        if buffer is not None and len(window) == window.maxlen:
+            buffer.drop(1)  # the deque drops its oldest on this append
         window.append(sample)
+        if buffer is not None:
+            buffer.append(column)
         cutoff = sample.t - self.window_s
+        dropped = 0
         while window[0].t < cutoff:
             window.popleft()
+            dropped += 1
+        if buffer is not None and dropped:
+            buffer.drop(dropped)
         return False
 
-    def window(self, uuid: str, since: float) -> tuple[GpuSample, ...]:
-        """The GPU's samples taken at or after `since`, oldest first (empty when unknown)."""
+    def window(self, uuid: str, since: float) -> GpuWindow:
+        """The GPU's samples taken at or after `since`, oldest first (empty when unknown), with their columns."""
         with self._lock:
-            return _since(self._gpus.get(uuid, ()), since)
+            samples = _since(self._gpus.get(uuid, ()), since)
+            buffer = self._cols.get(uuid)
+            return GpuWindow(samples, buffer.columns(len(samples)) if buffer is not None else None)
 
     def hosts(self, node: str, since: float) -> tuple[HostSample, ...]:
         """The node's host samples taken at or after `since`, oldest first."""
@@ -340,7 +365,7 @@ class GpuStore:
         """Drop GPUs and nodes with no sample for expire_after_s, trim the rest to the window."""
         silent_before, cutoff = now - self.expire_after_s, now - self.window_s
         with self._lock:
-            self._expired_gpus += _expire(self._gpus, silent_before, cutoff)
+            self._expired_gpus += _expire(self._gpus, silent_before, cutoff, self._cols)
             self._expired_nodes += _expire(self._hosts, silent_before, cutoff)
             return self._counts()
 
@@ -362,14 +387,21 @@ def _since(window: Iterable[GpuSample | HostSample], since: float) -> tuple:
     return samples[i:]
 
 
-def _expire(series: dict[str, deque], silent_before: float, cutoff: float) -> int:
+def _expire(series: dict[str, deque], silent_before: float, cutoff: float,
+            cols: dict[str, SampleBuffer] | None = None) -> int:
     dropped = 0
     for key in list(series):
         window = series[key]
         if not window or window[-1].t < silent_before:
             del series[key]
+            if cols is not None:
+                del cols[key]
             dropped += 1
             continue
+        n = 0
         while len(window) > 1 and window[0].t < cutoff:
             window.popleft()  # the newest stays, so its time still says when the series was last seen
+            n += 1
+        if n and cols is not None:
+            cols[key].drop(n)
     return dropped

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+import numpy as np
 
 
 # ----- from training jobs (push API) -------------------------------------------------------------
@@ -34,6 +36,43 @@ class RankInfo:
     group: str | None = None  # peer group, e.g. a pipeline stage; ranks compare only within it
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class StepColumns:
+    """A rank's steps as numpy arrays, oldest first, aligned 1:1 with RankWindow.steps.
+
+    Why: detectors read millions of steps per evaluation; reading them from arrays the store keeps up to
+    date on ingest costs a copy, reading them from StepRecord objects costs an attribute lookup each.
+    `values` holds end, duration_s, data_wait_s and comm_wait_s as rows (NaN where a rank did not report
+    comm_wait_s), so a job's ranks concatenate in one call. The arrays are read-only views of buffers
+    their owner never writes again under them: snapshots share them across threads.
+    """
+
+    # eq=False: equal content is not identity, and numpy's elementwise == has no truth value.
+    step: np.ndarray  # int64, (n,)
+    values: np.ndarray  # float64, (4, n): end, duration_s, data_wait_s, comm_wait_s
+
+    FIELDS = ("end", "duration_s", "data_wait_s", "comm_wait_s")
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.values[0]
+
+    @property
+    def duration_s(self) -> np.ndarray:
+        return self.values[1]
+
+    @property
+    def data_wait_s(self) -> np.ndarray:
+        return self.values[2]
+
+    @property
+    def comm_wait_s(self) -> np.ndarray:
+        return self.values[3]
+
+    def __len__(self) -> int:
+        return self.step.shape[0]
+
+
 @dataclass(frozen=True, slots=True)
 class RankWindow:
     """A rank's recent steps, oldest first, bounded in time and count."""
@@ -41,6 +80,9 @@ class RankWindow:
     info: RankInfo
     steps: tuple[StepRecord, ...]
     last_push: float  # unix seconds of the last accepted push
+    # The same steps as arrays, when whoever built the window keeps them (the store, the simulator);
+    # detectors fall back to reading `steps` when any window of a job lacks them.
+    columns: StepColumns | None = field(default=None, compare=False)
 
 
 # ----- from GPU telemetry (agents or Prometheus) --------------------------------------------------
@@ -78,6 +120,56 @@ class GpuSample:
     up: bool
     values: Mapping[str, float] = field(default_factory=dict)
     jobs: tuple[str, ...] = ()  # from gpumond_gpu_job_info
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GpuColumns:
+    """A GPU's samples as one read-only float64 matrix, oldest first, aligned 1:1 with its GpuWindow.
+
+    Rows: t, up (1.0/0.0), which signals were present (bit j for GPU_SIGNALS[j]: a NaN there is a value the
+    agent sent, elsewhere an absent signal), then one row per signal of GPU_SIGNALS (NaN where absent).
+    One matrix, so the store writes a sample with one assignment and a job's GPUs concatenate in one call.
+    """
+
+    data: np.ndarray  # (SAMPLE_ROWS, n)
+
+    @property
+    def t(self) -> np.ndarray:
+        return self.data[0]
+
+    @property
+    def up(self) -> np.ndarray:
+        return self.data[1] != 0.0
+
+    @property
+    def present(self) -> np.ndarray:
+        return self.data[2].astype(np.int64)
+
+    @property
+    def values(self) -> np.ndarray:
+        """(len(GPU_SIGNALS), n)."""
+        return self.data[3:]
+
+    def signal(self, name: str) -> np.ndarray:
+        return self.data[3 + GPU_SIGNALS.index(name)]
+
+    def __len__(self) -> int:
+        return self.data.shape[1]
+
+
+SAMPLE_ROWS = 3 + len(GPU_SIGNALS)
+
+
+class GpuWindow(tuple):  # noqa: SLOT001 - a tuple subclass cannot have non-empty __slots__
+    """A GPU's samples, oldest first: a tuple of GpuSample (every Sequence[GpuSample] reader is unchanged)
+    that may also carry the same samples as GpuColumns, for the detectors."""
+
+    columns: GpuColumns | None
+
+    def __new__(cls, samples: Iterable[GpuSample] = (), columns: GpuColumns | None = None) -> GpuWindow:
+        window = super().__new__(cls, samples)
+        window.columns = columns
+        return window
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ in spirit (one Python loop per rank / GPU) so the production fallback cannot dri
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -17,12 +18,13 @@ from benchmarks.detection.cluster import Cluster, JobSpec
 from benchmarks.detection.faults import Fault
 from benchmarks.detection.noise import Noise
 from benchmarks.detection.scenarios import T0
+from gpumond.rules.columns import gpu_columns, step_columns
 from gpumond.rules.detectors import engine
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import THROTTLE_SIGNALS, GpuFeatures, RankFeatures
 from gpumond.rules.detectors.gpu_batch import gpu_features_many
 from gpumond.rules.detectors.rank_batch import job_rank_features
-from gpumond.rules.types import GpuSample, RankInfo, RankWindow, StepRecord
+from gpumond.rules.types import GpuSample, GpuWindow, RankInfo, RankWindow, StepRecord
 
 
 # ----- reference: one Python loop per rank / GPU -------------------------------------------------
@@ -139,22 +141,42 @@ def jobs(draw):
     return ranks
 
 
+def with_columns(ranks, every=True):
+    """The same windows carrying StepColumns (all of them, or all but the last: the objects path)."""
+    out = {r: dataclasses.replace(w, columns=step_columns(w.steps)) for r, w in ranks.items()}
+    if not every and out:
+        last = list(out)[-1]
+        out[last] = dataclasses.replace(out[last], columns=None)
+    return out
+
+
+def without_columns(inputs: engine.EvalInputs) -> engine.EvalInputs:
+    """The same inputs as plain objects: windows without columns, GPU windows as plain tuples."""
+    jobs = {j: {r: dataclasses.replace(w, columns=None) for r, w in ranks.items()} for j, ranks in inputs.jobs.items()}
+    gpus = {u: tuple(w) for u, w in inputs.gpu_windows.items()}
+    return dataclasses.replace(inputs, jobs=jobs, gpu_windows=gpus)
+
+
 @settings(max_examples=400, deadline=None)
-@given(jobs())
-def test_rank_features_and_step_times_match_the_reference(ranks):
-    feats, step_times = job_rank_features(ranks, SINCE, NOW)
-    assert same(feats, [ref_rank(w, SINCE) for w in ranks.values()])
-    assert same(step_times, ref_step_times(ranks, SINCE, NOW))
+@given(jobs(), st.booleans())
+def test_rank_features_and_step_times_match_the_reference(ranks, every):
+    expected = [ref_rank(w, SINCE) for w in ranks.values()], ref_step_times(ranks, SINCE, NOW)
+    for variant in (ranks, with_columns(ranks, every)):  # the objects path, then the columns path
+        feats, step_times = job_rank_features(variant, SINCE, NOW)
+        assert same(feats, expected[0])
+        assert same(step_times, expected[1])
 
 
 def test_rank_features_fall_back_on_nan_and_huge_step_numbers():
     info = RankInfo("j", 0, 1, "n", "G")
     for steps in ((StepRecord(1, NOW, math.nan, 0.0), StepRecord(2, NOW, 1.0, 0.0)),
+                  (StepRecord(2**60, NOW, 1.0, 0.0), StepRecord(3, NOW - 1, 2.0, 0.0)),
                   (StepRecord(2**70, NOW, 1.0, 0.0), StepRecord(3, NOW - 1, 2.0, 0.0))):
-        ranks = {0: RankWindow(info, steps, NOW)}
-        feats, step_times = job_rank_features(ranks, SINCE, NOW + 1)
-        assert same(feats, [ref_rank(ranks[0], SINCE)])
-        assert same(step_times, ref_step_times(ranks, SINCE, NOW + 1))
+        plain = {0: RankWindow(info, steps, NOW)}
+        for ranks in (plain, with_columns(plain)):
+            feats, step_times = job_rank_features(ranks, SINCE, NOW + 1)
+            assert same(feats, [ref_rank(ranks[0], SINCE)])
+            assert same(step_times, ref_step_times(ranks, SINCE, NOW + 1))
 
 
 FULL = ("sm_clock_hz", "sm_clock_max_hz", "power_w", "power_limit_w", "utilization", "temperature_c",
@@ -188,11 +210,22 @@ def gpu_windows(draw):
     return windows
 
 
+def with_gpu_columns(windows, every=True):
+    """The same GPU windows carrying GpuColumns (all of them, or all but the first: the objects path)."""
+    out = {u: GpuWindow(w, gpu_columns(w)) for u, w in windows.items()}
+    if not every and out:
+        first = next(iter(out))
+        out[first] = tuple(out[first])
+    return out
+
+
 @settings(max_examples=400, deadline=None)
-@given(gpu_windows(), st.booleans())
-def test_gpu_features_match_the_reference(windows, strict):
+@given(gpu_windows(), st.booleans(), st.booleans())
+def test_gpu_features_match_the_reference(windows, strict, every):
     uuids = [*windows, "G-unknown", *list(windows)[:1]]  # a GPU without telemetry, a GPU asked twice
-    assert same(gpu_features_many(uuids, windows, SINCE, strict), ref_gpus(uuids, windows, SINCE, strict))
+    expected = ref_gpus(uuids, windows, SINCE, strict)
+    for variant in (windows, with_gpu_columns(windows, every)):  # the objects path, then the columns path
+        assert same(gpu_features_many(uuids, variant, SINCE, strict), expected)
 
 
 def test_gpu_features_edge_cases():
@@ -213,13 +246,15 @@ def test_gpu_features_edge_cases():
         "int values": tuple(s(NOW - i, temperature_c=70 + i) for i in range(3)),
     }
     for name, samples in cases.items():
-        windows = {"G": samples}
+        plain = {"G": samples}
         for strict in (False, True):
-            assert same(gpu_features_many(["G"], windows, SINCE, strict), ref_gpus(["G"], windows, SINCE, strict)) \
-                or name == "int values", name
+            for windows in (plain, with_gpu_columns(plain)):
+                got = gpu_features_many(["G"], windows, SINCE, strict)
+                assert same(got, ref_gpus(["G"], plain, SINCE, strict)) or name == "int values", name
     # ints: the fast path reads numbers as floats (telemetry sources only produce floats); values still equal
     windows = {"G": cases["int values"]}
     assert gpu_features_many(["G"], windows, SINCE) == ref_gpus(["G"], windows, SINCE)
+    assert gpu_features_many(["G"], with_gpu_columns(windows), SINCE) == ref_gpus(["G"], windows, SINCE)
 
 
 # ----- whole evaluations on simulated clusters ---------------------------------------------------
@@ -250,16 +285,18 @@ SCENARIOS = {
 def test_evaluate_matches_the_reference_features(name, energy):
     faults, noise, job = SCENARIOS[name]
     cfg = DetectorConfig()
-    fast_state = ref_state = engine.DetectorState()
+    fast_state = ref_state = objects_state = engine.DetectorState()
     c = Cluster([JobSpec("job-0", 4, **job)], faults, noise, seed=len(name), t0=T0, energy=energy)
     seen = set()
     for t in range(20, 260, 10):
         c.advance_to(T0 + t)
         inputs = c.inputs(T0 + t)
         ref_state, expected = engine.evaluate(inputs, ref_state, cfg, REFERENCE)
-        fast_state, got = engine.evaluate(inputs, fast_state, cfg)
+        fast_state, got = engine.evaluate(inputs, fast_state, cfg)  # the simulator's columns
+        objects_state, from_objects = engine.evaluate(without_columns(inputs), objects_state, cfg)
         assert got == expected, (name, t)
-        assert fast_state == ref_state
+        assert from_objects == expected, (name, t)
+        assert fast_state == ref_state == objects_state
         seen.update(c.kind for c in got)
     if name in ("hung rank", "starved rank", "starved job", "slow gpu, throttled"):
         assert seen, "the scenario should produce candidates"

@@ -20,6 +20,7 @@ from gpumond.rules.detectors.features import THROTTLE_SIGNALS, GpuFeatures, gpu_
 from gpumond.rules.detectors.ragged import (
     column_median,
     first_row,
+    gather,
     has_nan,
     held,
     last_row,
@@ -27,7 +28,7 @@ from gpumond.rules.detectors.ragged import (
     to_matrix,
     too_ragged,
 )
-from gpumond.rules.types import GpuSample
+from gpumond.rules.types import GPU_SIGNALS, SAMPLE_ROWS, GpuColumns, GpuSample
 
 _BASE = ("sm_clock_hz", "sm_clock_max_hz", "power_w", "power_limit_w", "utilization", "temperature_c",
          *THROTTLE_SIGNALS)
@@ -38,6 +39,11 @@ _GET = {False: itemgetter(*_BASE), True: itemgetter(*_BASE, _ENERGY)}
 _READ = attrgetter("t", "up", "values")
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _PAD = GpuSample("", "", "", math.nan, False)  # fills the matrix where a GPU has fewer samples; masked
+# GpuColumns rows of _BASE (and energy), and their presence bits.
+_ROWS = {e: [3 + GPU_SIGNALS.index(k) for k in (*_BASE, _ENERGY)[:len(_BASE) + e]] for e in (False, True)}
+_BASE_BITS = sum(1 << GPU_SIGNALS.index(k) for k in _BASE)
+_ENERGY_BIT = 1 << GPU_SIGNALS.index(_ENERGY)
+_EMPTY = GpuColumns(np.empty((SAMPLE_ROWS, 0)))  # a GPU without telemetry: no samples
 # Sorted reason names for each bit pattern of THROTTLE_SIGNALS (bit j: signal j seen in some sample).
 _REASONS = [tuple(sorted(k.removeprefix("throttle_") for j, k in enumerate(THROTTLE_SIGNALS) if m >> j & 1))
             for m in range(1 << len(THROTTLE_SIGNALS))]
@@ -48,7 +54,9 @@ def gpu_features_many(uuids: Sequence[str], windows: Mapping[str, Sequence[GpuSa
     """{uuid: gpu_features(uuid, its samples at t >= after (t > after if strict))} for each GPU with any."""
     uuids = list(dict.fromkeys(uuids))
     wins = [windows.get(u, ()) for u in uuids]
-    full = _vectorised(uuids, wins, after, strict, with_energy=None)
+    full = _from_columns(uuids, wins, after, strict)
+    if full is None:
+        full = _vectorised(uuids, wins, after, strict, with_energy=None)
     if full is not None:
         return full
     # Some live sample lacks a signal: batch the GPUs whose samples are uniform, the rest one by one.
@@ -112,7 +120,49 @@ def _vectorised(uuids: list[str], wins: list[Sequence[GpuSample]], after: float,
         return _reference(uuids, wins, after, strict)
     x = np.full((width * n, c), np.nan)
     x[live[::-1].ravel()] = x_live
-    x = to_matrix(x, width, n)
+    return _assemble(uuids, wins, to_matrix(x, width, n), t, kept, live, counts, with_energy)
+
+
+def _from_columns(uuids: list[str], wins: list[Sequence[GpuSample]], after: float,
+                  strict: bool) -> dict[str, GpuFeatures] | None:
+    """The features from the windows' GpuColumns (one concatenation, index arithmetic), or None when a window
+    has none or the samples are not the usual uniform ones (a signal missing, energy on some samples only,
+    a NaN): those take the objects path, which handles every case."""
+    cols = [getattr(w, "columns", None) if w else _EMPTY for w in wins]
+    n = len(cols)
+    if not n or None in cols:
+        return None
+    counts = np.fromiter(map(len, cols), np.int64, n)
+    width = int(counts.max())
+    if width == 0 or too_ragged(counts, width):
+        return None
+    data = np.concatenate([c.data for c in cols], axis=1)  # type: ignore[union-attr]
+    stops = np.cumsum(counts)
+    t = gather(data[0], stops, counts, width, math.nan)
+    have = held(counts, width)
+    if has_nan(t[have]):
+        return None
+    kept = have & (t > after if strict else t >= after)
+    live = kept & (gather(data[1], stops, counts, width, 0.0) != 0.0)
+    present = gather(data[2], stops, counts, width, 0.0)[live].astype(np.int64)
+    if not ((present & _BASE_BITS) == _BASE_BITS).all():
+        return None
+    energy = (present & _ENERGY_BIT) != 0
+    with_energy = bool(energy.all()) and bool(len(energy))
+    if with_energy != bool(energy.any()):
+        return None  # energy on some live samples only
+    rows = _ROWS[with_energy]
+    x = np.moveaxis(gather(data[rows], stops, counts, width, math.nan), 0, -1)  # (width, n, signals)
+    if has_nan(x[live]):
+        return None
+    x[~live] = math.nan  # as the objects path builds it: only live samples are read
+    return _assemble(uuids, wins, x, t, kept, live, counts, with_energy)
+
+
+def _assemble(uuids: list[str], wins: list[Sequence[GpuSample]], x: np.ndarray, t: np.ndarray, kept: np.ndarray,
+              live: np.ndarray, counts: np.ndarray, with_energy: bool) -> dict[str, GpuFeatures]:
+    """GpuFeatures per GPU from the (width, n, signals) matrix of live samples' values (_BASE [+ energy])."""
+    width = t.shape[0]
     cols = _columns(x, t, live, with_energy)
     # The reference reports the node and up-state of the newest sample in the window, live or not.
     newest = last_row(kept) - (width - counts)  # its index in the GPU's window

@@ -92,3 +92,12 @@ def column_trimmed_mean(values: np.ndarray, mask: np.ndarray, trim: float) -> tu
     total = np.cumsum(np.where(kept, m, 0.0), axis=1)[:, -1]
     with np.errstate(all="ignore"):
         return total / np.maximum(k - 2 * g, 1), k
+
+
+def gather(flat: np.ndarray, stops: np.ndarray, counts: np.ndarray, width: int, pad: float) -> np.ndarray:
+    """The (…, width, n) matrix, layout as `to_matrix`, of sequences stored one after another along the last
+    axis of `flat` (sequence j ends just before stops[j] and holds counts[j] elements; only its newest
+    `width` are taken). Cells above a shorter sequence hold `pad`. Pure index arithmetic: no Python loop."""
+    have = held(counts, width)
+    index = stops[None, :] - width + np.arange(width)[:, None]
+    return np.where(have, flat[..., np.where(have, index, 0)], pad)

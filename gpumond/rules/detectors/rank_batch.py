@@ -10,23 +10,15 @@ and compares NaN differently from `sorted` and `max`, and a mostly empty matrix 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from itertools import chain
-from operator import attrgetter
 
 import numpy as np
 
 from gpumond.rules.detectors.features import RankFeatures, job_step_times, rank_features
-from gpumond.rules.detectors.ragged import (column_median, column_trimmed_mean, has_nan, held, newest_first, to_matrix,
-                                            too_ragged)
-from gpumond.rules.types import RankWindow, StepRecord
+from gpumond.rules.detectors.ragged import column_median, column_trimmed_mean, has_nan, held, too_ragged
+from gpumond.rules.detectors.step_matrix import step_matrices
+from gpumond.rules.types import RankWindow
 
-_END = attrgetter("end")
-_READ = attrgetter("duration_s", "data_wait_s", "step")
-_STEPS = attrgetter("steps")
-_COMM = attrgetter("comm_wait_s")
-_PAD = StepRecord(-1, math.nan, math.nan, math.nan)  # fills the matrix where a rank has fewer steps; masked
 _EXACT_INT = 2.0**53  # step numbers travel as floats: exact below this
 # A step-number range up to this many times the step count is indexed directly instead of via np.unique.
 _DENSE_STEPS = 4
@@ -46,14 +38,14 @@ def job_rank_features(ranks: Mapping[int, RankWindow], since: float, until: floa
 
 def _vectorised(windows: list[RankWindow], since: float, until: float, short_steps: int,
                 min_steps: int, trim: float) -> tuple[list[RankFeatures], list[float]] | None:
-    step_lists = list(map(_STEPS, windows))
-    n = len(step_lists)
-    counts = np.fromiter(map(len, step_lists), np.int64, n)
+    m = step_matrices(windows)
+    counts = m.counts
+    n = len(counts)
     width = int(counts.max()) if n else 0
     if width == 0 or too_ragged(counts, width):
         return None
     have = held(counts, width)
-    all_ends = to_matrix(np.fromiter(map(_END, newest_first(step_lists, _PAD)), float, width * n), width, n)
+    all_ends = m.ends(width)
     if has_nan(all_ends[have]):
         return None
     last_end = np.where(have, all_ends, -np.inf).max(axis=0)
@@ -62,26 +54,21 @@ def _vectorised(windows: list[RankWindow], since: float, until: float, short_ste
     depth = int(k.max())
     if np.array_equal(recent, held(k, width)):
         # As usual, the recent steps are each rank's newest: read only those (a fifth of a 300 s window).
-        tails = [s[len(s) - j:] for s, j in zip(step_lists, k.tolist(), strict=True)]
-        ends, recent = all_ends[width - depth:], recent[width - depth:]
+        ends, recent, read = all_ends[width - depth:], recent[width - depth:], k
     else:
-        tails, ends, depth = step_lists, all_ends, width
-    fields = chain.from_iterable(map(_READ, newest_first(tails, _PAD)))
-    x = to_matrix(np.fromiter(fields, float, 3 * depth * n).reshape(-1, 3), depth, n)
-    durations, waits, numbers = x[..., 0], x[..., 1], x[..., 2]
+        ends, depth, read = all_ends, width, counts
+    durations, waits, numbers, comm = m.tail(read, depth)
     if has_nan(durations[recent], waits[recent]) or bool((np.abs(numbers[recent]) >= _EXACT_INT).any()):
         return None
-    # comm_wait_s is optional: a list conversion turns None into NaN (np.fromiter cannot).
-    comm = to_matrix(np.array(list(map(_COMM, newest_first(tails, _PAD))), dtype=float), depth, n)
     timed = recent & (durations > 0)
     with np.errstate(all="ignore"):  # untimed steps divide by zero; they are masked out
         fracs = np.minimum(waits / durations, 1.0)
         shares = np.maximum(1.0 - (waits + comm) / durations, 0.0)
     step_time, n_timed = column_median(durations, timed)
     wait_frac, _ = column_median(fracs, timed)
-    # A cumulative sum adds oldest first, as `sum` in the reference does (numpy's sum is pairwise).
-    total_wait = np.cumsum(np.where(timed, fracs, 0.0), axis=0)[-1] if depth else np.zeros(n)
-    wait_mean = total_wait / np.maximum(n_timed, 1)
+    # cumsum adds in row (step) order, as the reference's sum(); .sum() adds pairwise and can differ in the last bit.
+    summed = np.cumsum(np.where(timed, fracs, 0.0), axis=0)[-1] if depth else np.zeros(n)
+    wait_mean = summed / np.maximum(n_timed, 1)
     shared = timed & ~np.isnan(comm)
     share_recent, n_shared = column_median(shares, shared)
     newest = shared & (np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps)  # the last `short_steps` of them
