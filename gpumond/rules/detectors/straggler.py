@@ -20,16 +20,24 @@ from gpumond.rules.detectors.features import GpuFeatures, RankFeatures
 from gpumond.rules.detectors.stats import median, robust_z, threshold_for
 
 
-def _signal(xs: list[tuple[RankFeatures, float]], floor: float, thr: float,
-            sign: int) -> dict[int, tuple[float, float, float]]:
-    """rank → (z, value, peer median) for ranks past the threshold in the bad direction (sign=0: either)."""
+Series = list[tuple[RankFeatures, float]]
+
+
+def _scored(xs: Series, floor: float) -> tuple[list[float], float]:
+    """(robust z of each value, the peer median); empty for fewer than two values."""
     if len(xs) < 2:
-        return {}
+        return [], 0.0
     zs, med, _ = robust_z([v for _, v in xs], floor)
+    return zs, med
+
+
+def _past(xs: Series, scored: tuple[list[float], float], thr: float,
+          sign: int) -> dict[int, tuple[float, float, float]]:
+    """rank → (z, value, peer median) for ranks past the threshold in the bad direction (sign=0: either)."""
+    zs, med = scored
     out = {}
-    for (r, v), z in zip(xs, zs, strict=True):
-        bad = abs(z) if sign == 0 else sign * z
-        if bad > thr:
+    for (r, v), z in zip(xs, zs):
+        if (abs(z) if sign == 0 else sign * z) > thr:
             out[r.rank] = (z, v, med)
     return out
 
@@ -105,32 +113,36 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
                                                 "z": round(z, 2), **extra}
         scores[rank] = max(scores.get(rank, 0.0), abs(z))
 
-    def telemetry(attr: str) -> list[tuple[RankFeatures, float]]:
-        # A rank waiting on its data loader idles its GPU: low power and clock are explained by the wait, so
-        # it is neither judged nor a peer on those (its compute share already has the wait taken out).
-        return [(r, getattr(g, attr)) for r, g, _ in members if g is not None and getattr(g, attr) is not None
-                and (attr == "throttle_frac" or r.wait_mean is None or r.wait_mean < cfg.wait_min_frac)]
-
-    def share(look: str) -> list[tuple[RankFeatures, float]]:
-        return [(r, sh.look(look)) for r, _, sh in members if sh is not None and sh.look(look) is not None]
-
+    # A rank waiting on its data loader idles its GPU: low power and clock are explained by the wait, so
+    # it is neither judged nor a peer on those (its compute share already has the wait taken out).
+    busy = [(r, g) for r, g, _ in members
+            if g is not None and (r.wait_mean is None or r.wait_mean < cfg.wait_min_frac)]
+    with_sh = [(r, sh) for r, _, sh in members if sh is not None]
+    series: dict[str, tuple[Series, float, int]] = {}  # signal → (values, MAD floor, bad direction)
     for name, attr, floor, sign in (
         ("sm_clock_ratio", "clock_ratio", cfg.floor_clock_ratio, -1),
         ("power_ratio", "power_ratio", cfg.floor_power_ratio, 0),
         ("temperature_c", "temperature_c", cfg.floor_temperature_c, +1),
     ):
-        for rank, (z, v, med) in _signal(telemetry(attr), floor, thr, sign).items():
+        series[name] = ([(r, v) for r, g in busy if (v := getattr(g, attr)) is not None], floor, sign)
+    for look in LOOKS:
+        floor = cfg.floor_compute_share_long if look == "long" else cfg.floor_compute_share
+        series[look] = ([(r, v) for r, sh in with_sh if (v := getattr(sh, look)) is not None], floor, +1)
+    scored = {name: _scored(xs, floor) for name, (xs, floor, _) in series.items()}
+
+    for name in ("sm_clock_ratio", "power_ratio", "temperature_c"):
+        xs, _, sign = series[name]
+        for rank, (z, v, med) in _past(xs, scored[name], thr, sign).items():
             note(rank, name, z, v, med)
     # The slow rank computes through the time its peers wait for it: its compute share sits above theirs.
     # The strongest look is reported; each look is judged against the same group-size threshold.
     for look in LOOKS:
-        floor = cfg.floor_compute_share_long if look == "long" else cfg.floor_compute_share
-        for rank, (z, v, med) in _signal(share(look), floor, thr, +1).items():
+        for rank, (z, v, med) in _past(series[look][0], scored[look], thr, +1).items():
             prev = flagged.get(rank, {}).get("compute_share")
             if prev is None or abs(z) > abs(prev["z"]):  # type: ignore[index]
                 note(rank, "compute_share", z, v, med, look=look)
     # Throttle reasons are near-binary: a robust z is meaningless when peers are all 0.
-    tf = telemetry("throttle_frac")
+    tf = [(r, v) for r, g, _ in members if g is not None and (v := g.throttle_frac) is not None]
     if len(tf) >= cfg.min_peers:
         peer_med = median([v for _, v in tf])
         if peer_med <= cfg.throttle_peer_max:
@@ -140,7 +152,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     # Temperature alone is weak evidence (cooling differs by slot); it only supports another signal. So is
     # power for a rank with a compute share: the share measures the same thing (how long the GPU computes)
     # directly, while the energy mean also moves with workload noise (a few batches of long sequences).
-    with_share = {r.rank for r, _, sh in members if sh is not None and (sh.short, sh.recent, sh.long) != (None,) * 3}
+    with_share = {r.rank for r, sh in with_sh if (sh.short, sh.recent, sh.long) != (None, None, None)}
     for rank in [k for k, sig in flagged.items()
                  if set(sig) <= ({"temperature_c", "power_ratio"} if k in with_share else {"temperature_c"})]:
         del flagged[rank], scores[rank]
@@ -151,15 +163,11 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     soft: dict[int, str] = {}
     shift = False
     nodes_in_group = len({r.node for r, _, _ in members})
-    silent = [(telemetry("clock_ratio"), cfg.floor_clock_ratio, -1), (telemetry("power_ratio"), cfg.floor_power_ratio, 0)]
     # The short look is for latency and noisy by design; a shift shows just as well in the steadier ones.
-    silent += [(share("recent"), cfg.floor_compute_share, +1), (share("long"), cfg.floor_compute_share_long, +1)]
-    for i, (xs, floor, sign) in enumerate(silent):
-        if len(xs) < 2:
-            continue
-        zs, _, _ = robust_z([v for _, v in xs], floor)
-        past = {r.rank: r.node for (r, _), z in zip(xs, zs, strict=True) if (abs(z) if sign == 0 else sign * z) > thr / 2}
-        if i > 0:  # workload structure shows in how long a GPU computes; a low clock is the GPU's own doing
+    for name in ("sm_clock_ratio", "power_ratio", "recent", "long"):
+        xs, _, sign = series[name]
+        past = {r.rank: r.node for r, _ in (xs[i] for i in _past_index(scored[name][0], thr / 2, sign))}
+        if name != "sm_clock_ratio":  # workload structure shows in how long a GPU computes; a low clock is the GPU's own doing
             soft.update(past)
         shift = shift or (len(past) > max(1, cfg.max_outlier_frac * len(members))
                           and len(set(past.values())) > max(1, cfg.max_outlier_frac * nodes_in_group))
@@ -182,6 +190,13 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
                              corroborated="compute_share" in evidence and not _TELEMETRY.isdisjoint(evidence)))
     out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
     return out, blocks
+
+
+def _past_index(zs: list[float], thr: float, sign: int) -> list[int]:
+    """Indices of the z-scores past `thr` in the bad direction (sign=0: either)."""
+    if sign == 0:
+        return [i for i, z in enumerate(zs) if abs(z) > thr]
+    return [i for i, z in enumerate(zs) if sign * z > thr]
 
 
 def _together(bad: int, on_node: int, cfg: DetectorConfig) -> bool:
