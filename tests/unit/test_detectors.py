@@ -171,3 +171,31 @@ def test_a_single_blip_never_fires():
         tracks, f, resolved = advance(tracks, [], t)
         assert all(x.state == "pending" for x in f) and resolved == []
     assert tracks == {}
+
+
+def test_a_corroborated_candidate_fires_at_once_and_a_pending_one_fires_when_corroborated():
+    strong = Candidate("straggler", "j", "n", 1, "GPU-1", 9.0, corroborated=True)
+    _, f, _ = advance({}, [strong], 0.0)
+    assert [x.state for x in f] == ["firing"]
+    weak = Candidate("straggler", "j", "n", 2, "GPU-2", 5.0)
+    tracks, f, _ = advance({}, [weak], 0.0)
+    assert [x.state for x in f] == ["pending"]
+    _, f, _ = advance(tracks, [Candidate("straggler", "j", "n", 2, "GPU-2", 9.0, corroborated=True)], 10.0)
+    assert [x.state for x in f] == ["firing"] and f[0].since == 0.0
+
+
+def test_stragglers_are_corroborated_only_by_pushes_and_telemetry_together():
+    # compute share alone (pushes) or clock alone (telemetry): not corroborated; both: corroborated
+    from tests.unit.test_detectors_compute_share import T, job
+    share_only = job(T, compute=lambda r, k: 0.8 * (1.3 if r == 5 else 1.0))
+    (c,) = run(share_only)[1]
+    assert c.rank == 5 and not c.corroborated
+    clock_only = build(gpu={5: {"sm_clock_hz": 1.3e9}})
+    (c,) = run(clock_only)[1]
+    assert c.rank == 5 and not c.corroborated
+    both = EvalInputs(share_only.now, share_only.jobs, {
+        u: tuple(GpuSample(s.uuid, s.node, s.gpu, s.t, s.up, {**s.values, "sm_clock_hz": 1.3e9} if u == "GPU-0005"
+                           else s.values) for s in w)
+        for u, w in share_only.gpu_windows.items()})
+    (c,) = run(both)[1]
+    assert c.rank == 5 and c.corroborated and {"compute_share", "sm_clock_ratio"} <= set(c.evidence["signals"])
