@@ -199,3 +199,10 @@ def test_stragglers_are_corroborated_only_by_pushes_and_telemetry_together():
         for u, w in share_only.gpu_windows.items()})
     (c,) = run(both)[1]
     assert c.rank == 5 and c.corroborated and {"compute_share", "sm_clock_ratio"} <= set(c.evidence["signals"])
+    # power agrees with compute share on workload too (heavier batches): not corroboration
+    busy = EvalInputs(share_only.now, share_only.jobs, {
+        u: tuple(GpuSample(s.uuid, s.node, s.gpu, s.t, s.up, {**s.values, "power_w": 690.0} if u == "GPU-0005"
+                           else s.values) for s in w)
+        for u, w in share_only.gpu_windows.items()})
+    (c,) = run(busy)[1]
+    assert c.rank == 5 and not c.corroborated and {"compute_share", "power_ratio"} <= set(c.evidence["signals"])

@@ -53,8 +53,9 @@ class StragglerResult:
 
 
 Member = tuple[RankFeatures, GpuFeatures | None, Shares | None]
-# Signals measured by the GPU's agent, independent of the job's pushes (temperature only supports).
-_TELEMETRY = frozenset({"sm_clock_ratio", "power_ratio", "throttled"})
+# Signals from the GPU's agent that show a cause on the GPU itself. Power is not one of them: a rank with
+# heavier batches computes longer *and* draws more, so power and compute share agree on workload too.
+_GPU_CAUSE = frozenset({"sm_clock_ratio", "throttled"})
 
 
 def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
@@ -135,9 +136,11 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         for rank, (z, v, med) in _past(xs, scored[name], thr, sign).items():
             note(rank, name, z, v, med)
     # The slow rank computes through the time its peers wait for it: its compute share sits above theirs.
-    # The strongest look is reported; each look is judged against the same group-size threshold.
+    # The strongest look is reported. The short look must clear the threshold by one more: its 8 steps are
+    # noisy, and with long steps consecutive evaluations share most of them, so persistence adds little.
     for look in LOOKS:
-        for rank, (z, v, med) in _past(series[look][0], scored[look], thr, +1).items():
+        for rank, (z, v, med) in _past(series[look][0], scored[look], thr + cfg.short_look_extra_z * (look == "short"),
+                                       +1).items():
             prev = flagged.get(rank, {}).get("compute_share")
             if prev is None or abs(z) > abs(prev["z"]):  # type: ignore[index]
                 note(rank, "compute_share", z, v, med, look=look)
@@ -187,7 +190,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         out.append(Candidate("straggler", job, r.node, rank, r.gpu_uuid, round(scores[rank], 2),
                              {"group": group, "peers": len(members), "threshold_z": round(thr, 2),
                               "signals": evidence, **reasons},
-                             corroborated="compute_share" in evidence and not _TELEMETRY.isdisjoint(evidence)))
+                             corroborated="compute_share" in evidence and not _GPU_CAUSE.isdisjoint(evidence)))
     out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
     return out, blocks
 
