@@ -136,11 +136,16 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         for rank, (z, v, med) in _past(xs, scored[name], thr, sign).items():
             note(rank, name, z, v, med)
     # The slow rank computes through the time its peers wait for it: its compute share sits above theirs.
-    # The strongest look is reported. The short look must clear the threshold by one more: its 8 steps are
-    # noisy, and with long steps consecutive evaluations share most of them, so persistence adds little.
+    # The strongest look is reported. A median over few steps (the short look always; the recent one when
+    # steps are long) must clear the threshold by one more: a median of a few heavy-tailed step times has
+    # heavier tails than the Gaussian the threshold assumes, and consecutive evaluations share most of
+    # those steps, so persistence adds little.
+    steps = {r.rank: r.steps for r, _, _ in members}
     for look in LOOKS:
-        for rank, (z, v, med) in _past(series[look][0], scored[look], thr + cfg.short_look_extra_z * (look == "short"),
-                                       +1).items():
+        for rank, (z, v, med) in _past(series[look][0], scored[look], thr, +1).items():
+            few = look == "short" or (look == "recent" and steps[rank] < cfg.share_few_steps)
+            if few and z <= thr + cfg.few_steps_extra_z:
+                continue
             prev = flagged.get(rank, {}).get("compute_share")
             if prev is None or abs(z) > abs(prev["z"]):  # type: ignore[index]
                 note(rank, "compute_share", z, v, med, look=look)
