@@ -13,7 +13,8 @@ Servers, all started by this script on 127.0.0.1:
 - optional (`--daemon`): the whole `gpumond rules` daemon with the same limits and no telemetry, so
   its detectors run over the pushed ranks every 10 s next to the ingest.
 - optional (`--httptools-python PY`): the ingest server run by another interpreter, e.g. a venv
-  with httptools, to show what that dependency would change. Not the shipped configuration.
+  with or without httptools, to compare HTTP parsers (httptools is a dependency now, so the default
+  server already uses it).
 - optional (`--gc-variant`): the ingest server with the cyclic GC's thresholds raised
   (`gc.set_threshold(100000, 50, 1000)`): held steps are GC-tracked objects, and a full collection
   walks all of them. Not the shipped configuration either.
@@ -46,6 +47,7 @@ reasonable time. RSS of each server at start, after the fill and at the end.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import http.client
 import json
 import math
@@ -222,24 +224,26 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, httptools_python:
     me = str(Path(__file__).resolve())
     servers = []
     p = port()
-    servers.append(Server("gpumond", "gpumond ingest (uvicorn, h11)", "gpumond", [sys.executable, me, "--serve",
-                                                                                    str(p)], p, logdir / "g.log"))
+    # uvicorn's "auto" picks httptools when it is importable (a dependency of gpumond now), else h11.
+    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    servers.append(Server("gpumond", f"gpumond ingest (uvicorn, {parser})", "gpumond", [sys.executable, me, "--serve",
+                                                                                       str(p)], p, logdir / "g.log"))
     if daemon:
         config = logdir / "rules.yaml"
         config.write_text(f"tokens: [{TOKEN}]\nlimits: {{pushes_per_second_per_client: 1000000, burst: 1000000}}\n")
         p = port()
         exe = shutil.which("gpumond")
         argv = [exe] if exe else [sys.executable, "-m", "gpumond.cli"]
-        servers.append(Server("daemon", "gpumond rules daemon (h11, with detectors)", "gpumond",
+        servers.append(Server("daemon", f"gpumond rules daemon ({parser}, with detectors)", "gpumond",
                               [*argv, "rules", "--config", str(config), "--listen", f"127.0.0.1:{p}",
                                "--log-level", "warning"], p, logdir / "d.log"))
     if httptools_python:
         p = port()
-        servers.append(Server("gpumond_httptools", "gpumond ingest (uvicorn, httptools; not shipped)", "gpumond",
+        servers.append(Server("gpumond_httptools", f"gpumond ingest (uvicorn under {httptools_python})", "gpumond",
                               [httptools_python, me, "--serve", str(p)], p, logdir / "gh.log"))
     if gc_variant:
         p = port()
-        servers.append(Server("gpumond_gc", f"gpumond ingest (h11, gc.set_threshold{GC_THRESHOLDS}; not shipped)",
+        servers.append(Server("gpumond_gc", f"gpumond ingest ({parser}, gc.set_threshold{GC_THRESHOLDS}; not shipped)",
                               "gpumond", [sys.executable, me, "--serve", str(p), "--gc-raised"], p, logdir / "gg.log"))
     pgw = [PUSHGATEWAY, "--persistence.file=", "--log.level=warn"]
     if with_checked_pgw:
