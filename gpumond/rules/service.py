@@ -83,6 +83,12 @@ class RulesService:
             "telemetry": self.source.name if self.source else None,
             "evaluation_interval_s": self.config.evaluation_interval_s,
             "shard": str(self.config.shard) if self.config.shard else None})
+        unsent = unsent_sinks(self.config)
+        if unsent:
+            # The section's shape is part of the config contract, but no sender exists yet: say so once,
+            # rather than let an operator believe findings reach Slack or PagerDuty.
+            log.warning("alert sinks are not implemented in this release: nothing is sent to %s; read findings "
+                        "from /api/v1/findings or gpumond_finding on /metrics", ", ".join(unsent))
 
     def _evaluate(self) -> None:
         try:
@@ -97,6 +103,13 @@ class RulesService:
         if self.source is not None:
             self.source.close()
         log.info("rules service stopped")
+
+
+def unsent_sinks(config: RulesConfig) -> list[str]:
+    """The configured alert sinks (`alerting.*`) that this release does not send to (all of them, today)."""
+    a = config.alerting
+    return [f"alerting.{name}" for name, sink in (("alertmanager", a.alertmanager), ("slack", a.slack),
+                                                   ("pagerduty", a.pagerduty)) if sink is not None]
 
 
 def _telemetry_interval(config: RulesConfig) -> float:

@@ -198,3 +198,11 @@ def test_yaml_errors_come_through_load_config(write) -> None:
     assert "could not parse YAML" in text
     text = load_error(write({"lsiten": "0.0.0.0:1"}), env={TOKENS_ENV: TOKEN})
     assert text.endswith("lsiten: unknown key (did you mean 'listen'?)")
+
+
+def test_configured_alert_sinks_are_named_as_not_sent() -> None:
+    from gpumond.rules.service import unsent_sinks
+    assert unsent_sinks(RulesConfig()) == []
+    config = RulesConfig.model_validate({"alerting": {"slack": {"webhook_url_file": "/etc/gpumond/slack"},
+                                                      "pagerduty": {"routing_key": "R0UT1NG"}}})
+    assert unsent_sinks(config) == ["alerting.slack", "alerting.pagerduty"]
