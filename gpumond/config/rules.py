@@ -224,19 +224,23 @@ class AlertmanagerConfig(ConfigModel):
 
 
 
+def _inline_or_file(secret: str, file: Path | None, info: ValidationInfo) -> Path | None:
+    """A secret is given inline (`secret`) or as `secret_file`, exactly one of them."""
+    if secret in info.data and (file is None) == (info.data[secret] is None):
+        raise ValueError(f"set exactly one of {secret} and {secret}_file")
+    return file
+
+
 class SlackConfig(ConfigModel):
     """A Slack incoming webhook, given inline or in a file (it is a secret)."""
 
     webhook_url: SecretText | None = Field(None, repr=False)
     webhook_url_file: AbsolutePath | None = Field(None, validate_default=True)
 
-
     @field_validator("webhook_url_file")
     @classmethod
     def _exactly_one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if "webhook_url" in info.data and (value is None) == (info.data["webhook_url"] is None):
-            raise ValueError("set exactly one of webhook_url and webhook_url_file")
-        return value
+        return _inline_or_file("webhook_url", value, info)
 
 
 class PagerDutyConfig(ConfigModel):
@@ -246,13 +250,10 @@ class PagerDutyConfig(ConfigModel):
     routing_key_file: AbsolutePath | None = Field(None, validate_default=True)
     url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
 
-
     @field_validator("routing_key_file")
     @classmethod
     def _exactly_one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if "routing_key" in info.data and (value is None) == (info.data["routing_key"] is None):
-            raise ValueError("set exactly one of routing_key and routing_key_file")
-        return value
+        return _inline_or_file("routing_key", value, info)
 
 
 class AlertingConfig(ConfigModel):
