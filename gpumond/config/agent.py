@@ -219,6 +219,8 @@ class PolicyAlertsConfig(ConfigModel):
 
     throttle_after_s: float = Field(60.0, ge=0, le=86400)
     floor_after_s: float = Field(300.0, ge=0, le=86400)
+    # An XID or an ECC increase is an event with no "still true": its alert stays this long after the last one.
+    event_hold_s: float = Field(900.0, gt=0, le=7 * 86400)
 
 
 class PolicyConfig(ConfigModel):

@@ -3,7 +3,7 @@
 Durations are the AlertTracker's job (each condition carries its `for_s`); this module only
 says what is true now, and remembers what must outlive one sample: the last ECC counters
 (to see an increase) and recent events (an XID or an ECC increase stays active for
-EVENT_HOLD_S, since an event has no "still true" of its own).
+`cfg.event_hold_s`, since an event has no "still true" of its own).
 """
 
 from __future__ import annotations
@@ -19,57 +19,12 @@ from gpumond.agent.policy.view import (
     GpuView,
 )
 from gpumond.agent.policy.xid_table import xid_info
+from gpumond.alerts.catalogue import ALERTS
 from gpumond.alerts.model import Condition, rfc3339
 from gpumond.config import PolicyAlertsConfig
 
-RUNBOOK_URL = "https://github.com/gpumond/gpumond/blob/main/docs/runbooks.md"
-EVENT_HOLD_S = 900.0  # an XID or an ECC increase stays active 15 min (agent time) after the last one
 LOST_FOR_S = 15.0  # one failed read is not a lost GPU; XID 79 alerts at once anyway
 
-
-@dataclass(frozen=True, slots=True)
-class AlertSpec:
-    """An alert the agent can raise: fixed severity (None: from the XID table) and wording."""
-
-    severity: str | None
-    summary: str
-    meaning: str
-
-
-ALERTS: dict[str, AlertSpec] = {
-    "GpuHwThermalSlowdown": AlertSpec(
-        "critical", "hardware thermal slowdown",
-        "The GPU reached its hardware slowdown temperature and cut its clocks by half or more."),
-    "GpuHwSlowdown": AlertSpec(
-        "critical", "hardware slowdown",
-        "Hardware slowdown is engaged without a thermal or power-brake reason, typically power "
-        "draw too high for the board."),
-    "GpuHwPowerBrakeSlowdown": AlertSpec(
-        "critical", "hardware power-brake slowdown",
-        "An external power-brake signal (e.g. from the system power supply) holds the clocks down."),
-    "GpuSwThermalSlowdown": AlertSpec(
-        "warning", "software thermal slowdown",
-        "The driver lowers clocks to keep the GPU under its maximum operating temperature."),
-    "GpuEccUncorrectedIncreasing": AlertSpec(
-        "critical", "uncorrected ECC errors increasing",
-        "The GPU reported new uncorrectable memory errors; affected applications got bad data or were stopped."),
-    "GpuRowRemapPending": AlertSpec(
-        "warning", "row remap pending",
-        "A memory row is marked for remapping; it takes effect at the next GPU reset."),
-    "GpuRowRemapFailed": AlertSpec(
-        "critical", "row remapping failed",
-        "A row remap failed: the GPU can no longer isolate its bad memory."),
-    "GpuXidCritical": AlertSpec(
-        None, "XID error",
-        "The driver reported an XID error event (NVML XidCriticalError)."),
-    "GpuLost": AlertSpec(
-        "critical", "GPU lost",
-        "NVML cannot read this GPU: it fell off the bus, is being reset, or is failing."),
-    "GpuPowerCapAtFloor": AlertSpec(
-        "warning", "thermal power cap pinned at its floor",
-        "The thermal controller holds the power limit at its floor and the GPU is still above "
-        "target: the next stop is hardware slowdown."),
-}
 
 # Clock-event bits → alert, checked in this order.
 _THROTTLES = (
@@ -108,8 +63,8 @@ def agent_conditions(
     `new_xids` are (gpu index, xid) events seen since the last call; `at_floor` holds the
     UUIDs whose thermal controller is pinned at its floor (ThermalState.at_floor).
     """
-    state = _track_ecc(prev, views, now)
-    state = _track_xids(state, views, new_xids, now)
+    state = _track_ecc(prev, views, now, cfg.event_hold_s)
+    state = _track_xids(state, views, new_xids, now, cfg.event_hold_s)
     conditions: list[Condition] = []
     for view in views:
         if not view.up:
@@ -154,10 +109,10 @@ def _throttles(view: GpuView, node: str, cfg: PolicyAlertsConfig) -> list[Condit
     return [_condition(name, view.index, view.uuid, node, cfg.throttle_after_s, _values(view)) for name in found]
 
 
-def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float) -> AgentAlertState:
+def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float, hold_s: float) -> AgentAlertState:
     """Update counter baselines; a rise is an event, a drop (driver reload, reset) a new baseline."""
     counts = {uuid: (vol, agg) for uuid, vol, agg in state.ecc_counts}
-    events = {r.uuid: r for r in state.ecc_events if now - r.last_at < EVENT_HOLD_S}
+    events = {r.uuid: r for r in state.ecc_events if now - r.last_at < hold_s}
     for view in views:
         current = (view.ecc_uncorrected_volatile, view.ecc_uncorrected_aggregate)
         before = counts.get(view.uuid)
@@ -181,9 +136,9 @@ def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float) -> 
 
 
 def _track_xids(state: AgentAlertState, views: Sequence[GpuView], new_xids: Sequence[tuple[int, int]],
-                now: float) -> AgentAlertState:
+                now: float, hold_s: float) -> AgentAlertState:
     by_index = {v.index: v.uuid for v in views}
-    events = {(code, r.uuid): r for code, r in state.xid_events if now - r.last_at < EVENT_HOLD_S}
+    events = {(code, r.uuid): r for code, r in state.xid_events if now - r.last_at < hold_s}
     for gpu, code in new_xids:
         uuid = by_index.get(gpu, "unknown")
         old = events.get((code, uuid))
@@ -203,7 +158,6 @@ def _condition(alertname: str, gpu: int, uuid: str, node: str, for_s: float, det
     annotations = {
         "summary": f"GPU {gpu} on {node}: {spec.summary}" + (f" (XID {xid})" if xid is not None else ""),
         "description": f"{spec.meaning} {details}".strip(),
-        "runbook_url": f"{RUNBOOK_URL}#{alertname.lower()}",
     }
     return Condition.of(labels, annotations, for_s)
 
