@@ -76,7 +76,6 @@ def test_throttles_fire_after_throttle_after_s(mask: int, alertname: str, severi
     assert (alert.alertname, alert.severity, alert.starts_at) == (alertname, severity, 60.0)
     assert dict(alert.labels) == {"alertname": alertname, "severity": severity, "node": "node-a",
                                   "gpu": "0", "uuid": "GPU-0"}
-    assert alert.annotation("runbook_url").endswith(f"/docs/runbooks.md#{alertname.lower()}")
     assert "temperature 80 °C (slowdown at 89 °C)" in alert.annotation("description")
 
 
