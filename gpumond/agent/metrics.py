@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpumond.alerts.pipeline import ALERT_METRICS
+from gpumond.alerts.sinks import SINK_METRICS
 from gpumond.nvml.catalogue import CATALOGUE
 
 # name → (type, help)
@@ -27,6 +29,8 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_policy_mode": ("gauge", "The configured policy mode; always 1."),
     "gpumond_policy_dry_run_fallback": ("gauge", "1 when the GPU fell back to dry_run (NoPermission on a set)."),
     "gpumond_alert_active": ("gauge", "1 for each alert the agent has firing (labels are its identity)."),
+    **ALERT_METRICS,
+    **SINK_METRICS,
 }
 
 

@@ -1,4 +1,9 @@
-"""Alert lifecycle: conditions in, pending → firing → resolved alerts out, on an injected clock."""
+"""The one alert lifecycle: conditions in, pending → firing → resolved alerts out, on an injected clock.
+
+Both daemons use it. The agent's alerts wait `for_s` (a throttle must last 60 s) and resolve the first
+update they are absent; the rules service's findings need k of the last n evaluations to fire (or one,
+when the detector's evidence is corroborated) and `clear` quiet evaluations to resolve.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +18,41 @@ KEEP_RESOLVED_S = 900.0
 
 
 @dataclass(frozen=True, slots=True)
+class Persistence:
+    """k of the last n updates must see a condition before it fires (after its `for_s`); a firing alert
+    resolves after `clear` consecutive updates without it."""
+
+    k: int = 1
+    n: int = 1
+    clear: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= self.n or self.clear < 1:
+            raise ValueError("need 1 <= k <= n and clear >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One tracked alert with what the lifecycle knows beyond the Alert: when its condition was first seen,
+    and the payload of the condition that last fed it (None after a restart)."""
+
+    alert: Alert
+    active_since: float
+    payload: object = None
+
+
+@dataclass(frozen=True, slots=True)
 class _Tracked:
     labels: Pairs
     annotations: Pairs
     for_s: float
     active_since: float
+    hits: tuple[bool, ...]
     fired_at: float | None = None
     resolved_at: float | None = None
+    quiet: int = 0
+    hold_until: float | None = None  # restored after a restart: may not resolve before this
+    payload: object = None
 
     @property
     def state(self) -> AlertState:
@@ -46,10 +79,12 @@ class AlertTracker:
     """Immutable alert state: `update(conditions, now)` returns the next tracker and what changed."""
 
     keep_resolved_s: float = KEEP_RESOLVED_S
+    persistence: Persistence = Persistence()
     _entries: tuple[tuple[str, _Tracked], ...] = ()
 
     def update(self, conditions: Iterable[Condition], now: float) -> tuple[AlertTracker, tuple[Transition, ...]]:
         """Advance to `now` given every condition true now (each fingerprint at most once)."""
+        p = self.persistence
         current: dict[str, Condition] = {}
         for condition in conditions:
             fp = condition.fingerprint
@@ -59,34 +94,58 @@ class AlertTracker:
         old = dict(self._entries)
         entries: dict[str, _Tracked] = {}
         changes: list[Transition] = []
-        for fp, condition in current.items():
+        for fp, c in current.items():
             before = old.get(fp)
             if before is None or before.state == "resolved":
                 # A condition that comes back after resolving is a new alert with a new start.
-                tracked = _Tracked(condition.labels, condition.annotations, condition.for_s, now)
+                t = _Tracked(c.labels, c.annotations, c.for_s, now, (True,), payload=c.payload)
             else:
-                tracked = _Tracked(condition.labels, condition.annotations, condition.for_s,
-                                   before.active_since, before.fired_at)
-            if tracked.fired_at is None and now - tracked.active_since >= tracked.for_s:
-                tracked = replace(tracked, fired_at=now)
-            entries[fp] = tracked
+                t = replace(before, annotations=c.annotations, for_s=c.for_s, hits=(before.hits + (True,))[-p.n:],
+                            quiet=0, payload=c.payload)
+            due = c.immediate or (sum(t.hits) >= p.k and now - t.active_since >= t.for_s)
+            if t.fired_at is None and due:
+                t = replace(t, fired_at=now)
+            entries[fp] = t
             old_state = before.state if before is not None else None
-            if old_state != tracked.state:
-                changes.append(Transition(tracked.alert(), old_state, tracked.state))
+            if old_state != t.state:
+                changes.append(Transition(t.alert(), old_state, t.state))
         for fp, before in old.items():
             if fp in current:
                 continue
             if before.state == "firing":
-                resolved = replace(before, resolved_at=now)
-                entries[fp] = resolved
-                changes.append(Transition(resolved.alert(), "firing", "resolved"))
+                t = replace(before, hits=(before.hits + (False,))[-p.n:], quiet=before.quiet + 1)
+                held = t.hold_until is not None and now < t.hold_until
+                if t.quiet >= p.clear and not held:
+                    t = replace(t, resolved_at=now)
+                    changes.append(Transition(t.alert(), "firing", "resolved"))
+                entries[fp] = t
             elif before.state == "pending":
-                # Like Prometheus: a condition that did not last never existed as an alert.
-                changes.append(Transition(before.alert(), "pending", None))
+                t = replace(before, hits=(before.hits + (False,))[-p.n:])
+                if any(t.hits):
+                    entries[fp] = t
+                else:
+                    # Like Prometheus: a condition that did not last never existed as an alert.
+                    changes.append(Transition(before.alert(), "pending", None))
             elif now - (before.resolved_at or now) < self.keep_resolved_s:
                 entries[fp] = before
-        tracker = AlertTracker(self.keep_resolved_s, tuple(sorted(entries.items())))
+        tracker = replace(self, _entries=tuple(sorted(entries.items())))
         return tracker, tuple(changes)
+
+    def restore(self, alerts: Iterable[Alert], hold_until: float) -> AlertTracker:
+        """Seed firing alerts recorded before a restart: they keep their start and identity (so sinks do not
+        notify them again), and resolve like any other once absent, but not before `hold_until`."""
+        entries = dict(self._entries)
+        for a in alerts:
+            if a.state == "firing" and a.fingerprint not in entries:
+                entries[a.fingerprint] = _Tracked(a.labels, a.annotations, 0.0, a.starts_at,
+                                                  (True,) * self.persistence.n, fired_at=a.starts_at,
+                                                  hold_until=hold_until)
+        return replace(self, _entries=tuple(sorted(entries.items())))
+
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        """Every alert held, with when its condition was first seen and its last payload."""
+        return tuple(Entry(t.alert(), t.active_since, t.payload) for _, t in self._entries)
 
     @property
     def alerts(self) -> tuple[Alert, ...]:
@@ -107,4 +166,3 @@ class AlertTracker:
     def resolved(self) -> tuple[Alert, ...]:
         """Resolved alerts kept for `keep_resolved_s` so sinks can send the resolve."""
         return tuple(a for a in self.alerts if a.state == "resolved")
-

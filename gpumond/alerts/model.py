@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -69,6 +69,10 @@ class Condition:
     labels: Pairs
     annotations: Pairs = ()
     for_s: float = 0.0
+    # Fire at once, whatever for_s and persistence say (e.g. a finding two independent signals agree on).
+    immediate: bool = False
+    # What the daemon wants back from the lifecycle with this alert (a finding's score and evidence).
+    payload: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_labels(self.labels)
@@ -77,9 +81,10 @@ class Condition:
 
     @classmethod
     def of(cls, labels: Mapping[str, Any], annotations: Mapping[str, Any] | None = None,
-           for_s: float = 0.0) -> Condition:
-        """Build from plain mappings; values become text."""
-        return cls(pairs(labels), pairs(annotations or {}), for_s)
+           for_s: float = 0.0, *, immediate: bool = False, payload: object = None) -> Condition:
+        """Build from plain mappings; values become text. A None label is left out."""
+        return cls(pairs({k: v for k, v in labels.items() if v is not None}), pairs(annotations or {}), for_s,
+                   immediate, payload)
 
     @property
     def fingerprint(self) -> str:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, ValidationInfo, field_validator
 from pydantic_core import core_schema
 
+from gpumond.config.alerting import AlertingConfig
 from gpumond.config.types import ConfigModel, ListenAddress
 
 # 9480 stays clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835) on shared nodes.
@@ -245,6 +246,7 @@ class AgentConfig(ConfigModel):
     state_dir: Path = Field(Path("/var/lib/gpumond"), strict=False)
     log: LogConfig = LogConfig()
     policy: PolicyConfig = PolicyConfig()
+    alerting: AlertingConfig = AlertingConfig()
 
     @field_validator("node_name", mode="before")
     @classmethod

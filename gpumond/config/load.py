@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gpumond.config.agent import AgentConfig
+from gpumond.config.alerting import resolve_alerting
 from gpumond.config.errors import ConfigError, validation_problem
 
 M = TypeVar("M", bound=BaseModel)
@@ -16,9 +17,8 @@ M = TypeVar("M", bound=BaseModel)
 
 def load_agent_config(path: str | Path | None) -> AgentConfig:
     """Load and validate an agent config; None means all defaults. Raises ConfigError."""
-    if path is None:
-        return AgentConfig.default()
-    return load_config(path, AgentConfig)
+    cfg = AgentConfig.default() if path is None else load_config(path, AgentConfig)
+    return cfg.model_copy(update={"alerting": resolve_alerting(cfg.alerting, str(path or "agent config"))})
 
 
 def load_config(path: str | Path, model: type[M]) -> M:

@@ -15,9 +15,10 @@ from pydantic import (AfterValidator, BeforeValidator, Field, GetCoreSchemaHandl
 from pydantic_core import core_schema
 
 from gpumond.config.agent import LogConfig
+from gpumond.config.alerting import AlertingConfig, resolve_alerting
 from gpumond.config.errors import ConfigError
 from gpumond.config.load import load_config
-from gpumond.config.types import ConfigModel, ListenAddress
+from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
 
 # 9481: next to the agent's 9480, clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
 DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9481)
@@ -29,21 +30,6 @@ NO_TOKENS = ("tokens: no push tokens configured (set tokens, tokens_file or GPUM
 # the floor of a random secret (`openssl rand -hex 16` gives 32).
 _TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]{16,512}=*")
 _TOKEN_RULE = "must be 16-512 characters of A-Z a-z 0-9 - . _ ~ + / (then optional '=' padding)"
-
-
-# ----- secrets: validated like any value, but never echoed in an error line -------------------------
-class _Hidden:
-    """Wraps a secret on its way through validation so an error shows `<hidden>`, not the value."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __str__(self) -> str:
-        return "<hidden>"
-
-    __repr__ = __str__
 
 
 def token_problem(token: str) -> str | None:
@@ -62,34 +48,8 @@ def _tokens(hidden: _Hidden) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
-def _secret_text(hidden: _Hidden) -> str:
-    if not isinstance(hidden.value, str) or not hidden.value.strip():
-        raise ValueError("must be a non-empty string")
-    return hidden.value.strip()
-
-
 Tokens = Annotated[tuple[str, ...], PlainValidator(_tokens), BeforeValidator(_Hidden),
                    PlainSerializer(list, return_type=list[str])]
-SecretText = Annotated[str, PlainValidator(_secret_text), BeforeValidator(_Hidden)]
-
-
-# ----- small value types -------------------------------------------------------------------------
-def _http_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL with a host")
-    return value.rstrip("/")
-
-
-def _absolute(value: Path) -> Path:
-    # A relative path would depend on the daemon's working directory (/ under systemd).
-    if not value.is_absolute():
-        raise ValueError("must be an absolute path")
-    return value
-
-
-HttpUrl = Annotated[str, Field(min_length=1, max_length=2048), AfterValidator(_http_url)]
-AbsolutePath = Annotated[Path, Field(strict=False), AfterValidator(_absolute)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,53 +177,6 @@ class LimitsConfig(ConfigModel):
     max_clock_skew_s: float = Field(300.0, ge=0, le=86_400)
 
 
-class AlertmanagerConfig(ConfigModel):
-    """Alertmanager instances alerts are posted to (`POST /api/v2/alerts`)."""
-
-    urls: tuple[HttpUrl, ...] = Field(min_length=1, strict=False)
-
-
-
-def _inline_or_file(secret: str, file: Path | None, info: ValidationInfo) -> Path | None:
-    """A secret is given inline (`secret`) or as `secret_file`, exactly one of them."""
-    if secret in info.data and (file is None) == (info.data[secret] is None):
-        raise ValueError(f"set exactly one of {secret} and {secret}_file")
-    return file
-
-
-class SlackConfig(ConfigModel):
-    """A Slack incoming webhook, given inline or in a file (it is a secret)."""
-
-    webhook_url: SecretText | None = Field(None, repr=False)
-    webhook_url_file: AbsolutePath | None = Field(None, validate_default=True)
-
-    @field_validator("webhook_url_file")
-    @classmethod
-    def _exactly_one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return _inline_or_file("webhook_url", value, info)
-
-
-class PagerDutyConfig(ConfigModel):
-    """PagerDuty Events API v2; the routing key is a secret, inline or in a file."""
-
-    routing_key: SecretText | None = Field(None, repr=False)
-    routing_key_file: AbsolutePath | None = Field(None, validate_default=True)
-    url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
-
-    @field_validator("routing_key_file")
-    @classmethod
-    def _exactly_one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return _inline_or_file("routing_key", value, info)
-
-
-class AlertingConfig(ConfigModel):
-    """Alert sinks; each is off when null. The log sink is always on."""
-
-    alertmanager: AlertmanagerConfig | None = None
-    slack: SlackConfig | None = None
-    pagerduty: PagerDutyConfig | None = None
-
-
 class RulesConfig(ConfigModel):
     """The whole rules service config file (`rules.yaml`)."""
 
@@ -278,6 +191,8 @@ class RulesConfig(ConfigModel):
     limits: LimitsConfig = LimitsConfig()
     expire_after_s: float = Field(900.0, gt=0, le=7 * 86_400, validate_default=True)
     alerting: AlertingConfig = AlertingConfig()
+    # Where the open alerts and notifications are kept across restarts (alerts-state.json).
+    state_dir: AbsolutePath = Path("/var/lib/gpumond-rules")
     shard: Shard | None = None
     log: LogConfig = LogConfig()
 
@@ -300,7 +215,10 @@ class RulesConfig(ConfigModel):
 def load_rules_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> RulesConfig:
     """Load and validate a rules config, adding tokens from tokens_file and GPUMOND_RULES_TOKENS. Raises ConfigError."""
     config = RulesConfig.default() if path is None else load_config(path, RulesConfig)
-    return resolve_tokens(config, str(path or "rules config"), os.environ if env is None else env)
+    env = os.environ if env is None else env
+    config = resolve_tokens(config, str(path or "rules config"), env)
+    return config.model_copy(update={"alerting": resolve_alerting(config.alerting, str(path or "rules config"),
+                                                                   env)})
 
 
 def resolve_tokens(config: RulesConfig, source: str, env: Mapping[str, str]) -> RulesConfig:

@@ -6,7 +6,11 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, GetCoreSchemaHandler, PlainValidator
 from pydantic_core import core_schema
 
 
@@ -68,3 +72,46 @@ class ListenAddress:
         if not isinstance(value, str):
             raise ValueError("must be a HOST:PORT string, e.g. 0.0.0.0:9480")
         return cls.parse(value)
+
+
+# ----- secrets: validated like any value, but never echoed in an error line -------------------------
+class _Hidden:
+    """Wraps a secret on its way through validation so an error shows `<hidden>`, not the value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return "<hidden>"
+
+    __repr__ = __str__
+
+
+def _secret_text(hidden: _Hidden) -> str:
+    if not isinstance(hidden.value, str) or not hidden.value.strip():
+        raise ValueError("must be a non-empty string")
+    return hidden.value.strip()
+
+
+SecretText = Annotated[str, PlainValidator(_secret_text), BeforeValidator(_Hidden)]
+
+
+# ----- small value types -------------------------------------------------------------------------
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return value.rstrip("/")
+
+
+def _absolute(value: Path) -> Path:
+    # A relative path would depend on the daemon's working directory (/ under systemd).
+    if not value.is_absolute():
+        raise ValueError("must be an absolute path")
+    return value
+
+
+HttpUrl = Annotated[str, Field(min_length=1, max_length=2048), AfterValidator(_http_url)]
+AbsolutePath = Annotated[Path, Field(strict=False), AfterValidator(_absolute)]

@@ -139,7 +139,7 @@ def test_top_level_rejects(data: dict) -> None:
 
 @pytest.mark.parametrize(
     "data", [{"lsiten": "0.0.0.0:1"}, {"sampling": {"fast": 1}}, {"host": {"enabled": True, "cpu": 1}},
-             {"policy": {"thermal": {"targetc": 80}}}, {"alerting": {}}],
+             {"policy": {"thermal": {"targetc": 80}}}, {"alerting": {"slak": {}}}],
 )
 def test_unknown_keys_are_errors(data: dict) -> None:
     with pytest.raises(ValidationError):

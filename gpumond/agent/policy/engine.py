@@ -20,8 +20,8 @@ from gpumond.agent.policy.limits import resolve_persistent_limit
 from gpumond.agent.policy.state_file import LimitRecord, StateFile
 from gpumond.agent.policy.thermal import ThermalState, thermal_step
 from gpumond.agent.policy.view import GpuView
-from gpumond.alerts.lifecycle import AlertTracker
 from gpumond.alerts.model import Alert
+from gpumond.alerts.pipeline import AlertPipeline, log_only
 from gpumond.config import PolicyConfig
 from gpumond.nvml.session import SetFailed  # the one error type actuation raises
 from gpumond.types import Series
@@ -54,7 +54,7 @@ class PolicyEngine:
     """Owns per-GPU policy state; `cycle()` each fast sample, `stop()` on shutdown."""
 
     def __init__(self, cfg: PolicyConfig, actuator: Actuator, *, node: str, state_file: StateFile,
-                 audit: AuditLog, clock: Callable[[], float]) -> None:
+                 audit: AuditLog, clock: Callable[[], float], alerts: AlertPipeline | None = None) -> None:
         self.cfg = cfg
         self._act = actuator
         self._node = node
@@ -69,7 +69,8 @@ class PolicyEngine:
         self._actions: Counter[str] = Counter()
         self._xid_seen: dict[tuple[int, int], int] = {}
         self._alert_state = AgentAlertState()
-        self._tracker = AlertTracker()
+        # Sinks deliver on their own threads: the cycle hands them alerts and never waits on the network.
+        self._pipeline = alerts if alerts is not None else log_only()
         self._index: dict[str, int] = {}
 
     # ----- start-up checks ---------------------------------------------------------------------
@@ -217,18 +218,11 @@ class PolicyEngine:
         at_floor = {u for u, g in self._gpus.items() if g.thermal.at_floor}
         self._alert_state, conditions = agent_conditions(views, self._alert_state, new_xids, self._node,
                                                           self.cfg.alerts, now, at_floor=at_floor)
-        self._tracker, transitions = self._tracker.update(conditions, now)
-        for t in transitions:
-            if t.new not in ("firing", "resolved"):
-                continue  # pending comings and goings are not news
-            a = t.alert
-            level = logging.WARNING if t.new == "firing" and a.severity in ("critical", "warning") else logging.INFO
-            log.log(level, f"alert {t.new}", extra={"alertname": a.alertname, "severity": a.severity,
-                                                    "gpu": a.label("gpu"), "summary": a.annotation("summary")})
+        self._pipeline.update(conditions, now)
 
     def alerts(self) -> tuple[Alert, ...]:
-        """Alerts currently firing or recently resolved, for sinks."""
-        return self._tracker.alerts
+        """Alerts held now: pending, firing and recently resolved (wall-clock times)."""
+        return self._pipeline.alerts()
 
     def _series(self, views: Sequence[GpuView]) -> list[Series]:
         out = [Series("gpumond_policy_power_limit_target_watts", (("gpu", str(i)), ("uuid", u)), w)
@@ -240,9 +234,12 @@ class PolicyEngine:
             if v.uuid in self._gpus:
                 out.append(Series("gpumond_policy_dry_run_fallback", (("gpu", str(v.index)), ("uuid", v.uuid)),
                                   1.0 if self._gpus[v.uuid].fallback_dry_run else 0.0))
-        for a in self._tracker.firing:
+        for a in self._pipeline.firing():
+            if a.alertname == "Watchdog":
+                continue
             labels = tuple((k, a.label(k) or "") for k in _ALERT_LABELS)
             out.append(Series("gpumond_alert_active", labels, 1.0))
+        out += self._pipeline.series()
         return out
 
     def _count(self, action: str) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from gpumond.atomicfile import replace_atomically
 
 log = logging.getLogger("gpumond.policy")
 
@@ -23,7 +24,7 @@ class LimitRecord:
 
 
 class StateFile:
-    """A JSON file replaced atomically (write temp, fsync, rename, fsync dir) on every change."""
+    """A JSON file replaced atomically on every change."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -50,21 +51,6 @@ class StateFile:
 
     def save(self, records: dict[str, LimitRecord]) -> None:
         """Atomically replace the file; a crash at any point leaves either the old or the new version."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         body = json.dumps({"version": VERSION, "gpus": {u: asdict(r) for u, r in sorted(records.items())}},
                           indent=1, sort_keys=True)
-        fd, tmp = tempfile.mkstemp(prefix=".policy-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
+        replace_atomically(self.path, body)

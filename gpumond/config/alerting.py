@@ -1,0 +1,128 @@
+"""The `alerting:` section, the same in agent.yaml and rules.yaml: where alerts go and how."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from gpumond.config.errors import ConfigError
+from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, SecretText
+
+SLACK_ENV = "GPUMOND_SLACK_WEBHOOK_URL"
+PAGERDUTY_ENV = "GPUMOND_PAGERDUTY_ROUTING_KEY"
+Severity = Literal["critical", "error", "warning", "info"]
+
+
+def _inline_or_file(secret: str, file: Path | None, info: ValidationInfo) -> Path | None:
+    """A secret is given inline (`secret`) or as `secret_file`, not both (or by the environment)."""
+    if secret in info.data and file is not None and info.data[secret] is not None:
+        raise ValueError(f"set only one of {secret} and {secret}_file")
+    return file
+
+
+class AlertmanagerConfig(ConfigModel):
+    """Alertmanager replicas; every one gets every alert (that is how Alertmanager HA deduplicates)."""
+
+    urls: tuple[HttpUrl, ...] = Field(min_length=1, strict=False)
+    # Firing alerts are re-sent this often with endsAt = now + 4 × max(this, evaluation interval), so
+    # Alertmanager resolves them by itself if gpumond dies (Prometheus's --rules.alert.resend-delay is 1m).
+    resend_interval_s: float = Field(60.0, ge=1, le=3600)
+    timeout_s: float = Field(10.0, gt=0, le=120)
+
+
+class SlackConfig(ConfigModel):
+    """A Slack incoming webhook: inline, in a file, or from GPUMOND_SLACK_WEBHOOK_URL (it is a secret)."""
+
+    webhook_url: SecretText | None = Field(None, repr=False)
+    webhook_url_file: AbsolutePath | None = Field(None, validate_default=True)
+    min_severity: Severity = "warning"
+    timeout_s: float = Field(10.0, gt=0, le=120)
+
+    @field_validator("webhook_url_file")
+    @classmethod
+    def _one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return _inline_or_file("webhook_url", value, info)
+
+
+class PagerDutyConfig(ConfigModel):
+    """PagerDuty Events API v2: routing key inline, in a file, or from GPUMOND_PAGERDUTY_ROUTING_KEY."""
+
+    routing_key: SecretText | None = Field(None, repr=False)
+    routing_key_file: AbsolutePath | None = Field(None, validate_default=True)
+    url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
+    min_severity: Severity = "warning"
+    timeout_s: float = Field(10.0, gt=0, le=120)
+
+    @field_validator("routing_key_file")
+    @classmethod
+    def _one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return _inline_or_file("routing_key", value, info)
+
+
+class AlertingConfig(ConfigModel):
+    """Alert sinks (each off when null; the log is always on) and what every alert carries."""
+
+    alertmanager: AlertmanagerConfig | None = None
+    slack: SlackConfig | None = None
+    pagerduty: PagerDutyConfig | None = None
+    cluster: str | None = Field(None, min_length=1, max_length=128)  # a `cluster` label on every alert
+    # Base of generatorURL links (default: http://<node or host name>:<listen port>).
+    external_url: HttpUrl | None = None
+    runbook_base_url: HttpUrl = "https://github.com/gpumond/gpumond/blob/main/docs/runbooks"
+    # A firing alert recorded before a restart is held this long before it may resolve, so a daemon whose
+    # detectors are still filling their windows does not resolve and then re-page what is still true.
+    restart_grace_s: float = Field(120.0, ge=0, le=86_400)
+    keep_resolved_s: float = Field(900.0, ge=0, le=86_400)  # resolved alerts re-sent to Alertmanager this long
+    watchdog: bool = False  # an always-firing `Watchdog` alert for a dead-man's switch (Alertmanager only)
+    queue_size: int = Field(1000, ge=1, le=100_000)  # per sink: notifications awaiting delivery
+
+
+def resolve_alerting(cfg: AlertingConfig, source: str, env: Mapping[str, str] | None = None) -> AlertingConfig:
+    """`cfg` with Slack / PagerDuty secrets read from their files or the environment; ConfigError names the gap.
+
+    The environment alone turns a sink on (a Kubernetes Secret as env), with the section's defaults.
+    """
+    env = os.environ if env is None else env
+    update: dict[str, object] = {}
+    slack = cfg.slack
+    if slack is None and env.get(SLACK_ENV, "").strip():
+        slack = SlackConfig()
+    if slack is not None:
+        url = _secret(slack.webhook_url, slack.webhook_url_file, env.get(SLACK_ENV), source, "alerting.slack",
+                      "webhook_url", SLACK_ENV)
+        if not url.startswith(("https://", "http://")):
+            raise ConfigError(source, "alerting.slack.webhook_url: must be an http:// or https:// URL")
+        update["slack"] = slack.model_copy(update={"webhook_url": url})
+    pd = cfg.pagerduty
+    if pd is None and env.get(PAGERDUTY_ENV, "").strip():
+        pd = PagerDutyConfig()
+    if pd is not None:
+        key = _secret(pd.routing_key, pd.routing_key_file, env.get(PAGERDUTY_ENV), source, "alerting.pagerduty",
+                      "routing_key", PAGERDUTY_ENV)
+        if len(key) != 32 or not key.isalnum():
+            raise ConfigError(source, "alerting.pagerduty.routing_key: must be the 32-character integration key "
+                                      "of an Events API v2 integration")
+        update["pagerduty"] = pd.model_copy(update={"routing_key": key})
+    return cfg.model_copy(update=update)
+
+
+def _secret(inline: str | None, file: Path | None, from_env: str | None, source: str, section: str, key: str,
+            env_name: str) -> str:
+    if inline:
+        return inline
+    if file is not None:
+        try:
+            text = file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            reason = getattr(e, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(source, f"{section}.{key}_file: cannot read {file}: {reason}") from None
+        if not text:
+            raise ConfigError(source, f"{section}.{key}_file: {file} is empty")
+        return text
+    if from_env and from_env.strip():
+        return from_env.strip()
+    raise ConfigError(source, f"{section}: set {key}, {key}_file or the environment variable {env_name}")
