@@ -6,10 +6,13 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from gpumond import __version__
+from gpumond.alerts_cli import AGENT_URL
+from gpumond.findings_cli import RULES_URL, base_url
 
 log = logging.getLogger("gpumond")
 
@@ -43,6 +46,45 @@ def _speed(text: str) -> float:
     return v
 
 
+def _base_url(default_port: int) -> Callable[[str], str]:
+    """An argparse type for a daemon's base URL; the error says what to type instead."""
+    def parse(text: str) -> str:
+        try:
+            return base_url(text, default_port)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+# Scenarios ship inside the package, so `--sim-scenario demo` works wherever the agent is started.
+_SCENARIO_DIR = Path(str(resources.files("gpumond").joinpath("nvml/sim/scenarios")))
+
+
+def _shipped_scenarios() -> dict[str, str]:
+    """Shipped scenario name -> its first comment line (what it does)."""
+    shipped = {}
+    for path in sorted(_SCENARIO_DIR.glob("*.yaml")):
+        try:
+            first = path.read_text(encoding="utf-8").partition("\n")[0]
+        except (OSError, UnicodeDecodeError):
+            first = ""
+        shipped[path.stem] = first.lstrip("# ") if first.startswith("#") else ""
+    return shipped
+
+
+def _scenario(text: str) -> Path:
+    """--sim-scenario: a file when it exists, else a shipped scenario's name (`demo` or `demo.yaml`)."""
+    path = Path(text)
+    if path.exists() or path.name != text:  # an existing file, or a path with directories: taken as given
+        return path
+    shipped = _SCENARIO_DIR / (text if text.endswith(".yaml") else f"{text}.yaml")
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(_shipped_scenarios()) or "none installed"
+    raise argparse.ArgumentTypeError(f"{text}: no such file here and no shipped scenario of that name "
+                                     f"(shipped: {names}); give a path or one of those names")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole CLI, with help that teaches."""
     p = _Parser(prog="gpumond", description="GPU-fleet telemetry, thermal management and straggler detection.",
@@ -58,15 +100,21 @@ def build_parser() -> argparse.ArgumentParser:
                 "  gpumond agent                                   # real GPUs, defaults\n"
                 "  gpumond agent --config /etc/gpumond/agent.yaml\n"
                 "  gpumond agent --sim 8                           # 8 simulated GPUs, no driver needed\n"
-                "  gpumond agent --sim 8 --sim-scenario demo.yaml --sim-speed 10\n"),
+                "  gpumond agent --sim 8 --sim-scenario demo --sim-speed 10   # a shipped scenario, from any "
+                "directory\n"
+                "  gpumond agent --sim 4 --sim-scenario ./my-faults.yaml\n"
+                "  gpumond alerts                                  # what this agent is alerting on\n"
+                f"\nshipped scenarios (in {_SCENARIO_DIR}):\n"
+                + "".join(f"  {name:<10}{about}\n" for name, about in _shipped_scenarios().items())),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--config", metavar="FILE", type=Path, help="agent YAML config (every key optional)")
     a.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9480)")
     a.add_argument("--node-name", metavar="NAME", help="override `node_name` (default: hostname)")
     a.add_argument("--sim", metavar="GPUS", type=_positive_int,
                    help="run on N simulated GPUs instead of the NVIDIA driver (explicit, never a fallback)")
-    a.add_argument("--sim-scenario", metavar="FILE", type=Path,
-                   help="YAML faults injected into the simulated GPUs over time (see docs/simulator.md)")
+    a.add_argument("--sim-scenario", metavar="FILE", type=_scenario,
+                   help="YAML faults injected into the simulated GPUs over time (see docs/simulator.md): a file, "
+                        "or the name of a shipped scenario (listed below) when no such file exists")
     a.add_argument("--sim-speed", metavar="X", type=_speed, default=1.0,
                    help="run simulated time X times faster than wall time (default 1)")
     a.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
@@ -98,13 +146,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated GPU time runs X times faster (default 1)")
     d.add_argument("--keep", action="store_true", help="keep the agents' logs and state (path printed at start)")
 
-    f = sub.add_parser("findings", help="print the rules service's current findings as a table",
-                       description="Ask a rules service for its findings and print them, firing first.")
-    f.add_argument("--url", default="http://127.0.0.1:9481", help="rules service base URL (default %(default)s)")
+    f = sub.add_parser(
+        "findings", help="print the rules service's current findings as a table",
+        description="Ask a rules service (GET /api/v1/findings) for its findings and print them, firing first.",
+        epilog=("examples:\n"
+                "  gpumond findings                                # the rules service on this machine (:9481)\n"
+                "  gpumond findings --url http://rules:9481 --state firing\n"
+                "  gpumond findings --job llama-70b-r3 --kind straggler\n"
+                "  gpumond findings --json | jq '.findings[].evidence'\n"
+                "\nexit status: 0 listed (even none), 1 the service could not be asked, 2 bad flags\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("--url", type=_base_url(9481), default=RULES_URL,
+                   help="rules service base URL, http:// or https:// (default %(default)s)")
     f.add_argument("--job", help="only this job")
     f.add_argument("--kind", help="only this kind (straggler, io_starved_rank, …)")
     f.add_argument("--state", choices=["pending", "firing"], help="only this state")
     f.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
+
+    al = sub.add_parser(
+        "alerts", help="print an agent's or the rules service's alerts as a table",
+        description=("Ask a gpumond daemon (GET /api/v1/alerts) for its alerts and print them: firing first,\n"
+                     "then pending, then resolved. Both daemons serve alerts:\n"
+                     "  the agent on each GPU node, port 9480: thermal, XID, ECC, lost-GPU alerts\n"
+                     "  the rules service, port 9481: straggler, I/O-starved and hung-job alerts\n"
+                     "SINCE is how long an alert has been in its state (resolved: since it ended)."),
+        epilog=("examples:\n"
+                "  gpumond alerts                                  # the agent on this node (:9480)\n"
+                "  gpumond alerts --url http://gpu-node-03:9480 --state firing\n"
+                "  gpumond alerts --url http://rules:9481          # the rules service's alerts\n"
+                "  gpumond alerts --json | jq '.alerts[].labels'\n"
+                "\nexit status: 0 listed (even none), 1 the daemon could not be asked, 2 bad flags\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    al.add_argument("--url", type=_base_url(9480), default=AGENT_URL,
+                    help="base URL of an agent (:9480) or the rules service (:9481), http:// or https:// "
+                         "(default %(default)s)")
+    al.add_argument("--state", choices=["firing", "pending", "resolved"], help="only alerts in this state")
+    al.add_argument("--json", action="store_true", help="print the JSON (after --state) instead of a table")
 
     c = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 2 invalid)",
                        description="Validate an agent or rules config file (the kind is recognised from its "
@@ -125,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _rules(args)
     if args.command == "findings":
         return _findings(args)
+    if args.command == "alerts":
+        return _alerts(args)
     if args.command == "demo":
         return _demo(args)
     return EXIT_USAGE
@@ -228,6 +307,21 @@ def _findings(args: argparse.Namespace) -> int:
         print(f"gpumond findings: {e}", file=sys.stderr)
         return 1
     print(json.dumps({"findings": found}, indent=1) if args.json else table(found))
+    return 0
+
+
+def _alerts(args: argparse.Namespace) -> int:
+    import json
+
+    from gpumond.alerts_cli import fetch, table
+    from gpumond.findings_cli import FetchError
+
+    try:
+        alerts = fetch(args.url, args.state)
+    except FetchError as e:
+        print(f"gpumond alerts: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"alerts": alerts}, indent=1) if args.json else table(alerts))
     return 0
 
 

@@ -1,8 +1,13 @@
-"""`gpumond findings`: the rules service's current findings as a terminal table (stdlib only)."""
+"""`gpumond findings`, and the read-API client it shares with `gpumond alerts`: base URLs, one JSON GET, tables.
+
+Stdlib only, so both commands start fast and load nothing of the daemons.
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -11,34 +16,114 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 COLUMNS = ("KIND", "STATE", "JOB", "NODE", "RANK", "GPU", "SCORE", "SINCE", "EVIDENCE")
+RULES_URL = "http://127.0.0.1:9481"
+# An answer bigger than this is not a findings or alerts list a terminal can use.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+# What an operator types when they forget the scheme: a host name or address, maybe a port.
+_BARE_HOST = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d+))?/?")
 
 
 class FetchError(RuntimeError):
-    """The rules service could not be asked; the message says where and why."""
+    """A daemon could not be asked; the message says where, why and what to do."""
 
 
-def fetch(url: str, filters: Mapping[str, str], timeout_s: float = 5.0) -> list[dict[str, Any]]:
-    """GET {url}/api/v1/findings with filters; raises FetchError with one line."""
-    query = urllib.parse.urlencode({k: v for k, v in filters.items() if v})
-    full = url.rstrip("/") + "/api/v1/findings" + (f"?{query}" if query else "")
+def base_url(text: str, default_port: int) -> str:
+    """`text` checked as a daemon's base URL (http or https, a host); ValueError says what to type instead."""
+    text = text.strip()
+    if "://" not in text:
+        bare = _BARE_HOST.fullmatch(text)
+        if bare:
+            hostport = text.rstrip("/") + ("" if bare.group(1) else f":{default_port}")
+            raise ValueError(f"{text}: missing scheme; use http://{hostport}")
+        raise ValueError(f"{text!r} is not an http:// or https:// URL; e.g. http://127.0.0.1:{default_port}")
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"{text}: scheme {parts.scheme!r} is not supported; use http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"{text}: no host; e.g. http://127.0.0.1:{default_port}")
+    if any(c.isspace() for c in text):
+        raise ValueError(f"{text!r}: a URL cannot contain spaces")
     try:
-        with urllib.request.urlopen(full, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
-            body = json.load(resp)
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError(f"{text}: the port must be a number from 1 to 65535")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{text}: give the base URL only, without '?' or '#'")
+    return text.rstrip("/")
+
+
+def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str, str | None] | None = None,
+             timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """GET {base}{path}?{query} and return the list under `key`; raises FetchError with one line.
+
+    `daemon` names what should answer there (for the hint), e.g. "the rules service (`gpumond rules`)".
+    """
+    encoded = urllib.parse.urlencode({k: v for k, v in (query or {}).items() if v})
+    full = base.rstrip("/") + path + (f"?{encoded}" if encoded else "")
+    try:
+        with urllib.request.urlopen(full, timeout=timeout_s) as resp:  # noqa: S310 - base_url() allows http(s) only
+            raw = resp.read(MAX_ANSWER_BYTES + 1)
     except urllib.error.HTTPError as e:
-        raise FetchError(f"{full}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise FetchError(f"cannot reach {full}: {reason} (is `gpumond rules` running? set --url)") from None
-    except json.JSONDecodeError:
-        raise FetchError(f"{full}: the answer is not JSON (is this a gpumond rules service?)") from None
-    return list(body.get("findings", []))
+        raise FetchError(f"{full}: HTTP {e.code} {e.reason}{_error_detail(e)}"
+                         + (f" (is {daemon} at {base}, in a version that serves {path}? check --url)"
+                            if e.code == 404 else "")) from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+        reason = getattr(e, "reason", None) or e or type(e).__name__
+        raise FetchError(f"cannot reach {full}: {reason} (is {daemon} running there? set --url)") from None
+    except ValueError as e:  # a URL urllib still refuses (base_url() catches the usual mistakes first)
+        raise FetchError(f"{full}: {e}") from None
+    if len(raw) > MAX_ANSWER_BYTES:
+        raise FetchError(f"{full}: the answer is larger than {MAX_ANSWER_BYTES // 1_048_576} MiB; narrow it down "
+                         "with the filter flags")
+    try:
+        body = json.loads(raw)
+    except ValueError:  # JSONDecodeError, or bytes that are not text
+        raise FetchError(f"{full}: the answer is not JSON (is {daemon} serving at {base}?)") from None
+    items = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise FetchError(f"{full}: the answer has no {key!r} list of objects (is {daemon} serving at {base}?)")
+    return items
 
 
-def _ago(since: float | None, now: float) -> str:
+def _error_detail(err: urllib.error.HTTPError) -> str:
+    """': <message>' from a gpumond error body {"error": "..."}, else nothing."""
+    try:
+        body = json.loads(err.read(4096))
+    except (ValueError, OSError, http.client.HTTPException):
+        return ""
+    message = body.get("error") if isinstance(body, dict) else None
+    return f": {message[:200]}" if isinstance(message, str) and message else ""
+
+
+def render(columns: Sequence[str], rows: Sequence[Sequence[str]], empty: str) -> str:
+    """Rows as left-aligned text columns under `columns`, or `empty` when there are none."""
+    if not rows:
+        return empty
+    every = [tuple(columns), *rows]
+    widths = [max(len(r[i]) for r in every) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in every)
+
+
+def ago(since: float | None, now: float) -> str:
+    """How long ago `since` (Unix seconds) was, as 4m05s or 2h07m; "-" when unknown."""
     if since is None:
         return "-"
     s = max(0, int(now - since))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def short(text: str, width: int) -> str:
+    """`text` cut to `width` characters, an ellipsis marking the cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def fetch(url: str, filters: Mapping[str, str | None], timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """The findings of the rules service at `url`, filtered there; raises FetchError with one line."""
+    return get_json(url, "/api/v1/findings", "findings", daemon="the rules service (`gpumond rules`)",
+                    query=filters, timeout_s=timeout_s)
 
 
 def _evidence(ev: Mapping[str, Any], width: int = 60) -> str:
@@ -52,21 +137,16 @@ def _evidence(ev: Mapping[str, Any], width: int = 60) -> str:
                 "gpus_flagged"):
         if key in ev:
             parts.append(f"{key}={ev[key]}")
-    text = "; ".join(parts)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return short("; ".join(parts), width)
 
 
 def table(findings: Sequence[Mapping[str, Any]], now: float | None = None) -> str:
     """Findings as aligned text columns, firing first."""
     now = time.time() if now is None else now
-    rows = [COLUMNS]
+    rows = []
     for f in sorted(findings, key=lambda f: (f.get("state") != "firing", -float(f.get("score") or 0))):
-        uuid = f.get("gpu_uuid") or "-"
         rows.append((str(f.get("kind")), str(f.get("state")), str(f.get("job")), f.get("node") or "-",
-                     "-" if f.get("rank") is None else str(f.get("rank")),
-                     uuid if len(uuid) <= 16 else uuid[:15] + "…", f"{float(f.get('score') or 0):.2f}",
-                     _ago(f.get("since"), now), _evidence(f.get("evidence") or {})))
-    if len(rows) == 1:
-        return "no findings"
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+                     "-" if f.get("rank") is None else str(f.get("rank")), short(f.get("gpu_uuid") or "-", 16),
+                     f"{float(f.get('score') or 0):.2f}", ago(f.get("since"), now),
+                     _evidence(f.get("evidence") or {})))
+    return render(COLUMNS, rows, "no findings")

@@ -1,9 +1,18 @@
+import os
+import shlex
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from gpumond.cli import main
+import gpumond
+from gpumond.cli import build_parser, main
+from gpumond.config.rules import TOKENS_ENV, RulesConfig, load_rules_config
+from gpumond.nvml.sim import load_scenario
 
 
 def run(*args):
@@ -54,3 +63,97 @@ def test_bad_scenario_file_is_one_clear_line(tmp_path):
 def test_help_teaches_the_simulator():
     p = run("agent", "--help")
     assert p.returncode == 0 and "gpumond agent --sim 8" in p.stdout
+
+
+# ----- the shipped examples and the help's examples work as written ---------------------------------
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
+
+
+def clean_env() -> dict[str, str]:
+    """The environment of an operator who has set no tokens."""
+    return {k: v for k, v in os.environ.items() if k != TOKENS_ENV}
+
+
+def test_both_examples_are_shipped() -> None:
+    assert [p.name for p in EXAMPLES] == ["agent.yaml", "rules.yaml"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_check_config_passes_on_the_shipped_example(example: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "gpumond.cli", "check-config", str(example)], capture_output=True,
+                       text=True, timeout=60, env=clean_env(), cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"{example}: ok ({example.stem} config;")
+
+
+def test_the_rules_example_runs_as_the_readme_says_and_is_the_defaults_but_its_demo_token() -> None:
+    example = REPO / "deploy" / "examples" / "rules.yaml"
+    assert "gpumond rules --config deploy/examples/rules.yaml" in (REPO / "README.md").read_text()
+    config = load_rules_config(example, env={})
+    assert len(config.tokens) == 1 and "demo" in config.tokens[0]
+    assert config.model_copy(update={"tokens": ()}) == RulesConfig.default()
+    assert "tokens_file: /etc/gpumond/" in example.read_text()  # the production way is shown
+
+
+def help_scenario_examples() -> list[list[str]]:
+    text = run("agent", "--help").stdout
+    return [shlex.split(line.split("#")[0])[2:] for line in text.splitlines()
+            if line.strip().startswith("gpumond agent") and "--sim-scenario" in line]
+
+
+def test_the_help_sim_scenario_example_works_from_any_directory(tmp_path, monkeypatch) -> None:
+    examples = help_scenario_examples()
+    shipped = [args for args in examples if "/" not in args[args.index("--sim-scenario") + 1]]
+    assert shipped, examples
+    monkeypatch.chdir(tmp_path)
+    for args in shipped:
+        path = build_parser().parse_args(["agent", *args]).sim_scenario
+        assert path.is_file() and path.is_relative_to(Path(gpumond.__file__).parent)
+        assert load_scenario(path).faults
+
+
+def test_the_agent_runs_a_shipped_scenario_from_a_temp_directory(tmp_path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "agent.yaml").write_text(f"state_dir: {tmp_path / 'state'}\n")
+    log = tmp_path / "agent.log"
+    with log.open("w") as err:
+        agent = subprocess.Popen([sys.executable, "-m", "gpumond.cli", "agent", "--config", "agent.yaml",
+                                  "--listen", f"127.0.0.1:{port}", "--sim", "4", "--sim-scenario", "demo"],
+                                 cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        healthy = False
+        while not healthy and agent.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+                    healthy = resp.status == 200
+            except OSError:
+                time.sleep(0.1)
+        assert healthy, log.read_text()
+    finally:
+        agent.terminate()
+        rc = agent.wait(timeout=15)
+    assert rc == 0, log.read_text()
+    assert f"scenario={Path(gpumond.__file__).parent / 'nvml' / 'sim' / 'scenarios' / 'demo.yaml'}" in log.read_text()
+
+
+def test_the_agent_help_lists_the_shipped_scenarios() -> None:
+    out = run("agent", "--help").stdout
+    assert "--sim-scenario demo " in out
+    assert "shipped scenarios" in out and "  demo " in out and "  healthy " in out
+
+
+def test_an_unknown_scenario_name_is_one_line_naming_the_shipped_ones(tmp_path) -> None:
+    p = subprocess.run([sys.executable, "-m", "gpumond.cli", "agent", "--sim", "1", "--sim-scenario", "dmeo"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "--sim-scenario: dmeo:" in p.stderr and "shipped: demo, healthy" in p.stderr
+
+
+def test_a_scenario_file_in_the_working_directory_wins_over_a_shipped_name(tmp_path, monkeypatch) -> None:
+    (tmp_path / "demo.yaml").write_text("faults: []\n")
+    monkeypatch.chdir(tmp_path)
+    assert build_parser().parse_args(["agent", "--sim-scenario", "demo.yaml"]).sim_scenario == Path("demo.yaml")

@@ -1,0 +1,77 @@
+"""`gpumond alerts`: an agent's or the rules service's alerts as a terminal table (stdlib only)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from gpumond.findings_cli import ago, get_json, render, short
+
+COLUMNS = ("ALERTNAME", "SEVERITY", "STATE", "NODE", "GPU", "JOB", "RANK", "SINCE", "SUMMARY")
+AGENT_URL = "http://127.0.0.1:9480"
+STATES = ("firing", "pending", "resolved")
+_SEVERITIES = ("critical", "error", "warning", "info")
+DAEMON = "a gpumond agent (:9480) or rules service (:9481)"
+
+
+def fetch(url: str, state: str | None = None, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """The alerts of the daemon at `url` (GET /api/v1/alerts), only `state` when given; raises FetchError."""
+    alerts = get_json(url, "/api/v1/alerts", "alerts", daemon=DAEMON, timeout_s=timeout_s)
+    return [a for a in alerts if state is None or a.get("state") == state]
+
+
+def _unix(rfc3339: Any) -> float | None:
+    """RFC 3339 text ("2025-11-21T21:20:00.000Z") as Unix seconds; None when absent or unreadable."""
+    if not isinstance(rfc3339, str):
+        return None
+    try:
+        return datetime.fromisoformat(rfc3339).timestamp()
+    except ValueError:
+        return None
+
+
+def _rank(order: Sequence[str], value: Any) -> int:
+    return order.index(value) if value in order else len(order)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _gpu(labels: Mapping[str, Any]) -> str:
+    """The GPU index when the alert has one, else its UUID shortened."""
+    if labels.get("gpu") not in (None, ""):
+        return str(labels["gpu"])
+    return short(_text(labels.get("uuid") or labels.get("gpu_uuid")), 16)
+
+
+def table(alerts: Sequence[Mapping[str, Any]], now: float | None = None) -> str:
+    """Alerts as aligned text columns: firing, then pending, then resolved; most severe and oldest first.
+
+    SINCE is how long the alert has been in its state: since it started (pending or firing), or
+    since it ended (resolved).
+    """
+    now = time.time() if now is None else now
+
+    def since(a: Mapping[str, Any]) -> float | None:
+        return _unix(a.get("endsAt") if a.get("state") == "resolved" else a.get("startsAt"))
+
+    def order(a: Mapping[str, Any]) -> tuple[int, int, float, str]:
+        labels = _mapping(a.get("labels"))
+        return (_rank(STATES, a.get("state")), _rank(_SEVERITIES, labels.get("severity")),
+                since(a) or 0.0, str(labels.get("alertname")))
+
+    rows = []
+    for a in sorted(alerts, key=order):
+        labels = _mapping(a.get("labels"))
+        summary = _mapping(a.get("annotations")).get("summary")
+        rows.append((_text(labels.get("alertname")), _text(labels.get("severity")), _text(a.get("state")),
+                     _text(labels.get("node")), _gpu(labels), _text(labels.get("job")), _text(labels.get("rank")),
+                     ago(since(a), now), short(_text(summary), 80)))
+    return render(COLUMNS, rows, "no alerts")
