@@ -273,10 +273,13 @@ def _rules(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return EXIT_USAGE
     setup_logging(cfg.log.level, cfg.log.format)
-    from gpumond.rules.service import RulesService, serve
+    from gpumond.rules.service import RulesService, RulesStartError, serve
 
     try:
         serve(RulesService(cfg))
+    except RulesStartError as e:
+        print(f"gpumond: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except ListenError as e:
         print(f"gpumond: {e} (choose another port with --listen)", file=sys.stderr)
         return 1

@@ -8,6 +8,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpumond.config.types import ListenAddress
+
 
 class ListenError(RuntimeError):
     """The listen address cannot be bound; the message says which and why."""
@@ -55,3 +57,9 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
     finally:
         on_stop()
         sock.close()
+
+
+def default_external_url(listen: ListenAddress, name: str) -> str:
+    """How others reach a daemon listening on `listen`: by `name` when it listens on every address."""
+    host = name if listen.host in ("0.0.0.0", "::", "") else str(listen).rsplit(":", 1)[0]
+    return f"http://{host}:{listen.port}"

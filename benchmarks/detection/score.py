@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, evaluate
-from gpumond.rules.findings import Persistence, advance
+from gpumond.rules.findings import FINDINGS_PERSISTENCE, Persistence, advance
 
 from benchmarks.detection.faults import Fault
 from benchmarks.detection.scenarios import T0, Scenario
@@ -77,11 +77,11 @@ class RunResult:
     eval_s: list[float]
 
 
-def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persistence = Persistence(),
+def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persistence = FINDINGS_PERSISTENCE,
         evaluate_fn=evaluate, **cluster_kw: object) -> RunResult:  # noqa: ANN001
     """Simulate `sc`, evaluating every 10 s with the real detectors and findings lifecycle."""
     cluster = sc.build(**cluster_kw)
-    state, tracks = DetectorState(), {}
+    state, tracks = DetectorState(), None
     open_: dict[tuple, Episode] = {}
     episodes: list[Episode] = []
     times: list[float] = []

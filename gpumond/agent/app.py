@@ -22,10 +22,14 @@ from gpumond.agent.policy.state_file import StateFile
 from gpumond.agent.policy.views import build_views
 from gpumond.agent.sampler import Sampler
 from gpumond.agent.server import AgentApp
+from gpumond.alerts.pipeline import AlertPipeline
+from gpumond.alerts.sinks import build_sinks
+from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
+from gpumond.alerts.state import AlertStateFile
 from gpumond.config import AgentConfig
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
-from gpumond.serving import ListenError, bind, run_until_signalled
+from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
 
 __all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
 
@@ -83,9 +87,10 @@ class Agent:
         except OSError as e:
             raise AgentStartError(f"state_dir {state_dir}: {e.strerror or e} (set state_dir in the config, or run "
                                   f"under systemd's StateDirectory=)") from None
+        self.alerts = _alert_pipeline(config, state_dir)
         self.policy = PolicyEngine(config.policy, self.session, node=config.node_name,
                                    state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
-                                   clock=backend.clock)
+                                   clock=backend.clock, alerts=self.alerts)
         self._audit = audit
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=Renderer(), xid=self.xid,
                                jobs=jobs, host=HostEvidence() if config.host.enabled else None,
@@ -100,6 +105,7 @@ class Agent:
         """Open NVML, take one full sample synchronously (so the first scrape has data), then schedule."""
         log.info("agent starting", extra={"backend": self.backend.name, "node": self.config.node_name,
                                           "listen": str(self.config.listen)})
+        self.alerts.start(self.backend.clock())
         self.session.open()
         if self.xid is not None and self.session.up:
             self.xid.start()
@@ -128,6 +134,7 @@ class Agent:
         if self.xid is not None:
             self.xid.stop()
         self.policy.stop()  # restores limits while NVML is still open
+        self.alerts.stop()
         self._audit.close()
         self.session.close()
         self.backend.uninstall()
@@ -152,7 +159,17 @@ class Agent:
 
     def app(self) -> AgentApp:
         """The ASGI app serving this agent."""
-        return AgentApp(self.latest, self.health)
+        return AgentApp(self.latest, self.health, self.alerts.api_json)
+
+
+def _alert_pipeline(config: AgentConfig, state_dir: Path) -> AlertPipeline:
+    """The agent's alerts: sinks from `alerting:`; alerts link to this agent's /metrics."""
+    a = config.alerting
+    base = a.external_url or default_external_url(config.listen, config.node_name)
+    state = AlertStateFile(state_dir / ALERT_STATE_FILE)
+    # The lease must outlast a fast cycle; the agent's alerts are evaluated every fast cycle.
+    sinks = build_sinks(a, state, evaluation_interval_s=config.sampling.fast_interval_s)
+    return AlertPipeline(a, sinks=sinks, state=state, generator_url=lambda alert: f"{base}/metrics")
 
 
 def serve(agent: Agent) -> None:

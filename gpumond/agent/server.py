@@ -43,9 +43,11 @@ def _accepts_gzip(scope: Scope) -> bool:
 class AgentApp:
     """Serves whatever the sampler rendered last; a scrape never waits on NVML."""
 
-    def __init__(self, latest: Callable[[], Rendered | None], health: Callable[[], tuple[bool, str]]) -> None:
+    def __init__(self, latest: Callable[[], Rendered | None], health: Callable[[], tuple[bool, str]],
+                 alerts: Callable[[], bytes] = lambda: b'{"alerts":[]}') -> None:
         self._latest = latest
         self._health = health
+        self._alerts = alerts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -64,10 +66,12 @@ class AgentApp:
         elif path == "/healthz":
             ok, why = self._health()
             await _reply(send, 200 if ok else 503, (why + "\n").encode(), method=method)
+        elif path == "/api/v1/alerts":
+            await _reply(send, 200, self._alerts(), b"application/json", method=method)
         elif path == "/":
-            await _reply(send, 200, b"gpumond agent: /metrics /healthz\n", method=method)
+            await _reply(send, 200, b"gpumond agent: /metrics /healthz /api/v1/alerts\n", method=method)
         else:
-            await _reply(send, 404, b"not found: try /metrics or /healthz\n")
+            await _reply(send, 404, b"not found: try /metrics, /healthz or /api/v1/alerts\n")
 
 
 async def _reply(send: Send, status: int, body: bytes, content_type: bytes = b"text/plain; charset=utf-8",

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
-from gpumond.rules.findings import Key, Persistence, Track, advance
+from gpumond.alerts.pipeline import AlertPipeline, log_only
+from gpumond.rules.findings import FINDINGS_PERSISTENCE, conditions_of, findings_of
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.types import Finding, TelemetrySource
 from gpumond.types import Series
@@ -27,20 +28,21 @@ class Evaluator:
     """Owns the detector state and the findings; every public method is safe to call from any thread."""
 
     def __init__(self, ranks: RankStore, gpus: GpuStore, source: TelemetrySource | None, *,
-                 detectors: DetectorConfig = DetectorConfig(), persistence: Persistence = Persistence(),
+                 detectors: DetectorConfig = DetectorConfig(), alerts: AlertPipeline | None = None,
                  shard: tuple[int, int] | None = None, clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self._ranks = ranks
         self._gpus = gpus
         self._source = source
         self._cfg = detectors
-        self._persistence = persistence
+        # Findings are alerts: one lifecycle decides pending / firing / resolved, and the same pipeline
+        # delivers them (log always; Alertmanager, Slack, PagerDuty as configured).
+        self.alerts = alerts if alerts is not None else log_only(persistence=FINDINGS_PERSISTENCE)
         self._shard = shard
         self._clock = clock
         self._timer = timer
         self._lock = threading.Lock()
         self._state = DetectorState()
-        self._tracks: dict[Key, Track] = {}
         self._findings: tuple[Finding, ...] = ()
         self.evaluations = 0
         self.last_duration_s = 0.0
@@ -82,20 +84,17 @@ class Evaluator:
                             absent_nodes=self._gpus.absent_nodes())
         with self._lock:
             self._state, candidates = evaluate(inputs, self._state, self._cfg)
-            before = {k: t.firing for k, t in self._tracks.items()}
-            self._tracks, findings, resolved = advance(self._tracks, candidates, now, self._persistence)
-            self._findings = tuple(findings)
+            transitions = self.alerts.update(conditions_of(candidates, self._gpu_index), now)
+            self._findings = tuple(findings_of(self.alerts.entries()))
             self.evaluations += 1
-            self.resolved_total += len(resolved)
-        for f in findings:
-            key = (f.kind, f.job, f.node, f.rank, f.gpu_uuid)
-            if f.state == "firing" and not before.get(key, False):
-                log.warning("finding firing", extra={"kind": f.kind, "job": f.job, "node": f.node, "rank": f.rank,
-                                                     "gpu_uuid": f.gpu_uuid, "score": f.score})
-        for f in resolved:
-            log.info("finding resolved", extra={"kind": f.kind, "job": f.job, "node": f.node, "rank": f.rank})
+            self.resolved_total += sum(1 for t in transitions if t.new == "resolved" and t.alert.alertname != "Watchdog")
         self.last_duration_s = self._timer() - start
         return self._findings
+
+    def _gpu_index(self, uuid: str) -> str | None:
+        """The GPU's index on its node, from the newest telemetry sample (None when no agent reported it)."""
+        window = self._gpus.window(uuid, 0.0)
+        return window[-1].gpu if window else None
 
     def findings(self) -> tuple[Finding, ...]:
         """Current findings (pending and firing), highest score first."""

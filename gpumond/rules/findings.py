@@ -1,67 +1,117 @@
-"""Findings lifecycle: a candidate becomes pending, fires after persistence (k of n evaluations), and
-resolves after staying clear for a while. Pure: state in, state out."""
+"""Findings are alerts: a detector's candidate becomes an alert condition, and the one alert lifecycle
+(gpumond.alerts.lifecycle) decides pending → firing (k of n evaluations, or at once when corroborated) →
+resolved (after `clear` quiet evaluations). This module only translates between the two vocabularies."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+import json
+from collections.abc import Callable, Iterable, Sequence
 
+from gpumond.alerts.catalogue import ALERTS, KIND_TO_ALERT, alert_for_kind
+from gpumond.alerts.lifecycle import AlertTracker, Entry, Persistence
+from gpumond.alerts.model import Condition
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.types import Finding
 
-Key = tuple[str, str, str | None, int | None, str | None]
+__all__ = ["FINDINGS_PERSISTENCE", "Persistence", "advance", "conditions_of", "finding_condition", "finding_of",
+           "findings_of"]
+
+# Two of three evaluations flag an entity before it fires; three quiet ones resolve it.
+FINDINGS_PERSISTENCE = Persistence(k=2, n=3, clear=3)
+_ALERT_TO_KIND = {alert: kind for kind, alert in KIND_TO_ALERT.items()}
+# Evidence fields worth a sentence, in the order a person reads them.
+_HEADLINE = ("likely_cause", "data_wait_frac", "median_data_wait_frac", "slowdown", "stalled_for_s", "gpus_flagged",
+             "compute_share", "peer_median_compute_share")
 
 
-@dataclass(frozen=True, slots=True)
-class Persistence:
-    """k of the last n evaluations must flag an entity before it fires (one, if the candidate is
-    corroborated by independent evidence); `clear` quiet ones resolve it."""
-
-    k: int = 2
-    n: int = 3
-    clear: int = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Track:
-    """One entity's recent history."""
-
-    candidate: Candidate
-    since: float
-    hits: tuple[bool, ...]
-    firing: bool = False
-    quiet: int = 0
+def describe_entity(c: Candidate, gpu_index: str | None) -> str:
+    """`rank 11 (demo-node-01 GPU 3)`, `node demo-node-01` or `the job`: how a person finds the entity."""
+    place = c.node or ""
+    if gpu_index is not None:
+        place = f"{place} GPU {gpu_index}".strip()
+    if c.rank is not None:
+        return f"rank {c.rank}" + (f" ({place})" if place else "")
+    if c.node:
+        return f"node {c.node}"
+    return "the job"
 
 
-def advance(tracks: Mapping[Key, Track], candidates: Sequence[Candidate], now: float,
-            p: Persistence = Persistence()) -> tuple[dict[Key, Track], list[Finding], list[Finding]]:
-    """Fold one evaluation's candidates in; returns (tracks, current findings, findings resolved now)."""
-    seen = {c.key: c for c in candidates}
-    new: dict[Key, Track] = {}
-    resolved: list[Finding] = []
-    for key, t in tracks.items():
-        c = seen.pop(key, None)
-        hits = (t.hits + (c is not None,))[-p.n:]
-        if c is not None:
-            t = replace(t, candidate=c, hits=hits, quiet=0)
-        else:
-            t = replace(t, hits=hits, quiet=t.quiet + 1)
-        if not t.firing and (sum(hits) >= p.k or (c is not None and c.corroborated)):
-            t = replace(t, firing=True)
-        if t.firing and t.quiet >= p.clear:
-            resolved.append(_finding(t))
-            continue
-        if not t.firing and not any(hits):
-            continue  # a pending entity that went quiet for n evaluations is dropped silently
-        new[key] = t
-    for key, c in seen.items():
-        t = Track(c, now, (True,))
-        new[key] = replace(t, firing=p.k <= 1 or c.corroborated)
-    findings = sorted((_finding(t) for t in new.values()), key=lambda f: (-f.score, f.kind, f.job))
-    return new, findings, resolved
+def _headline(evidence: dict[str, object]) -> str:
+    parts = [f"{k} {evidence[k]}" for k in _HEADLINE if k in evidence and not isinstance(evidence[k], dict)]
+    return "; ".join(parts)
 
 
-def _finding(t: Track) -> Finding:
-    c = t.candidate
-    return Finding(kind=c.kind, job=c.job, node=c.node, rank=c.rank, gpu_uuid=c.gpu_uuid, score=c.score,
-                   since=t.since, state="firing" if t.firing else "pending", evidence=dict(c.evidence))
+def finding_condition(c: Candidate, gpu_index: str | None = None) -> Condition:
+    """The alert condition of one candidate: identity in labels, evidence in annotations."""
+    alertname = alert_for_kind(c.kind)
+    spec = ALERTS[alertname]
+    evidence = dict(c.evidence)
+    labels = {"alertname": alertname, "severity": spec.severity, "job": c.job, "node": c.node,
+              "rank": c.rank, "uuid": c.gpu_uuid}
+    # The GPU index is in the summary, not the labels: it comes from telemetry, which may arrive after the
+    # first evaluation, and a label that changes would make a second alert (and a second page).
+    headline = _headline(evidence)
+    annotations = {
+        "summary": f"{describe_entity(c, gpu_index)} of job {c.job}: {spec.summary}",
+        "description": f"{spec.meaning}" + (f" Evidence: {headline}." if headline else ""),
+        "evidence": json.dumps(evidence, separators=(",", ":"), default=str, sort_keys=True),
+        "score": f"{c.score:g}",
+    }
+    return Condition.of(labels, annotations, immediate=c.corroborated, payload=c)
+
+
+def finding_of(entry: Entry) -> Finding | None:
+    """The finding an alert entry stands for (None for alerts that are not findings, e.g. the Watchdog)."""
+    a = entry.alert
+    if a.state == "resolved":
+        return None
+    c = entry.payload
+    if isinstance(c, Candidate):
+        return Finding(kind=c.kind, job=c.job, node=c.node, rank=c.rank, gpu_uuid=c.gpu_uuid, score=c.score,
+                       since=entry.active_since, state=a.state, evidence=dict(c.evidence))
+    kind = _ALERT_TO_KIND.get(a.alertname)
+    if kind is None:
+        return None
+    # Restored from the state file after a restart: identity from the labels, the last evidence as recorded.
+    try:
+        evidence = json.loads(a.annotation("evidence") or "{}")
+    except ValueError:
+        evidence = {}
+    rank = a.label("rank")
+    return Finding(kind=kind, job=a.label("job") or "", node=a.label("node"), rank=int(rank) if rank else None,
+                   gpu_uuid=a.label("uuid"), score=float(a.annotation("score") or 0.0), since=entry.active_since,
+                   state=a.state, evidence={"restored": True, **evidence})
+
+
+def findings_of(entries: Iterable[Entry]) -> list[Finding]:
+    """Pending and firing findings, highest score first."""
+    found = [f for e in entries if (f := finding_of(e)) is not None]
+    return sorted(found, key=lambda f: (-f.score, f.kind, f.job))
+
+
+def conditions_of(candidates: Iterable[Candidate], gpu_index: Callable[[str], str | None]) -> list[Condition]:
+    """One condition per entity (a detector that names one twice keeps its highest score)."""
+    best: dict[str, Condition] = {}
+    for c in candidates:
+        cond = finding_condition(c, gpu_index(c.gpu_uuid) if c.gpu_uuid else None)
+        old = best.get(cond.fingerprint)
+        if old is None or c.score > old.payload.score:  # type: ignore[union-attr]
+            best[cond.fingerprint] = cond
+    return list(best.values())
+
+
+def advance(tracker: AlertTracker | None, candidates: Sequence[Candidate], now: float,
+            p: Persistence = FINDINGS_PERSISTENCE,
+            gpu_index: Callable[[str], str | None] = lambda uuid: None,
+            ) -> tuple[AlertTracker, list[Finding], list[Finding]]:
+    """Fold one evaluation's candidates into the lifecycle (a fresh one when `tracker` is None);
+    returns (tracker, current findings, findings resolved now). For offline use (benchmarks, tests); the
+    service runs the same lifecycle inside its AlertPipeline."""
+    tracker = tracker if tracker is not None else AlertTracker(persistence=p)
+    tracker, transitions = tracker.update(conditions_of(candidates, gpu_index), now)
+    resolved = [Finding(kind=_ALERT_TO_KIND[t.alert.alertname], job=t.alert.label("job") or "",
+                        node=t.alert.label("node"), rank=int(r) if (r := t.alert.label("rank")) else None,
+                        gpu_uuid=t.alert.label("uuid"), score=float(t.alert.annotation("score") or 0.0),
+                        since=t.alert.starts_at, state="firing")
+                for t in transitions if t.new == "resolved" and t.alert.alertname in _ALERT_TO_KIND]
+    return tracker, findings_of(tracker.entries), resolved

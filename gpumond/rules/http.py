@@ -32,7 +32,7 @@ _FILTERS = ("job", "kind", "state")
 
 def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[[], Sequence[Finding]],
               metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]], clock: Callable[[], float],
-              stats: IngestStats | None = None) -> Starlette:
+              stats: IngestStats | None = None, alerts: Callable[[], bytes] = lambda: b'{"alerts":[]}') -> Starlette:
     """The rules service's Starlette app; `stats` (made when None) is also at app.state.ingest_stats."""
     # findings, metrics and ready are called on a worker thread: they must be thread-safe, and
     # may then take a moment without stalling pushes.
@@ -73,6 +73,9 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
     async def serve_metrics(request: Request) -> Response:
         return Response(await run_in_threadpool(metrics), media_type=METRICS_TYPE)
 
+    async def list_alerts(request: Request) -> Response:
+        return Response(await run_in_threadpool(alerts), media_type="application/json")
+
     async def healthz(request: Request) -> Response:
         return Response("ok\n", media_type="text/plain")
 
@@ -98,6 +101,7 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
         routes=[
             Route("/api/v1/push", push, methods=["POST"]),
             Route("/api/v1/findings", list_findings, methods=["GET"]),
+            Route("/api/v1/alerts", list_alerts, methods=["GET"]),
             Route("/api/v1/openapi.json", openapi, methods=["GET"]),
             Route("/metrics", serve_metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

@@ -4,23 +4,33 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlencode
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gpumond import __version__
+from gpumond.alerts.model import Alert
+from gpumond.alerts.pipeline import ALERT_METRICS, AlertPipeline
+from gpumond.alerts.sinks import SINK_METRICS, build_sinks
+from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
+from gpumond.alerts.state import AlertStateFile
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.evaluator import Evaluator
+from gpumond.rules.findings import FINDINGS_PERSISTENCE
 from gpumond.rules.http import build_app
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
-from gpumond.serving import bind, run_until_signalled
+from gpumond.serving import bind, default_external_url, run_until_signalled
 from gpumond.textformat import Encoder
 from gpumond.types import Series
 
@@ -35,6 +45,8 @@ _HELP = {
     "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
     "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
     **INGEST_METRICS,
+    **ALERT_METRICS,
+    **SINK_METRICS,
 }
 
 
@@ -50,27 +62,34 @@ class RulesService:
     """The rules service; `start()` schedules telemetry and evaluation, `stop()` ends them."""
 
     def __init__(self, config: RulesConfig, *, source: TelemetrySource | None = None,
-                 detectors: DetectorConfig = DetectorConfig(), clock: Callable[[], float] = time.time) -> None:
+                 detectors: DetectorConfig = DetectorConfig(), clock: Callable[[], float] = time.time,
+                 alerts: AlertPipeline | None = None) -> None:
         self.config = config
         self.ranks = RankStore.from_config(config)
         self.gpus = GpuStore.from_config(config)
         self.source = source if source is not None else build_source(config.telemetry)
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
-        self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, shard=shard, clock=clock)
+        self._clock = clock
+        self.alerts = alerts if alerts is not None else _alert_pipeline(config)
+        self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
+                                   shard=shard, clock=clock)
         self.stats = IngestStats(self.ranks, self.gpus)
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
-                             metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats)
+                             metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
+                             alerts=self.alerts.api_json)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def metrics(self) -> bytes:
         """The service's /metrics: findings, evaluation health, ingest counters."""
         series = list(self.evaluator.series())
         series += self.stats.series()
+        series += self.alerts.series()
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         return render(series)
 
     def start(self) -> None:
         """Fetch telemetry and evaluate once, then on their intervals."""
+        self.alerts.start(self._clock())
         now = datetime.now(timezone.utc)
         if self.source is not None:
             interval = _telemetry_interval(self.config)
@@ -83,12 +102,6 @@ class RulesService:
             "telemetry": self.source.name if self.source else None,
             "evaluation_interval_s": self.config.evaluation_interval_s,
             "shard": str(self.config.shard) if self.config.shard else None})
-        unsent = unsent_sinks(self.config)
-        if unsent:
-            # The section's shape is part of the config contract, but no sender exists yet: say so once,
-            # rather than let an operator believe findings reach Slack or PagerDuty.
-            log.warning("alert sinks are not implemented in this release: nothing is sent to %s; read findings "
-                        "from /api/v1/findings or gpumond_finding on /metrics", ", ".join(unsent))
 
     def _evaluate(self) -> None:
         try:
@@ -97,19 +110,48 @@ class RulesService:
             log.exception("evaluation failed")
 
     def stop(self) -> None:
-        """Stop the schedule and close the telemetry source."""
+        """Stop the schedule, the alert sinks and the telemetry source."""
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
+        self.alerts.stop()
         if self.source is not None:
             self.source.close()
         log.info("rules service stopped")
 
 
-def unsent_sinks(config: RulesConfig) -> list[str]:
-    """The configured alert sinks (`alerting.*`) that this release does not send to (all of them, today)."""
+def _alert_pipeline(config: RulesConfig) -> AlertPipeline:
+    """The service's alerts: sinks from `alerting:`, state in `state_dir`, links to the finding in the API."""
     a = config.alerting
-    return [f"alerting.{name}" for name, sink in (("alertmanager", a.alertmanager), ("slack", a.slack),
-                                                   ("pagerduty", a.pagerduty)) if sink is not None]
+    base = a.external_url or default_external_url(config.listen, socket.gethostname())
+    state = AlertStateFile(_state_path(config))
+    sinks = build_sinks(a, state, evaluation_interval_s=config.evaluation_interval_s)
+
+    def generator_url(alert: Alert) -> str | None:
+        query = {k: v for k, v in (("job", alert.label("job")),) if v}
+        return f"{base}/api/v1/findings" + (f"?{urlencode(query)}" if query else "")
+
+    return AlertPipeline(a, sinks=sinks, state=state, persistence=FINDINGS_PERSISTENCE, generator_url=generator_url)
+
+
+def _state_path(config: RulesConfig) -> Path | None:
+    """Where alert state lives; the default directory unwritable (a dev run as a user) keeps it in memory."""
+    path = config.state_dir / ALERT_STATE_FILE
+    try:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        if os.access(config.state_dir, os.W_OK):
+            return path
+    except OSError:
+        pass
+    if "state_dir" in config.model_fields_set:
+        raise RulesStartError(f"state_dir {config.state_dir}: not writable (set state_dir to a writable directory, "
+                              f"or run under systemd's StateDirectory=)")
+    log.warning("state_dir is not writable: alert state is kept in memory, so a restart may notify again "
+                "(set state_dir)", extra={"state_dir": str(config.state_dir)})
+    return None
+
+
+class RulesStartError(RuntimeError):
+    """The service cannot start as configured; one line naming what and where."""
 
 
 def _telemetry_interval(config: RulesConfig) -> float:

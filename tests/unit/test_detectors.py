@@ -152,7 +152,7 @@ def test_hang_localised_to_the_idle_rank_and_silent_when_the_job_ended():
 
 def test_persistence_k_of_n_then_resolve_after_quiet():
     c = Candidate("straggler", "j", "n", 1, "GPU-1", 5.0)
-    tracks, f, _ = advance({}, [c], 0.0)
+    tracks, f, _ = advance(None, [c], 0.0)
     assert [x.state for x in f] == ["pending"]
     tracks, f, _ = advance(tracks, [], 10.0)
     tracks, f, _ = advance(tracks, [c], 20.0)
@@ -166,19 +166,19 @@ def test_persistence_k_of_n_then_resolve_after_quiet():
 
 def test_a_single_blip_never_fires():
     c = Candidate("straggler", "j", "n", 1, "GPU-1", 5.0)
-    tracks, _, _ = advance({}, [c], 0.0, Persistence(k=2, n=3))
+    tracks, _, _ = advance(None, [c], 0.0, Persistence(k=2, n=3))
     for t in (10.0, 20.0, 30.0):
         tracks, f, resolved = advance(tracks, [], t)
         assert all(x.state == "pending" for x in f) and resolved == []
-    assert tracks == {}
+    assert not tracks.alerts
 
 
 def test_a_corroborated_candidate_fires_at_once_and_a_pending_one_fires_when_corroborated():
     strong = Candidate("straggler", "j", "n", 1, "GPU-1", 9.0, corroborated=True)
-    _, f, _ = advance({}, [strong], 0.0)
+    _, f, _ = advance(None, [strong], 0.0)
     assert [x.state for x in f] == ["firing"]
     weak = Candidate("straggler", "j", "n", 2, "GPU-2", 5.0)
-    tracks, f, _ = advance({}, [weak], 0.0)
+    tracks, f, _ = advance(None, [weak], 0.0)
     assert [x.state for x in f] == ["pending"]
     _, f, _ = advance(tracks, [Candidate("straggler", "j", "n", 2, "GPU-2", 9.0, corroborated=True)], 10.0)
     assert [x.state for x in f] == ["firing"] and f[0].since == 0.0
