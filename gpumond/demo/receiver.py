@@ -634,8 +634,8 @@ class Receiver:
             return self._dropped
 
     def wait_for(self, predicate: Callable[[Record], bool] = lambda r: True, timeout: float = 5.0, *,
-                 kind: Kind | None = None, count: int = 1) -> list[Record]:
-        """Block until at least `count` kept records (of `kind`) match; return them all, or raise TimeoutError."""
+                 kind: Kind | None = None, accepted: bool | None = None, count: int = 1) -> list[Record]:
+        """Block until `count` kept records (filtered as received() does) match; return them all, or TimeoutError."""
         _check_kind(kind)
         if not 0 < timeout <= 600:
             raise ValueError(f"timeout must be in (0, 600] seconds (got {timeout})")
@@ -643,7 +643,7 @@ class Receiver:
         while True:
             with self._cond:
                 seq = self._seq
-            matched = [r for r in self.received(kind) if predicate(r)]
+            matched = [r for r in self.received(kind, accepted=accepted) if predicate(r)]
             if len(matched) >= count:
                 return matched
             remaining = deadline - time.monotonic()

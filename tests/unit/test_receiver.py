@@ -354,6 +354,15 @@ def test_wait_for_returns_records_posted_later_from_another_thread(rx):
     assert len(got) == 1 and got[0].accepted
 
 
+def test_wait_for_can_skip_rejected_records(rx, client):
+    client.post(rx.pagerduty_url, json=trigger(routing_key="short"))
+    with pytest.raises(TimeoutError):
+        rx.wait_for(kind="pagerduty", accepted=True, timeout=0.2)
+    client.post(rx.pagerduty_url, json=trigger())
+    (ok,) = rx.wait_for(kind="pagerduty", accepted=True, timeout=2)
+    assert ok.status == 202
+
+
 def test_wait_for_times_out_cleanly_with_what_it_saw(rx, client):
     client.post(rx.slack_url, json={"text": "only this"})
     t0 = time.monotonic()
