@@ -42,6 +42,9 @@ class AlertPipeline:
         self._lock = threading.Lock()
         self._tracker = AlertTracker(cfg.keep_resolved_s, persistence)
         self._offset = 0.0  # wall time − daemon time at the last update
+        # Wall-clock start (and end) of each alert, fixed at its transition: the daemon's clock may be monotonic
+        # or simulated, and a start that moved by a microsecond between re-sends would look like a new alert.
+        self._walls: dict[str, tuple[float, float | None]] = {}
         self._started = False
 
     # ----- lifecycle of the pipeline itself ------------------------------------------------------------
@@ -49,7 +52,9 @@ class AlertPipeline:
         """Restore what was firing before a restart (held `restart_grace_s`), then start the sinks."""
         with self._lock:
             self._offset = self._wall() - now
-            restored = [replace(a, starts_at=a.starts_at - self._offset) for a in self._state.firing]
+            recorded = self._state.firing
+            self._walls.update({a.fingerprint: (a.starts_at, None) for a in recorded})
+            restored = [replace(a, starts_at=a.starts_at - self._offset) for a in recorded]
             self._tracker = self._tracker.restore(restored, hold_until=now + self.cfg.restart_grace_s)
         for s in self.sinks:
             s.start()
@@ -67,8 +72,17 @@ class AlertPipeline:
         if self.cfg.watchdog:
             enriched.append(self._enrich(Condition.of({"alertname": "Watchdog", "severity": "info"})))
         with self._lock:
-            self._offset = self._wall() - now
+            wall_now = self._wall()
+            self._offset = wall_now - now
             self._tracker, transitions = self._tracker.update(enriched, now)
+            for t in transitions:
+                fp = t.alert.fingerprint
+                if t.new == "firing":
+                    self._walls[fp] = (wall_now - (now - t.alert.starts_at), None)
+                elif t.new == "resolved" and fp in self._walls:
+                    self._walls[fp] = (self._walls[fp][0], wall_now)
+            held = {a.fingerprint for a in self._tracker.alerts}
+            self._walls = {fp: w for fp, w in self._walls.items() if fp in held}
             alerts = [self._to_wall(a) for a in self._tracker.alerts if a.state != "pending"]
         self._state.save_firing(alerts)
         snapshot = Snapshot(tuple(alerts), self._wall(),
@@ -90,8 +104,12 @@ class AlertPipeline:
         return replace(c, labels=pairs(labels), annotations=pairs(annotations))
 
     def _to_wall(self, a: Alert) -> Alert:
-        if self._offset == 0.0:
-            return a
+        fixed = self._walls.get(a.fingerprint)
+        if fixed is not None and a.state != "pending":
+            starts, ends = fixed
+            if a.state == "resolved" and ends is None:
+                ends = a.ends_at + self._offset  # type: ignore[operator]
+            return replace(a, starts_at=starts, ends_at=ends if a.state == "resolved" else None)
         ends = None if a.ends_at is None else a.ends_at + self._offset
         return replace(a, starts_at=a.starts_at + self._offset, ends_at=ends)
 

@@ -25,15 +25,15 @@ _HEADLINE = ("likely_cause", "data_wait_frac", "median_data_wait_frac", "slowdow
 
 
 def describe_entity(c: Candidate, gpu_index: str | None) -> str:
-    """`rank 11 (demo-node-01 GPU 3)`, `node demo-node-01` or `the job`: how a person finds the entity."""
+    """`rank 11 (demo-node-01 GPU 3) of job J`, `node N in job J` or `job J`: how a person finds the entity."""
     place = c.node or ""
     if gpu_index is not None:
         place = f"{place} GPU {gpu_index}".strip()
     if c.rank is not None:
-        return f"rank {c.rank}" + (f" ({place})" if place else "")
+        return f"rank {c.rank}" + (f" ({place})" if place else "") + f" of job {c.job}"
     if c.node:
-        return f"node {c.node}"
-    return "the job"
+        return f"node {c.node} in job {c.job}"
+    return f"job {c.job}"
 
 
 def _headline(evidence: dict[str, object]) -> str:
@@ -52,7 +52,7 @@ def finding_condition(c: Candidate, gpu_index: str | None = None) -> Condition:
     # first evaluation, and a label that changes would make a second alert (and a second page).
     headline = _headline(evidence)
     annotations = {
-        "summary": f"{describe_entity(c, gpu_index)} of job {c.job}: {spec.summary}",
+        "summary": f"{describe_entity(c, gpu_index)}: {spec.summary}",
         "description": f"{spec.meaning}" + (f" Evidence: {headline}." if headline else ""),
         "evidence": json.dumps(evidence, separators=(",", ":"), default=str, sort_keys=True),
         "score": f"{c.score:g}",

@@ -1,0 +1,127 @@
+"""Real Alertmanager replicas and a real `gpumond rules` process on 127.0.0.1, for the alert delivery tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.integration.helpers import (
+    LOOPBACK,
+    START_TIMEOUT_S,
+    ManagedProcess,
+    free_port,
+    http_get,
+    require_binary,
+    wait_until,
+    write_yaml,
+)
+
+TOKEN = "alert-test-token-0123456789"
+
+
+class AlertmanagerReplica(ManagedProcess):
+    """`prometheus-alertmanager` on loopback, in a gossip cluster with its peers, routing to one webhook."""
+
+    label = "alertmanager"
+
+    def __init__(self, workdir: Path, webhook_url: str, *, cluster_port: int, peers: Sequence[int]) -> None:
+        self.port = free_port()
+        config = write_yaml(workdir / "alertmanager.yml", {
+            "route": {"receiver": "hook", "group_by": ["alertname", "node", "job"], "group_wait": "1s",
+                      "group_interval": "2s", "repeat_interval": "1h"},
+            "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+        })
+        argv = [require_binary("prometheus-alertmanager"), f"--config.file={config}",
+                f"--storage.path={workdir / 'data'}", f"--web.listen-address={LOOPBACK}:{self.port}",
+                f"--web.external-url=http://{LOOPBACK}:{self.port}",
+                f"--cluster.listen-address={LOOPBACK}:{cluster_port}",
+                f"--cluster.advertise-address={LOOPBACK}:{cluster_port}",
+                "--cluster.peer-timeout=3s", "--cluster.gossip-interval=100ms", "--cluster.pushpull-interval=1s",
+                "--log.level=warn"]
+        argv += [f"--cluster.peer={LOOPBACK}:{p}" for p in peers]
+        super().__init__(argv, workdir)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> AlertmanagerReplica:
+        self.spawn()
+
+        def ready() -> bool:
+            self._fail_if_exited("/-/ready")
+            return http_get(f"{self.url}/-/ready", timeout=1.0)[0] == 200
+
+        wait_until(ready, timeout=START_TIMEOUT_S, what=f"alertmanager {self.url} ready")
+        return self
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return httpx.get(f"{self.url}/api/v2/alerts", timeout=5.0).json()
+
+    def peers(self) -> int:
+        status = httpx.get(f"{self.url}/api/v2/status", timeout=5.0).json()
+        return len(status.get("cluster", {}).get("peers") or [])
+
+
+def alertmanager_cluster(workdir: Path, webhook_url: str, replicas: int = 2) -> list[AlertmanagerReplica]:
+    """Replicas that gossip with each other (so a group is notified once, by one of them)."""
+    ports = [free_port() for _ in range(replicas)]
+    ams = [AlertmanagerReplica(workdir / f"am{i}", webhook_url, cluster_port=ports[i],
+                               peers=[p for j, p in enumerate(ports) if j != i]) for i in range(replicas)]
+    for am in ams:
+        am.start()
+    wait_until(lambda: all(am.peers() == replicas for am in ams), timeout=20, what="alertmanager cluster formed")
+    return ams
+
+
+class RulesProcess(ManagedProcess):
+    """`python -m gpumond.cli rules` on loopback with no telemetry source; findings come from pushes."""
+
+    label = "rules"
+
+    def __init__(self, workdir: Path, alerting: dict[str, Any], *, state_dir: Path, port: int | None = None,
+                 evaluation_interval_s: float = 0.5) -> None:
+        self.port = port or free_port()
+        config = write_yaml(workdir / "rules.yaml", {
+            "listen": f"{LOOPBACK}:{self.port}", "tokens": [TOKEN], "evaluation_interval_s": evaluation_interval_s,
+            "state_dir": str(state_dir), "alerting": alerting, "log": {"format": "json"}})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("GPUMOND_RULES_TOKENS", None)
+        super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(config)], workdir, env=env)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> RulesProcess:
+        self.spawn()
+
+        def up() -> bool:
+            self._fail_if_exited("/healthz")
+            return http_get(f"{self.url}/healthz", timeout=1.0)[0] == 200
+
+        wait_until(up, timeout=START_TIMEOUT_S, what="rules service up")
+        return self
+
+    def push_job(self, job: str, *, ranks: int, steps: int, data_wait_s: float, first_step: int = 0) -> None:
+        """`steps` recent steps of 0.5 s for every rank, each waiting `data_wait_s` on its data loader."""
+        now = time.time()
+        for rank in range(ranks):
+            body = {"job": job, "rank": rank, "world_size": ranks, "node": f"node-{rank // 8}",
+                    "gpu_uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{job}/{rank}')}",
+                    "steps": [{"step": first_step + i, "end": now - (steps - i) * 0.5, "duration_s": 0.5,
+                               "data_wait_s": data_wait_s} for i in range(steps)]}
+            r = httpx.post(f"{self.url}/api/v1/push", json=body, headers={"Authorization": f"Bearer {TOKEN}"},
+                           timeout=5.0)
+            assert r.status_code == 202, r.text
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return json.loads(httpx.get(f"{self.url}/api/v1/alerts", timeout=5.0).content)["alerts"]
