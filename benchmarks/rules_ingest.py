@@ -230,7 +230,8 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, httptools_python:
                                                                                        str(p)], p, logdir / "g.log"))
     if daemon:
         config = logdir / "rules.yaml"
-        config.write_text(f"tokens: [{TOKEN}]\nlimits: {{pushes_per_second_per_client: 1000000, burst: 1000000}}\n")
+        config.write_text(f"tokens: [{TOKEN}]\nstate_dir: {logdir / 'rules-state'}\n"
+                          f"limits: {{pushes_per_second_per_client: 1000000, burst: 1000000}}\n")
         p = port()
         exe = shutil.which("gpumond")
         argv = [exe] if exe else [sys.executable, "-m", "gpumond.cli"]

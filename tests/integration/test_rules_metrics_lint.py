@@ -10,9 +10,9 @@ from tests.integration import helpers
 pytestmark = pytest.mark.integration
 
 
-def test_rules_metrics_with_findings_are_lint_clean():
+def test_rules_metrics_with_findings_are_lint_clean(tmp_path):
     now = [10_000.0]
-    cfg = RulesConfig.model_validate({"tokens": ["t" * 32], "evaluation_interval_s": 1})
+    cfg = RulesConfig.model_validate({"tokens": ["t" * 32], "evaluation_interval_s": 1, "state_dir": str(tmp_path)})
     service = RulesService(cfg, clock=lambda: now[0])
     for step in range(60):
         for rank in range(8):
