@@ -251,14 +251,23 @@ def _check_config(path: Path, kind: str | None) -> int:
             source = "prometheus" if rules.telemetry.prometheus else "scrape" if rules.telemetry.scrape.enabled \
                 else "none"
             print(f"{path}: ok (rules config; listen {rules.listen}, {len(rules.tokens)} token(s), "
-                  f"telemetry {source})")
+                  f"telemetry {source}, alerts to {_sinks(rules.alerting)})")
             return 0
         cfg = load_agent_config(path)
     except ConfigError as e:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"{path}: ok (agent config; listen {cfg.listen}, node {cfg.node_name})")
+    print(f"{path}: ok (agent config; listen {cfg.listen}, node {cfg.node_name}, alerts to {_sinks(cfg.alerting)})")
     return 0
+
+
+def _sinks(alerting: Any) -> str:
+    """The sinks an `alerting:` section turns on, for the check-config line (never a secret)."""
+    names = ["log"]
+    if alerting.alertmanager is not None:
+        names.append(f"alertmanager ×{len(alerting.alertmanager.urls)}")
+    names += [n for n in ("slack", "pagerduty") if getattr(alerting, n) is not None]
+    return ", ".join(names)
 
 
 def _rules(args: argparse.Namespace) -> int:
