@@ -35,22 +35,23 @@ class AlertStateFile:
         self._lock = threading.Lock()
         self._firing: dict[str, Alert] = {}
         self._sinks: dict[str, dict[str, Alert]] = {}
+        self._failing = False  # the last write failed: say so once, retry on every update until it works
         self._load()
 
     def _load(self) -> None:
         if self.path is None:
             return
         try:
-            raw = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return
         try:
-            data = json.loads(raw)
+            data = json.loads(raw.decode("utf-8"))
             if data.get("version") != VERSION:
                 raise ValueError(f"unknown version {data.get('version')!r}")
             self._firing = {fp: _from_json(a) for fp, a in data["firing"].items()}
             self._sinks = {name: {fp: _from_json(a) for fp, a in book.items()} for name, book in data["sinks"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # UnicodeDecodeError is a ValueError
             aside = self.path.with_suffix(".corrupt")
             os.replace(self.path, aside)
             log.error("alert state file unreadable; set aside: alerts opened before this start will not be "
@@ -67,10 +68,10 @@ class AlertStateFile:
         """Record the alerts firing now (written only when the set changed)."""
         with self._lock:
             new = {a.fingerprint: a for a in alerts if a.state == "firing"}
-            if new.keys() == self._firing.keys():
+            if new.keys() == self._firing.keys() and not self._failing:
                 return
             self._firing = new
-            self._write()
+            self._write()  # when it fails, the next update tries again
 
     def book(self, sink: str) -> SinkBook:
         """The notices one sink keeps open (its NoticeBook)."""
@@ -85,9 +86,9 @@ class AlertStateFile:
             self._sinks[sink] = dict(notices)
             self._write()
 
-    def _write(self) -> None:
+    def _write(self) -> bool:
         if self.path is None:
-            return
+            return True
         body = json.dumps({"version": VERSION,
                            "firing": {fp: _to_json(a) for fp, a in sorted(self._firing.items())},
                            "sinks": {name: {fp: _to_json(a) for fp, a in sorted(book.items())}
@@ -95,7 +96,15 @@ class AlertStateFile:
         try:
             replace_atomically(self.path, body)
         except OSError as e:  # a full disk must not stop alerting; exactly-once across restarts is then at risk
-            log.error("cannot write the alert state file", extra={"path": str(self.path), "error": str(e)})
+            if not self._failing:
+                log.error("cannot write the alert state file (alerting goes on; a restart may notify again)",
+                          extra={"path": str(self.path), "error": str(e)})
+            self._failing = True
+            return False
+        if self._failing:
+            log.warning("alert state file written again", extra={"path": str(self.path)})
+        self._failing = False
+        return True
 
 
 class SinkBook:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -14,6 +15,7 @@ from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, SecretText
 
 SLACK_ENV = "GPUMOND_SLACK_WEBHOOK_URL"
 PAGERDUTY_ENV = "GPUMOND_PAGERDUTY_ROUTING_KEY"
+_ROUTING_KEY = re.compile(r"[A-Za-z0-9]{32}")  # ASCII only: str.isalnum() accepts look-alike letters
 Severity = Literal["critical", "error", "warning", "info"]
 
 
@@ -103,7 +105,7 @@ def resolve_alerting(cfg: AlertingConfig, source: str, env: Mapping[str, str] | 
     if pd is not None:
         key = _secret(pd.routing_key, pd.routing_key_file, env.get(PAGERDUTY_ENV), source, "alerting.pagerduty",
                       "routing_key", PAGERDUTY_ENV)
-        if len(key) != 32 or not key.isalnum():
+        if not _ROUTING_KEY.fullmatch(key):
             raise ConfigError(source, "alerting.pagerduty.routing_key: must be the 32-character integration key "
                                       "of an Events API v2 integration")
         update["pagerduty"] = pd.model_copy(update={"routing_key": key})

@@ -212,9 +212,6 @@ def test_classify_429_without_usable_retry_after_uses_backoff(classify, header_v
     assert (o.ok, o.retry, o.retry_after_s) == (False, True, None)
 
 
-@pytest.mark.xfail(reason="BUG: sinks.base.retry_after() returns nan for 'Retry-After: nan' (min/max do not "
-                          "bound nan); the sink then retries with no delay (PagerDuty: every step re-posts)",
-                   strict=True)
 @pytest.mark.parametrize("classify", CLASSIFIERS)
 def test_classify_429_with_a_nan_retry_after_is_bounded(classify) -> None:
     o = classify(Answer(429, {"retry-after": "nan"}, ""))

@@ -149,9 +149,6 @@ def test_routing_key_that_is_not_32_alphanumerics_is_refused(key: str, tmp_path:
         no_leak(text)
 
 
-@pytest.mark.xfail(reason="BUG: resolve_alerting checks the routing key with str.isalnum(), which accepts any "
-                          "Unicode letter or digit: a key with a homoglyph (Cyrillic 'а') passes the config check "
-                          "and PagerDuty then refuses every event (400, never retried)", strict=True)
 def test_routing_key_with_non_ascii_letters_is_refused() -> None:
     key = "а" * 32  # Cyrillic a, looks like Latin a
     with pytest.raises(ConfigError):

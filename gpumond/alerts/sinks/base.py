@@ -9,6 +9,7 @@ the work stays within the sink's queue bound).
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -97,9 +98,11 @@ def retry_after(headers: Mapping[str, str], cap_s: float) -> float | None:
     if value is None:
         return None
     try:
-        return min(max(float(value), 0.0), cap_s)
+        seconds = float(value)
     except ValueError:
         return None
+    # "nan" parses as a float and escapes min/max: a hostile receiver could make us retry in a busy loop.
+    return min(max(seconds, 0.0), cap_s) if math.isfinite(seconds) else None
 
 
 class Backoff:

@@ -68,7 +68,9 @@ def slack_message(notice: Notice, generator_urls: dict[str, str] | None = None) 
         title = f":white_check_mark: [RESOLVED] {first.alertname}{f' × {n}' if n > 1 else ''}"
     lines = [_line(a, notice.action, urls.get(a.fingerprint)) for a in notice.alerts]
     started = datetime.fromtimestamp(first.starts_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    context = f"gpumond · fingerprint {first.fingerprint}{' …' if n > 1 else ''} · started {started}"
+    # Every alert's fingerprint, so a person (or a tool) can find each one in Alertmanager or the daemon's API.
+    fingerprints = ", ".join(a.fingerprint for a in notice.alerts)
+    context = f"gpumond · fingerprint{'s' if n > 1 else ''} {fingerprints} · started {started}"
     blocks: list[dict[str, object]] = [
         {"type": "header", "text": {"type": "plain_text", "text": first_line(title.replace('*', ''), 150)}}]
     section, sections = "", []
