@@ -37,13 +37,17 @@ def _get(url: str, timeout: float = 2.0) -> bytes:
 class AgentProcess:
     """`gpumond agent --sim 8` for one node, on a free loopback port, logging to its own directory."""
 
-    def __init__(self, plan: DemoPlan, i: int, workdir: Path, speed: float) -> None:
+    def __init__(self, plan: DemoPlan, i: int, workdir: Path, speed: float,
+                 alerting: dict[str, Any] | None = None) -> None:
         self.name = plan.node_name(i)
         self.port = free_port()
         self.dir = workdir / self.name
         self.dir.mkdir(parents=True)
         (self.dir / "scenario.yaml").write_text(yaml.safe_dump(plan.scenario(i, speed)))
-        (self.dir / "agent.yaml").write_text(yaml.safe_dump(plan.agent_config(self.dir / "state")))
+        config = plan.agent_config(self.dir / "state")
+        if alerting:
+            config["alerting"] = alerting  # the node pages on its own hardware faults
+        (self.dir / "agent.yaml").write_text(yaml.safe_dump(config))
         self.log = open(self.dir / "agent.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpumond.cli", "agent", "--sim", str(GPUS_PER_NODE), "--node-name", self.name,
@@ -84,9 +88,11 @@ class AgentProcess:
 class RulesProcess:
     """The rules service, in this process (so the demo reads its findings directly), on a loopback port."""
 
-    def __init__(self, agents: list[AgentProcess], token: str, workdir: Path) -> None:
+    def __init__(self, agents: list[AgentProcess], token: str, workdir: Path,
+                 alerting: dict[str, Any] | None = None) -> None:
         import uvicorn
 
+        from gpumond.config.alerting import resolve_alerting
         from gpumond.config.rules import RulesConfig
         from gpumond.rules.detectors.config import DetectorConfig
         from gpumond.rules.service import RulesService
@@ -98,7 +104,9 @@ class RulesProcess:
         cfg = RulesConfig.model_validate({
             "listen": f"127.0.0.1:{self.port}", "tokens": [token], "evaluation_interval_s": 2, "window_s": 120,
             "state_dir": str(workdir / "rules"),
-            "telemetry": {"scrape": {"targets": [f"127.0.0.1:{a.port}" for a in agents], "interval_s": 2}}})
+            "telemetry": {"scrape": {"targets": [f"127.0.0.1:{a.port}" for a in agents], "interval_s": 2}},
+            "alerting": alerting or {}})
+        cfg = cfg.model_copy(update={"alerting": resolve_alerting(cfg.alerting, "demo rules config", {})})
         # A demo wants answers in tens of seconds: a 30 s feature window instead of 60, and a 20 s long look
         # at compute shares (10 evaluations) instead of a minute, so a healed straggler clears within the story.
         self.service = RulesService(cfg, detectors=DetectorConfig(recent_s=30.0, share_long_evals=10))

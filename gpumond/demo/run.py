@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpumond.demo.cluster import AgentProcess, RulesProcess, StartError
 from gpumond.demo.job import ClockFactors, SimulatedJob
+from gpumond.demo.pages import Pages
 from gpumond.demo.plan import GPUS_PER_NODE, JOB, DemoPlan
 from gpumond.demo.story import Event, Timeline, complete, outcomes, render_event, render_summary, waiting_for
 from gpumond.demo.watch import Roster, Watch
@@ -79,7 +80,8 @@ def _where_lines(rules: RulesProcess, agents: list[AgentProcess], workdir: Path,
     return out
 
 
-def run_demo(plan: DemoPlan, *, duration_s: float, speed: float, say: Say = print, keep: bool = False) -> int:
+def run_demo(plan: DemoPlan, *, duration_s: float, speed: float, say: Say = print, keep: bool = False,
+             pages: Pages | None = None) -> int:
     """Run the demo until every planted fault is found and resolved, `duration_s` passes, or SIGINT/SIGTERM.
 
     Returns 0 when every planted fault was found, 1 when one was missed or a part did not start (one line
@@ -112,8 +114,11 @@ def run_demo(plan: DemoPlan, *, duration_s: float, speed: float, say: Say = prin
     job: SimulatedJob | None = None
     rules: RulesProcess | None = None
     ended = f"--duration {duration_s:g} s reached"
+    pages = pages if pages is not None else Pages()
     try:
-        agents = [AgentProcess(plan, i, workdir, speed) for i in range(plan.nodes)]
+        pages.start()
+        alerting = pages.alerting()
+        agents = [AgentProcess(plan, i, workdir, speed, alerting) for i in range(plan.nodes)]
         tell.line(f"gpumond demo: {plan.nodes} simulated nodes × {GPUS_PER_NODE} GPUs (speed ×{speed:g}), "
                   f"the rules service, and a {plan.nodes * GPUS_PER_NODE}-rank training job {JOB}.")
         tell.line(f"It ends when every planted fault is found and resolved, or after {duration_s:.0f} s "
@@ -126,11 +131,17 @@ def run_demo(plan: DemoPlan, *, duration_s: float, speed: float, say: Say = prin
             a.wait_ready(time.monotonic() + 60)
         roster = Roster.from_gpu_info((a.name, a.metrics()) for a in agents)
         token = secrets.token_hex(16)
-        rules = RulesProcess(agents, token, workdir)
+        rules = RulesProcess(agents, token, workdir, alerting)
         rules.wait_ready(time.monotonic() + 30)
         for text in _where_lines(rules, agents, workdir, keep, live=True):
             tell.line(text, stamp=False)
+        for text in pages.lines():
+            tell.line(text, stamp=False)
         tell.line("", stamp=False)
+        pages.follow(timeline.record, lambda labels: roster.place(
+            node=labels.get("node"), gpu=int(labels["gpu"]) if labels.get("gpu", "").isdigit() else None,
+            rank=int(labels["rank"]) if labels.get("rank", "").isdigit() else None, uuid=labels.get("uuid")),
+            tell.now, [rules.url] + [a.url for a in agents])
 
         starved_rank = plan.rank_of(plan.starved_node, plan.starved_gpu)
         starve = (t0 + plan.starved_at_s, t0 + plan.starved_end_s)
@@ -195,6 +206,7 @@ def run_demo(plan: DemoPlan, *, duration_s: float, speed: float, say: Say = prin
             rules.stop()
         for a in agents:
             a.stop()
+        pages.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if not keep:

@@ -138,12 +138,16 @@ def episodes(events: Iterable[Event]) -> list[Episode]:
     out: list[Episode] = []
     open_: dict[tuple[str, Place], int] = {}
     last: dict[tuple[str, Place], int] = {}
+    early: dict[tuple[str, Place], int] = {}  # pages that arrived before the watcher saw their signal fire
     for e in events:
         key = (e.signal, e.place)
         if e.kind == "page":
             i = open_.get(key, last.get(key))
-            if i is not None and e.state == "firing":
-                out[i] = replace(out[i], pages=out[i].pages + 1)
+            if e.state == "firing":
+                if i is not None:
+                    out[i] = replace(out[i], pages=out[i].pages + 1)
+                else:
+                    early[key] = early.get(key, 0) + 1
             continue
         if e.state == "firing":
             if key in open_:
@@ -152,7 +156,7 @@ def episodes(events: Iterable[Event]) -> list[Episode]:
             if i is not None and out[i].fault == e.fault:
                 out[i] = replace(out[i], resolved_s=None, fired=out[i].fired + 1)
             else:
-                out.append(Episode(e.signal, e.place, e.fault, e.t_s))
+                out.append(Episode(e.signal, e.place, e.fault, e.t_s, pages=early.pop(key, 0)))
                 i = len(out) - 1
             open_[key] = last[key] = i
         elif e.state == "resolved" and key in open_:

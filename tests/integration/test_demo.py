@@ -51,6 +51,17 @@ def test_demo_finds_every_planted_fault_where_it_was_planted_and_ends_when_all_r
     assert "unknown" not in out
     assert re.search(r"likely cause: (not CPU or disk contention on the host \(demo-node-02|CPU|storage)", out), out
 
+    # Every planted fault paged through both sinks once, and once more when it was over (the built-in receiver
+    # validated each payload as Slack and PagerDuty would: a refused one prints nothing).
+    for name, place in (("TrainingStraggler", "demo-node-01 · GPU 3 · rank 11"),
+                        ("TrainingIoStarvedRank", "demo-node-02 · GPU 5 · rank 21"),
+                        ("GpuXidCritical", "demo-node-00 · GPU 6 · rank 6")):
+        for via in ("pagerduty", "slack"):
+            for state in ("FIRING", "resolved"):
+                lines = re.findall(rf"PAGE +{state} +{name} via {via} on {place} ", out)
+                assert len(lines) == 1, (name, via, state, out)
+    assert not re.search(r"PAGE +resolved +GpuRowRemapPending", out)  # pending until a reset: still open
+
     # It ended because everything was found and resolved, well before --duration.
     assert "everything planted was found and has resolved: ending early" in out, out
     assert took < DURATION_S, took

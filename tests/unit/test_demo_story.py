@@ -278,3 +278,10 @@ def test_a_false_alarm_lists_its_pages_once_pages_exist():
     _, out = timeline(ev(25, "finding", "straggler", "firing", innocent),
                       ev(26, "page", "TrainingStraggler", "firing", innocent, via="slack"))
     assert "  finding straggler on n3 · GPU 0 · rank 24 at 25 s, still firing, 1 page" in render_summary(FAULTS, out, 50)
+
+
+def test_a_page_that_arrives_before_the_watcher_sees_its_signal_still_counts():
+    # The sink delivers within the evaluation; the demo's watcher polls once a second and may see it later.
+    _, out = timeline(ev(20.5, "page", "TrainingStraggler", "firing", HOT, via="pagerduty"),
+                      ev(21, "finding", "straggler", "firing", HOT))
+    assert {o.fault.key: o.pages for o in outcomes(FAULTS, out)}["cooling"] == 1
