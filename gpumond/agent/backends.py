@@ -32,7 +32,10 @@ def sim_backend(gpus: int | None, scenario_path: Path | None, speed: float, node
             raise BackendError(f"--sim-scenario: {e}") from None
     count = gpus or (len(scenario.gpus) if scenario is not None and scenario.gpus else 8)
     clock = SimClock(speed=speed)
-    sim = SimulatedNvml(gpu_count=count, node=node, scenario=scenario, clock=clock)
+    try:
+        sim = SimulatedNvml(gpu_count=count, node=node, scenario=scenario, clock=clock)
+    except ScenarioError as e:  # e.g. a fault on GPU 3 of a two-GPU --sim
+        raise BackendError(f"--sim-scenario: {e} (raise --sim or edit the scenario)") from None
     log.warning("running on SIMULATED GPUs (--sim): no real NVML is read",
                 extra={"gpus": count, "speed": speed, "scenario": str(scenario_path) if scenario_path else None})
     return Backend("sim", install=sim.install, uninstall=sim.uninstall, clock=clock.now, speed=speed,

@@ -60,6 +60,12 @@ def test_bad_scenario_file_is_one_clear_line(tmp_path):
     assert "--sim-scenario" in p.stderr and "coolng" in p.stderr
 
 
+def test_a_scenario_for_more_gpus_than_simulated_is_one_clear_line():
+    p = run("agent", "--sim", "2", "--sim-scenario", "demo")  # the shipped demo plants faults on GPUs 1-3
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "GPU 3 does not exist" in p.stderr and "raise --sim" in p.stderr
+
+
 def test_help_teaches_the_simulator():
     p = run("agent", "--help")
     assert p.returncode == 0 and "gpumond agent --sim 8" in p.stdout
