@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from gpumond.demo.receiver import Receiver
 from tests.integration import helpers
 from tests.integration.helpers import REGISTRY, AgentProcess, PrometheusServer
 
@@ -85,3 +86,13 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]
 @pytest.fixture
 def promtool() -> str:
     return helpers.require_binary("promtool")
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """The local Slack / PagerDuty / Alertmanager-webhook receiver (gpumond.demo.receiver) on 127.0.0.1."""
+    r = Receiver().start()
+    try:
+        yield r
+    finally:
+        r.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,6 @@ from tests.integration.helpers import AgentProcess, wait_until, write_yaml
 pytestmark = pytest.mark.integration
 
 PD_KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
-    try:
-        yield r
-    finally:
-        r.stop()
 
 
 def notifications(receiver: Receiver, alertname: str, status: str) -> list[Record]:

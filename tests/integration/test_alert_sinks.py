@@ -4,7 +4,6 @@ misbehaves on request (429 + Retry-After, 500, 400, a hang)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,6 @@ from gpumond.config.alerting import AlertingConfig, PagerDutyConfig, SlackConfig
 from gpumond.demo.receiver import Hang, Receiver, Respond
 
 KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
-    try:
-        yield r
-    finally:
-        r.stop()
 
 
 def lost(gpu: int, node: str = "node-a") -> Condition:

@@ -105,6 +105,19 @@ def retry_after(headers: Mapping[str, str], cap_s: float) -> float | None:
     return min(max(seconds, 0.0), cap_s) if math.isfinite(seconds) else None
 
 
+def classify(answer: Answer, refusal: Callable[[Answer], str], retry_after_cap_s: float = 300.0) -> Outcome:
+    """Slack's and PagerDuty's common answers: 2xx delivered; 429 retried after Retry-After; 5xx retried;
+    any other 4xx a refusal that the same payload would get again (never retried), worded by `refusal`."""
+    if 200 <= answer.status < 300:
+        return Outcome(True)
+    if answer.status == 429:
+        return Outcome(False, retry=True, retry_after_s=retry_after(answer.headers, retry_after_cap_s),
+                       reason="HTTP 429 (rate limited)")
+    if answer.status >= 500:
+        return Outcome(False, retry=True, reason=f"HTTP {answer.status}")
+    return Outcome(False, reason=f"HTTP {answer.status}: {refusal(answer)}")
+
+
 class Backoff:
     """Exponential backoff with full jitter in [0.5, 1.5) × the step, so replicas do not retry in lockstep."""
 

@@ -6,7 +6,8 @@ import json
 from collections.abc import Callable
 
 from gpumond.alerts.model import Alert, rfc3339
-from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, first_line, retry_after, safe_target
+from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, first_line, safe_target
+from gpumond.alerts.sinks.base import classify as http_classify
 from gpumond.alerts.sinks.notices import Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import PagerDutyConfig
 
@@ -71,14 +72,7 @@ class PagerDutySink(NoticeSink):
 
 def classify(answer: Answer) -> Outcome:
     """PagerDuty's documented answers: 202 accepted; 400 invalid (never retried); 429 and 5xx retried."""
-    if answer.status == 202 or 200 <= answer.status < 300:
-        return Outcome(True)
-    if answer.status == 429:
-        return Outcome(False, retry=True, retry_after_s=retry_after(answer.headers, _RETRY_AFTER_CAP_S),
-                       reason="HTTP 429 (rate limited)")
-    if answer.status >= 500:
-        return Outcome(False, retry=True, reason=f"HTTP {answer.status}")
-    return Outcome(False, reason=f"HTTP {answer.status}: {_errors(answer.body)}")
+    return http_classify(answer, lambda a: _errors(a.body), _RETRY_AFTER_CAP_S)
 
 
 def _errors(body: str) -> str:

@@ -6,7 +6,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from gpumond.alerts.model import Alert
-from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, first_line, retry_after
+from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, first_line
+from gpumond.alerts.sinks.base import classify as http_classify
 from gpumond.alerts.sinks.notices import Action, Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import SlackConfig
 
@@ -118,11 +119,4 @@ class SlackSink(NoticeSink):
 def classify(answer: Answer) -> Outcome:
     """Slack's webhook answers: 200 ok; 429 with Retry-After; 5xx retried; other 4xx (invalid_payload,
     no_service, channel_not_found …) are refusals that a retry would not change."""
-    if 200 <= answer.status < 300:
-        return Outcome(True)
-    if answer.status == 429:
-        return Outcome(False, retry=True, retry_after_s=retry_after(answer.headers, _RETRY_AFTER_CAP_S),
-                       reason="HTTP 429 (rate limited)")
-    if answer.status >= 500:
-        return Outcome(False, retry=True, reason=f"HTTP {answer.status}")
-    return Outcome(False, reason=f"HTTP {answer.status}: {first_line(answer.body.strip(), 100)}")
+    return http_classify(answer, lambda a: first_line(a.body.strip(), 100), _RETRY_AFTER_CAP_S)
