@@ -61,9 +61,16 @@ class AlertPipeline:
         self._started = True
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop every sink (bounded). Open notices stay open: the next start resolves them if they are over."""
-        for s in self.sinks:
-            s.stop(timeout_s)
+        """Stop every sink, all at once, within `timeout_s` in all. Open notices stay open: the next start
+        resolves them if they are over."""
+        # One after the other, N sinks each stuck in a request would hold SIGTERM for N × timeout_s.
+        stoppers = [threading.Thread(target=s.stop, args=(timeout_s,), name=f"gpumond-stop-{s.name}", daemon=True)
+                    for s in self.sinks]
+        for t in stoppers:
+            t.start()
+        deadline = time.monotonic() + timeout_s
+        for t in stoppers:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     # ----- the daemon's loop ---------------------------------------------------------------------------
     def update(self, conditions: Iterable[Condition], now: float) -> tuple[Transition, ...]:

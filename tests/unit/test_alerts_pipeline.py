@@ -7,6 +7,7 @@ are injected: the daemon's clock is simulated and the wall clock is offset from 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from gpumond.alerts.catalogue import ALERTS
@@ -317,3 +318,32 @@ def test_every_sink_gets_every_snapshot() -> None:
     assert sinks[0].snapshots[-1] is sinks[1].snapshots[-1]
     names = [dict(s.labels).get("sink") for s in p.series() if s.name == "gpumond_alert_sink_sent_total"]
     assert names == ["a", "b"]
+
+
+class StuckSink(RecordingSink):
+    """A sink whose stop() is stuck in a request until every other stuck sink's stop() has begun too."""
+
+    def __init__(self, name: str, rendezvous: threading.Barrier) -> None:
+        super().__init__(name)
+        self._rendezvous = rendezvous
+        self.met = False
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        super().stop(timeout_s)
+        try:
+            self._rendezvous.wait(timeout=timeout_s)
+            self.met = True
+        except threading.BrokenBarrierError:
+            pass
+
+
+def test_stop_stops_every_sink_at_once_not_one_after_the_other() -> None:
+    # Stopped one after the other, the first stuck sink waits its whole timeout for a second that has not begun:
+    # with N hanging sinks, SIGTERM would take N × timeout.
+    rendezvous = threading.Barrier(3)
+    sinks = [StuckSink(f"stuck-{i}", rendezvous) for i in range(3)]
+    p = AlertPipeline(AlertingConfig(), sinks=sinks, state=AlertStateFile(None))
+    p.start(0.0)
+    p.stop(timeout_s=5.0)
+    assert [s.stopped for s in sinks] == [1, 1, 1]
+    assert all(s.met for s in sinks)
