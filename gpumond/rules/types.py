@@ -203,15 +203,11 @@ class TelemetrySource(Protocol):
 
 
 # ----- findings ----------------------------------------------------------------------------------
-FindingKind = Literal["straggler", "straggler_node", "io_starved_rank", "io_starved_job", "job_slowdown",
-                      "hung_rank"]
-
-
 @dataclass(frozen=True, slots=True)
 class Finding:
     """A detector's conclusion about one entity, with evidence a human can act on."""
 
-    kind: str
+    kind: str  # one of gpumond.alerts.catalogue.FINDING_KINDS (each kind is one alert)
     job: str
     node: str | None
     rank: int | None
