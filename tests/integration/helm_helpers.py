@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import re
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -34,20 +36,28 @@ KUBE_VERSIONS = ("1.28", kubernetes_validate.utils.latest_version())
 CRD_GROUP = "monitoring.coreos.com/v1"
 
 
+# Stand-ins for the keys of a Secret the chart does not create (secret.existingSecret).
+EXISTING_SECRET = {"rules-tokens": "0123456789abcdef0123456789abcdef,fedcba9876543210fedcba9876543210",
+                   "slack-webhook-url": "https://hooks.slack.com/services/T000/B000/XXXX",
+                   "pagerduty-routing-key": "0123456789abcdef0123456789abcdef"}
+
+
 def values_of(values_file: str | None) -> dict[str, Any]:
     """The values in `values_file` (relative to the chart), or {} for the chart's defaults."""
     return {} if values_file is None else yaml.safe_load((CHART / values_file).read_text()) or {}
 
 
-def render(values: str | Mapping[str, Any] | None = None, chart: Path = CHART) -> list[dict[str, Any]]:
+def render(values: str | Mapping[str, Any] | None = None, chart: Path = CHART, *, release: str = RELEASE,
+           namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """Every object the chart renders with these values (a values file name or a dict), NOTES.txt left out."""
-    return render_chart(helm_python.Chart.load(chart), values)
+    return render_chart(helm_python.Chart.load(chart), values, release=release, namespace=namespace)
 
 
-def render_chart(chart: helm_python.Chart, values: str | Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def render_chart(chart: helm_python.Chart, values: str | Mapping[str, Any] | None, *, release: str = RELEASE,
+                 namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """Like `render`, for an already loaded chart (e.g. a packaged archive)."""
     vals = values_of(values) if isinstance(values, str) or values is None else dict(values)
-    out = chart.render(vals, name=RELEASE, namespace=NAMESPACE)
+    out = chart.render(vals, name=release, namespace=namespace)
     return [doc for path, text in sorted(out.items()) if not path.endswith("NOTES.txt")
             for doc in yaml.safe_load_all(text) if doc]
 
@@ -76,10 +86,25 @@ def one(objects: Iterable[Mapping[str, Any]], kind: str, name: str | None = None
     return dict(found[0])
 
 
+def _configmap(objects: Iterable[Mapping[str, Any]], component: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith(f"-{component}"))
+
+
 def config_of(objects: Iterable[Mapping[str, Any]], component: str) -> dict[str, Any]:
     """The parsed agent.yaml / rules.yaml in a component's ConfigMap."""
-    cm = one(objects, "ConfigMap", f"{RELEASE}-gpumond-{component}")
-    return yaml.safe_load(cm["data"][f"{component}.yaml"])
+    return yaml.safe_load(_configmap(objects, component)["data"][f"{component}.yaml"])
+
+
+def check_config(objects: tuple[dict[str, Any], ...], component: str, tmp_path: Path,
+                 existing: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+    """`gpumond check-config` on a rendered agent.yaml / rules.yaml, with the environment its Secret gives."""
+    path = tmp_path / f"{component}.yaml"
+    path.write_text(_configmap(objects, component)["data"][f"{component}.yaml"])
+    container = next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
+                     and o["metadata"]["name"].endswith(f"-{component}"))["spec"]["template"]["spec"]["containers"][0]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), **secret_env(objects, container, existing)}
+    return subprocess.run([sys.executable, "-m", "gpumond.cli", "check-config", "--kind", component, str(path)],
+                          capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
 def secret_env(objects: Iterable[Mapping[str, Any]], container: Mapping[str, Any],

@@ -19,19 +19,15 @@ import helm_python
 import pytest
 import yaml
 
-from tests.integration.helm_helpers import (CHART, RELEASE, config_of, crd_problems, expand_args, kinds, notes, one,
-                                            pod_security_violations, render, render_chart, rendered, secret_env,
-                                            validation_problems, values_of)
+from tests.integration.helm_helpers import (CHART, EXISTING_SECRET, RELEASE, check_config, config_of, crd_problems,
+                                            expand_args, kinds, notes, one, pod_security_violations, render,
+                                            render_chart, rendered, secret_env, validation_problems, values_of)
 from tests.integration.helpers import LOOPBACK, REPO_ROOT, ManagedProcess, free_port, http_get, wait_until
 
 pytestmark = pytest.mark.integration
 
 VALUES_FILES = [None, *sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))]
 VALUE_IDS = ["defaults" if f is None else Path(f).stem for f in VALUES_FILES]
-# Stand-ins for the keys of the Secret that ci/existing-secret-values.yaml names (it is not in the chart).
-EXISTING_SECRET = {"rules-tokens": "0123456789abcdef0123456789abcdef,fedcba9876543210fedcba9876543210",
-                   "slack-webhook-url": "https://hooks.slack.com/services/T000/B000/XXXX",
-                   "pagerduty-routing-key": "0123456789abcdef0123456789abcdef"}
 
 # The objects each values file must render, by kind (the report quotes this table).
 EXPECTED_KINDS = {
@@ -206,22 +202,12 @@ def test_contradictory_values_fail_with_one_line(values: dict[str, Any], message
 
 
 # ----- what gpumond makes of it ------------------------------------------------------------------------------
-def _check_config(objects: tuple[dict[str, Any], ...], component: str, tmp_path: Path,
-                  existing: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / f"{component}.yaml"
-    path.write_text(one(objects, "ConfigMap", f"{RELEASE}-gpumond-{component}")["data"][f"{component}.yaml"])
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT),
-           **secret_env(objects, _container(objects, component), existing)}
-    return subprocess.run([sys.executable, "-m", "gpumond.cli", "check-config", "--kind", component, str(path)], capture_output=True,
-                          text=True, timeout=60, env=env, check=False)
-
-
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUE_IDS)
 def test_rendered_configs_pass_check_config(values_file: str | None, tmp_path: Path) -> None:
     objects = rendered(values_file)
     existing = EXISTING_SECRET if values_of(values_file).get("secret", {}).get("existingSecret") else None
     for component in ("agent", "rules"):
-        result = _check_config(objects, component, tmp_path, existing)
+        result = check_config(objects, component, tmp_path, existing)
         assert result.returncode == 0, f"{component}: {result.stderr}"
         assert f"ok ({component} config" in result.stdout
 
@@ -229,7 +215,7 @@ def test_rendered_configs_pass_check_config(values_file: str | None, tmp_path: P
 def test_check_config_catches_a_bad_inner_config(tmp_path: Path) -> None:
     """The chart passes agent.config through: gpumond's own validator is what refuses a bad value in it."""
     objects = tuple(render({"agent": {"config": {"sampling": {"fast_interval_s": 0}}}}))
-    result = _check_config(objects, "agent", tmp_path, None)
+    result = check_config(objects, "agent", tmp_path, None)
     assert result.returncode == 2 and "sampling.fast_interval_s" in result.stderr
 
 
@@ -237,7 +223,7 @@ def test_existing_secret_without_its_keys_is_one_line(tmp_path: Path) -> None:
     """An existing Secret without the Slack key that rules.config asks for: the service says which is missing."""
     objects = rendered("ci/existing-secret-values.yaml")
     partial = {"rules-tokens": EXISTING_SECRET["rules-tokens"]}
-    result = _check_config(objects, "rules", tmp_path, partial)
+    result = check_config(objects, "rules", tmp_path, partial)
     assert result.returncode == 2 and "GPUMOND_SLACK_WEBHOOK_URL" in result.stderr
 
 

@@ -160,7 +160,7 @@ def test_rules_service_runs_under_memory_deny_write_execute(tmp_path: Path) -> N
         def ready() -> bool:
             if proc.proc is not None and proc.proc.poll() == 77:
                 pytest.skip("this kernel has no PR_SET_MDWE (Linux < 6.3)")
-            assert proc.proc is None or proc.proc.poll() != 78, "PR_SET_MDWE was accepted but a W+X mapping was not refused"
+            assert proc.proc is None or proc.proc.poll() != 78, "PR_SET_MDWE on, yet a W+X mapping was allowed"
             return http_get(f"http://{LOOPBACK}:{port}/readyz", timeout=1.0)[0] == 200
 
         wait_until(ready, timeout=30, what="rules /readyz 200 under PR_SET_MDWE", describe=proc.describe)
