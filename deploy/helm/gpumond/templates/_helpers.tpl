@@ -50,9 +50,10 @@ app.kubernetes.io/part-of: gpumond
 {{- default (printf "%s-secrets" (include "gpumond.fullname" . | trunc 55 | trimSuffix "-")) .Values.secret.existingSecret -}}
 {{- end -}}
 
-{{/* The chart creates the Secret unless an existing one is named. */}}
+{{/* The chart creates the Secret unless an existing one is named, or nothing would read it. */}}
 {{- define "gpumond.createSecret" -}}
-{{- if not .Values.secret.existingSecret -}}true{{- end -}}
+{{- $s := .Values.secret -}}
+{{- if and (not $s.existingSecret) (or .Values.rules.enabled $s.slackWebhookUrl $s.pagerdutyRoutingKey) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The push tokens the created Secret holds: secret.rulesTokens, else the token this release generated
