@@ -1,0 +1,126 @@
+{{/* Names, labels and the checks that span several values (values.schema.json checks each value alone). */}}
+
+{{- define "gpumond.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpumond.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Object names: fullname plus a component suffix, within the 63 characters of a DNS label. */}}
+{{- define "gpumond.agentName" -}}
+{{- printf "%s-agent" (include "gpumond.fullname" . | trunc 57 | trimSuffix "-") -}}
+{{- end -}}
+{{- define "gpumond.rulesName" -}}
+{{- printf "%s-rules" (include "gpumond.fullname" . | trunc 57 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "gpumond.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpumond.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpumond.labels" -}}
+{{ include "gpumond.selectorLabels" . }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: gpumond
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpumond.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "gpumond.secretName" -}}
+{{- default (printf "%s-secrets" (include "gpumond.fullname" . | trunc 55 | trimSuffix "-")) .Values.secret.existingSecret -}}
+{{- end -}}
+
+{{/* The chart creates the Secret unless an existing one is named, or nothing would read it. */}}
+{{- define "gpumond.createSecret" -}}
+{{- $s := .Values.secret -}}
+{{- if and (not $s.existingSecret) (or .Values.rules.enabled $s.slackWebhookUrl $s.pagerdutyRoutingKey) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The push tokens the created Secret holds: secret.rulesTokens, else the token this release generated
+     before (kept across upgrades), else a new random one. */}}
+{{- define "gpumond.rulesTokens" -}}
+{{- if .Values.secret.rulesTokens -}}
+{{- join "," .Values.secret.rulesTokens -}}
+{{- else -}}
+{{- $old := lookup "v1" "Secret" .Release.Namespace (include "gpumond.secretName" .) -}}
+{{- $key := .Values.secret.keys.rulesTokens -}}
+{{- if and $old $old.data (hasKey $old.data $key) -}}
+{{- index $old.data $key | b64dec -}}
+{{- else -}}
+{{- randAlphaNum 48 -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Slack / PagerDuty environment from the Secret; optional keys, so an existing Secret may hold only some. */}}
+{{- define "gpumond.alertingEnv" -}}
+- name: GPUMOND_SLACK_WEBHOOK_URL
+  valueFrom:
+    secretKeyRef: {name: {{ include "gpumond.secretName" . }}, key: {{ .Values.secret.keys.slackWebhookUrl }}, optional: true}
+- name: GPUMOND_PAGERDUTY_ROUTING_KEY
+  valueFrom:
+    secretKeyRef: {name: {{ include "gpumond.secretName" . }}, key: {{ .Values.secret.keys.pagerdutyRoutingKey }}, optional: true}
+{{- end -}}
+
+{{/* The agent's agent.yaml: the operator's config with the keys the chart owns set, and cross-value checks. */}}
+{{- define "gpumond.agentConfig" -}}
+{{- $cfg := deepCopy (default dict .Values.agent.config) -}}
+{{- range $key := list "listen" "node_name" "state_dir" -}}
+{{- if hasKey $cfg $key -}}
+{{- fail (printf "agent.config.%s: set by the chart (agent.port, the node's name, agent.stateHostPath); remove it from agent.config" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $policy := deepCopy (default dict $cfg.policy) -}}
+{{- if .Values.agent.readOnly -}}
+{{- if eq (toString (default "" $policy.mode)) "enforce" -}}
+{{- fail "agent.config.policy.mode: enforce needs CAP_SYS_ADMIN, which agent.readOnly: true drops; set it to dry_run or off, or agent.readOnly: false" -}}
+{{- end -}}
+{{- end -}}
+{{- if not $policy.mode -}}{{- $_ := set $policy "mode" (ternary "dry_run" "enforce" .Values.agent.readOnly) -}}{{- end -}}
+{{- $_ := set $cfg "policy" $policy -}}
+{{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.agent.port)) -}}
+{{- $_ := set $cfg "state_dir" "/var/lib/gpumond" -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* The rules service's rules.yaml, likewise. */}}
+{{- define "gpumond.rulesConfig" -}}
+{{- $cfg := deepCopy (default dict .Values.rules.config) -}}
+{{- range $key := list "listen" "state_dir" "shard" "tokens" "tokens_file" -}}
+{{- if hasKey $cfg $key -}}
+{{- fail (printf "rules.config.%s: set by the chart (rules.port, the state volume, rules.sharded, secret.rulesTokens); remove it from rules.config" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not .Values.rules.sharded) (gt (int .Values.rules.replicas) 1) -}}
+{{- fail "rules.replicas: more than 1 needs rules.sharded: true (unsharded replicas would each get part of every job's pushes and page twice)" -}}
+{{- end -}}
+{{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.rules.port)) -}}
+{{- $_ := set $cfg "state_dir" "/var/lib/gpumond-rules" -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{- define "gpumond.checkMonitors" -}}
+{{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled -}}
+{{- fail "monitoring: enable serviceMonitor or podMonitor, not both (every target would be scraped twice)" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,321 @@
+"""deploy/helm/gpumond, rendered and linted by the real Helm engine, checked as a cluster and gpumond would check it.
+
+Every values file under ci/ (and the defaults) must lint clean, render objects that validate strictly against
+the Kubernetes schemas (or the structural check of the Prometheus Operator kinds), and render configs that
+`gpumond check-config` accepts; the rendered agent and rules containers, started as rendered, must serve what
+their probes ask for.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from tests.integration.helm_helpers import (CHART, EXISTING_SECRET, RELEASE, check_config, config_of, crd_problems,
+                                            expand_args, kinds, notes, one, pod_security_violations, render,
+                                            render_chart, rendered, secret_env, validation_problems, values_of)
+from tests.integration.helpers import LOOPBACK, REPO_ROOT, ManagedProcess, free_port, http_get, wait_until
+
+pytestmark = pytest.mark.integration
+
+VALUES_FILES = [None, *sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))]
+VALUE_IDS = ["defaults" if f is None else Path(f).stem for f in VALUES_FILES]
+
+# The objects each values file must render, by kind (the report quotes this table).
+EXPECTED_KINDS = {
+    "defaults": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
+    "readonly-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
+    "sharded-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "StatefulSet": 1, "Secret": 1},
+    "existing-secret-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1},
+    "monitors-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+                        "ServiceMonitor": 2, "PrometheusRule": 1},
+    "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+                            "PodMonitor": 2},
+    "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
+}
+
+
+def _workload(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
+                and o["metadata"]["name"] == f"{RELEASE}-gpumond-{component}")
+
+
+def _container(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
+    return _workload(objects, component)["spec"]["template"]["spec"]["containers"][0]
+
+
+# ----- the chart's own files -----------------------------------------------------------------------
+def test_every_values_file_is_covered() -> None:
+    assert sorted(VALUE_IDS) == sorted(EXPECTED_KINDS), "add the new ci/*-values.yaml to EXPECTED_KINDS"
+
+
+def test_prometheus_rules_copy_is_in_step() -> None:
+    """The chart carries a copy (a symlink would not survive `helm package`): it must equal the original."""
+    original = REPO_ROOT / "deploy" / "prometheus" / "gpumond.rules.yml"
+    copied = CHART / "files" / "gpumond.rules.yml"
+    assert copied.read_bytes() == original.read_bytes(), (
+        f"cp {original.relative_to(REPO_ROOT)} {copied.relative_to(REPO_ROOT)}")
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUE_IDS)
+def test_lint_is_clean(values_file: str | None) -> None:
+    report = helm_python.lint(CHART, values_of(values_file), strict=True, namespace="gpu", kube_version="v1.28.0")
+    findings = [m for m in report["messages"] if m["severity"] >= 2]  # 1 = info ("icon is recommended")
+    assert report["errors"] == [] and findings == [], report
+
+
+# ----- what a cluster would accept -----------------------------------------------------------------
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUE_IDS)
+def test_renders_the_expected_objects_and_each_validates(values_file: str | None) -> None:
+    objects = rendered(values_file)
+    assert kinds(objects) == EXPECTED_KINDS["defaults" if values_file is None else Path(values_file).stem]
+    problems = [p for obj in objects for p in validation_problems(obj)]
+    assert problems == []
+
+
+def test_validation_is_not_vacuous() -> None:
+    """A misspelt field is caught in a built-in kind and in a Prometheus Operator kind."""
+    ds = copy.deepcopy(one(rendered(None), "DaemonSet"))
+    ds["spec"]["template"]["spec"]["hostPid"] = True
+    assert any("hostPid" in p for p in validation_problems(ds))
+    sm = copy.deepcopy(one(rendered("ci/monitors-values.yaml"), "ServiceMonitor", f"{RELEASE}-gpumond-agent"))
+    sm["spec"]["endpoints"][0]["honorlabels"] = True
+    sm["spec"]["endpoints"][0]["interval"] = "15"
+    found = crd_problems(sm)
+    assert any("honorlabels" in p for p in found) and any("'15'" in p for p in found), found
+
+
+def test_monitors_select_real_ports_and_keep_labels() -> None:
+    """Each ServiceMonitor / PodMonitor selects the chart's Service / pods by a port name they have."""
+    for values_file, kind in (("ci/monitors-values.yaml", "ServiceMonitor"), ("ci/gpu-operator-values.yaml",
+                                                                              "PodMonitor")):
+        objects = rendered(values_file)
+        for component in ("agent", "rules"):
+            monitor = one(objects, kind, f"{RELEASE}-gpumond-{component}")
+            selector = monitor["spec"]["selector"]["matchLabels"]
+            endpoints = monitor["spec"]["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"]
+            if kind == "ServiceMonitor":
+                target = one(objects, "Service", f"{RELEASE}-gpumond-{component}")
+                labels, ports = target["metadata"]["labels"], [p["name"] for p in target["spec"]["ports"]]
+            else:
+                template = _workload(objects, component)["spec"]["template"]
+                labels = template["metadata"]["labels"]
+                ports = [p["name"] for p in template["spec"]["containers"][0]["ports"]]
+            assert selector.items() <= labels.items()
+            for endpoint in endpoints:
+                assert endpoint["port"] in ports and endpoint["honorLabels"] is True
+                assert {"action": "replace", "targetLabel": "job",
+                        "replacement": f"gpumond-{component}"} in endpoint["relabelings"]
+
+
+def test_prometheus_rule_carries_the_shipped_rules_and_promtool_accepts_them(tmp_path: Path) -> None:
+    rule = one(rendered("ci/monitors-values.yaml"), "PrometheusRule")
+    shipped = yaml.safe_load((REPO_ROOT / "deploy" / "prometheus" / "gpumond.rules.yml").read_text())
+    assert rule["spec"] == shipped
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed")
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rule["spec"]))
+    result = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_packaged_chart_still_carries_the_rules(tmp_path: Path) -> None:
+    """`helm package` keeps files/ (the PrometheusRule's source), and the archive renders the same objects."""
+    archive = Path(helm_python.package(CHART, destination=tmp_path))
+    chart = helm_python.Chart.load_archive(archive.read_bytes())
+    objects = render_chart(chart, "ci/monitors-values.yaml")
+    assert one(objects, "PrometheusRule")["spec"] == one(rendered("ci/monitors-values.yaml"), "PrometheusRule")["spec"]
+
+
+# ----- security --------------------------------------------------------------------------------------
+def test_agent_security_by_mode() -> None:
+    """Default: only SYS_ADMIN, as root. Read-only: nothing the Pod Security "restricted" level forbids."""
+    default = _workload(rendered(None), "agent")["spec"]["template"]["spec"]
+    sc = default["containers"][0]["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]} and sc["readOnlyRootFilesystem"] is True
+    assert default["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert default["hostPID"] is False and default["automountServiceAccountToken"] is False
+    mounts = {m["name"]: m for m in default["containers"][0]["volumeMounts"]}
+    assert mounts["pod-resources"] == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
+                                       "readOnly": True}
+    assert sorted(pod_security_violations(default)) == sorted([
+        "baseline: agent adds SYS_ADMIN", "baseline: hostPath volume pod-resources", "baseline: hostPath volume state",
+        "restricted: agent adds SYS_ADMIN", "restricted: agent allowPrivilegeEscalation not false",
+        "restricted: agent runAsNonRoot not true", "restricted: agent runAsUser 0"])
+    read_only = _workload(rendered("ci/readonly-values.yaml"), "agent")["spec"]["template"]["spec"]
+    assert pod_security_violations(read_only) == []
+    assert config_of(rendered("ci/readonly-values.yaml"), "agent")["policy"]["mode"] == "dry_run"
+    assert "baseline: hostPID" in pod_security_violations(
+        _workload(rendered("ci/gpu-operator-values.yaml"), "agent")["spec"]["template"]["spec"])
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUE_IDS)
+def test_rules_service_meets_restricted(values_file: str | None) -> None:
+    assert pod_security_violations(_workload(rendered(values_file), "rules")["spec"]["template"]["spec"]) == []
+
+
+# ----- values the schema or the templates refuse -------------------------------------------------------
+@pytest.mark.parametrize(("values", "message"), [
+    ({"agent": {"port": 70000}}, "at '/agent/port': maximum: got 70,000, want 65,535"),
+    ({"agent": {"readOnly": "yes"}}, "at '/agent/readOnly': got string, want boolean"),
+    ({"agnet": {"readOnly": True}}, "additional properties 'agnet' not allowed"),
+    ({"agent": {"config": {"policy": {"mode": "enforced"}}}},
+     "at '/agent/config/policy/mode': value must be one of 'enforce', 'dry_run', 'off'"),
+    ({"secret": {"rulesTokens": ["short"]}}, "at '/secret/rulesTokens/0': 'short' does not match pattern"),
+    ({"secret": {"pagerdutyRoutingKey": "not-a-key"}}, "at '/secret/pagerdutyRoutingKey'"),
+    ({"rules": {"replicas": 0}}, "at '/rules/replicas': minimum: got 0, want 1"),
+    ({"monitoring": {"serviceMonitor": {"enabled": True, "interval": "15"}}},
+     "at '/monitoring/serviceMonitor/interval': '15' does not match pattern"),
+], ids=["port", "bool", "typo", "policy-mode", "token", "routing-key", "replicas", "interval"])
+def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
+    chart = helm_python.Chart.load(CHART)
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        chart.validate_schema(values)
+    assert message in str(err.value)
+    with pytest.raises(helm_python.HelmValuesError):  # `helm install` / `helm template` refuse them too
+        render(values)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"agent": {"readOnly": True, "config": {"policy": {"mode": "enforce"}}}},
+     "agent.config.policy.mode: enforce needs CAP_SYS_ADMIN, which agent.readOnly: true drops"),
+    ({"rules": {"replicas": 3}}, "rules.replicas: more than 1 needs rules.sharded: true"),
+    ({"agent": {"config": {"listen": "0.0.0.0:1"}}}, "agent.config.listen: set by the chart"),
+    ({"rules": {"config": {"tokens": ["0123456789abcdef"]}}}, "rules.config.tokens: set by the chart"),
+    ({"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
+     "monitoring: enable serviceMonitor or podMonitor, not both"),
+], ids=["readonly-enforce", "unsharded-replicas", "agent-listen", "rules-tokens", "both-monitors"])
+def test_contradictory_values_fail_with_one_line(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmRenderError) as err:
+        render(values)
+    assert message in str(err.value) and "\n" not in str(err.value).strip()
+
+
+# ----- what gpumond makes of it ------------------------------------------------------------------------------
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUE_IDS)
+def test_rendered_configs_pass_check_config(values_file: str | None, tmp_path: Path) -> None:
+    objects = rendered(values_file)
+    existing = EXISTING_SECRET if values_of(values_file).get("secret", {}).get("existingSecret") else None
+    for component in ("agent", "rules"):
+        result = check_config(objects, component, tmp_path, existing)
+        assert result.returncode == 0, f"{component}: {result.stderr}"
+        assert f"ok ({component} config" in result.stdout
+
+
+def test_check_config_catches_a_bad_inner_config(tmp_path: Path) -> None:
+    """The chart passes agent.config through: gpumond's own validator is what refuses a bad value in it."""
+    objects = tuple(render({"agent": {"config": {"sampling": {"fast_interval_s": 0}}}}))
+    result = check_config(objects, "agent", tmp_path, None)
+    assert result.returncode == 2 and "sampling.fast_interval_s" in result.stderr
+
+
+def test_existing_secret_without_its_keys_is_one_line(tmp_path: Path) -> None:
+    """An existing Secret without the Slack key that rules.config asks for: the service says which is missing."""
+    objects = rendered("ci/existing-secret-values.yaml")
+    partial = {"rules-tokens": EXISTING_SECRET["rules-tokens"]}
+    result = check_config(objects, "rules", tmp_path, partial)
+    assert result.returncode == 2 and "GPUMOND_SLACK_WEBHOOK_URL" in result.stderr
+
+
+def _run_rendered(objects: tuple[dict[str, Any], ...], component: str, tmp_path: Path, env: dict[str, str],
+                  extra: list[str]) -> tuple[ManagedProcess, int, dict[str, Any]]:
+    """The component's container as rendered (command, args, config, secrets), on loopback instead of 0.0.0.0.
+
+    The config's state_dir moves into tmp_path (it is a volume in the pod), and cluster URLs (Prometheus,
+    Alertmanager) to a closed loopback port, since tests talk to 127.0.0.1 only; the rest runs as written.
+    """
+    container = _container(objects, component)
+    config = config_of(objects, component)
+    listen_port = int(config["listen"].rsplit(":", 1)[1])
+    config["state_dir"] = str(tmp_path / "state")
+    nowhere = f"http://{LOOPBACK}:{free_port()}"
+    if (config.get("telemetry") or {}).get("prometheus"):
+        config["telemetry"]["prometheus"]["url"] = nowhere
+    if ((config.get("alerting") or {}).get("alertmanager") or {}).get("urls"):
+        config["alerting"]["alertmanager"]["urls"] = [nowhere]
+    (tmp_path / "state").mkdir()
+    config_path = tmp_path / f"{component}.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    argv = expand_args(container, env)
+    assert argv[:2] == ["gpumond", component] and f"--config=/etc/gpumond/{component}.yaml" in argv
+    argv = [sys.executable, "-m", "gpumond.cli", *[f"--config={config_path}" if a.startswith("--config=") else a
+                                                   for a in argv[1:]]]
+    port = free_port()
+    proc = ManagedProcess([*argv, *extra, "--listen", f"{LOOPBACK}:{port}"], tmp_path / "run",
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1",
+                               **secret_env(objects, container), **env})
+    return proc, port, {"container": container, "listen_port": listen_port}
+
+
+def _probe_paths(container: dict[str, Any]) -> dict[str, str]:
+    return {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe", "readinessProbe")
+            if k in container}
+
+
+def test_agent_container_serves_its_probes(tmp_path: Path) -> None:
+    """The agent started with the DaemonSet's command and args (on 2 simulated GPUs) answers every probe 200."""
+    objects = rendered(None)
+    proc, port, info = _run_rendered(objects, "agent", tmp_path, {"NODE_NAME": "gpu-node-7"}, ["--sim", "2"])
+    container = info["container"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": info["listen_port"], "protocol": "TCP"}]
+    service = one(objects, "Service", f"{RELEASE}-gpumond-agent")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    probes = _probe_paths(container)
+    assert {container[k]["httpGet"]["port"] for k in probes} == {"metrics"}
+    with proc:
+        proc.spawn()
+        base = f"http://{LOOPBACK}:{port}"
+        for kind, path in probes.items():
+            wait_until(lambda p=path: http_get(base + p, timeout=1.0)[0] == 200, timeout=30,
+                       what=f"agent {kind} GET {path} to answer 200", describe=proc.describe)
+        status, _, body = http_get(base + "/metrics")
+        assert status == 200 and b'hostname="gpu-node-7"' in body  # --node-name=$(NODE_NAME) took effect
+
+
+def test_sharded_rules_container_serves_its_probes(tmp_path: Path) -> None:
+    """Pod 2 of the sharded StatefulSet: --shard=$(SHARD_INDEX)/4 from its pod-index label, probes answered."""
+    objects = rendered("ci/sharded-values.yaml")
+    container = _container(objects, "rules")
+    index_env = next(e for e in container["env"] if e["name"] == "SHARD_INDEX")
+    assert index_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    # Telemetry from a Prometheus that is not there: readiness must then say so (503), liveness stays 200.
+    proc, port, info = _run_rendered(objects, "rules", tmp_path, {"SHARD_INDEX": "2"}, [])
+    probes = _probe_paths(info["container"])
+    assert probes == {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    with proc:
+        proc.spawn()
+        base = f"http://{LOOPBACK}:{port}"
+        wait_until(lambda: http_get(base + "/healthz", timeout=1.0)[0] == 200, timeout=30,
+                   what="rules GET /healthz to answer 200", describe=proc.describe)
+        wait_until(lambda: http_get(base + "/readyz", timeout=1.0)[0] == 503, timeout=30,
+                   what="rules GET /readyz to answer 503 (telemetry unreachable)", describe=proc.describe)
+        wait_until(lambda: "shard=2/4" in proc.stderr() + proc.stdout(), timeout=10,
+                   what="the start line to name shard 2/4", describe=proc.describe)
+
+
+def test_rules_container_is_ready_with_defaults(tmp_path: Path) -> None:
+    objects = rendered(None)
+    proc, port, info = _run_rendered(objects, "rules", tmp_path, {}, [])
+    assert info["container"]["ports"][0]["containerPort"] == info["listen_port"]
+    with proc:
+        proc.spawn()
+        for path in _probe_paths(info["container"]).values():
+            wait_until(lambda p=path: http_get(f"http://{LOOPBACK}:{port}{p}", timeout=1.0)[0] == 200, timeout=30,
+                       what=f"rules GET {path} to answer 200", describe=proc.describe)
+
+
+def test_notes_tell_how_to_reach_a_shard() -> None:
+    text = notes(values_of("ci/sharded-values.yaml"))
+    assert f"http://{RELEASE}-gpumond-rules-I.{RELEASE}-gpumond-rules-shards.gpu.svc:9481" in text
+    assert "zlib.crc32" in text and "% 4" in text
+    assert "no GPU telemetry source" in notes({})
