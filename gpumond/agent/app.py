@@ -6,6 +6,7 @@ import os
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -170,7 +171,8 @@ class Agent:
         return AgentApp(self.latest, self.health, self.alerts.api_json)
 
 
-def pod_resources_client(cfg: PodResourcesConfig) -> PodResourcesClient | None:
+def pod_resources_client(cfg: PodResourcesConfig,
+                         loader: Callable[[], tuple[Any, Any, Any] | str] = load_grpc) -> PodResourcesClient | None:
     """The kubelet pod-resources client the config asks for, or None (said in one log line when unusable)."""
     if cfg.enabled is False:
         return None
@@ -178,7 +180,7 @@ def pod_resources_client(cfg: PodResourcesConfig) -> PodResourcesClient | None:
         log.info("pod-resources socket not found: attributing GPUs by process only (not a Kubernetes node?)",
                  extra={"socket": str(cfg.socket)})
         return None
-    loaded = load_grpc()
+    loaded = loader()
     if isinstance(loaded, str):
         log.warning("pod-resources configured but unusable: attributing GPUs by process only",
                     extra={"socket": str(cfg.socket), "error": loaded})
