@@ -42,7 +42,7 @@ def profile_of(name: str, slices: int | None = None, memory_mib: int | None = No
     if match:
         return match.group(1)
     if slices and memory_mib:
-        return f"{slices}g.{round(memory_mib / 1024)}gb"
+        return f"{slices}g.{round(memory_mib / 1000)}gb"  # NVIDIA rounds MiB / 1000: 9856 MiB is "10gb"
     return ""
 
 
