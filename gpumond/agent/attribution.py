@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpumond.agent.podresources.assign import PodRef
+from gpumond.nvml.mig import MigIdentity
+from gpumond.nvml.session import GpuIdentity
 
 
 class JobLookup(Protocol):
@@ -51,3 +53,22 @@ def attribute(devices: Iterable[tuple[str, tuple[int, ...]]], jobs: JobLookup,
         if rows:
             out[uuid] = tuple(sorted(set(rows), key=lambda r: (r.job, r.pod or PodRef("", "", ""))))
     return out
+
+
+def describe(row: DeviceJob, mig: MigIdentity | None = None) -> str:
+    """One line for an operator: the job, its pod and container, and the MIG slice it runs on."""
+    text = f"job {row.job}"
+    if row.pod is not None:
+        text += f" (pod {row.pod.namespace}/{row.pod.pod}, container {row.pod.container})"
+    if mig is not None:
+        text += f" on MIG {mig.profile or 'slice'} {mig.uuid}"
+    return text
+
+
+def workloads(found: Mapping[str, tuple[DeviceJob, ...]], gpus: Iterable[GpuIdentity],
+              migs: Iterable[MigIdentity]) -> dict[str, tuple[str, ...]]:
+    """GPU UUID → what runs on it and on its MIG devices (a board alert concerns every slice)."""
+    out: dict[str, list[str]] = {g.uuid: [describe(r) for r in found.get(g.uuid, ())] for g in gpus}
+    for m in migs:
+        out.setdefault(m.parent_uuid, []).extend(describe(r, m) for r in found.get(m.uuid, ()))
+    return {uuid: tuple(dict.fromkeys(lines)) for uuid, lines in out.items() if lines}

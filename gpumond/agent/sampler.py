@@ -8,7 +8,7 @@ from typing import Protocol
 
 from gpumond import __version__
 from gpumond.agent import gpu_series
-from gpumond.agent.attribution import JobLookup, attribute
+from gpumond.agent.attribution import JobLookup, attribute, workloads
 from gpumond.agent.podresources.assign import PodRef, pods_by_device
 from gpumond.agent.podresources.client import PodSnapshot
 from gpumond.agent.exposition import Rendered, Renderer
@@ -84,6 +84,7 @@ class Sampler:
         self._clock = clock
         self._timer = timer
         self._slow: tuple[SourceResult, ...] = ()
+        self._workloads: dict[str, tuple[str, ...]] = {}  # GPU UUID → what runs on it, for alert text
         self.latest: Rendered | None = None
         self.last_snapshot: Snapshot | None = None
         self.cycles = 0
@@ -139,14 +140,16 @@ class Sampler:
         if migs:
             mig_pids = self._session.mig_compute_pids()
             devices += [(m.uuid, mig_pids.get(m.uuid, ())) for m in migs]
-        return gpu_series.job_series(attribute(devices, jobs, pods), idents, migs)
+        found = attribute(devices, jobs, pods)
+        self._workloads = workloads(found, idents.values(), migs)
+        return gpu_series.job_series(found, idents, migs)
 
     def fast_cycle(self) -> Rendered:
         """Temperatures, power, clocks, utilization, XIDs, host; then render everything once."""
         reads: list[TierRead] = []
         results = [run_source("nvml_fast", lambda: self._fast_nvml(reads), self._timer)]
         if self._policy is not None and reads and reads[0].nvml_up:
-            policy, views = self._policy, build_views(reads[0], self._slow_read)
+            policy, views = self._policy, build_views(reads[0], self._slow_read, self._workloads)
             xids = self._xid.counts() if self._xid is not None else {}
             results.append(run_source("policy", lambda: policy.cycle(views, xids), self._timer))
         if self._session.mig_identities and reads and reads[0].nvml_up:

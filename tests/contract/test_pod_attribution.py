@@ -223,3 +223,31 @@ def test_client_for_config_says_in_one_line_why_not(tmp_path: Path, caplog: pyte
     assert record.getMessage() == "pod-resources configured but unusable: attributing GPUs by process only"
     made = pod_resources_client(PodResourcesConfig(enabled=True, socket=absent, timeout_s=1.0, interval_s=5.0))
     assert isinstance(made, PodResourcesClient) and made.socket_path == absent
+
+
+class RecordingPolicy:
+    """A policy that only remembers the views it was given (what alerts are written from)."""
+
+    def __init__(self) -> None:
+        self.views = []
+
+    def cycle(self, views, xid_counts):
+        self.views = list(views)
+        return ()
+
+
+def test_the_policy_sees_what_runs_on_each_gpu_and_its_slices(node, tmp_path: Path) -> None:
+    sim, session = node
+    with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet:
+        kubelet.pods = kubelet_pods(sim)
+        client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0)
+        assert client.poll(), client.error
+    policy = RecordingPolicy()
+    sampler = Sampler(session, hostname="n", jobs=attributor(), pods=client, policy=policy)
+    sampler.slow_cycle()
+    sampler.fast_cycle()
+    by_gpu = {v.index: v.workload for v in policy.views}
+    assert by_gpu[0] == ("job llama-70b (pod ml/trainer-0, container main)",)
+    g1 = sim.gpus[1]
+    assert f"job k8s-pod/ml/infer-a (pod ml/infer-a, container srv) on MIG 3g.40gb {g1.mig[0].uuid}" in by_gpu[1]
+    assert f"job k8s-pod/{POD_UID} on MIG 1g.10gb {g1.mig[1].uuid}" in by_gpu[1]
