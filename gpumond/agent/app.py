@@ -6,6 +6,7 @@ import os
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,6 +17,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.host import HostEvidence
 from gpumond.agent.jobs import JobAttributor
+from gpumond.agent.podresources.client import PodResourcesClient, load_grpc
 from gpumond.agent.policy.audit import AuditLog
 from gpumond.agent.policy.engine import PolicyEngine
 from gpumond.agent.policy.state_file import StateFile
@@ -27,6 +29,7 @@ from gpumond.alerts.sinks import build_sinks
 from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config import AgentConfig
+from gpumond.config.agent import PodResourcesConfig
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
 from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
@@ -74,11 +77,13 @@ class Agent:
                                    retry_max_s=config.sampling.nvml_retry_max_s)
         self.xid: XidWatcher | None = None
         jobs = None
+        self.pods: PodResourcesClient | None = None
         if config.jobs.enabled:
             jobs = JobAttributor(env_vars=config.jobs.env_vars, kubernetes_pods=config.jobs.kubernetes_pods,
                                  cache_size=config.jobs.cache_size,
                                  # an entry must outlive the gap between two slow cycles to be of any use
                                  idle_evict_s=max(300.0, 3 * config.sampling.slow_interval_s))
+            self.pods = pod_resources_client(config.jobs.pod_resources)
         if config.sampling.xid_events:
             self.xid = XidWatcher(self.session.handles, self.session.index_of_handle)
         state_dir = state_dir_for(config, backend)
@@ -93,7 +98,7 @@ class Agent:
                                    clock=backend.clock, alerts=self.alerts)
         self._audit = audit
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=Renderer(), xid=self.xid,
-                               jobs=jobs, host=HostEvidence() if config.host.enabled else None,
+                               jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
                                policy=self.policy)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
@@ -106,6 +111,8 @@ class Agent:
         log.info("agent starting", extra={"backend": self.backend.name, "node": self.config.node_name,
                                           "listen": str(self.config.listen)})
         self.alerts.start(self.backend.clock())
+        if self.pods is not None:
+            self.pods.start()  # its own thread: the first slow cycle may not have its answer yet
         self.session.open()
         if self.xid is not None and self.session.up:
             self.xid.start()
@@ -133,6 +140,8 @@ class Agent:
             self._scheduler.shutdown(wait=True)
         if self.xid is not None:
             self.xid.stop()
+        if self.pods is not None:
+            self.pods.stop()
         self.policy.stop()  # restores limits while NVML is still open
         self.alerts.stop()
         self._audit.close()
@@ -160,6 +169,23 @@ class Agent:
     def app(self) -> AgentApp:
         """The ASGI app serving this agent."""
         return AgentApp(self.latest, self.health, self.alerts.api_json)
+
+
+def pod_resources_client(cfg: PodResourcesConfig,
+                         loader: Callable[[], tuple[Any, Any, Any] | str] = load_grpc) -> PodResourcesClient | None:
+    """The kubelet pod-resources client the config asks for, or None (said in one log line when unusable)."""
+    if cfg.enabled is False:
+        return None
+    if cfg.enabled == "auto" and not cfg.socket.exists():
+        log.info("pod-resources socket not found: attributing GPUs by process only (not a Kubernetes node?)",
+                 extra={"socket": str(cfg.socket)})
+        return None
+    loaded = loader()
+    if isinstance(loaded, str):
+        log.warning("pod-resources configured but unusable: attributing GPUs by process only",
+                    extra={"socket": str(cfg.socket), "error": loaded})
+        return None
+    return PodResourcesClient(cfg.socket, timeout_s=cfg.timeout_s, interval_s=cfg.interval_s, grpc_modules=loaded)
 
 
 def _alert_pipeline(config: AgentConfig, state_dir: Path) -> AlertPipeline:

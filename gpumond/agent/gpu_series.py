@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from gpumond.agent.attribution import DeviceJob
 from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS, Field
+from gpumond.nvml.mig import MigIdentity
 from gpumond.nvml.session import GpuIdentity, TierRead
 from gpumond.types import Labels, Series
 
@@ -77,11 +79,45 @@ def error_series(errors: Mapping[tuple[int, str, str], int], idents: Mapping[int
     return out
 
 
-def job_series(jobs: Mapping[int, tuple[str, ...]], idents: Mapping[int, GpuIdentity]) -> list[Series]:
-    """gpumond_gpu_job_info{job} 1 for each job on each GPU."""
+def mig_labels(m: MigIdentity) -> Labels:
+    """The labels every per-MIG-device series carries: its parent's `gpu` and `uuid`, then the instance."""
+    return (("gpu", str(m.parent_index)), ("uuid", m.parent_uuid), ("mig_uuid", m.uuid),
+            ("gpu_instance", str(m.gpu_instance)), ("compute_instance", str(m.compute_instance)),
+            ("profile", m.profile))
+
+
+def mig_info_series(migs: Iterable[MigIdentity]) -> list[Series]:
+    """gpumond_gpu_mig_info: each MIG device and its parent GPU (the rules service joins MIG ranks on it)."""
+    return [Series("gpumond_gpu_mig_info", mig_labels(m), 1.0) for m in migs]
+
+
+def mig_memory_series(migs: Iterable[MigIdentity], memory: Mapping[str, tuple[float, float]]) -> list[Series]:
+    """Per-instance framebuffer memory used and total; an instance not read this cycle is left out."""
     out = []
-    for index, names in sorted(jobs.items()):
-        ident = idents.get(index)
-        if ident is not None:
-            out.extend(Series("gpumond_gpu_job_info", gpu_labels(ident) + (("job", j),), 1.0) for j in names)
+    for m in migs:
+        read = memory.get(m.uuid)
+        if read is not None:
+            labels = mig_labels(m)
+            out.append(Series("gpumond_gpu_mig_memory_used_bytes", labels, read[0]))
+            out.append(Series("gpumond_gpu_mig_memory_total_bytes", labels, read[1]))
+    return out
+
+
+def _job_labels(row: DeviceJob) -> Labels:
+    labels: Labels = (("job", row.job),)
+    if row.pod is not None:
+        labels += (("pod", row.pod.pod), ("namespace", row.pod.namespace), ("container", row.pod.container))
+    return labels
+
+
+def job_series(jobs: Mapping[str, tuple[DeviceJob, ...]], idents: Mapping[int, GpuIdentity],
+               migs: Iterable[MigIdentity] = ()) -> list[Series]:
+    """gpumond_gpu_job_info 1 for each job on each GPU and MIG device (keyed by UUID), with `pod`,
+    `namespace`, `container` when the kubelet named the device's pod; MIG rows carry the MIG labels."""
+    out = []
+    for ident in sorted(idents.values(), key=lambda i: i.index):
+        out.extend(Series("gpumond_gpu_job_info", gpu_labels(ident) + _job_labels(r), 1.0)
+                   for r in jobs.get(ident.uuid, ()))
+    for m in migs:
+        out.extend(Series("gpumond_gpu_job_info", mig_labels(m) + _job_labels(r), 1.0) for r in jobs.get(m.uuid, ()))
     return out

@@ -105,6 +105,7 @@ class _Entry:
     create_time: float
     job: str | None
     last_seen: float
+    from_env: bool = False  # the job came from the environment, not from the pod's cgroup
 
 
 class JobAttributor:
@@ -152,21 +153,24 @@ class JobAttributor:
                 len(self._cache), self._hits, self._misses, self._denied, self._vanished
             )
 
-    def jobs_for(self, pids: Iterable[int]) -> tuple[str, ...]:
-        """Return the sorted, de-duplicated job ids found for these pids."""
+    def jobs_for(self, pids: Iterable[int], pods: bool = True) -> tuple[str, ...]:
+        """Return the sorted, de-duplicated job ids found for these pids.
+
+        `pods=False` keeps only ids from the environment: the caller knows the pod better (pod-resources).
+        """
         with self._lock:
             now = self._clock()
             jobs: set[str] = set()
             for pid in pids:
-                job = self._job_for(pid, now)
-                if job is not None:
+                job, from_env = self._job_for(pid, now)
+                if job is not None and (pods or from_env):
                     jobs.add(job)
             self._evict_idle(now)
             return tuple(sorted(jobs))
 
-    def _job_for(self, pid: int, now: float) -> str | None:
+    def _job_for(self, pid: int, now: float) -> tuple[str | None, bool]:
         if pid <= 0:
-            return None
+            return None, False
         try:
             process = self._process(pid)
             create_time = process.create_time()
@@ -175,27 +179,27 @@ class JobAttributor:
                 self._hits += 1
                 entry.last_seen = now
                 self._cache.move_to_end(pid)
-                return entry.job
+                return entry.job, entry.from_env
             self._misses += 1
             lineage, walked = self._lineage(pid, process, create_time)
-            job, readable = self._resolve(lineage)
+            job, from_env, readable = self._resolve(lineage)
         except _VANISHED:
             self._vanished += 1
             self._cache.pop(pid, None)
-            return None
+            return None, False
         except _DENIED:
             self._denied += 1
-            return None
+            return None, False
         if not (walked and readable):
             # Something in the lineage was unreadable: use what was found, but do not
             # remember it, since the unread part might have named a different job.
             self._denied += 1
-            return job
-        self._cache[pid] = _Entry(create_time, job, now)
+            return job, from_env
+        self._cache[pid] = _Entry(create_time, job, now, from_env)
         self._cache.move_to_end(pid)
         while len(self._cache) > self._cache_cap:
             self._cache.popitem(last=False)
-        return job
+        return job, from_env
 
     def _lineage(
         self, pid: int, process: ProcessLike, create_time: float
@@ -224,8 +228,8 @@ class JobAttributor:
             child_created = parent_created
         return lineage, True
 
-    def _resolve(self, lineage: list[tuple[int, ProcessLike]]) -> tuple[str | None, bool]:
-        """The job for lineage[0]; False if a member could not be read."""
+    def _resolve(self, lineage: list[tuple[int, ProcessLike]]) -> tuple[str | None, bool, bool]:
+        """The job for lineage[0], whether the environment named it, and False if a member could not be read."""
         complete = True
         # The environment wins over the pod anywhere in the lineage: it is the id the
         # job's SDK reports, and a wrapper without it must not hide its launcher's id.
@@ -244,8 +248,8 @@ class JobAttributor:
                     complete = False
                     continue
                 if job is not None:
-                    return job, complete
-        return None, complete
+                    return job, reader == self._job_from_env, complete
+        return None, False, complete
 
     def _job_from_env(self, pid: int, process: ProcessLike) -> str | None:
         return job_from_environ(process.environ(), self._env_vars)

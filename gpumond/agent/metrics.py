@@ -13,7 +13,11 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_gpu_info": ("gauge", "Identity of each GPU; always 1."),
     "gpumond_gpu_up": ("gauge", "1 when the GPU answered NVML this cycle, 0 when lost or failing."),
     "gpumond_gpu_xid_errors_total": ("counter", "XID critical-error events since the agent started, by XID code."),
-    "gpumond_gpu_job_info": ("gauge", "1 for each job found running on the GPU."),
+    "gpumond_gpu_job_info": ("gauge", "1 for each job found running on the GPU or MIG device (pod, namespace, "
+                                      "container when the kubelet assigned it)."),
+    "gpumond_gpu_mig_info": ("gauge", "Each MIG device of a MIG-enabled GPU, with its parent GPU; always 1."),
+    "gpumond_gpu_mig_memory_used_bytes": ("gauge", "Framebuffer memory used in the MIG device."),
+    "gpumond_gpu_mig_memory_total_bytes": ("gauge", "Framebuffer memory of the MIG device."),
     "gpumond_nvml_up": ("gauge", "1 while the NVML library is initialised and usable."),
     "gpumond_nvml_errors_total": ("counter", "Failed NVML calls that were retried (Unknown, Timeout, ...)."),
     "gpumond_host_cpu_utilization_ratio": ("gauge", "Host CPU busy fraction (not idle, not iowait) since the last sample."),

@@ -41,11 +41,47 @@ def render() -> str:
     lines += [
         "",
         "Labels: `gpumond_gpu_info{name,pci_bus_id,hostname}`, `gpumond_gpu_xid_errors_total{xid}`,",
-        "`gpumond_gpu_job_info{job}`, `gpumond_nvml_errors_total{call,error}`,",
-        "`gpumond_collector_success{collector}` with collectors `nvml_fast`, `nvml_slow`, `xid`, `jobs`, `host`.",
+        "`gpumond_gpu_job_info{job}` (plus `pod`, `namespace`, `container` when the kubelet assigned the device;",
+        "see docs/configuration.md), `gpumond_nvml_errors_total{call,error}`,",
+        "`gpumond_collector_success{collector}` with collectors `nvml_fast`, `nvml_slow`, `xid`, `jobs`, `host`,",
+        "`policy`, and `nvml_mig` (MIG-enabled GPUs only) and `pod_resources` (when the kubelet is asked).",
         "",
+        *MIG_SECTION,
     ]
     return "\n".join(lines)
+
+
+MIG_SECTION = [
+    "## MIG devices",
+    "",
+    "A MIG-enabled GPU (A100, H100) keeps every per-GPU series above with the same labels: temperatures,",
+    "power, energy, clocks, throttle reasons, ECC, limits and memory are properties of the whole board and",
+    "are read on the parent. Each MIG device (a GPU instance with its compute instance) adds series of its",
+    "own, with the parent's `gpu` and `uuid` followed by `mig_uuid`, `gpu_instance`, `compute_instance` and",
+    "`profile`:",
+    "",
+    "| metric | NVML call on the MIG device handle |",
+    "|---|---|",
+    "| `gpumond_gpu_mig_info` 1 | `nvmlDeviceGetMigDeviceHandleByIndex`, `…GetUUID` (`MIG-<uuid>`), "
+    "`…GetGpuInstanceId`, `…GetComputeInstanceId`, `…GetName` (the profile, e.g. `3g.40gb`; else "
+    "`…GetAttributes`) |",
+    "| `gpumond_gpu_mig_memory_used_bytes`, `gpumond_gpu_mig_memory_total_bytes` | `nvmlDeviceGetMemoryInfo` |",
+    "| `gpumond_gpu_job_info{mig_uuid,…,job}` | `nvmlDeviceGetComputeRunningProcesses` (and the kubelet) |",
+    "",
+    "What NVML does **not** report per MIG device, so gpumond does not export it per instance: GPU and",
+    "memory utilization (`nvmlDeviceGetUtilizationRates`; it is not reported for the parent either while",
+    "MIG mode is on, so `gpumond_gpu_utilization_ratio` is absent for a MIG-enabled GPU), temperature,",
+    "power and energy, clocks and clock-event (throttle) reasons, power limits, ECC and remapped rows, PCIe",
+    "counters. These belong to the board; NVML answers `NOT_SUPPORTED` on a MIG device handle. XID events",
+    "name the parent GPU (with instance ids in the event data) and are counted per GPU.",
+    "Per-instance activity needs DCGM's profiling fields",
+    "(`DCGM_FI_PROF_*`), which NVML does not have. The rules service joins a rank on a MIG device to its",
+    "instance and to the parent's board telemetry through `gpumond_gpu_mig_info`. MIG devices are",
+    "enumerated again every slow cycle, so a reconfiguration shows up within `sampling.slow_interval_s`.",
+    "A MIG-enabled GPU's own `gpumond_gpu_job_info` rows name the jobs of all its instances (NVML lists",
+    "every instance's processes on the parent).",
+    "",
+]
 
 
 if __name__ == "__main__":

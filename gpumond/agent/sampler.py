@@ -8,6 +8,9 @@ from typing import Protocol
 
 from gpumond import __version__
 from gpumond.agent import gpu_series
+from gpumond.agent.attribution import JobLookup, attribute, workloads
+from gpumond.agent.podresources.assign import PodRef, pods_by_device
+from gpumond.agent.podresources.client import PodSnapshot
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.readings import HostReading, Series, Snapshot, SourceResult
 from gpumond.agent.sources import PartialFailure, run_source, self_series
@@ -16,8 +19,12 @@ from gpumond.agent.policy.views import build_views
 from gpumond.nvml.session import GpuIdentity, NvmlSession, TierRead
 
 
-class JobSource(Protocol):
-    def jobs_for(self, pids: Iterable[int]) -> tuple[str, ...]: ...
+class PodSource(Protocol):
+    """The kubelet pod-resources client's reading side (never blocks)."""
+
+    error: str | None
+
+    def snapshot(self) -> PodSnapshot | None: ...
 
 
 class PolicySource(Protocol):
@@ -58,7 +65,8 @@ class Sampler:
         hostname: str,
         renderer: Renderer | None = None,
         xid: XidSource | None = None,
-        jobs: JobSource | None = None,
+        jobs: JobLookup | None = None,
+        pods: PodSource | None = None,
         host: HostSource | None = None,
         policy: PolicySource | None = None,
         clock: Callable[[], float] = time.time,
@@ -69,12 +77,14 @@ class Sampler:
         self._renderer = renderer or Renderer()
         self._xid = xid
         self._jobs = jobs
+        self._pods = pods
         self._host = host
         self._policy = policy
         self._slow_read: TierRead | None = None
         self._clock = clock
         self._timer = timer
         self._slow: tuple[SourceResult, ...] = ()
+        self._workloads: dict[str, tuple[str, ...]] = {}  # GPU UUID → what runs on it, for alert text
         self.latest: Rendered | None = None
         self.last_snapshot: Snapshot | None = None
         self.cycles = 0
@@ -91,28 +101,59 @@ class Sampler:
         """ECC, remaps, limits, thresholds and job attribution; kept until the next slow cycle."""
         def slow() -> list[Series]:
             self._slow_read = self._session.read("slow")
+            self._session.discover_mig()  # MIG can be reconfigured at any time; enumerating is cheap
             return gpu_series.tier_series(self._slow_read, with_up=False)
 
         results = [run_source("nvml_slow", slow, self._timer)]
+        pods: dict[str, tuple[PodRef, ...]] | None = None
+        if self._pods is not None:
+            found: list[dict[str, tuple[PodRef, ...]]] = []
+            results.append(run_source("pod_resources", lambda: self._pod_check(found), self._timer))
+            pods = found[0] if found else None
         if self._jobs is not None:
             jobs = self._jobs
 
-            def attribute() -> list[Series]:
-                pids = self._session.compute_pids()
-                return gpu_series.job_series({g: jobs.jobs_for(p) for g, p in pids.items()}, self._idents())
+            def attribution() -> list[Series]:
+                return self._attribution(jobs, pods)
 
-            results.append(run_source("jobs", attribute, self._timer))
+            results.append(run_source("jobs", attribution, self._timer))
         self._slow = tuple(results)
         return self._slow
+
+    def _pod_check(self, found: list[dict[str, tuple[PodRef, ...]]]) -> list[Series]:
+        """The kubelet's last answer mapped to this node's GPU and MIG UUIDs; fails when there is none."""
+        assert self._pods is not None
+        snap = self._pods.snapshot()
+        if snap is None:
+            raise PartialFailure(self._pods.error or "no pod-resources answer yet", ())
+        idents = self._idents()
+        uuids = [i.uuid for i in idents.values()] + [m.uuid for m in self._session.mig_identities]
+        found.append(pods_by_device(snap.allocations, uuids, {str(i): g.uuid for i, g in idents.items()}))
+        return []
+
+    def _attribution(self, jobs: JobLookup, pods: dict[str, tuple[PodRef, ...]] | None) -> list[Series]:
+        idents = self._idents()
+        pids = self._session.compute_pids()
+        migs = self._session.mig_identities
+        # Every known GPU, not only those whose processes NVML listed: the kubelet may name its pod anyway.
+        devices = [(ident.uuid, pids.get(index, ())) for index, ident in sorted(idents.items())]
+        if migs:
+            mig_pids = self._session.mig_compute_pids()
+            devices += [(m.uuid, mig_pids.get(m.uuid, ())) for m in migs]
+        found = attribute(devices, jobs, pods)
+        self._workloads = workloads(found, idents.values(), migs)
+        return gpu_series.job_series(found, idents, migs)
 
     def fast_cycle(self) -> Rendered:
         """Temperatures, power, clocks, utilization, XIDs, host; then render everything once."""
         reads: list[TierRead] = []
         results = [run_source("nvml_fast", lambda: self._fast_nvml(reads), self._timer)]
         if self._policy is not None and reads and reads[0].nvml_up:
-            policy, views = self._policy, build_views(reads[0], self._slow_read)
+            policy, views = self._policy, build_views(reads[0], self._slow_read, self._workloads)
             xids = self._xid.counts() if self._xid is not None else {}
             results.append(run_source("policy", lambda: policy.cycle(views, xids), self._timer))
+        if self._session.mig_identities and reads and reads[0].nvml_up:
+            results.append(run_source("nvml_mig", self._mig_series, self._timer))
         if self._xid is not None:
             results.append(run_source("xid", self._xid_series, self._timer))
         if self._host is not None:
@@ -138,6 +179,11 @@ class Sampler:
             # NVML unusable is this collector failing, even though it still reports up=0 per GPU.
             raise PartialFailure(read.error or "nvml unavailable", out)
         return out
+
+    def _mig_series(self) -> list[Series]:
+        """Each MIG device's identity and memory (what NVML answers per instance)."""
+        migs = self._session.mig_identities
+        return gpu_series.mig_info_series(migs) + gpu_series.mig_memory_series(migs, self._session.read_mig())
 
     def _xid_series(self) -> list[Series]:
         assert self._xid is not None

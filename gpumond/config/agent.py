@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, PlainValidator, GetCoreSchemaHandler, ValidationInfo, field_validator
 from pydantic_core import core_schema
 
 from gpumond.config.alerting import AlertingConfig
@@ -43,6 +43,32 @@ class SamplingConfig(ConfigModel):
         return value
 
 
+def _tristate(value: Any) -> bool | str:
+    # One message for the three spellings instead of pydantic's per-branch union complaints.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() == "auto":
+        return "auto"
+    raise ValueError("must be true, false or auto")
+
+
+class PodResourcesConfig(ConfigModel):
+    """The kubelet's pod-resources gRPC API: which pod and container each GPU / MIG device was assigned to."""
+
+    # auto: use it when the socket exists (a Kubernetes node); true: expect it and warn while it is missing.
+    enabled: Annotated[bool | Literal["auto"], PlainValidator(_tristate)] = "auto"
+    socket: Path = Field(Path("/var/lib/kubelet/pod-resources/kubelet.sock"), strict=False)
+    timeout_s: float = Field(2.0, gt=0, le=30)  # one List call's deadline
+    interval_s: float = Field(10.0, ge=1, le=3600)  # how often the kubelet is asked, off the sampling path
+
+    @field_validator("socket")
+    @classmethod
+    def _absolute_socket(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
+
+
 class JobsConfig(ConfigModel):
     """How GPU processes are attributed to training jobs."""
 
@@ -52,6 +78,7 @@ class JobsConfig(ConfigModel):
     )
     kubernetes_pods: bool = True
     cache_size: int = Field(4096, ge=16, le=1_048_576)
+    pod_resources: PodResourcesConfig = PodResourcesConfig()
 
     @field_validator("env_vars")
     @classmethod

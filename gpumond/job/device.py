@@ -32,7 +32,12 @@ def device_selector(environ: Mapping[str, str]) -> str | None:
     index = local_rank(environ)
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        return str(index or 0)
+        # In a container the NVIDIA runtime names what it exposed, in CUDA's order: GPU-… UUIDs, or the
+        # MIG-… UUID of a MIG slice (which torch and nvidia-smi would report as a plain GPU).
+        exposed = [e.strip() for e in environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+        if not exposed or not all(GPU_UUID.fullmatch(e) for e in exposed):
+            return str(index or 0)
+        visible = ",".join(exposed)
     entries = []
     for raw in visible.split(","):
         entry = raw.strip()

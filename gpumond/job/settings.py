@@ -20,7 +20,9 @@ MAX_LABEL_CHARS = 128  # the agent truncates job ids to the same length
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # NVML's form, which the agent exports and the rules service joins on; anything else would be refused
 # on every push, so it is caught here once.
-GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+# A MIG slice is named MIG-<uuid> (R470+ drivers) or MIG-GPU-<parent uuid>/<gpu instance>/<compute instance>.
+_HEX = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+GPU_UUID = re.compile(rf"(?:GPU|MIG)-{_HEX}|MIG-GPU-{_HEX}/\d{{1,2}}/\d{{1,2}}")
 
 
 class ConfigError(Exception):
@@ -89,8 +91,8 @@ def resolve_identity(*, job: str | None, rank: int | None, world_size: int | Non
     if uuid is None:
         raise ConfigError("could not find this rank's GPU UUID: pass gpu_uuid= or set GPUMOND_GPU_UUID")
     if not GPU_UUID.fullmatch(uuid):
-        raise ConfigError(f"{source} must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
-                          f"(got {uuid!r})")
+        raise ConfigError(f"{source} must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, or a "
+                          f"MIG device's, MIG-xxxxxxxx-… (got {uuid!r})")
     group_value = clean_label(group) if group is not None else clean_label(environ.get("GPUMOND_GROUP"))
     return Identity(job_value, rank_value, world_value, node_value, uuid, group_value)
 

@@ -16,6 +16,8 @@ import pynvml
 
 from gpumond.nvml.calls import READERS, Call, Reader
 from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
+from gpumond.nvml import mig as miglib
+from gpumond.nvml.mig import MigIdentity
 
 log = logging.getLogger("gpumond.nvml")
 
@@ -107,6 +109,7 @@ class NvmlSession:
         self._said: set[tuple[Any, ...]] = set()
         self.errors_total: Counter[tuple[int, str, str]] = Counter()  # (gpu, symbol, error) → count
         self.driver_version: str | None = None
+        self._migs: dict[int, list[tuple[MigIdentity, Any]]] = {}  # GPU index → its MIG devices
 
     # ----- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -163,9 +166,12 @@ class NvmlSession:
             self._up = True
             self._down_reason = None
             self._init_backoff = _FIRST_BACKOFF_S
+            self._migs = {}  # MIG handles do not survive a re-initialisation
             log.info("nvml initialised", extra={"gpus": count, "driver": self.driver_version})
         except pynvml.NVMLError as e:
             self._go_down(e)
+            return
+        self._discover_mig()
 
     def _go_down(self, e: pynvml.NVMLError) -> None:
         d = classify(e)
@@ -361,6 +367,81 @@ class NvmlSession:
                     raise SetFailed("gpu_lost", f"GPU {index} is not readable")
                 return g
         raise SetFailed("no_such_gpu", f"no GPU {index}")
+
+    # ----- MIG ---------------------------------------------------------------------------------
+    @property
+    def mig_identities(self) -> tuple[MigIdentity, ...]:
+        """The MIG devices found at the last discovery, in GPU and slot order."""
+        return tuple(ident for index in sorted(self._migs) for ident, _ in self._migs[index])
+
+    def discover_mig(self) -> tuple[MigIdentity, ...]:
+        """Enumerate MIG devices again (an operator may reconfigure MIG at any time); the slow tier calls it."""
+        with self._lock:
+            if self._up:
+                self._discover_mig()
+            return self.mig_identities
+
+    def _discover_mig(self) -> None:
+        found: dict[int, list[tuple[MigIdentity, Any]]] = {}
+        for g in self._gpus:
+            if g.lost or "mig" in g.unsupported:
+                continue
+            try:
+                devices = miglib.discover(g.handle, g.identity.index, g.identity.uuid)
+            except pynvml.NVMLError as e:
+                self._fail(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
+                continue
+            if devices:
+                found[g.identity.index] = devices
+            before = {i.uuid for i, _ in self._migs.get(g.identity.index, ())}
+            if before != {i.uuid for i, _ in devices}:
+                log.info("mig devices", extra={"gpu": g.identity.index, "instances": len(devices),
+                                               "profiles": ",".join(i.profile for i, _ in devices)})
+        self._migs = found
+
+    def read_mig(self) -> dict[str, tuple[float, float]]:
+        """Memory (used, total) bytes per MIG UUID for readable instances of readable GPUs."""
+        out: dict[str, tuple[float, float]] = {}
+        with self._lock:
+            for g, ident, handle in self._mig_handles():
+                try:
+                    out[ident.uuid] = miglib.read_memory(handle)
+                except pynvml.NVMLError as e:
+                    self._fail(g, "nvmlDeviceGetMemoryInfo", e)
+        return out
+
+    def mig_compute_pids(self) -> dict[str, tuple[int, ...]]:
+        """Host PIDs of compute processes per MIG UUID (what runs in each instance)."""
+        out: dict[str, tuple[int, ...]] = {}
+        with self._lock:
+            for g, ident, handle in self._mig_handles():
+                try:
+                    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                except pynvml.NVMLError as e:
+                    self._fail(g, "nvmlDeviceGetComputeRunningProcesses", e)
+                    continue
+                out[ident.uuid] = tuple(sorted({int(p.pid) for p in procs}))
+        return out
+
+    def _mig_handles(self) -> Iterator[tuple[_GpuState, MigIdentity, Any]]:
+        by_index = {g.identity.index: g for g in self._gpus}
+        for index in sorted(self._migs):
+            g = by_index.get(index)
+            for ident, handle in self._migs[index]:
+                if g is None or g.lost or not self._up:
+                    break
+                yield g, ident, handle
+
+    def _fail(self, g: _GpuState, symbol: str, e: pynvml.NVMLError) -> None:
+        """The error policy for a MIG call: a lost parent or a gone driver as anywhere, else counted."""
+        d = classify(e)
+        if d is Disposition.GPU_LOST:
+            self._mark_lost(g, symbol)
+            self._migs.pop(g.identity.index, None)
+        elif d in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
+            self._go_down(e)
+        else:
+            self.errors_total[(g.identity.index, symbol, error_name(e))] += 1
 
     # ----- other uses ----------------------------------------------------------------------------
     def compute_pids(self) -> dict[int, tuple[int, ...]]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpumond.rules.columns import SampleBuffer, StepBuffer, sample_matrix
+from gpumond.rules.telemetry.mig import legacy_uuid
 from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
 
 if TYPE_CHECKING:
@@ -291,6 +292,8 @@ class GpuStore:
         self._hosts: dict[str, deque[HostSample]] = {}
         self._absent: frozenset[str] = frozenset()
         self._refused_gpus = self._refused_nodes = self._expired_gpus = self._expired_nodes = 0
+        # A MIG device's pre-R470 name (MIG-GPU-<parent>/<gi>/<ci>) → its MIG UUID, so a rank pushing either joins.
+        self._aliases: dict[str, str] = {}
 
     @classmethod
     def from_config(cls, config: RulesConfig) -> GpuStore:
@@ -307,6 +310,8 @@ class GpuStore:
             for g, column in zip(batch.gpus, matrix, strict=True):
                 if self._append(self._gpus, g.uuid, g, self._cols, column):
                     self._refused_gpus += 1
+                elif g.parent_uuid is not None and g.gpu_instance is not None and g.compute_instance is not None:
+                    self._aliases[legacy_uuid(g.parent_uuid, g.gpu_instance, g.compute_instance)] = g.uuid
             for h in batch.hosts:
                 # A node has at least one GPU, so max_gpus bounds nodes too.
                 if self._append(self._hosts, h.node, h):
@@ -342,6 +347,7 @@ class GpuStore:
     def window(self, uuid: str, since: float) -> GpuWindow:
         """The GPU's samples taken at or after `since`, oldest first (empty when unknown), with their columns."""
         with self._lock:
+            uuid = self._aliases.get(uuid, uuid)
             samples = _since(self._gpus.get(uuid, ()), since)
             buffer = self._cols.get(uuid)
             return GpuWindow(samples, buffer.columns(len(samples)) if buffer is not None else None)
@@ -367,6 +373,7 @@ class GpuStore:
         with self._lock:
             self._expired_gpus += _expire(self._gpus, silent_before, cutoff, self._cols)
             self._expired_nodes += _expire(self._hosts, silent_before, cutoff)
+            self._aliases = {old: new for old, new in self._aliases.items() if new in self._gpus}
             return self._counts()
 
     def counts(self) -> GpuCounts:

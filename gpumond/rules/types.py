@@ -120,6 +120,12 @@ class GpuSample:
     up: bool
     values: Mapping[str, float] = field(default_factory=dict)
     jobs: tuple[str, ...] = ()  # from gpumond_gpu_job_info
+    # A MIG device (uuid `MIG-…`): its parent GPU, whose board-wide telemetry `values` are, and its
+    # profile, which decides its peers (gpumond_gpu_mig_info). None for a whole GPU.
+    parent_uuid: str | None = None
+    mig_profile: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

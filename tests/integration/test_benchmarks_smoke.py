@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["benchmarks/agent_sample_cycle.py", "--quick"], "bare pynvml loop"),
     (["benchmarks/thermal_policy.py", "--quick"], "gpumond"),
     (["-m", "benchmarks.detection.run", "--quick", "--no-scaling"], "straggler"),
+    (["benchmarks/pod_attribution.py", "--quick"], "Pod-resources adds"),
 ])
 def test_benchmark_quick_mode_runs(argv, expect):
     p = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=240)

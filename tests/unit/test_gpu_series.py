@@ -1,3 +1,4 @@
+from gpumond.agent.attribution import DeviceJob
 from gpumond.agent.gpu_series import error_series, info_series, job_series, tier_series, xid_series
 from gpumond.nvml.session import GpuIdentity, GpuRead, TierRead
 
@@ -70,5 +71,7 @@ def test_info_xid_error_and_job_series_carry_identity():
                                                                                       ("1", "79", 1.0)]
     err = error_series({(0, "nvmlDeviceGetPowerUsage", "unknown"): 3}, idents)
     assert dict(err[0].labels)["error"] == "unknown" and err[0].value == 3.0
-    jobs = job_series({0: ("123", "k8s-pod/abc"), 1: ()}, idents)
+    jobs = job_series({"GPU-aaa": (DeviceJob("123"), DeviceJob("k8s-pod/abc")), "GPU-bbb": ()}, idents)
     assert sorted(dict(s.labels)["job"] for s in jobs) == ["123", "k8s-pod/abc"]
+    # the per-GPU label set is the contract: gpu, uuid, job (pod labels only when the kubelet named one)
+    assert {tuple(k for k, _ in s.labels) for s in jobs} == {("gpu", "uuid", "job")}

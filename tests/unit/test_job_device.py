@@ -17,6 +17,8 @@ from gpumond.job.device import (
 )
 
 UUID = "GPU-5b0c1a2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
+MIG = "MIG-6c1d2b3f-4a5e-4f60-9bac-1d2e3f4a5b6c"
+LEGACY_MIG = f"MIG-{UUID}/7/0"
 
 
 @pytest.mark.parametrize(("env", "selector"), [
@@ -30,6 +32,12 @@ UUID = "GPU-5b0c1a2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b"
     ({"CUDA_VISIBLE_DEVICES": ""}, None),
     ({"CUDA_VISIBLE_DEVICES": "-1"}, None),
     ({"LOCAL_RANK": "x"}, "0"),
+    # a container: the NVIDIA runtime's list, UUIDs in CUDA's order (a MIG slice by its MIG UUID)
+    ({"NVIDIA_VISIBLE_DEVICES": MIG}, MIG),
+    ({"LOCAL_RANK": "1", "NVIDIA_VISIBLE_DEVICES": f"{UUID},{MIG}"}, MIG),
+    ({"NVIDIA_VISIBLE_DEVICES": LEGACY_MIG}, LEGACY_MIG),
+    ({"LOCAL_RANK": "1", "NVIDIA_VISIBLE_DEVICES": "all"}, "1"),  # not UUIDs: ask the device as before
+    ({"CUDA_VISIBLE_DEVICES": "0", "NVIDIA_VISIBLE_DEVICES": MIG}, "0"),  # CUDA's own list wins
 ])
 def test_device_selector(env: dict[str, str], selector: str | None) -> None:
     assert device_selector(env) == selector
@@ -109,8 +117,9 @@ def test_torch_not_imported_or_broken_means_unknown() -> None:
 def test_local_lookup_order() -> None:
     torch, _ = fake_torch(uuid="11111111-2222-3333-4444-555555555555")
     run = FakeRun()
-    # A full UUID in CUDA_VISIBLE_DEVICES needs nobody's help.
+    # A full UUID in CUDA_VISIBLE_DEVICES needs nobody's help; nor does a MIG slice the runtime named.
     assert local_gpu_uuid({"CUDA_VISIBLE_DEVICES": UUID}, run=run, modules={"torch": torch}) == UUID
+    assert local_gpu_uuid({"NVIDIA_VISIBLE_DEVICES": MIG}, run=run, modules={"torch": torch}) == MIG
     # torch, when CUDA is up, before a subprocess.
     got = local_gpu_uuid({}, run=run, modules={"torch": torch})  # type: ignore[dict-item]
     assert got == "GPU-11111111-2222-3333-4444-555555555555"

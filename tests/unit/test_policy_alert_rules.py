@@ -194,3 +194,18 @@ def test_rules_are_pure() -> None:
     a = agent_conditions(views, state, [(0, 48)], "n", CFG, 5.0)
     b = agent_conditions(views, state, [(0, 48)], "n", CFG, 5.0)
     assert a == b and state == AgentAlertState()
+
+
+def test_alerts_say_what_runs_on_the_gpu_in_an_annotation_not_a_label() -> None:
+    on = ("job llama-70b (pod ml/trainer-0, container main)",
+          "job k8s-pod/ml/infer-a (pod ml/infer-a, container srv) on MIG 3g.40gb MIG-6c1d2b3f-4a5e-4f60-9bac-1d2e3f4a5b6c")
+    agent = Agent()
+    (xid,) = agent.at(1.0, [gpu(0, workload=on)], xids=[(0, 48)])
+    assert xid.alertname == "GpuXidCritical" and xid.annotation("workload") == "; ".join(on)
+    assert xid.label("pod") is None and xid.label("workload") is None
+    lost_agent = Agent()
+    lost_agent.at(0.0, [gpu(1, up=False, workload=on[:1])])
+    (lost,) = lost_agent.at(LOST_FOR_S + 1, [gpu(1, up=False, workload=on[:1])])
+    assert lost.annotation("workload") == on[0]
+    (quiet,) = Agent().at(1.0, [gpu(2)], xids=[(2, 48)])
+    assert quiet.annotation("workload") is None  # nothing known to run there: no empty annotation

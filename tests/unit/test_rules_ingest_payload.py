@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -72,6 +73,15 @@ def test_gpu_uuid_is_stored_lowercase_like_the_agent_exports_it() -> None:
     assert p.gpu_uuid == UUID
 
 
+@pytest.mark.parametrize(("pushed", "stored"), [
+    ("MIG-5B0C1234-AAAA-BBBB-CCCC-0123456789AB", "MIG-5b0c1234-aaaa-bbbb-cccc-0123456789ab"),
+    (f"MIG-{UUID.upper().replace('GPU-', 'GPU-')}/03/0", f"MIG-{UUID}/3/0"),  # the pre-R470 name of a slice
+])
+def test_mig_devices_are_accepted_in_both_forms(pushed: str, stored: str) -> None:
+    p = parse(MODEL, json.dumps(push(gpu_uuid=pushed)).encode())
+    assert p.gpu_uuid == stored
+
+
 def test_integer_numbers_are_fine_where_floats_are_expected() -> None:
     p = parse(MODEL, json.dumps(push(steps=[step(end=1763760000, duration_s=1, data_wait_s=1)])).encode())
     assert p.steps[0].duration_s == 1.0
@@ -130,7 +140,8 @@ def test_unknown_keys_are_ignored_for_newer_sdks() -> None:
         (push(job=17), 422, "job: must be a valid string (got 17)"),
         (push(node="gpu\nnode"), 422, "node: must not contain control characters"),
         (push(group="\x00"), 422, "group: must not contain control characters"),
-        (push(gpu_uuid="MIG-5b0c1234-aaaa-bbbb-cccc-0123456789ab"), 422, "gpu_uuid: must be an NVML GPU UUID"),
+        (push(gpu_uuid="MIG-5b0c1234-aaaa"), 422, "gpu_uuid: must be an NVML GPU UUID"),
+        (push(gpu_uuid=f"MIG-{UUID}/1"), 422, "gpu_uuid: must be an NVML GPU UUID"),  # old form needs gi and ci
         (push(gpu_uuid="GPU-xyz"), 422, "gpu_uuid: must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"),
         ({k: v for k, v in push().items() if k != "steps"}, 422, "steps: required key is missing"),
         ({}, 422, "job: required key is missing (+5 more)"),
@@ -161,7 +172,9 @@ def test_the_json_schema_states_the_limits() -> None:
     assert schema["properties"]["steps"]["maxItems"] == 8
     assert schema["properties"]["job"]["maxLength"] == 32
     assert schema["properties"]["world_size"]["maximum"] == 2**20
-    assert schema["properties"]["gpu_uuid"]["pattern"].startswith("^GPU-")
+    uuid_pattern = re.compile(schema["properties"]["gpu_uuid"]["pattern"])
+    assert all(uuid_pattern.search(u) for u in (UUID, "MIG" + UUID[3:], f"MIG-{UUID}/1/0"))
+    assert not any(uuid_pattern.search(u) for u in (UUID + "x", "x" + UUID, f"MIG-{UUID}"))
     step_schema = schema["$defs"]["Step"]
     assert set(step_schema["required"]) == {"step", "end", "duration_s", "data_wait_s"}
     assert step_schema["properties"]["duration_s"]["minimum"] == 0

@@ -110,7 +110,7 @@ def test_queries_are_one_per_metric_and_cover_every_signal() -> None:
     assert q[IDENTITY] == "last_over_time(gpumond_gpu_info[120s])"
     assert q[TARGETS] == "up and on (job, instance) last_over_time(gpumond_gpu_info[120s])"
     metrics = {m for m, _ in signals.GPU_SERIES.values()} | set(signals.HOST_SERIES.values())
-    assert metrics | {IDENTITY, TARGETS, signals.GPU_UP, signals.JOB_INFO} == set(q)
+    assert metrics | {IDENTITY, TARGETS, signals.GPU_UP, signals.JOB_INFO, signals.MIG_INFO} == set(q)
     reasons = {r for _, r in signals.GPU_SERIES.values() if r}
     assert all(r in q[signals.CLOCKS_EVENT] for r in reasons) and "gpu_idle" not in q[signals.CLOCKS_EVENT]
 

@@ -67,17 +67,20 @@ def agent_conditions(
     state = _track_xids(state, views, new_xids, now, cfg.event_hold_s)
     conditions: list[Condition] = []
     for view in views:
+        on = view.workload
         if not view.up:
-            conditions.append(_condition("GpuLost", view.index, view.uuid, node, LOST_FOR_S))
+            conditions.append(_condition("GpuLost", view.index, view.uuid, node, LOST_FOR_S, workload=on))
             continue
         conditions += _throttles(view, node, cfg)
         if view.remap_failed:
-            conditions.append(_condition("GpuRowRemapFailed", view.index, view.uuid, node, 0.0, _values(view)))
+            conditions.append(_condition("GpuRowRemapFailed", view.index, view.uuid, node, 0.0, _values(view),
+                                         workload=on))
         if view.remap_pending:
-            conditions.append(_condition("GpuRowRemapPending", view.index, view.uuid, node, 0.0, _values(view)))
+            conditions.append(_condition("GpuRowRemapPending", view.index, view.uuid, node, 0.0, _values(view),
+                                         workload=on))
         if view.uuid in at_floor:
             conditions.append(_condition("GpuPowerCapAtFloor", view.index, view.uuid, node, cfg.floor_after_s,
-                                         _values(view)))
+                                         _values(view), workload=on))
     by_uuid = {v.uuid: v for v in views}
     for record in state.ecc_events:
         view = by_uuid.get(record.uuid)
@@ -88,13 +91,15 @@ def agent_conditions(
                 counters += f", aggregate {view.ecc_uncorrected_aggregate:g}"
             counters += "."
         conditions.append(_condition("GpuEccUncorrectedIncreasing", record.gpu, record.uuid, node, 0.0,
-                                     f"{record.count:g} new error(s) {_span(record)}.{counters}"))
+                                     f"{record.count:g} new error(s) {_span(record)}.{counters}",
+                                     workload=view.workload if view is not None else ()))
     for code, record in state.xid_events:
         info = xid_info(code)
+        view = by_uuid.get(record.uuid)
         conditions.append(_condition(
             "GpuXidCritical", record.gpu, record.uuid, node, 0.0,
             f"XID {code}: {info.meaning}; {record.count:g} time(s) {_span(record)}. {info.action}",
-            severity=info.severity, xid=code,
+            severity=info.severity, xid=code, workload=view.workload if view is not None else (),
         ))
     return state, conditions
 
@@ -106,7 +111,8 @@ def _throttles(view: GpuView, node: str, cfg: PolicyAlertsConfig) -> list[Condit
     # means another hardware protection (e.g. power draw too high for the board).
     if mask & HW_SLOWDOWN and not mask & (HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN):
         found.append("GpuHwSlowdown")
-    return [_condition(name, view.index, view.uuid, node, cfg.throttle_after_s, _values(view)) for name in found]
+    return [_condition(name, view.index, view.uuid, node, cfg.throttle_after_s, _values(view),
+                       workload=view.workload) for name in found]
 
 
 def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float, hold_s: float) -> AgentAlertState:
@@ -149,7 +155,7 @@ def _track_xids(state: AgentAlertState, views: Sequence[GpuView], new_xids: Sequ
 
 
 def _condition(alertname: str, gpu: int, uuid: str, node: str, for_s: float, details: str = "",
-               severity: str | None = None, xid: int | None = None) -> Condition:
+               severity: str | None = None, xid: int | None = None, workload: tuple[str, ...] = ()) -> Condition:
     spec = ALERTS[alertname]
     labels: dict[str, object] = {"alertname": alertname, "severity": severity or spec.severity,
                                  "node": node, "gpu": gpu, "uuid": uuid}
@@ -159,6 +165,9 @@ def _condition(alertname: str, gpu: int, uuid: str, node: str, for_s: float, det
         "summary": f"GPU {gpu} on {node}: {spec.summary}" + (f" (XID {xid})" if xid is not None else ""),
         "description": f"{spec.meaning} {details}".strip(),
     }
+    if workload:
+        # An annotation, not a label: what runs on a GPU changes while its alert stays the same alert.
+        annotations["workload"] = "; ".join(workload)
     return Condition.of(labels, annotations, for_s)
 
 

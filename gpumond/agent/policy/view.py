@@ -30,6 +30,8 @@ class GpuView:
     remap_pending: bool | None = None
     remap_failed: bool | None = None
     requested_limit_w: float | None = None  # nvmlDeviceGetPowerManagementLimit: what was asked of the driver
+    # What runs on the GPU and its MIG devices (jobs, pods) at the last attribution, for alert annotations.
+    workload: tuple[str, ...] = ()
 
 
 # nvmlClocksEventReason* bits the policy cares about.

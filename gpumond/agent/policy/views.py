@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gpumond.agent.policy.view import GpuView
 from gpumond.nvml.session import TierRead
 
@@ -24,8 +26,10 @@ _FIELDS: dict[tuple[str, str], tuple[str, float]] = {
 }
 
 
-def build_views(fast: TierRead, slow: TierRead | None) -> list[GpuView]:
-    """One GpuView per GPU in the fast read; slow-tier values come from the last slow read."""
+def build_views(fast: TierRead, slow: TierRead | None,
+                workloads: Mapping[str, tuple[str, ...]] | None = None) -> list[GpuView]:
+    """One GpuView per GPU in the fast read; slow-tier values come from the last slow read, and what runs
+    on each GPU from the last attribution (`workloads`, by UUID)."""
     slow_reads = {}
     if slow is not None:
         slow_reads = {g.identity.index: g for g in slow.gpus if g.up}
@@ -48,5 +52,5 @@ def build_views(fast: TierRead, slow: TierRead | None) -> list[GpuView]:
                 name, div = _FIELDS[(reader, key)]
                 kw[name] = value / div
         views.append(GpuView(index=g.identity.index, uuid=g.identity.uuid, name=g.identity.name, up=g.up,
-                             **kw))  # type: ignore[arg-type]
+                             workload=(workloads or {}).get(g.identity.uuid, ()), **kw))  # type: ignore[arg-type]
     return views

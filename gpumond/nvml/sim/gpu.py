@@ -14,7 +14,7 @@ import time
 import uuid as uuidlib
 
 from . import physics
-from .models import POWER_AVERAGE_TAU_S, GpuModelSpec, pci_bus_number
+from .models import POWER_AVERAGE_TAU_S, GpuModelSpec, MigProfile, pci_bus_number
 from .scenario import Fault, InletProfile, LoadPattern
 
 MAX_STEP_S = 1.0  # thermal slowdown reacts within a simulated second
@@ -32,6 +32,37 @@ XID_GPU_FELL_OFF_BUS = 79
 
 def gpu_uuid(node: str, index: int) -> str:
     return "GPU-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{node}/{index}"))
+
+
+class SimMigDevice:
+    """One MIG device (a GPU instance with one full compute instance) of a MIG-enabled SimGpu.
+
+    What NVML reports per instance lives here (UUID, name with the profile, memory, processes);
+    temperature, power and clocks belong to the parent and are NOT_SUPPORTED on a MIG handle.
+    """
+
+    def __init__(self, parent: SimGpu, index: int, gpu_instance: int, profile: MigProfile) -> None:
+        self.parent = parent
+        self.index = index  # as nvmlDeviceGetMigDeviceHandleByIndex numbers it
+        self.gpu_instance = gpu_instance
+        self.compute_instance = 0  # one compute instance spanning the GPU instance
+        self.profile = profile
+        # R470+ drivers name a MIG device `MIG-<uuid>`; the name carries the profile, as nvidia-smi -L shows.
+        self.uuid = "MIG-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{parent.uuid}/{gpu_instance}/0"))
+        self.name = f"{parent.name} MIG {profile.name}"
+        self._handle_buffer = ctypes.create_string_buffer(16)
+        self.handle = ctypes.addressof(self._handle_buffer)
+        self.processes: list[int] = []
+
+    @property
+    def memory_total_bytes(self) -> int:
+        return self.profile.memory_mib * 1024 * 1024
+
+    @property
+    def memory_used_bytes(self) -> int:
+        # An instance with nothing running holds only the driver's context-free minimum.
+        fraction = physics.memory_used_fraction(self.parent.load) if self.processes else 0.005
+        return int(self.memory_total_bytes * fraction)
 
 
 class SimGpu:
@@ -55,6 +86,7 @@ class SimGpu:
         self._noise_key = seed * 1_000_003 + index
         self.power_limit_w = spec.power_default_w
         self.processes: list[int] = []
+        self.mig: list[SimMigDevice] = []  # empty: MIG mode off
 
         # Fault-derived parameters (see _derive).
         self._active: dict[int, Fault] = {}
@@ -92,6 +124,14 @@ class SimGpu:
         self.temperature_c = physics.steady_temperature(spec, self._inlet(t0), self.power_w, 1.0)
         self._refresh(t0)
         self.power_avg_w = self.power_w
+
+    def enable_mig(self, profiles: list[MigProfile]) -> None:
+        """MIG mode on with one instance per profile; GPU instance ids are numbered from 1 in order."""
+        self.mig = [SimMigDevice(self, i, i + 1, p) for i, p in enumerate(profiles)]
+
+    @property
+    def mig_enabled(self) -> bool:
+        return bool(self.mig)
 
     # ---- readable model state -------------------------------------------------------
     @property

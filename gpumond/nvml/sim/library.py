@@ -26,7 +26,7 @@ from . import physics
 from .models import CUDA_DRIVER_VERSION, DRIVER_VERSION, NVML_VERSION
 
 if TYPE_CHECKING:
-    from .gpu import SimGpu
+    from .gpu import SimGpu, SimMigDevice
     from .simulator import SimulatedNvml
 
 log = logging.getLogger("gpumond.nvml.sim")
@@ -66,12 +66,17 @@ MemoryV2 = _mirror(N.c_nvmlMemory_v2_t)
 FieldValue = _mirror(N.c_nvmlFieldValue_t)
 ProcessInfoV3 = _mirror(N.c_nvmlProcessInfo_v3_t)
 EventData = _mirror(N.c_nvmlEventData_t)
+DeviceAttributes = _mirror(N.c_nvmlDeviceAttributes)
 
 # name -> (argument types after the device handle, implementation(sim, gpu, *args),
 #          how many of them callers must pass, None = all)
 _DEVICE: dict[str, tuple[tuple[Any, ...], Callable[..., int], int | None]] = {}
 # name -> (argument types, implementation(sim, *args), needs nvmlInit first)
 _SYSTEM: dict[str, tuple[tuple[Any, ...], Callable[..., int], bool]] = {}
+# name -> implementation(sim, mig, *args) for a call on a MIG device handle (same argument types as
+# _DEVICE[name]). A device symbol without an entry here answers NOT_SUPPORTED on a MIG handle: what
+# belongs to the whole board (temperature, power, clocks, utilization, ECC, limits) is the parent's.
+_MIG: dict[str, Callable[..., int]] = {}
 
 
 def _device(*argtypes: Any, names: tuple[str, ...] = (),
@@ -79,6 +84,14 @@ def _device(*argtypes: Any, names: tuple[str, ...] = (),
     def register(fn: Callable[..., int]) -> Callable[..., int]:
         for name in names or (fn.__name__,):
             _DEVICE[name] = (argtypes, fn, required)
+        return fn
+    return register
+
+
+def _on_mig(*names: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    def register(fn: Callable[..., int]) -> Callable[..., int]:
+        for name in names:
+            _MIG[name] = fn
         return fn
     return register
 
@@ -207,13 +220,15 @@ def nvmlEventSetFree(sim: SimulatedNvml, set_handle: int | None) -> int:
 
 
 # ---- identity ---------------------------------------------------------------------------
+@_on_mig("nvmlDeviceGetName")
 @_device(c_void_p, c_uint)
-def nvmlDeviceGetName(sim: SimulatedNvml, gpu: SimGpu, buf: int, length: int) -> int:
+def nvmlDeviceGetName(sim: SimulatedNvml, gpu: SimGpu | SimMigDevice, buf: int, length: int) -> int:
     return _put_string(buf, length, gpu.name)
 
 
+@_on_mig("nvmlDeviceGetUUID")
 @_device(c_void_p, c_uint)
-def nvmlDeviceGetUUID(sim: SimulatedNvml, gpu: SimGpu, buf: int, length: int) -> int:
+def nvmlDeviceGetUUID(sim: SimulatedNvml, gpu: SimGpu | SimMigDevice, buf: int, length: int) -> int:
     return _put_string(buf, length, gpu.uuid)
 
 
@@ -281,8 +296,90 @@ def nvmlDeviceGetEccMode(sim: SimulatedNvml, gpu: SimGpu, current: Any, pending:
 def nvmlDeviceGetMigMode(sim: SimulatedNvml, gpu: SimGpu, current: Any, pending: Any) -> int:
     if not gpu.spec.has_mig:
         return NOT_SUPPORTED
-    current[0] = pending[0] = 0
+    current[0] = pending[0] = N.NVML_DEVICE_MIG_ENABLE if gpu.mig_enabled else N.NVML_DEVICE_MIG_DISABLE
     return OK
+
+
+# ---- MIG ----------------------------------------------------------------------------------
+@_device(UINT_P)
+def nvmlDeviceGetMaxMigDeviceCount(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
+    if not gpu.spec.has_mig:
+        return NOT_SUPPORTED
+    out[0] = 7 if gpu.mig_enabled else 0  # one MIG device per compute slice at most
+    return OK
+
+
+@_device(c_uint, c_void_p)
+def nvmlDeviceGetMigDeviceHandleByIndex(sim: SimulatedNvml, gpu: SimGpu, index: int, out: int) -> int:
+    if not gpu.spec.has_mig:
+        return NOT_SUPPORTED
+    if index >= 7:
+        return INVALID
+    if index >= len(gpu.mig):
+        return NOT_FOUND  # a free slot: callers walk 0..max-1 and skip these
+    return _write_handle(out, gpu.mig[index].handle)
+
+
+@_device(UINT_P)
+def nvmlDeviceIsMigDeviceHandle(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
+    out[0] = 0
+    return OK
+
+
+@_on_mig("nvmlDeviceIsMigDeviceHandle")
+def _mig_is_mig(sim: SimulatedNvml, mig: SimMigDevice, out: Any) -> int:
+    out[0] = 1
+    return OK
+
+
+@_device(UINT_P, names=("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"))
+def _instance_id_of_gpu(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
+    return INVALID  # only a MIG device handle has instance ids
+
+
+@_on_mig("nvmlDeviceGetGpuInstanceId")
+def _mig_gpu_instance(sim: SimulatedNvml, mig: SimMigDevice, out: Any) -> int:
+    out[0] = mig.gpu_instance
+    return OK
+
+
+@_on_mig("nvmlDeviceGetComputeInstanceId")
+def _mig_compute_instance(sim: SimulatedNvml, mig: SimMigDevice, out: Any) -> int:
+    out[0] = mig.compute_instance
+    return OK
+
+
+@_device(c_void_p)
+def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
+    return INVALID  # given a parent handle
+
+
+@_on_mig("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+def _mig_parent(sim: SimulatedNvml, mig: SimMigDevice, out: int) -> int:
+    return _write_handle(out, mig.parent.handle)
+
+
+def _attributes(out: int, sms: int, gi_slices: int, memory_mib: int) -> int:
+    attrs = DeviceAttributes.from_address(out)
+    attrs.multiprocessorCount = sms
+    attrs.sharedCopyEngineCount = max(1, gi_slices)
+    attrs.sharedDecoderCount = attrs.sharedEncoderCount = attrs.sharedJpegCount = attrs.sharedOfaCount = 0
+    attrs.gpuInstanceSliceCount = gi_slices
+    attrs.computeInstanceSliceCount = gi_slices
+    attrs.memorySizeMB = memory_mib
+    return OK
+
+
+@_device(c_void_p)
+def nvmlDeviceGetAttributes_v2(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
+    full = gpu.spec.mig_profiles.get("7g.80gb")
+    return _attributes(out, full.sm_count if full else 0, 7 if full else 0, gpu.spec.memory_total_mib)
+
+
+@_on_mig("nvmlDeviceGetAttributes_v2")
+def _mig_attributes(sim: SimulatedNvml, mig: SimMigDevice, out: int) -> int:
+    p = mig.profile
+    return _attributes(out, p.sm_count, p.slices, p.memory_mib)
 
 
 @_device(UINT_P)
@@ -411,6 +508,8 @@ def nvmlDeviceGetMaxClockInfo(sim: SimulatedNvml, gpu: SimGpu, clock_type: int, 
 
 @_device(c_void_p)
 def nvmlDeviceGetUtilizationRates(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
+    if gpu.mig_enabled:
+        return NOT_SUPPORTED  # nvidia-smi shows N/A: utilization is not counted in MIG mode
     rates = Utilization.from_address(out)
     rates.gpu = round(gpu.utilization * 100.0)
     rates.memory = round(gpu.memory_utilization * 100.0)
@@ -424,6 +523,19 @@ def _clock_event_reasons(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
 
 
 # ---- memory -----------------------------------------------------------------------------
+@_on_mig("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2")
+def _mig_memory(sim: SimulatedNvml, mig: SimMigDevice, out: int) -> int:
+    if MemoryV2.from_address(out).version == N.nvmlMemory_v2:
+        memory = MemoryV2.from_address(out)
+        memory.reserved = 0
+    else:
+        memory = Memory.from_address(out)
+    memory.total = mig.memory_total_bytes
+    memory.used = mig.memory_used_bytes
+    memory.free = memory.total - memory.used
+    return OK
+
+
 @_device(c_void_p)
 def nvmlDeviceGetMemoryInfo(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     memory = Memory.from_address(out)
@@ -573,20 +685,34 @@ def nvmlDeviceGetFieldValues(sim: SimulatedNvml, gpu: SimGpu, count: int, values
 # ---- processes and events -----------------------------------------------------------------
 @_device(UINT_P, c_void_p)
 def nvmlDeviceGetComputeRunningProcesses_v3(sim: SimulatedNvml, gpu: SimGpu, count: Any, infos: int | None) -> int:
-    pids = gpu.processes
-    if not pids:
+    # On a MIG-enabled GPU the parent lists every instance's processes, each with its instance ids.
+    rows = [(pid, 0xFFFFFFFF, 0xFFFFFFFF, gpu.memory_used_bytes // max(1, len(gpu.processes)))
+            for pid in gpu.processes]
+    for mig in gpu.mig:
+        rows += [(pid, mig.gpu_instance, mig.compute_instance, mig.memory_used_bytes // len(mig.processes))
+                 for pid in mig.processes]
+    return _processes(rows, count, infos)
+
+
+@_on_mig("nvmlDeviceGetComputeRunningProcesses_v3")
+def _mig_processes(sim: SimulatedNvml, mig: SimMigDevice, count: Any, infos: int | None) -> int:
+    return _processes([(pid, mig.gpu_instance, mig.compute_instance,
+                        mig.memory_used_bytes // len(mig.processes)) for pid in mig.processes], count, infos)
+
+
+def _processes(rows: list[tuple[int, int, int, int]], count: Any, infos: int | None) -> int:
+    if not rows:
         count[0] = 0
         return OK
-    if not infos or count[0] < len(pids):
-        count[0] = len(pids)  # first call: tell the caller how big an array to bring
+    if not infos or count[0] < len(rows):
+        count[0] = len(rows)  # first call: tell the caller how big an array to bring
         return INSUFFICIENT_SIZE
-    share = gpu.memory_used_bytes // len(pids)
-    for info, pid in zip((ProcessInfoV3 * len(pids)).from_address(infos), pids):
+    for info, (pid, gi, ci, used) in zip((ProcessInfoV3 * len(rows)).from_address(infos), rows):
         info.pid = pid
-        info.usedGpuMemory = share
-        info.gpuInstanceId = 0xFFFFFFFF  # not a MIG instance
-        info.computeInstanceId = 0xFFFFFFFF
-    count[0] = len(pids)
+        info.usedGpuMemory = used
+        info.gpuInstanceId = gi  # 0xFFFFFFFF: not a MIG instance
+        info.computeInstanceId = ci
+    count[0] = len(rows)
     return OK
 
 
@@ -655,10 +781,13 @@ def _guard(name: str, fn: Callable[..., int]) -> Callable[..., int]:
 
 
 def _device_callback(sim: SimulatedNvml, name: str, impl: Callable[..., int]) -> Callable[..., int]:
-    lock, enter = sim._lock, sim._device_call
+    lock, enter, enter_mig, on_mig = sim._lock, sim._device_call, sim._mig_call, _MIG.get(name)
 
     def call(handle: int | None, *args: Any) -> int:
         with lock:
+            code, mig = enter_mig(name, handle)
+            if mig is not None:
+                return code or (on_mig(sim, mig, *args) if on_mig is not None else NOT_SUPPORTED)
             code, gpu = enter(name, handle)
             return code or impl(sim, gpu, *args)
     return _guard(name, call)

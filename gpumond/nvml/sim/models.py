@@ -8,7 +8,7 @@ plausible telemetry, not to predict a particular board.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # What the simulated driver reports about itself (an R570 driver with CUDA 12.8).
 DRIVER_VERSION = "570.133.20"
@@ -21,6 +21,23 @@ EVENT_DOUBLE_BIT_ECC = 0x2
 EVENT_PSTATE = 0x4
 EVENT_XID = 0x8
 EVENT_CLOCK = 0x10
+
+
+MIG_SLICES = 7  # an A100 / H100 splits into seven compute slices
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One MIG GPU-instance profile, e.g. 1g.10gb: compute slices, memory and SMs it gets."""
+
+    name: str
+    slices: int
+    memory_mib: int
+    sm_count: int
+
+
+def _profiles(*rows: tuple[str, int, int, int]) -> dict[str, MigProfile]:
+    return {name: MigProfile(name, slices, mib, sms) for name, slices, mib, sms in rows}
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,8 @@ class GpuModelSpec:
     has_retired_pages: bool  # before Ampere
     has_mig: bool
     supported_events: int
+    # MIG GPU-instance profiles this model offers: name -> (slices of 7, memory MiB, SMs). Empty without MIG.
+    mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
 
 
 # Clock cuts when a thermal limit is hit. The software controller trims clocks moderately;
@@ -112,6 +131,9 @@ H100_SXM = GpuModelSpec(
     has_retired_pages=False,
     has_mig=True,
     supported_events=_XID_AND_ECC,
+    # `nvidia-smi mig -lgip` on an H100 80GB: memory rounded to what the profile names, SMs per slice.
+    mig_profiles=_profiles(("1g.10gb", 1, 9856, 16), ("1g.20gb", 1, 19968, 26), ("2g.20gb", 2, 19968, 32),
+                           ("3g.40gb", 3, 40192, 60), ("4g.40gb", 4, 40192, 64), ("7g.80gb", 7, 80384, 132)),
 )
 
 V100_SXM2 = GpuModelSpec(

@@ -14,7 +14,7 @@ import pynvml
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .models import MODELS
+from .models import MIG_SLICES, MODELS
 
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -75,6 +75,9 @@ class GpuEntry(BaseModel):
     model: str = "h100-sxm"
     load: LoadPattern | None = None  # this GPU's own base load instead of default_load
     inlet_offset_c: float = 0.0  # rack position: the top of a rack breathes warmer air
+    # MIG mode on, with one GPU instance (holding one full compute instance) per profile listed, e.g.
+    # ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]; None: MIG mode off.
+    mig: list[str] | None = None
 
     @field_validator("model")
     @classmethod
@@ -82,6 +85,22 @@ class GpuEntry(BaseModel):
         if v not in MODELS:
             raise ValueError(f"unknown model {v!r} (expected one of {', '.join(sorted(MODELS))})")
         return v
+
+    @model_validator(mode="after")
+    def _mig_fits(self) -> GpuEntry:
+        if self.mig is None:
+            return self
+        spec = MODELS[self.model]
+        if not spec.has_mig:
+            raise _FieldProblem("mig", f"model {self.model!r} has no MIG mode")
+        for name in self.mig:
+            if name not in spec.mig_profiles:
+                raise _FieldProblem("mig", f"unknown MIG profile {name!r} for {self.model} "
+                                           f"(expected one of {', '.join(spec.mig_profiles)})")
+        used = sum(spec.mig_profiles[name].slices for name in self.mig)
+        if used > MIG_SLICES:
+            raise _FieldProblem("mig", f"the profiles take {used} compute slices; a GPU has {MIG_SLICES}")
+        return self
 
 
 # kind -> (required params, optional params). `gpu`, `at_s`, `duration_s` are common.

@@ -101,7 +101,11 @@ class SimulatedNvml:
                 base_load=(entry.load if entry and entry.load else self.scenario.default_load),
                 inlet=self.scenario.inlet, inlet_offset_c=entry.inlet_offset_c if entry else 0.0,
                 seed=seed, t0=t0))
+            if entry is not None and entry.mig is not None:
+                spec = self._gpus[-1].spec
+                self._gpus[-1].enable_mig([spec.mig_profiles[name] for name in entry.mig])
         self._by_handle = {gpu.handle: gpu for gpu in self._gpus}
+        self._mig_by_handle = {m.handle: m for gpu in self._gpus for m in gpu.mig}
         for i, fault in enumerate(self.scenario.faults):
             self._check_gpu(fault, f"scenario: faults[{i}].gpu")
             self._schedule_fault(fault, fault.at_s or 0.0)
@@ -139,6 +143,16 @@ class SimulatedNvml:
             raise IndexError(f"no GPU {gpu_index} (gpu_count={len(self._gpus)})")
         with self._lock:
             self._gpus[gpu_index].processes = [int(pid) for pid in pids]
+
+    def set_mig_processes(self, gpu_index: int, mig_index: int, pids: list[int]) -> None:
+        """The host PIDs running on one MIG device of a MIG-enabled GPU."""
+        if not 0 <= gpu_index < len(self._gpus):
+            raise IndexError(f"no GPU {gpu_index} (gpu_count={len(self._gpus)})")
+        migs = self._gpus[gpu_index].mig
+        if not 0 <= mig_index < len(migs):
+            raise IndexError(f"GPU {gpu_index} has no MIG device {mig_index} ({len(migs)} configured)")
+        with self._lock:
+            migs[mig_index].processes = [int(pid) for pid in pids]
 
     def gpu_for(self, handle: Any) -> SimGpu:
         """The SimGpu behind a pynvml device handle (tests compare event handles with it)."""
@@ -195,6 +209,14 @@ class SimulatedNvml:
             if code:
                 return code, gpu
         return NVML_SUCCESS, gpu
+
+    def _mig_call(self, name: str, handle: int | None) -> tuple[int, Any]:
+        """(code, SimMigDevice) for a call on a MIG handle; (0, None) when it is not one."""
+        mig = self._mig_by_handle.get(handle)  # type: ignore[arg-type]
+        if mig is None:
+            return NVML_SUCCESS, None
+        code, _ = self._device_call(name, mig.parent.handle)  # the parent's time, faults and loss apply
+        return code, mig
 
     def _system_call(self, name: str, needs_init: bool = True) -> int:
         if needs_init and not self._init_count:

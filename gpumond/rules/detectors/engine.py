@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.compute_share import job_shares
@@ -58,6 +58,7 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     for job, ranks in inputs.jobs.items():
         # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
         feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim)
+        feats = [_with_device_kind(r, inputs.gpu_windows.get(r.gpu_uuid)) for r in feats]
         shares = job_shares(feats, state.shares.get(job, {}), cfg.min_steps, cfg.share_long_evals)
         share_state[job] = {rank: sh.history for rank, sh in shares.items()}
         # No telemetry from an absent node's agent: its GPUs are never judged stragglers on missing data.
@@ -98,3 +99,11 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         for job in [j for j in kept if j not in inputs.jobs]:
             del kept[job]  # the job expired from the store: forget it
     return DetectorState(baselines, share_state, structure), out
+
+
+def _with_device_kind(r: RankFeatures, window: Sequence[GpuSample] | None) -> RankFeatures:
+    """The rank with its MIG profile (from the newest telemetry of its device) when it runs on a MIG slice."""
+    if not r.gpu_uuid.startswith("MIG-"):
+        return r
+    profile = window[-1].mig_profile if window else None
+    return replace(r, mig_profile=profile or "mig")

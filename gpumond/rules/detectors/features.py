@@ -29,6 +29,14 @@ class RankFeatures:
     share_short: float | None = None  # median of the last `short_steps` recent steps that have one
     share_recent: float | None = None  # median of all recent steps that have one
     share_trimmed: float | None = None  # their mean with `trim` of them cut off each end (the long look's input)
+    # A rank on a MIG slice: the slice's profile (e.g. 3g.40gb), "mig" while no agent has said which.
+    # Ranks are peers only on the same kind of device: a 1g slice is not a slow 7g one.
+    mig_profile: str | None = None
+
+    @property
+    def peers(self) -> tuple[str | None, str | None]:
+        """The key of this rank's peer group: the job's own group, then the device kind."""
+        return self.group, self.mig_profile
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,10 +51,10 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
             "median_data_wait_frac": round(job_med, 4), "ranks_starved": len(starved), "ranks": len(waiting),
             "nodes": nodes[:16], "meaning": "the whole job waits on its data pipeline"})]
     out = []
-    by_group: dict[str | None, list[RankFeatures]] = {}
+    by_group: dict[tuple[str | None, str | None], list[RankFeatures]] = {}
     for r in waiting:
-        by_group.setdefault(r.group, []).append(r)
-    for group, members in by_group.items():
+        by_group.setdefault(r.peers, []).append(r)
+    for (group, _profile), members in by_group.items():
         if len(members) < cfg.min_peers:
             # Too few peers for a z-score; an absolute wait this high is still a finding on its own.
             flagged = [(r, None, median([m.wait_frac for m in members])) for r in members  # type: ignore[misc]
@@ -75,5 +75,5 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
             out.append(Candidate("io_starved_rank", job, r.node, r.rank, r.gpu_uuid, round(score, 2), {
                 "group": group, "data_wait_frac": round(r.wait_frac, 4),  # type: ignore[arg-type]
                 "peer_median_data_wait_frac": round(med, 4), "likely_cause": _cause(host, cfg),
-                **gpu_ev, **_host_evidence(host)}))
+                **({"mig_profile": r.mig_profile} if r.mig_profile else {}), **gpu_ev, **_host_evidence(host)}))
     return out

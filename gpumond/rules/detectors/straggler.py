@@ -88,13 +88,13 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
 def _judge(job: str, members_of: list[Member], cfg: DetectorConfig,
            split: frozenset[str] | set[str]) -> tuple[list[Candidate], set[str], bool]:
     """Compare within each group (the job's own groups, with `split` nodes apart)."""
-    groups: dict[tuple[str | None, bool], list[Member]] = {}
+    groups: dict[tuple[tuple[str | None, str | None], bool], list[Member]] = {}
     for m in members_of:
-        groups.setdefault((m[0].group, m[0].node in split), []).append(m)
+        groups.setdefault((m[0].peers, m[0].node in split), []).append(m)
     out: list[Candidate] = []
     blocks: set[str] = set()
     judged = False
-    for (group, _), members in groups.items():
+    for ((group, _profile), _), members in groups.items():
         if len(members) < cfg.min_peers:
             continue
         judged = True
@@ -192,9 +192,10 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     for rank, evidence in flagged.items():
         r, g = by_rank[rank]
         reasons = {"throttle_reasons": list(g.throttle_reasons)} if g is not None and g.throttle_reasons else {}
+        mig = {"mig_profile": r.mig_profile} if r.mig_profile else {}
         out.append(Candidate("straggler", job, r.node, rank, r.gpu_uuid, round(scores[rank], 2),
                              {"group": group, "peers": len(members), "threshold_z": round(thr, 2),
-                              "signals": evidence, **reasons},
+                              "signals": evidence, **reasons, **mig},
                              corroborated="compute_share" in evidence and not _GPU_CAUSE.isdisjoint(evidence)))
     out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
     return out, blocks

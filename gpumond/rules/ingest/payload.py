@@ -2,7 +2,8 @@
 
 Rules beyond the types (documented in docs/rules-api.md):
 - strings are 1..max_string_len characters without control characters; `gpu_uuid` has NVML's shape
-  `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex, any case; stored lowercase, as the agent exports it);
+  `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex, any case; stored lowercase, as the agent exports it),
+  or a MIG device's `MIG-xxxxxxxx-…` or older `MIG-GPU-xxxxxxxx-…/<gpu instance>/<compute instance>`;
 - 0 <= rank < world_size <= 2**20; at most limits.max_steps_per_push steps, possibly none
   (a heartbeat that only says the rank is alive);
 - numbers are finite; step and samples are non-negative integers; `end` is non-negative unix seconds;
@@ -31,7 +32,11 @@ MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, no
 _WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow their rounding
 _INT64 = 2**63 - 1
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_HEX = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+# A whole GPU (GPU-…), a MIG device (MIG-…, R470+ drivers) or a MIG device by its older name
+# MIG-GPU-<parent>/<gpu instance>/<compute instance>: what CUDA_VISIBLE_DEVICES and nvidia-smi -L show.
+_UUID = re.compile(rf"(?:GPU|MIG)-{_HEX}|MIG-GPU-{_HEX}/\d{{1,2}}/\d{{1,2}}")
+_LEGACY_MIG = re.compile(rf"MIG-GPU-({_HEX})/(\d+)/(\d+)")
 _PRINTABLE = r"^[^\x00-\x1f\x7f]+$"  # the JSON Schema spelling of _printable
 _MODEL = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, extra="ignore")
 
@@ -44,8 +49,12 @@ def _printable(value: str) -> str:
 
 def _gpu_uuid(value: str) -> str:
     if not _UUID.fullmatch(value):
-        raise ValueError("must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex)")
-    return "GPU-" + value[4:].lower()
+        raise ValueError("must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex), or a MIG "
+                         "device's, MIG-xxxxxxxx-… or MIG-GPU-xxxxxxxx-…/<gpu instance>/<compute instance>")
+    legacy = _LEGACY_MIG.fullmatch(value)
+    if legacy:  # one spelling per device, as the rules service's telemetry names it
+        return f"MIG-GPU-{legacy.group(1).lower()}/{int(legacy.group(2))}/{int(legacy.group(3))}"
+    return value[:4] + value[4:].lower()
 
 
 def _step_schema(source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
@@ -110,7 +119,7 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
         world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
         rank: int = Field(ge=0)
         node: text  # type: ignore[valid-type]
-        gpu_uuid: Annotated[str, Field(max_length=40, json_schema_extra={"pattern": f"^{_UUID.pattern}$"}),
+        gpu_uuid: Annotated[str, Field(max_length=56, json_schema_extra={"pattern": f"^(?:{_UUID.pattern})$"}),
                             AfterValidator(_gpu_uuid)]
         group: text | None = None  # type: ignore[valid-type]
         steps: list[Step] = Field(max_length=max_steps)

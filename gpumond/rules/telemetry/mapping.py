@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 
 from gpumond.rules.telemetry import signals
+from gpumond.rules.telemetry.mig import MigRow, mig_row, mig_samples
 from gpumond.rules.types import GpuSample, HostSample
 
 
@@ -36,6 +37,8 @@ def read_agent(families: Iterable[Metric], *, t: float, fallback_node: str,
     gpus: dict[str, _Gpu] = {}
     host: dict[str, float] = {}
     hostname: str | None = None
+    migs: list[MigRow] = []
+    mig_jobs: dict[str, set[str]] = {}
     for family in families:
         # Match on sample names: the parser may or may not strip `_total` from a counter family's name.
         for s in family.samples:
@@ -47,6 +50,13 @@ def read_agent(families: Iterable[Metric], *, t: float, fallback_node: str,
                 continue
             uuid = labels.get("uuid")
             if not uuid or not name.startswith("gpumond_gpu_"):
+                continue
+            if "mig_uuid" in labels:  # a MIG device's series: it becomes a sample of its own below
+                row = mig_row(labels)
+                if row is not None and name == signals.MIG_INFO:
+                    migs.append(row)
+                elif row is not None and name == signals.JOB_INFO and value == 1 and labels.get("job"):
+                    mig_jobs.setdefault(row.uuid, set()).add(labels["job"])
                 continue
             g = gpus.get(uuid)
             if g is None:
@@ -71,6 +81,7 @@ def read_agent(families: Iterable[Metric], *, t: float, fallback_node: str,
                   jobs=tuple(sorted(g.jobs)))
         for uuid, g in sorted(gpus.items(), key=lambda kv: (gpu_order(kv[1].gpu), kv[0]))
     )
+    samples += tuple(mig_samples(samples, migs, mig_jobs))
     return AgentReading(node=node_name, gpus=samples,
                         host=HostSample(node=node_name, t=t, values=host) if host else None,
                         hostname=hostname)

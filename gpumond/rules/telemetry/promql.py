@@ -33,6 +33,7 @@ def build_queries(lookback_s: float) -> dict[str, str]:
         TARGETS: f"up and on (job, instance) {info}",
         signals.GPU_UP: signals.GPU_UP,
         signals.JOB_INFO: signals.JOB_INFO,
+        signals.MIG_INFO: signals.MIG_INFO,
         **signals.gpu_selectors(),
         **{metric: metric for metric in signals.HOST_SERIES.values()},
     }

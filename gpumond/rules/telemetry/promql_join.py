@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from gpumond.rules.telemetry import signals
 from gpumond.rules.telemetry.mapping import gpu_order
+from gpumond.rules.telemetry.mig import MigRow, mig_row, mig_samples
 from gpumond.rules.types import GpuSample, HostSample
 
 # Keys of the results mapping besides metric names.
@@ -72,9 +73,15 @@ def join(results: Mapping[str, Sequence[Row]], *, t: float) -> Joined:
             if signal and uuid:
                 values.setdefault(uuid, {})[signal] = row.value
     jobs: dict[str, set[str]] = {}
+    mig_jobs: dict[str, set[str]] = {}
     for row in results.get(signals.JOB_INFO, ()):
         if row.labels.get("uuid") and row.labels.get("job") and row.value == 1:
-            jobs.setdefault(row.labels["uuid"], set()).add(row.labels["job"])
+            if "mig_uuid" in row.labels:  # a MIG device's job: its own sample's, not the parent's
+                mig = mig_row(row.labels)
+                if mig is not None:
+                    mig_jobs.setdefault(mig.uuid, set()).add(row.labels["job"])
+            else:
+                jobs.setdefault(row.labels["uuid"], set()).add(row.labels["job"])
 
     gpus = tuple(
         GpuSample(uuid=uuid, node=nodes[key], gpu=gpu, t=t, up=gpu_up.get(uuid) == 1, values=values.get(uuid, {}),
@@ -83,6 +90,12 @@ def join(results: Mapping[str, Sequence[Row]], *, t: float) -> Joined:
         # A GPU whose series all went stale on a live target was removed from its agent: leave it out.
         if present(key) and (uuid in gpu_up or uuid in values)
     )
+    migs: dict[str, MigRow] = {}
+    for row in _sorted(results.get(signals.MIG_INFO, ())):
+        mig = mig_row(row.labels)
+        if mig is not None:
+            migs.setdefault(mig.uuid, mig)  # duplicates (HA pairs): first wins, as for GPUs
+    gpus += tuple(mig_samples(gpus, migs.values(), mig_jobs))
     return Joined(gpus=gpus, hosts=_hosts(results, nodes, present, t),
                   absent_nodes=frozenset(node for key, node in nodes.items() if not present(key)))
 

@@ -34,7 +34,7 @@ _HEADERS = {
 
 # Sample lines of the families we map start with one of these; the rest of the exposition is not parsed.
 _WANTED = tuple(f"{name}{sep}" for name in sorted({
-    signals.INFO, signals.GPU_UP, signals.JOB_INFO,
+    signals.INFO, signals.GPU_UP, signals.JOB_INFO, signals.MIG_INFO,
     *(metric for metric, _ in signals.GPU_SERIES.values()), *signals.HOST_SERIES.values(),
 }) for sep in ("{", " ", "\t"))
 

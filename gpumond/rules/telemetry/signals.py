@@ -8,6 +8,7 @@ from types import MappingProxyType
 INFO = "gpumond_gpu_info"
 GPU_UP = "gpumond_gpu_up"
 JOB_INFO = "gpumond_gpu_job_info"
+MIG_INFO = "gpumond_gpu_mig_info"
 CLOCKS_EVENT = "gpumond_gpu_clocks_event_active"
 
 # signal → (metric, value of its `reason` label or None); keys are exactly types.GPU_SIGNALS.
