@@ -8,6 +8,8 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from gpumond.safetext import escape_unsafe
+
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("logfmt", "json")
 
@@ -66,14 +68,17 @@ class LogfmtFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields = record_fields(record, self)
-        return " ".join(f"{_key(k)}={_logfmt_value(v)}" for k, v in fields.items())
+        # Quoted values are JSON-escaped, which leaves C1 controls, U+2028/9 and bidi controls raw: escape
+        # those too, so no value (a job name from a push, an exception text) can split or reorder the line.
+        return escape_unsafe(" ".join(f"{_key(k)}={_logfmt_value(v)}" for k, v in fields.items()))
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line; values JSON cannot encode are written as their str()."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(record_fields(record, self), default=str, ensure_ascii=False)
+        # Unsafe characters only occur inside JSON strings here, where \uXXXX means the same character.
+        return escape_unsafe(json.dumps(record_fields(record, self), default=str, ensure_ascii=False))
 
 
 def _timestamp(created: float) -> str:

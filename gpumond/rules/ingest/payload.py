@@ -1,7 +1,9 @@
 """The push body as pydantic models, bounded by the configured limits, and its one-line error messages.
 
 Rules beyond the types (documented in docs/rules-api.md):
-- strings are 1..max_string_len characters without control characters; `gpu_uuid` has NVML's shape
+- strings are 1..max_string_len characters without control characters (C0, C1, DEL), line or paragraph
+  separators (U+2028/9) or bidirectional controls (gpumond/safetext.py): such a label is refused, 422 naming
+  the field and the character, because it would split log lines or reorder text on screen; `gpu_uuid` has NVML's shape
   `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex, any case; stored lowercase, as the agent exports it);
 - 0 <= rank < world_size <= 2**20; at most limits.max_steps_per_push steps, possibly none
   (a heartbeat that only says the rank is alive);
@@ -25,20 +27,21 @@ from pydantic_core import core_schema
 
 from gpumond.config.errors import validation_problem
 from gpumond.rules.types import RankInfo, StepRecord
+from gpumond.safetext import UNSAFE_CLASS, first_unsafe
 
 MAX_WORLD_SIZE = 1_048_576  # a sanity bound; how many ranks are *held* is limits.max_ranks
 MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
 _WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow their rounding
 _INT64 = 2**63 - 1
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"  # the JSON Schema spelling of _printable
+_PRINTABLE = f"^[^{UNSAFE_CLASS}]+$"  # the JSON Schema spelling of _printable
 _MODEL = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, extra="ignore")
 
 
 def _printable(value: str) -> str:
-    if _CONTROL.search(value):
-        raise ValueError("must not contain control characters")
+    bad = first_unsafe(value)
+    if bad is not None:
+        raise ValueError(f"must not contain control characters, line separators or bidirectional controls (found {bad})")
     return value
 
 
