@@ -80,7 +80,8 @@ class Agent:
                                  # an entry must outlive the gap between two slow cycles to be of any use
                                  idle_evict_s=max(300.0, 3 * config.sampling.slow_interval_s))
         if config.sampling.xid_events:
-            self.xid = XidWatcher(self.session.handles, self.session.index_of_handle)
+            self.xid = XidWatcher(self.session.handles, self.session.index_of_handle,
+                                  ready=lambda: self.session.up)
         state_dir = state_dir_for(config, backend)
         try:
             audit = AuditLog(state_dir / "policy-audit.jsonl")
@@ -107,8 +108,8 @@ class Agent:
                                           "listen": str(self.config.listen)})
         self.alerts.start(self.backend.clock())
         self.session.open()
-        if self.xid is not None and self.session.up:
-            self.xid.start()
+        if self.xid is not None:
+            self.xid.start()  # also while NVML is down: it registers once NVML comes up
         self.sampler.slow_cycle()
         if self.session.up:
             problems = self.policy.check(build_views(self.session.read("fast"), self.sampler.slow_read))

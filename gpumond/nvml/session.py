@@ -20,6 +20,10 @@ from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
 log = logging.getLogger("gpumond.nvml")
 
 _FIRST_BACKOFF_S = 2.0
+# A lost GPU is probed again after 2, 4, 8, 8, 8… s: a GPU that answers again is up in the first fast cycle
+# after its next probe, so at most LOST_RETRY_MAX_S + one fast interval after it came back. A probe of a lost
+# GPU is one handle lookup, cheap enough not to need a longer back-off.
+LOST_RETRY_MAX_S = 8.0
 # "Not supported" / "no permission" learnt from one answer may be transient (a driver busy resetting, a
 # capability briefly dropped): such a reader is probed again after this, doubling up to retry_max_s.
 _FIRST_REPROBE_S = 10.0
@@ -165,9 +169,19 @@ class NvmlSession:
             known = {g.identity.index: g for g in self._gpus}
             gpus = []
             for i in range(count):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                ident = self._identity(i, h)
                 prev = known.get(i)
+                try:
+                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    ident = self._identity(i, h)
+                except pynvml.NVMLError as e:
+                    if classify(e) is not Disposition.GPU_LOST:
+                        raise
+                    # One GPU off the bus is that GPU down, not the node: the others are read, and this one
+                    # is probed again like any lost GPU (by index while its UUID was never read).
+                    lost = prev if prev is not None else _GpuState(GpuIdentity(i, "", "", ""), None)
+                    self._mark_lost(lost, "nvmlDeviceGetHandleByIndex")
+                    gpus.append(lost)
+                    continue
                 if prev is not None and prev.identity.uuid == ident.uuid:
                     prev.handle, prev.lost = h, False
                     prev.forget_support()
@@ -357,6 +371,7 @@ class NvmlSession:
         g.lost = True
         g.backoff = _FIRST_BACKOFF_S
         g.next_retry = self._clock() + g.backoff
+        g.plans.clear()
         log.error("gpu lost", extra={"gpu": g.identity.index, "uuid": g.identity.uuid, "call": symbol,
                                      "hint": "fell off the bus (XID 79?): needs a GPU reset or reboot"})
 
@@ -365,12 +380,16 @@ class NvmlSession:
         if now < g.next_retry:
             return False
         try:
-            h = pynvml.nvmlDeviceGetHandleByUUID(g.identity.uuid)
-            pynvml.nvmlDeviceGetUUID(h)
+            if g.identity.uuid:
+                h = pynvml.nvmlDeviceGetHandleByUUID(g.identity.uuid)
+                pynvml.nvmlDeviceGetUUID(h)
+            else:  # lost since start: never identified, so found again by index
+                h = pynvml.nvmlDeviceGetHandleByIndex(g.identity.index)
+                g.identity = self._identity(g.identity.index, h)
         except pynvml.NVMLError as e:
             if classify(e) in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
                 self._go_down(e)
-            g.backoff = min(g.backoff * 2, self._retry_max_s)
+            g.backoff = min(g.backoff * 2, LOST_RETRY_MAX_S)
             g.next_retry = now + g.backoff
             return False
         g.handle, g.lost = h, False

@@ -2,7 +2,7 @@
 
 import logging
 
-from gpumond.nvml.session import TierRead
+from gpumond.nvml.session import LOST_RETRY_MAX_S, TierRead
 
 
 def values(read: TierRead, gpu: int) -> dict[tuple[str, str], float]:
@@ -198,3 +198,39 @@ def test_a_reader_a_gpu_really_lacks_is_reprobed_rarely_with_a_capped_backoff(ma
     steady = min(n for _, n in probes)
     extra = [t for t, n in probes if n > steady]
     assert extra[:5] == [10, 30, 70, 130, 190] and len(extra) <= 12
+
+
+def test_a_gpu_lost_at_start_is_one_gpu_down_not_the_whole_node(make_session, caplog):
+    from gpumond.nvml.sim import Scenario
+
+    caplog.set_level(logging.ERROR, logger="gpumond.nvml")
+    scenario = Scenario.model_validate({"faults": [{"gpu": 1, "kind": "lost", "at_s": 0, "duration_s": 20}]})
+    sim, s, clock = make_session(gpus=3, scenario=scenario)
+    assert s.up
+    read = s.read("fast")
+    assert read.nvml_up and [g.up for g in read.gpus] == [True, False, True]
+    assert ("temperature", "gpu") in values(read, 0) and ("temperature", "gpu") in values(read, 2)
+    assert s.identities[1].index == 1 and s.identities[1].uuid == ""  # never identified yet
+    assert not [r for r in caplog.records if r.getMessage() == "nvml unavailable"]
+    back_at = None
+    for second in range(1, 40):
+        clock.advance(1)
+        if s.read("fast").gpus[1].up:
+            back_at = second
+            break
+    assert back_at is not None and 20 <= back_at <= 20 + LOST_RETRY_MAX_S
+    assert s.identities[1].uuid == sim.gpus[1].uuid  # identified once it answers
+
+
+def test_a_returning_gpu_is_noticed_within_the_lost_retry_bound(make_session):
+    sim, s, clock = make_session(gpus=2)
+    s.read("fast")
+    sim.inject({"kind": "lost", "gpu": 0, "duration_s": 50})
+    seconds_down = 0
+    while not s.read("fast").gpus[0].up:
+        assert seconds_down < 120
+        clock.advance(1)
+        seconds_down += 1
+    # back at 50 s; noticed at the first 1 s cycle after the next probe (probes every <= 8 s): 50..58 s,
+    # where a doubling back-off found it only at 62 s
+    assert 50 <= seconds_down <= 50 + LOST_RETRY_MAX_S
