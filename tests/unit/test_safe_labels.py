@@ -10,6 +10,8 @@ import io
 import json
 import logging
 import re
+import sys
+import threading
 
 import pytest
 
@@ -55,8 +57,9 @@ def test_the_openapi_pattern_excludes_the_same_characters() -> None:
 
 @pytest.mark.parametrize("fmt", ["logfmt", "json"])
 def test_log_lines_escape_unsafe_characters_in_message_fields_and_exceptions(fmt: str) -> None:
-    logger = logging.getLogger("gpumond")
-    saved = (logger.handlers[:], logger.level)
+    logger, root = logging.getLogger("gpumond"), logging.getLogger()
+    saved = (logger.handlers[:], logger.level, root.handlers[:], root.level)
+    hooks = (threading.excepthook, sys.unraisablehook)
     stream = io.StringIO()
     try:
         setup_logging("info", fmt, stream)
@@ -68,7 +71,9 @@ def test_log_lines_escape_unsafe_characters_in_message_fields_and_exceptions(fmt
         except ValueError:
             log.exception("failed")
     finally:
-        logger.handlers[:], logger.level = saved
+        logger.handlers[:], logger.level, root.handlers[:], root.level = saved
+        threading.excepthook, sys.unraisablehook = hooks
+        logging.captureWarnings(False)
     text = stream.getvalue()
     lines = text.split("\n")
     assert len(lines) == 3 and lines[-1] == ""  # two records, two lines
