@@ -129,14 +129,13 @@ def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | Non
         yield "headers", raw, True
     # ----- label floods to every cap (a new job / rank / GPU per push; big pushes for the step cap)
     floods = floods or {}
+    yield "flood_jobs", post(p, good, token), True  # job "job" exists: the rank and GPU floods grow it
     for i in range(floods.get("jobs", 0)):
         yield "flood_jobs", post(p, json.dumps(valid_push(job=f"flood-job-{i}", gpu=i % 7)).encode(), token), True
     for i in range(floods.get("ranks", 0)):
-        yield "flood_ranks", post(p, json.dumps(valid_push(job="flood-ranks", rank=i, gpu=i % 7)).encode(),
-                                  token), True
-    for i in range(floods.get("gpus", 0)):
-        yield "flood_gpus", post(p, json.dumps(valid_push(job="flood-gpus", rank=i % 5, gpu=10_000 + i)).encode(),
-                                 token), True
+        yield "flood_ranks", post(p, json.dumps(valid_push(rank=i, gpu=i % 7)).encode(), token), True
+    for i in range(floods.get("gpus", 0)):  # ranks of job "job" move to new GPUs, their old ones still used
+        yield "flood_gpus", post(p, json.dumps(valid_push(rank=i % 50, gpu=10_000 + i)).encode(), token), True
     for i in range(floods.get("steps", 0) // 1000):
         yield "flood_steps", post(p, json.dumps(valid_push(job=f"flood-job-{i % 3}", gpu=i % 7, steps=1000,
                                                            first=i * 1000)).encode(), token), True
