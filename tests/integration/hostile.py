@@ -67,10 +67,12 @@ def valid_push(job: str = "job", rank: int = 0, gpu: int = 0, steps: int = 2, fi
 
 
 def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | None = None,
-                     ) -> Iterator[tuple[str, bytes, bool]]:
+                     movable_ranks: int = 50, held_jobs: int = 20) -> Iterator[tuple[str, bytes, bool]]:
     """(kind, raw request, half_close) for the push API: every kind of hostile input, then label floods.
 
-    `floods` says how many distinct jobs / ranks / GPUs / steps to push (past the service's caps).
+    `floods` says how many distinct jobs / ranks / GPUs / steps to push (past the service's caps). The GPU
+    flood moves ranks 0..movable_ranks-1 of job "job" (held after the rank flood) to new GPUs; the step flood
+    pushes 1,000 steps to rank 0 of each job the job flood left held (held_jobs), one push per rank first.
     """
     rng = random.Random(seed)
     p = "/api/v1/push"
@@ -135,9 +137,10 @@ def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | Non
     for i in range(floods.get("ranks", 0)):
         yield "flood_ranks", post(p, json.dumps(valid_push(rank=i, gpu=i % 7)).encode(), token), True
     for i in range(floods.get("gpus", 0)):  # ranks of job "job" move to new GPUs, their old ones still used
-        yield "flood_gpus", post(p, json.dumps(valid_push(rank=i % 50, gpu=10_000 + i)).encode(), token), True
+        yield "flood_gpus", post(p, json.dumps(valid_push(rank=i % movable_ranks, gpu=10_000_000 + i)).encode(), token), True
     for i in range(floods.get("steps", 0) // 1000):
-        yield "flood_steps", post(p, json.dumps(valid_push(job=f"flood-job-{i % 3}", gpu=i % 7, steps=1000,
+        job = i % held_jobs
+        yield "flood_steps", post(p, json.dumps(valid_push(job=f"flood-job-{job}", gpu=job % 7, steps=1000,
                                                            first=i * 1000)).encode(), token), True
 
 

@@ -90,7 +90,7 @@ def test_hostile_pushes_get_no_5xx_and_only_documented_refusals(rules: Rules) ->
     assert {k for k, c in by_kind.items() if None in c} <= {"lying_length", "headers"}, by_kind
     for kind in ("flood_jobs", "flood_ranks", "flood_gpus"):  # every cap reached, and refused as documented
         assert by_kind[kind][202] > 0 and by_kind[kind][429] > 0, (kind, by_kind[kind])
-    assert by_kind["flood_steps"][202] > 0
+    assert by_kind["flood_steps"][202] > 0  # partly kept: {"dropped": {"steps_held": n}}
     assert all(by_kind[k][422] for k in ("control_chars", "numbers"))
     # still serving, and the caps held
     status, _, body = http_get(f"{rules.url}/metrics")
