@@ -137,7 +137,8 @@ def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | Non
     for i in range(floods.get("ranks", 0)):
         yield "flood_ranks", post(p, json.dumps(valid_push(rank=i, gpu=i % 7)).encode(), token), True
     for i in range(floods.get("gpus", 0)):  # ranks of job "job" move to new GPUs, their old ones still used
-        yield "flood_gpus", post(p, json.dumps(valid_push(rank=i % movable_ranks, gpu=10_000_000 + i)).encode(), token), True
+        body = valid_push(rank=i % movable_ranks, gpu=10_000_000 + i)
+        yield "flood_gpus", post(p, json.dumps(body).encode(), token), True
     for i in range(floods.get("steps", 0) // 1000):
         job = i % held_jobs
         yield "flood_steps", post(p, json.dumps(valid_push(job=f"flood-job-{job}", gpu=job % 7, steps=1000,

@@ -41,7 +41,8 @@ _MODEL = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, extra="ignore
 def _printable(value: str) -> str:
     bad = first_unsafe(value)
     if bad is not None:
-        raise ValueError(f"must not contain control characters, line separators or bidirectional controls (found {bad})")
+        raise ValueError("must not contain control characters, line separators or bidirectional controls "
+                         f"(found {bad})")
     return value
 
 
