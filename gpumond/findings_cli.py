@@ -15,6 +15,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpumond.safetext import escape_unsafe
+
 COLUMNS = ("KIND", "STATE", "JOB", "NODE", "RANK", "GPU", "SCORE", "SINCE", "EVIDENCE")
 RULES_URL = "http://127.0.0.1:9481"
 # An answer bigger than this is not a findings or alerts list a terminal can use.
@@ -102,7 +104,9 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[str]], empty: str) ->
     """Rows as left-aligned text columns under `columns`, or `empty` when there are none."""
     if not rows:
         return empty
-    every = [tuple(columns), *rows]
+    # A cell holds what a daemon answered (job and node names pushed by jobs): escape what could split a
+    # row or reorder it on screen (gpumond.safetext), before measuring widths.
+    every = [tuple(columns), *([escape_unsafe(c) for c in r] for r in rows)]
     widths = [max(len(r[i]) for r in every) for i in range(len(columns))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in every)
 

@@ -1,12 +1,23 @@
-"""Structured logs for the daemons: logfmt or JSON lines, fields passed via `extra=`."""
+"""Structured logs for the daemons: logfmt or JSON lines, fields passed via `extra=`, floods rate-limited.
+
+Every line a daemon writes goes through here: gpumond's own loggers, and (on a second handler at the root
+logger) the libraries', uvicorn's "Invalid HTTP request received." and asyncio's exception reports above
+all, which would otherwise reach stderr raw and multi-line through logging's last-resort handler.
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import sys
+import threading
+import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, TextIO
+
+from gpumond.safetext import escape_unsafe
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("logfmt", "json")
@@ -16,9 +27,17 @@ _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict
     "message",
     "asctime",
     "taskName",  # added to LogRecord in Python 3.12
+    "_gpumond_summary",
+    "color_message",  # uvicorn's copy of msg with terminal colour codes
 }
 # Keys every line starts with; an `extra` field of the same name gets a trailing "_".
 _HEAD = ("ts", "level", "logger", "msg")
+# Repeated events: at most BURST lines per call site per WINDOW_S; the rest are counted, and the count is
+# written on the site's next line (`suppressed=N`) or, if the site falls silent, on a summary line.
+BURST = 10
+WINDOW_S = 60.0
+# Libraries log through the root logger; below WARNING they are noise for an operator.
+_FOREIGN_LEVEL = logging.WARNING
 
 
 def setup_logging(level: str = "info", fmt: str = "logfmt", stream: TextIO | None = None) -> None:
@@ -28,16 +47,137 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream: TextIO | Non
         raise ValueError(f"log level must be one of {', '.join(LEVELS)} (got {level!r})")
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)} (got {fmt!r})")
-    logger = logging.getLogger("gpumond")
-    for old in [h for h in logger.handlers if getattr(h, "_gpumond", False)]:
-        logger.removeHandler(old)
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
-    handler._gpumond = True  # type: ignore[attr-defined]  # marks ours for idempotent re-setup
-    logger.addHandler(handler)
+    logger, root = logging.getLogger("gpumond"), logging.getLogger()
+    for where in (logger, root):
+        for old in [h for h in where.handlers if getattr(h, "_gpumond", False)]:
+            where.removeHandler(old)
+            for f in old.filters:
+                if isinstance(f, RateLimit) and where is logger:
+                    f.flush()  # what a previous setup still held back is not lost
+    out = stream if stream is not None else sys.stderr
+    formatter = JsonFormatter() if fmt == "json" else LogfmtFormatter()
+    limit = RateLimit()  # one budget per call site, whichever handler the record reaches
+    own = _handler(out, formatter, limit)
+    logger.addHandler(own)
     logger.setLevel(level.upper())
-    # Records still propagate: the root logger has no handler in a daemon, and test
-    # harnesses (pytest's caplog) capture from there.
+    # Records still propagate: test harnesses (pytest's caplog) capture from the root logger. The root's
+    # handler below writes only records from outside the gpumond tree, so nothing is written twice.
+    foreign = _handler(out, formatter, limit, foreign_only=True)
+    foreign.setLevel(_FOREIGN_LEVEL)
+    root.addHandler(foreign)
+    if root.level > _FOREIGN_LEVEL or root.level == logging.NOTSET:
+        root.setLevel(_FOREIGN_LEVEL)
+    limit.emit = own.handle  # summary lines of suppressed events go out like any gpumond line
+    _capture_stray_output(limit)
+
+
+_LIMITS: list[RateLimit] = []  # the live limiter, flushed at exit so no count of suppressed lines is lost
+
+
+def _capture_stray_output(limit: RateLimit) -> None:
+    """Route what Python would print raw to stderr through logging: warnings, thread and unraisable errors."""
+    logging.captureWarnings(True)  # warnings.warn -> the "py.warnings" logger, one line each
+    stray = logging.getLogger("gpumond.stray")
+
+    def thread_error(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        stray.error("unhandled exception in a thread", exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+                    extra={"thread_name": args.thread.name if args.thread else None})
+
+    def unraisable(args: sys.UnraisableHookArgs) -> None:  # type: ignore[name-defined]
+        exc = (args.exc_type, args.exc_value, args.exc_traceback) if args.exc_value is not None else None
+        stray.error("unraisable exception", exc_info=exc, extra={"where": repr(args.object)[:200],
+                                                               "detail": args.err_msg})
+
+    threading.excepthook = thread_error
+    sys.unraisablehook = unraisable
+    if not _LIMITS:
+        atexit.register(lambda: [lim.flush() for lim in _LIMITS])
+    _LIMITS[:] = [limit]
+
+
+def _handler(stream: TextIO, formatter: logging.Formatter, limit: RateLimit,
+             foreign_only: bool = False) -> logging.Handler:
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    if foreign_only:  # before the limit, so a gpumond record is counted once, by its own handler
+        handler.addFilter(lambda r: not (r.name == "gpumond" or r.name.startswith("gpumond.")))
+    handler.addFilter(limit)
+    handler._gpumond = True  # type: ignore[attr-defined]  # marks ours for idempotent re-setup
+    return handler
+
+
+class RateLimit(logging.Filter):
+    """At most `burst` records per call site per `window_s`; counts the rest and reports the count."""
+
+    def __init__(self, burst: int = BURST, window_s: float = WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._burst, self._window, self._clock = burst, window_s, clock
+        self._lock = threading.Lock()
+        # call site -> [window start, lines let through in it, suppressed since the last line, a sample]
+        self._sites: dict[tuple[str, str, int], list] = {}
+        self._next_sweep = 0.0
+        self.emit: Callable[[logging.LogRecord], object] | None = None
+        self.suppressed_total = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True to write the record (with `suppressed=N` when lines of its site were held back)."""
+        if getattr(record, "_gpumond_summary", False):
+            return True
+        now = self._clock()
+        site = (record.name, record.pathname, record.lineno)
+        with self._lock:
+            state = self._sites.get(site)
+            if state is None:
+                if len(self._sites) >= 10_000:  # bounded: a flood of distinct sites must not grow memory
+                    self._sites.clear()
+                state = self._sites[site] = [now, 0, 0, None]
+            if now - state[0] >= self._window:
+                state[0], state[1] = now, 0
+            if state[1] >= self._burst:
+                state[2] += 1
+                state[3] = (record.name, record.levelno, record.getMessage()[:200])
+                self.suppressed_total += 1
+                return False
+            state[1] += 1
+            if state[2]:
+                record.suppressed = state[2]
+                state[2] = 0
+            due = self._sweep_due(now)
+        if due:
+            self._summarise(due)
+        return True
+
+    def _sweep_due(self, now: float) -> list[tuple[tuple[str, int, str], int]]:
+        """Sites whose window ended with lines held back and nothing since (called under the lock)."""
+        if now < self._next_sweep:
+            return []
+        self._next_sweep = now + 1.0
+        due = []
+        for state in self._sites.values():
+            if state[2] and now - state[0] >= self._window:
+                due.append((state[3], state[2]))
+                state[0], state[1], state[2] = now, 0, 0
+        return due
+
+    def flush(self) -> None:
+        """Report every count still held back (at shutdown, or when logging is set up again)."""
+        with self._lock:
+            due = [(s[3], s[2]) for s in self._sites.values() if s[2]]
+            for s in self._sites.values():
+                s[2] = 0
+        self._summarise(due)
+
+    def _summarise(self, due: list[tuple[tuple[str, int, str], int]]) -> None:
+        for (name, levelno, message), count in due:
+            record = logging.LogRecord("gpumond.logs", levelno, __file__, 0, "repeated log lines suppressed",
+                                       (), None)
+            record.suppressed, record.of_logger, record.of_msg = count, name, message
+            record._gpumond_summary = True
+            if self.emit is not None:
+                self.emit(record)
 
 
 def record_fields(record: logging.LogRecord, formatter: logging.Formatter) -> dict[str, Any]:
@@ -66,14 +206,17 @@ class LogfmtFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields = record_fields(record, self)
-        return " ".join(f"{_key(k)}={_logfmt_value(v)}" for k, v in fields.items())
+        # Quoted values are JSON-escaped, which leaves C1 controls, U+2028/9 and bidi controls raw: escape
+        # those too, so no value (a job name from a push, an exception text) can split or reorder the line.
+        return escape_unsafe(" ".join(f"{_key(k)}={_logfmt_value(v)}" for k, v in fields.items()))
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line; values JSON cannot encode are written as their str()."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(record_fields(record, self), default=str, ensure_ascii=False)
+        # Unsafe characters only occur inside JSON strings here, where \uXXXX means the same character.
+        return escape_unsafe(json.dumps(record_fields(record, self), default=str, ensure_ascii=False))
 
 
 def _timestamp(created: float) -> str:

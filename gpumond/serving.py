@@ -1,4 +1,5 @@
-"""Serving an ASGI app under uvicorn the way both daemons need: bind first, clean exit on SIGTERM."""
+"""Serving an ASGI app under uvicorn the way both daemons need: bind first, bounded connections (see
+gpumond/connections.py), logs in the daemon's format, clean exit on SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpumond.config.types import ListenAddress
+from gpumond.connections import ConnectionLimits, guarded_protocol
 
 
 class ListenError(RuntimeError):
@@ -32,7 +34,8 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], None] = lambda: None) -> None:
+def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], None] = lambda: None,
+                        limits: ConnectionLimits = ConnectionLimits()) -> None:
     """Serve `app` on `sock` until SIGTERM/SIGINT; then `on_stop()`; the process exits normally (status 0)."""
     import uvicorn
 
@@ -48,10 +51,11 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    # keep-alive above the job SDK's 5 s push interval (and Prometheus' usual scrape intervals), so clients
-    # reuse their connection instead of reconnecting on every request
+    protocol, _ = guarded_protocol(limits)
+    # log_config=None: uvicorn's loggers keep no handler of their own; gpumond.logs writes their lines.
+    # The h11 protocol is always used (extended with the timeouts and cap), whether httptools is installed.
     cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False,
-                         timeout_keep_alive=75)
+                         http=protocol, timeout_keep_alive=limits.keep_alive_s)
     try:
         _Server(cfg).run(sockets=[sock])
     finally:

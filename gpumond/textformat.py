@@ -8,18 +8,30 @@ thirds of the agent's sample cycle (benchmarks/results/agent_sample_cycle.md).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from prometheus_client.utils import floatToGoString
 
+from gpumond.safetext import UNSAFE
 from gpumond.types import Labels, Series
 
 _MAX_CACHED = 100_000  # series identities; far above any node's, bounded so churn cannot grow memory
 
 
 def escape_label_value(v: str) -> str:
-    """Exposition-format escaping of a label value (backslash, newline, double quote)."""
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    """Exposition-format escaping of a label value (backslash, newline, double quote, unsafe characters).
+
+    Beyond what prometheus-client escapes, the characters of gpumond.safetext (other controls, U+2028/9,
+    bidi controls) are written as a literal `\\uXXXX` (an escaped backslash), so a reader of /metrics sees
+    their code instead of a split line or reordered text.
+    """
+    out = v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return UNSAFE.sub(_escaped_code, out) if UNSAFE.search(out) else out
+
+
+def _escaped_code(m: re.Match[str]) -> str:
+    return f"\\\\u{ord(m.group()):04x}"
 
 
 def _help_text(h: str) -> str:

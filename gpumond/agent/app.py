@@ -85,7 +85,8 @@ class Agent:
                                  idle_evict_s=max(300.0, 3 * config.sampling.slow_interval_s))
             self.pods = pod_resources_client(config.jobs.pod_resources)
         if config.sampling.xid_events:
-            self.xid = XidWatcher(self.session.handles, self.session.index_of_handle)
+            self.xid = XidWatcher(self.session.handles, self.session.index_of_handle,
+                                  ready=lambda: self.session.up)
         state_dir = state_dir_for(config, backend)
         try:
             audit = AuditLog(state_dir / "policy-audit.jsonl")
@@ -114,8 +115,8 @@ class Agent:
         if self.pods is not None:
             self.pods.start()  # its own thread: the first slow cycle may not have its answer yet
         self.session.open()
-        if self.xid is not None and self.session.up:
-            self.xid.start()
+        if self.xid is not None:
+            self.xid.start()  # also while NVML is down: it registers once NVML comes up
         self.sampler.slow_cycle()
         if self.session.up:
             problems = self.policy.check(build_views(self.session.read("fast"), self.sampler.slow_read))

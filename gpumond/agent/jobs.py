@@ -13,6 +13,8 @@ from typing import Protocol
 
 import psutil
 
+from gpumond.safetext import UNSAFE
+
 DEFAULT_ENV_VARS = ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 MAX_JOB_ID_CHARS = 128
 # Launcher -> wrapper -> trainer -> dataloader worker is about as deep as real stacks go;
@@ -23,7 +25,6 @@ MAX_PARENT_DEPTH = 4
 # cache. Callers attributing less often than every few minutes should raise this.
 IDLE_EVICT_S = 300.0
 
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # The pod UID as kubelet writes it into cgroup paths, in both drivers:
 #   cgroupfs: /kubepods/burstable/pod1a2b3c4d-..../<container>
 #   systemd:  /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_...slice/...
@@ -68,11 +69,11 @@ def read_proc_cgroup(pid: int) -> str:
 
 
 def clean_job_id(value: str | None) -> str | None:
-    """Return a usable job id from a raw value, or None if it is empty or holds control characters."""
+    """Return a usable job id from a raw value, or None if empty or holding unsafe characters (gpumond.safetext)."""
     if value is None:
         return None
     value = value.strip()
-    if not value or _CONTROL_CHARS.search(value):
+    if not value or UNSAFE.search(value):
         return None
     return value[:MAX_JOB_ID_CHARS]
 

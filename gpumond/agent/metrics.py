@@ -27,7 +27,9 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_collector_success": ("gauge", "1 when the collector's last run succeeded."),
     "gpumond_collector_duration_seconds": ("gauge", "Duration of the collector's last run."),
     "gpumond_build_info": ("gauge", "Build of the running agent; always 1."),
-    "gpumond_policy_power_limit_target_watts": ("gauge", "Power limit the policy wants for the GPU now."),
+    "gpumond_policy_power_limit_target_watts": ("gauge", (
+        "Power limit the policy wants for the GPU now (enforce and dry_run; absent in off and for GPUs not "
+        "readable).")),
     "gpumond_policy_actions_total": ("counter", "Policy actions by kind (set_limit, reapply, restore, dry_run, "
                                                 "no_permission, set_failed)."),
     "gpumond_policy_mode": ("gauge", "The configured policy mode; always 1."),

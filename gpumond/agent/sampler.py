@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from gpumond import __version__
@@ -55,6 +57,21 @@ def host_series(r: HostReading) -> list[Series]:
     return [Series(metric, (), float(v)) for attr, metric in _HOST_FIELDS if (v := getattr(r, attr)) is not None]
 
 
+def _down(read: TierRead, idents: Iterable[GpuIdentity]) -> frozenset[str]:
+    """Index labels of the GPUs this read found down (all of them when NVML itself was down)."""
+    if not read.nvml_up:
+        return frozenset(str(i.index) for i in idents)
+    return frozenset(str(g.identity.index) for g in read.gpus if not g.up)
+
+
+def _without(results: tuple[SourceResult, ...], gpus: frozenset[str]) -> tuple[SourceResult, ...]:
+    """`results` minus the per-GPU series of `gpus` (their sources' health kept)."""
+    if not gpus:
+        return results
+    return tuple(replace(r, series=tuple(s for s in r.series if dict(s.labels).get("gpu") not in gpus))
+                 for r in results)
+
+
 class Sampler:
     """Owns the latest rendered exposition; the scheduler calls fast_cycle and slow_cycle."""
 
@@ -85,6 +102,10 @@ class Sampler:
         self._timer = timer
         self._slow: tuple[SourceResult, ...] = ()
         self._workloads: dict[str, tuple[str, ...]] = {}  # GPU UUID → what runs on it, for alert text
+        # GPUs (index labels) whose slow-tier and job series are withheld: down in a fast read since the last
+        # slow read that found them up. A lost GPU exports up=0 and its identity, never last values.
+        self._withheld: frozenset[str] = frozenset()
+        self._withheld_lock = threading.Lock()
         self.latest: Rendered | None = None
         self.last_snapshot: Snapshot | None = None
         self.cycles = 0
@@ -100,9 +121,12 @@ class Sampler:
     def slow_cycle(self) -> tuple[SourceResult, ...]:
         """ECC, remaps, limits, thresholds and job attribution; kept until the next slow cycle."""
         def slow() -> list[Series]:
-            self._slow_read = self._session.read("slow")
+            read = self._session.read("slow")
+            self._slow_read = read
+            with self._withheld_lock:
+                self._withheld = _down(read, self._session.identities)
             self._session.discover_mig()  # MIG can be reconfigured at any time; enumerating is cheap
-            return gpu_series.tier_series(self._slow_read, with_up=False)
+            return gpu_series.tier_series(read, with_up=False)
 
         results = [run_source("nvml_slow", slow, self._timer)]
         pods: dict[str, tuple[PodRef, ...]] | None = None
@@ -159,7 +183,10 @@ class Sampler:
         if self._host is not None:
             host = self._host
             results.append(run_source("host", lambda: host_series(host.read()), self._timer))
-        results.extend(self._slow)
+        if reads:
+            with self._withheld_lock:
+                self._withheld |= _down(reads[0], self._session.identities)
+        results.extend(_without(self._slow, self._withheld))
         snapshot = Snapshot(self._clock(), tuple(results))
         extra = self_series(results)
         extra.append(Series("gpumond_build_info", (("version", __version__),), 1.0))

@@ -17,7 +17,9 @@ WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS")
 # torchrun's default --rdzv-id is the literal "none": it names no job.
 _NO_RUN_ID = {"TORCHELASTIC_RUN_ID": "none"}
 MAX_LABEL_CHARS = 128  # the agent truncates job ids to the same length
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# gpumond.safetext.UNSAFE, copied because this SDK imports nothing outside gpumond.job (a unit test keeps the
+# two equal): the rules service refuses labels holding these with 422, so the SDK never sends them.
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 # NVML's form, which the agent exports and the rules service joins on; anything else would be refused
 # on every push, so it is caught here once.
 # A MIG slice is named MIG-<uuid> (R470+ drivers) or MIG-GPU-<parent uuid>/<gpu instance>/<compute instance>.

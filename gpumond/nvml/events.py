@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -26,8 +27,10 @@ class XidWatcher:
         *,
         wait_ms: int = 500,
         on_xid: Callable[[int, int], None] | None = None,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self._handles = handles
+        self._ready = ready  # NVML is initialised: the watcher waits for it, then registers
         self._index_of = index_of_handle
         self._wait_ms = wait_ms
         self._on_xid = on_xid
@@ -36,7 +39,7 @@ class XidWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._set: Any = None
-        self._registered: set[int] = set()
+        self._registered: dict[int, int | None] = {}  # gpu index → address of the handle registered
         self.healthy = False
         self.error: str | None = None
 
@@ -46,13 +49,19 @@ class XidWatcher:
             return dict(self._counts)
 
     def start(self) -> None:
-        """Register GPUs now (so the first scrape already knows the watcher's health), then wait in a thread."""
-        try:
-            self._register()
-            self.healthy, self.error = True, None
-        except pynvml.NVMLError as e:
-            self.healthy, self.error = False, error_name(e)
-            log.warning("xid registration failed; retrying in the watcher thread", extra={"error": self.error})
+        """Register GPUs now (so the first scrape already knows the watcher's health), then wait in a thread.
+
+        Safe to call while NVML is down: the thread registers within a second of NVML coming up.
+        """
+        if not self._ready():
+            self.healthy, self.error = False, "nvml_down"
+        else:
+            try:
+                self._register()
+                self.healthy, self.error = True, None
+            except pynvml.NVMLError as e:
+                self.healthy, self.error = False, error_name(e)
+                log.warning("xid registration failed; retrying in the watcher thread", extra={"error": self.error})
         self._thread = threading.Thread(target=self._run, name="gpumond-xid", daemon=True)
         self._thread.start()
 
@@ -72,28 +81,36 @@ class XidWatcher:
         if self._set is None:
             self._set = pynvml.nvmlEventSetCreate()
         for index, h in self._handles().items():
-            if index in self._registered:
-                continue
+            address = ctypes.cast(h, ctypes.c_void_p).value
+            if self._registered.get(index, -1) == address:
+                continue  # a GPU that came back has a new handle: registered again
             try:
                 supported = pynvml.nvmlDeviceGetSupportedEventTypes(h)
                 if not supported & pynvml.nvmlEventTypeXidCriticalError:
                     log.info("xid events not supported", extra={"gpu": index})
-                    self._registered.add(index)
+                    self._registered[index] = address
                     continue
                 pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
-                self._registered.add(index)
+                self._registered[index] = address
             except pynvml.NVMLError as e:
                 log.warning("xid registration failed", extra={"gpu": index, "error": error_name(e)})
 
     def _run(self) -> None:
         backoff = 1.0
         while not self._stop.is_set():
+            if not self._ready():
+                self.healthy, self.error = False, "nvml_down"
+                self._set = None
+                self._registered.clear()
+                self._stop.wait(1.0)  # registers within a second of NVML coming up
+                continue
             try:
                 self._register()
                 self.healthy, self.error = True, None
                 backoff = 1.0
-                while not self._stop.is_set():
+                while not self._stop.is_set() and self._ready():
                     self._wait_once()
+                    self._register()  # GPUs found or back since: one dict lookup each when nothing changed
             except pynvml.NVMLError as e:
                 self.healthy, self.error = False, error_name(e)
                 log.warning("xid watcher failing", extra={"error": error_name(e), "retry_s": backoff})

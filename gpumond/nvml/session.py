@@ -22,6 +22,16 @@ from gpumond.nvml.mig import MigIdentity
 log = logging.getLogger("gpumond.nvml")
 
 _FIRST_BACKOFF_S = 2.0
+# A lost GPU is probed again after 2, 4, 8, 8, 8… s: a GPU that answers again is up in the first fast cycle
+# after its next probe, so at most LOST_RETRY_MAX_S + one fast interval after it came back. A probe of a lost
+# GPU is one handle lookup, cheap enough not to need a longer back-off.
+LOST_RETRY_MAX_S = 8.0
+# "Not supported" / "no permission" learnt from one answer may be transient (a driver busy resetting, a
+# capability briefly dropped): such a reader is probed again after this, doubling up to retry_max_s.
+_FIRST_REPROBE_S = 10.0
+# A reader that has answered on a GPU is not given up after one refusal: it is tried again on the next
+# cycles, and only after this many refusals in a row is it treated as unsupported (and re-probed).
+_MISSES_BEFORE_UNSUPPORTED = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +73,16 @@ class _GpuState:
     identity: GpuIdentity
     handle: Any
     choice: dict[str, int] = field(default_factory=dict)  # reader → index of the call that worked
-    unsupported: set[str] = field(default_factory=set)
+    unsupported: dict[str, float] = field(default_factory=dict)  # reader → when to probe it again
+    reprobe_s: dict[str, float] = field(default_factory=dict)  # reader → its current re-probe back-off
+    answered: set[str] = field(default_factory=set)  # readers that returned a value on this GPU
+    misses: dict[str, int] = field(default_factory=dict)  # reader → refusals in a row since it answered
     plans: dict[str, list[tuple[Reader, Call]]] = field(default_factory=dict)  # tier → calls to make
+
+    def forget_support(self) -> None:
+        """A new handle (re-init, GPU back): learn what it supports from scratch."""
+        self.choice, self.unsupported, self.reprobe_s, self.plans = {}, {}, {}, {}
+        self.answered, self.misses = set(), {}
     lost: bool = False
     next_retry: float = 0.0
     backoff: float = _FIRST_BACKOFF_S
@@ -154,11 +172,22 @@ class NvmlSession:
             known = {g.identity.index: g for g in self._gpus}
             gpus = []
             for i in range(count):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                ident = self._identity(i, h)
                 prev = known.get(i)
+                try:
+                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    ident = self._identity(i, h)
+                except pynvml.NVMLError as e:
+                    if classify(e) is not Disposition.GPU_LOST:
+                        raise
+                    # One GPU off the bus is that GPU down, not the node: the others are read, and this one
+                    # is probed again like any lost GPU (by index while its UUID was never read).
+                    lost = prev if prev is not None else _GpuState(GpuIdentity(i, "", "", ""), None)
+                    self._mark_lost(lost, "nvmlDeviceGetHandleByIndex")
+                    gpus.append(lost)
+                    continue
                 if prev is not None and prev.identity.uuid == ident.uuid:
-                    prev.handle, prev.lost, prev.choice, prev.unsupported, prev.plans = h, False, {}, set(), {}
+                    prev.handle, prev.lost = h, False
+                    prev.forget_support()
                     gpus.append(prev)
                 else:
                     gpus.append(_GpuState(ident, h))
@@ -235,6 +264,7 @@ class NvmlSession:
             return GpuRead(g.identity, False)
         handle = g.handle
         values: list[tuple[str, Mapping[str, float]]] = []
+        answered = g.answered
         for reader, call in self._plan(g, tier):
             try:
                 vals = call.fn(handle)
@@ -244,11 +274,38 @@ class NvmlSession:
                     return GpuRead(g.identity, False)
                 if vals is None:
                     continue
+            answered.add(reader.name)
             values.append((reader.name, MappingProxyType(vals)))
+        if g.unsupported:
+            self._reprobe(g, tier, values)
+            if g.lost or not self._up:
+                return GpuRead(g.identity, False)
         return GpuRead(g.identity, True, tuple(values))
 
-    def _recover_call(self, g: _GpuState, reader: Reader, first: Exception) -> dict[str, float] | None:
-        """The error policy for one failed reader: alternatives, lost GPU, driver gone, retry, give up."""
+    def _reprobe(self, g: _GpuState, tier: str, values: list[tuple[str, Mapping[str, float]]]) -> None:
+        """Ask again the readers of `tier` whose re-probe time has come; one that answers is read again."""
+        now = self._clock()
+        for reader in self._readers:
+            due = g.unsupported.get(reader.name)
+            if due is None or reader.tier != tier or now < due:
+                continue
+            del g.unsupported[reader.name]
+            g.choice.pop(reader.name, None)
+            g.plans.clear()
+            vals = self._recover_call(g, reader, None)
+            if g.lost or not self._up:
+                return
+            if vals is not None:
+                g.answered.add(reader.name)
+                g.reprobe_s.pop(reader.name, None)
+                log.info("nvml call available again", extra={
+                    "gpu": g.identity.index, "reader": reader.name,
+                    "call": reader.calls[g.choice.get(reader.name, 0)].symbol})
+                values.append((reader.name, MappingProxyType(vals)))
+
+    def _recover_call(self, g: _GpuState, reader: Reader, first: Exception | None) -> dict[str, float] | None:
+        """The error policy for one failed reader (or a re-probe, `first` None): alternatives, lost GPU,
+        driver gone, retry, and last "unsupported for now"."""
         idx = g.choice.get(reader.name, 0)
         retried = False
         error: Exception | None = first
@@ -265,6 +322,7 @@ class NvmlSession:
                         g.plans.clear()
                         log.info("using fallback nvml call", extra={
                             "gpu": g.identity.index, "reader": reader.name, "call": call.symbol})
+                    g.misses.pop(reader.name, None)
                     return dict(vals)
             e, error = error, None
             if not isinstance(e, pynvml.NVMLError):  # a broken binding must not take the GPU down
@@ -287,10 +345,23 @@ class NvmlSession:
             if retried:  # transient (Unknown, Timeout…): one immediate retry, then the next cycle
                 return None
             retried = True
-        g.unsupported.add(reader.name)
-        g.choice.pop(reader.name, None)
-        g.plans.clear()
+        self._refused(g, reader)
         return None
+
+    def _refused(self, g: _GpuState, reader: Reader) -> None:
+        """Every call of `reader` said not supported / no permission / no such symbol, this time."""
+        name = reader.name
+        if name in g.answered:
+            misses = g.misses.get(name, 0) + 1
+            if misses < _MISSES_BEFORE_UNSUPPORTED:
+                g.misses[name] = misses  # left out this cycle, asked again the next
+                return
+        g.misses.pop(name, None)
+        backoff = g.reprobe_s.get(name, _FIRST_REPROBE_S / 2) * 2
+        g.reprobe_s[name] = min(backoff, self._retry_max_s)
+        g.unsupported[name] = self._clock() + g.reprobe_s[name]
+        g.choice.pop(name, None)
+        g.plans.clear()
 
     def _say_once(self, g: _GpuState, reader: Reader, symbol: str, d: Disposition, e: Exception) -> None:
         key = (reader.name, symbol, d)
@@ -306,6 +377,7 @@ class NvmlSession:
         g.lost = True
         g.backoff = _FIRST_BACKOFF_S
         g.next_retry = self._clock() + g.backoff
+        g.plans.clear()
         log.error("gpu lost", extra={"gpu": g.identity.index, "uuid": g.identity.uuid, "call": symbol,
                                      "hint": "fell off the bus (XID 79?): needs a GPU reset or reboot"})
 
@@ -314,15 +386,20 @@ class NvmlSession:
         if now < g.next_retry:
             return False
         try:
-            h = pynvml.nvmlDeviceGetHandleByUUID(g.identity.uuid)
-            pynvml.nvmlDeviceGetUUID(h)
+            if g.identity.uuid:
+                h = pynvml.nvmlDeviceGetHandleByUUID(g.identity.uuid)
+                pynvml.nvmlDeviceGetUUID(h)
+            else:  # lost since start: never identified, so found again by index
+                h = pynvml.nvmlDeviceGetHandleByIndex(g.identity.index)
+                g.identity = self._identity(g.identity.index, h)
         except pynvml.NVMLError as e:
             if classify(e) in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
                 self._go_down(e)
-            g.backoff = min(g.backoff * 2, self._retry_max_s)
+            g.backoff = min(g.backoff * 2, LOST_RETRY_MAX_S)
             g.next_retry = now + g.backoff
             return False
-        g.handle, g.lost, g.choice, g.unsupported, g.plans = h, False, {}, set(), {}
+        g.handle, g.lost = h, False
+        g.forget_support()
         g.backoff = _FIRST_BACKOFF_S
         log.warning("gpu back", extra={"gpu": g.identity.index, "uuid": g.identity.uuid})
         return True
@@ -449,7 +526,7 @@ class NvmlSession:
         out: dict[int, tuple[int, ...]] = {}
         with self._lock:
             for g in self._gpus:
-                if g.lost or not self._up or "processes" in g.unsupported:
+                if g.lost or not self._up or self._clock() < g.unsupported.get("processes", float("-inf")):
                     continue
                 try:
                     procs = pynvml.nvmlDeviceGetComputeRunningProcesses(g.handle)
@@ -458,7 +535,10 @@ class NvmlSession:
                     if d is Disposition.GPU_LOST:
                         self._mark_lost(g, "nvmlDeviceGetComputeRunningProcesses")
                     elif d in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL, Disposition.NO_PERMISSION):
-                        g.unsupported.add("processes")
+                        # asked again after a back-off, like any reader: the refusal may be transient
+                        backoff = min(g.reprobe_s.get("processes", _FIRST_REPROBE_S / 2) * 2, self._retry_max_s)
+                        g.reprobe_s["processes"] = backoff
+                        g.unsupported["processes"] = self._clock() + backoff
                     else:
                         self.errors_total[(g.identity.index, "nvmlDeviceGetComputeRunningProcesses",
                                            error_name(e))] += 1

@@ -43,8 +43,22 @@ class RankCounts:
     steps_duplicate: int
     steps_stale: int  # older than the window when they arrived
     steps_refused: int  # did not fit under max_steps_held
+    steps_per_rank_window: int  # beyond max_steps_per_rank in one push: older than what a rank's window keeps
     refused: Mapping[str, int]  # pushes refused, by cap
     expired: Mapping[str, int]  # dropped for silence, by "jobs" / "ranks" / "gpus"
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What one push did: steps newly kept, and new steps not kept by reason (duplicates and stale apart)."""
+
+    accepted: int
+    per_rank_window: int = 0  # the push's oldest new steps past limits.max_steps_per_rank
+    steps_held: int = 0  # new steps with no room under limits.max_steps_held
+
+    def dropped(self) -> dict[str, int]:
+        """The non-zero reasons, for the client: {"per_rank_window": 2048}."""
+        return {k: v for k, v in (("per_rank_window", self.per_rank_window), ("steps_held", self.steps_held)) if v}
 
 
 class _Rank:
@@ -75,7 +89,7 @@ class RankStore:
         self._gpus: dict[str, int] = {}  # GPU UUID -> number of ranks on it
         self._ranks = 0
         self._steps = 0
-        self._accepted = self._duplicate = self._stale = self._refused_steps = 0
+        self._accepted = self._duplicate = self._stale = self._refused_steps = self._past_window = 0
         self._refused = dict.fromkeys(CAPS, 0)
         self._expired = dict.fromkeys(("jobs", "ranks", "gpus"), 0)
 
@@ -90,6 +104,10 @@ class RankStore:
     # ----- writing ---------------------------------------------------------------------------------
     def add(self, info: RankInfo, steps: Sequence[StepRecord], now: float) -> int:
         """Record a push; return how many steps were new and kept. Raises CapExceeded (nothing stored)."""
+        return self.store(info, steps, now).accepted
+
+    def store(self, info: RankInfo, steps: Sequence[StepRecord], now: float) -> Stored:
+        """Record a push; say what was kept and what was not, and why. Raises CapExceeded (nothing stored)."""
         cutoff = now - self.window_s
         with self._lock:
             job = self._jobs.get(info.job)
@@ -106,7 +124,13 @@ class RankStore:
                 rank.info = info
             fresh, highest = self._fresh(rank, steps, cutoff)
             self._trim(rank, cutoff)
-            fresh = self._fit(rank, fresh)
+            past_window = max(0, len(fresh) - self._per_rank)
+            if past_window:
+                # One rank's window keeps at most max_steps_per_rank: the push's oldest new steps would be
+                # rolled out by its newest at once. Not a lack of room: named apart so the client knows.
+                fresh = fresh[past_window:]
+                self._past_window += past_window
+            fresh, no_room = self._fit(rank, fresh)
             rank.steps.extend(fresh)
             rank.cols.extend(fresh)
             self._steps += len(fresh)
@@ -114,7 +138,7 @@ class RankStore:
             rank.last_step = max(rank.last_step, highest)
             rank.last_push = now
             rank.view = None
-            return len(fresh)
+            return Stored(len(fresh), past_window, no_room)
 
     def _admit(self, info: RankInfo, job: dict[int, _Rank] | None, rank: _Rank | None, has_steps: bool) -> None:
         new_gpu = info.gpu_uuid not in self._gpus
@@ -127,7 +151,12 @@ class RankStore:
                 self._refuse("gpus", f"GPU {info.gpu_uuid}")
             if has_steps and self._steps >= self.limits["steps"]:
                 self._refuse("steps", f"rank {info.rank} of job {info.job!r}")
-        elif new_gpu and len(self._gpus) >= self.limits["gpus"] and self._gpus.get(rank.info.gpu_uuid) != 1:
+        elif has_steps and not rank.steps and self._steps >= self.limits["steps"]:
+            # A rank created by a heartbeat (or emptied by its window) holds nothing it could roll: like a
+            # new rank with steps, it is refused while the total is full, instead of accepting 0 forever.
+            self._refuse("steps", f"steps for rank {info.rank} of job {info.job!r} (it holds none it could roll out)")
+        if rank is not None and new_gpu and len(self._gpus) >= self.limits["gpus"] \
+                and self._gpus.get(rank.info.gpu_uuid) != 1:
             # A rank moving to a new GPU frees its old one only when it was the last rank there.
             self._refuse("gpus", f"GPU {info.gpu_uuid}")
 
@@ -175,14 +204,15 @@ class RankStore:
                 fresh.append(s)
         return fresh, max(seen, default=-1)
 
-    def _fit(self, rank: _Rank, fresh: list[StepRecord]) -> list[StepRecord]:
-        """Make room for `fresh` under the per-rank cap and the global cap; return what can be kept."""
+    def _fit(self, rank: _Rank, fresh: list[StepRecord]) -> tuple[list[StepRecord], int]:
+        """Make room for `fresh` under the per-rank cap and the global cap; return what can be kept, and
+        how many new steps found no room under the global cap."""
         held = len(rank.steps)
         # This rank may grow into the free room, or else only roll its own window.
         allowed = min(self._per_rank, held + max(0, self.limits["steps"] - self._steps))
         excess = held + len(fresh) - allowed
         if excess <= 0:
-            return fresh
+            return fresh, 0
         drop_old = min(excess, held)
         for _ in range(drop_old):
             rank.steps.popleft()
@@ -190,10 +220,11 @@ class RankStore:
         self._steps -= drop_old
         drop_new = excess - drop_old
         if drop_new:
-            # Only possible when the global cap is full; the oldest of the new steps go first.
+            # Only possible when the global cap is full (len(fresh) <= max_steps_per_rank here); the oldest
+            # of the new steps go first.
             self._refused_steps += drop_new
             fresh = fresh[drop_new:]
-        return fresh
+        return fresh, drop_new
 
     def _trim(self, rank: _Rank, cutoff: float) -> int:
         steps = rank.steps
@@ -261,7 +292,8 @@ class RankStore:
 
     def _counts(self) -> RankCounts:
         return RankCounts(len(self._jobs), self._ranks, len(self._gpus), self._steps, self._accepted,
-                          self._duplicate, self._stale, self._refused_steps, dict(self._refused), dict(self._expired))
+                          self._duplicate, self._stale, self._refused_steps, self._past_window, dict(self._refused),
+                          dict(self._expired))
 
 
 # ----- GPU telemetry -----------------------------------------------------------------------------

@@ -198,3 +198,40 @@ def test_alerts_raised_for_xid_ecc_and_lost_gpu(tmp_path, rigs):
     names = {(dict(s.labels)["alertname"], dict(s.labels)["gpu"], dict(s.labels)["xid"])
              for s in r.series if s.name == "gpumond_alert_active"}
     assert ("GpuLost", "0", "") in names and ("GpuXidCritical", "0", "79") in names
+
+
+def test_policy_off_claims_no_target(tmp_path, rigs):
+    policy = {"mode": "off", "power_limit": {"per_gpu": {"0": 500}}}
+    r = make(rigs, tmp_path, scenario=HOT, policy=policy).run(120)
+    assert r.sim.gpus[0].power_limit_w == 700  # nothing acts in off…
+    assert r.value("gpumond_policy_power_limit_target_watts", gpu="0") is None  # …so nothing claims a target
+    assert r.value("gpumond_policy_power_limit_target_watts") is None
+    assert r.value("gpumond_policy_mode", mode="off") == 1.0
+
+
+def test_a_lost_gpu_has_no_target(tmp_path, rigs):
+    r = make(rigs, tmp_path, policy={"power_limit": {"per_gpu": {"0": 500}}}).run(2)
+    assert r.value("gpumond_policy_power_limit_target_watts", gpu="0") == 500
+    r.sim.inject({"kind": "lost", "gpu": 0})
+    r.run(2)
+    assert r.value("gpumond_policy_power_limit_target_watts", gpu="0") is None
+
+
+def test_a_gpu_lost_when_the_agent_stops_is_restored_at_the_next_start(tmp_path, rigs):
+    r = make(rigs, tmp_path, scenario=HOT).run(600)
+    assert r.sim.gpus[0].power_limit_w < 700
+    r.sim.inject({"kind": "lost", "gpu": 0, "duration_s": 60})
+    r.run(2)
+    r.engine.stop()  # SIGTERM with restore_on_exit: GPU 0 cannot be restored now
+    assert r.audit()[-1]["action"] == "restore_failed"
+    assert json.loads((tmp_path / "state.json").read_text())["gpus"][r.sim.gpus[0].uuid]["restore_pending"]
+    r.session.close()
+    r.clock.advance(120)  # the GPU is back (reset by an operator) before the agent starts again
+    seen = len(r.audit())
+    r2 = make(rigs, tmp_path, sim=r.sim, clock=r.clock)  # the same config: enforce, thermal capping
+    r2.run(1)
+    first = [e for e in r2.audit()[seen:] if e["gpu"] == 0][:2]
+    assert [e["action"] for e in first] == ["resume", "restore"], first
+    assert first[1]["after_w"] == 700 and "previous run stopped" in first[1]["reason"]
+    record = json.loads((tmp_path / "state.json").read_text())["gpus"][r.sim.gpus[0].uuid]
+    assert record == {"original_w": 700.0, "last_set_w": None, "restore_pending": False}

@@ -2,7 +2,7 @@
 
 import logging
 
-from gpumond.nvml.session import TierRead
+from gpumond.nvml.session import LOST_RETRY_MAX_S, TierRead
 
 
 def values(read: TierRead, gpu: int) -> dict[tuple[str, str], float]:
@@ -147,3 +147,90 @@ def test_compute_pids_and_handle_mapping(make_session):
     assert s.compute_pids() == {0: (), 1: (4242, 4243)}
     h = s.handles()[1]
     assert s.index_of_handle(h) == 1
+
+
+def test_a_brief_no_permission_on_a_reader_that_answered_does_not_hide_it(make_session, caplog):
+    caplog.set_level(logging.INFO, logger="gpumond.nvml")
+    sim, s, clock = make_session(gpus=2)
+    assert ("utilization", "gpu") in values(s.read("fast"), 0)
+    sim.inject({"kind": "nvml_error", "gpu": 0, "function": "nvmlDeviceGetUtilizationRates",
+                "error": "no_permission", "count": 2})
+    seen = []
+    for _ in range(4):
+        clock.advance(1)
+        seen.append(("utilization", "gpu") in values(s.read("fast"), 0))
+    # left out while refused (never stale, never 0), back on the first cycle it answers again
+    assert seen == [False, False, True, True]
+
+
+def test_not_supported_learnt_from_a_transient_answer_is_probed_again_with_backoff(make_session, caplog):
+    caplog.set_level(logging.INFO, logger="gpumond.nvml")
+    sim, s, clock = make_session(gpus=2)
+    # refused from the very first call: the session cannot tell this from a GPU that lacks the function
+    sim.inject({"kind": "nvml_error", "gpu": 1, "function": "nvmlDeviceGetUtilizationRates",
+                "error": "not_supported", "count": 2})
+    back_at = None
+    for second in range(40):
+        if ("utilization", "gpu") in values(s.read("fast"), 1):
+            back_at = second
+            break
+        clock.advance(1)
+    # probe at 0 s refused (unsupported), re-probe at 10 s refused (next in 20 s), re-probe at 30 s answers
+    assert back_at == 30
+    assert any(r.getMessage() == "nvml call available again" and r.reader == "utilization" for r in caplog.records)
+
+
+def test_a_reader_a_gpu_really_lacks_is_reprobed_rarely_with_a_capped_backoff(make_session):
+    from gpumond.nvml.sim import Scenario
+
+    sim, s, clock = make_session(gpus=1, scenario=Scenario.model_validate({"gpus": [{"index": 0,
+                                                                                        "model": "v100-sxm2"}]}))
+    probes = []
+    for second in range(0, 600, 5):  # 10 minutes of slow-tier reads every 5 s
+        before = sim.gpus[0].device_calls
+        read = s.read("slow")
+        assert ("remapped_rows", "pending") not in values(read, 0)
+        if second:
+            probes.append((second, sim.gpus[0].device_calls - before))
+        clock.advance(5)
+    # steady reads cost the same; the extra call shows at the re-probe times 10, 30, 70, 130, 190, 250… s
+    # (back-off 10, 20, 40, 60 = retry_max_s here, then every 60 s): 11 probes in 10 minutes, not 120
+    steady = min(n for _, n in probes)
+    extra = [t for t, n in probes if n > steady]
+    assert extra[:5] == [10, 30, 70, 130, 190] and len(extra) <= 12
+
+
+def test_a_gpu_lost_at_start_is_one_gpu_down_not_the_whole_node(make_session, caplog):
+    from gpumond.nvml.sim import Scenario
+
+    caplog.set_level(logging.ERROR, logger="gpumond.nvml")
+    scenario = Scenario.model_validate({"faults": [{"gpu": 1, "kind": "lost", "at_s": 0, "duration_s": 20}]})
+    sim, s, clock = make_session(gpus=3, scenario=scenario)
+    assert s.up
+    read = s.read("fast")
+    assert read.nvml_up and [g.up for g in read.gpus] == [True, False, True]
+    assert ("temperature", "gpu") in values(read, 0) and ("temperature", "gpu") in values(read, 2)
+    assert s.identities[1].index == 1 and s.identities[1].uuid == ""  # never identified yet
+    assert not [r for r in caplog.records if r.getMessage() == "nvml unavailable"]
+    back_at = None
+    for second in range(1, 40):
+        clock.advance(1)
+        if s.read("fast").gpus[1].up:
+            back_at = second
+            break
+    assert back_at is not None and 20 <= back_at <= 20 + LOST_RETRY_MAX_S
+    assert s.identities[1].uuid == sim.gpus[1].uuid  # identified once it answers
+
+
+def test_a_returning_gpu_is_noticed_within_the_lost_retry_bound(make_session):
+    sim, s, clock = make_session(gpus=2)
+    s.read("fast")
+    sim.inject({"kind": "lost", "gpu": 0, "duration_s": 50})
+    seconds_down = 0
+    while not s.read("fast").gpus[0].up:
+        assert seconds_down < 120
+        clock.advance(1)
+        seconds_down += 1
+    # back at 50 s; noticed at the first 1 s cycle after the next probe (probes every <= 8 s): 50..58 s,
+    # where a doubling back-off found it only at 62 s
+    assert 50 <= seconds_down <= 50 + LOST_RETRY_MAX_S

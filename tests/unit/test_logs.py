@@ -6,6 +6,8 @@ import io
 import json
 import logging
 import re
+import sys
+import threading
 import time
 
 import pytest
@@ -19,10 +21,14 @@ TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 @pytest.fixture(autouse=True)
 def restore_gpumond_logger():
-    logger = logging.getLogger("gpumond")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
+    logger, root = logging.getLogger("gpumond"), logging.getLogger()
+    saved = (logger.handlers[:], logger.level, logger.propagate, root.handlers[:], root.level)
+    hooks = (threading.excepthook, sys.unraisablehook)
     yield
     logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+    root.handlers[:], root.level = saved[3], saved[4]
+    threading.excepthook, sys.unraisablehook = hooks
+    logging.captureWarnings(False)
 
 
 def emit(fmt: str, level: str = "info") -> tuple[io.StringIO, logging.Logger]:
@@ -213,3 +219,88 @@ def test_formatters_are_usable_alone() -> None:
     record = logging.LogRecord("other", logging.ERROR, __file__, 1, "m", (), None)
     record.created = time.time()
     assert json.loads(JsonFormatter().format(record))["logger"] == "other"
+
+
+# ----- foreign loggers and floods -----------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_foreign_loggers_write_the_same_one_line_format_once() -> None:
+    stream, _ = emit("logfmt")
+    logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
+    logging.getLogger("uvicorn.error").info("below WARNING: library noise, not written")
+    try:
+        raise OSError(24, "Too many open files")
+    except OSError:
+        logging.getLogger("asyncio").error("socket.accept() out of system resource\nsocket: <socket>", exc_info=True)
+    logging.getLogger("gpumond.agent").warning("ours, once")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    fields = [parse_logfmt(line) for line in lines]
+    assert [(f["logger"], f["level"]) for f in fields] == [("uvicorn.error", "warning"), ("asyncio", "error"),
+                                                            ("gpumond.agent", "warning")]
+    assert fields[1]["msg"].startswith("socket.accept() out of system resource\n")  # escaped, one line
+    assert "Too many open files" in fields[1]["exc"]
+
+
+def test_warnings_and_thread_errors_become_log_lines() -> None:
+    import warnings
+
+    stream, _ = emit("json")
+    warnings.warn("something deprecated", DeprecationWarning, stacklevel=1)
+    t = threading.Thread(target=lambda: 1 / 0, name="worker-1")
+    t.start()
+    t.join()
+    objects = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert objects[0]["logger"] == "py.warnings" and "something deprecated" in objects[0]["msg"]
+    assert objects[1]["msg"] == "unhandled exception in a thread" and objects[1]["thread_name"] == "worker-1"
+    assert "ZeroDivisionError" in objects[1]["exc"]
+
+
+def test_a_flood_from_one_call_site_is_cut_to_a_burst_and_its_count_reported() -> None:
+    from gpumond.logs import BURST, WINDOW_S, RateLimit
+
+    stream, log = emit("logfmt")
+    clock = FakeClock()
+    limit = next(f for f in logging.getLogger("gpumond").handlers[-1].filters if isinstance(f, RateLimit))
+    assert isinstance(limit, RateLimit)
+    limit._clock = clock
+    for i in range(500):
+        log.warning("invalid request", extra={"n": i})  # one call site
+    log.warning("another event")  # another site is not held back by the flood
+    lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+    assert len(lines) == BURST + 1 and lines[-1]["msg"] == "another event"
+    clock.t += WINDOW_S
+    for _ in range(2):
+        log.warning("invalid request", extra={"n": "later"})
+    lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+    assert lines[BURST + 1]["suppressed"] == str(500 - BURST)  # the next line of the site carries the count
+    assert "suppressed" not in lines[BURST + 2]
+
+
+def test_a_site_that_falls_silent_gets_a_summary_line_and_exit_flushes_the_rest() -> None:
+    from gpumond.logs import BURST, WINDOW_S, RateLimit
+
+    stream, log = emit("logfmt")
+    clock = FakeClock()
+    limit = next(f for f in logging.getLogger("gpumond").handlers[-1].filters if isinstance(f, RateLimit))
+    limit._clock = clock
+    for _ in range(BURST + 7):
+        logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
+    clock.t += WINDOW_S + 1
+    log.info("something else")  # any line lets the limiter report sites whose window ended
+    lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+    summary = [f for f in lines if f["msg"] == "repeated log lines suppressed"]
+    assert len(summary) == 1 and summary[0]["suppressed"] == "7" and summary[0]["of_logger"] == "uvicorn.error"
+    assert summary[0]["of_msg"] == "Invalid HTTP request received."
+    for _ in range(BURST + 3):
+        logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
+    limit.flush()  # what atexit does
+    lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+    assert lines[-1]["msg"] == "repeated log lines suppressed" and lines[-1]["suppressed"] == "3"

@@ -125,11 +125,11 @@ def test_steps_from_the_future_are_refused_naming_the_clock() -> None:
                                    "check the clock of node 'n'")
 
 
-def test_a_cap_refusal_is_503_and_names_the_cap() -> None:
+def test_a_cap_refusal_is_429_with_retry_after_and_names_the_cap() -> None:
     ingest, _ = make(max_jobs=1)
     assert ingest.accept(CLIENT, body(job="a")).status == 202
     reply = ingest.accept(CLIENT, body(job="b"))
-    assert reply.status == 503
+    assert reply.status == 429 and reply.body["cap"] == "jobs" and dict(reply.headers) == {"Retry-After": "30"}
     assert str(reply.body["error"]).startswith("jobs cap reached: 1 jobs held (limits.max_jobs); new job 'b' refused")
     assert ingest.accept(CLIENT, body(job="a", first=5)).status == 202
     assert ingest.store.counts().refused["jobs"] == 1
@@ -154,7 +154,7 @@ def test_stats_series_cover_requests_steps_caps_and_sizes() -> None:
     series = {(s.name, s.labels): s.value for s in stats.series()}
     assert set(name for name, _ in series) <= set(INGEST_METRICS)
     assert series[("gpumond_rules_push_requests_total", (("code", "202"),))] == 2
-    assert series[("gpumond_rules_push_requests_total", (("code", "503"),))] == 1
+    assert series[("gpumond_rules_push_requests_total", (("code", "429"),))] == 1
     assert series[("gpumond_rules_push_requests_total", (("code", "401"),))] == 1
     assert series[("gpumond_rules_push_steps_total", (("result", "accepted"),))] == 4
     assert series[("gpumond_rules_push_steps_total", (("result", "duplicate"),))] == 4
@@ -163,3 +163,20 @@ def test_stats_series_cover_requests_steps_caps_and_sizes() -> None:
     assert series[("gpumond_rules_held_limit", (("kind", "jobs"),))] == 1
     assert series[("gpumond_rules_held", (("kind", "telemetry_gpus"),))] == 0
     assert series[("gpumond_rules_rate_limit_clients", ())] == 0
+
+
+def test_a_push_beyond_one_rank_window_says_what_was_not_kept_and_why() -> None:
+    ingest, _ = make(max_steps_per_push=4096, max_steps_per_rank=2048)
+    reply = ingest.accept(CLIENT, body(count=4096))
+    assert reply == Reply(202, {"accepted": 2048, "dropped": {"per_rank_window": 2048}})
+    lines = {(s.name, s.labels): s.value for s in ingest.stats.series()}
+    assert lines[("gpumond_rules_push_steps_total", (("result", "per_rank_window"),))] == 2048
+    assert lines[("gpumond_rules_push_steps_total", (("result", "refused"),))] == 0
+
+
+def test_a_rank_made_by_a_heartbeat_gets_the_cap_refusal_once_steps_are_full() -> None:
+    ingest, _ = make(max_steps_held=4, max_steps_per_rank=4)
+    assert ingest.accept(CLIENT, body(rank=1, count=0)) == Reply(202, {"accepted": 0})
+    assert ingest.accept(CLIENT, body(rank=0, count=4)).status == 202
+    reply = ingest.accept(CLIENT, body(rank=1, count=2))
+    assert reply.status == 429 and reply.body["cap"] == "steps", reply

@@ -99,6 +99,35 @@ def test_the_global_step_cap_makes_full_ranks_roll_their_own_window() -> None:
     assert c.steps == 20 and c.steps_refused == 10 and c.refused["steps"] == 1
 
 
+def test_a_push_longer_than_a_rank_window_names_the_steps_it_cannot_keep() -> None:
+    s = store(max_steps_per_rank=10)
+    stored = s.store(info(), steps(0, 25), NOW)
+    assert (stored.accepted, stored.dropped()) == (10, {"per_rank_window": 15})
+    assert held(s) == list(range(15, 25))
+    c = s.counts()
+    assert c.steps_per_rank_window == 15 and c.steps_refused == 0  # not "no room under max_steps_held"
+    assert s.store(info(), steps(25, 3, end=NOW + 1), NOW + 1).dropped() == {}  # an ordinary push rolls
+
+
+def test_the_global_cap_names_the_new_steps_it_had_no_room_for() -> None:
+    s = store(max_steps_held=20, max_steps_per_rank=100)
+    s.add(info(rank=0), steps(0, 15), NOW)
+    stored = s.store(info(rank=1), steps(0, 15), NOW)
+    assert (stored.accepted, stored.dropped()) == (5, {"steps_held": 10})
+
+
+def test_a_rank_made_by_a_heartbeat_is_refused_steps_while_the_total_is_full() -> None:
+    s = store(max_steps_held=10, max_steps_per_rank=100)
+    assert s.add(info(rank=1), [], NOW) == 0  # a heartbeat: room is not needed to say "alive"
+    s.add(info(rank=0), steps(0, 10), NOW)
+    with pytest.raises(CapExceeded) as err:
+        s.add(info(rank=1), steps(0, 3), NOW)  # it holds nothing it could roll out to make room
+    assert err.value.cap == "steps"
+    assert "new steps for rank 1 of job" in str(err.value) and "(it holds none it could roll out)" in str(err.value)
+    assert s.add(info(rank=1), [], NOW) == 0  # heartbeats still fine
+    assert s.add(info(rank=0), steps(10, 2, end=NOW + 1), NOW + 1) == 2  # a rank holding steps rolls
+
+
 # ----- RankStore: cardinality caps ---------------------------------------------------------------
 @pytest.mark.parametrize(
     ("cap", "limits", "new", "message"),

@@ -48,6 +48,7 @@ class _Gpu:
     fallback_dry_run: bool = False  # NoPermission seen: this GPU only logs what it would do
     last_dry_run_w: float | None = None
     said: set[str] = field(default_factory=set)
+    pending_tried: bool = False  # this run tried the restore a previous stop left pending
 
 
 class PolicyEngine:
@@ -89,6 +90,8 @@ class PolicyEngine:
                 self._index[v.uuid] = v.index
                 if v.up:
                     self._one(v, now)
+                else:  # a GPU that cannot be read has no target this run could be pursuing
+                    self._targets.pop((v.index, v.uuid), None)
             self._alerts(views, xid_counts, now)
             return self._series(views)
 
@@ -98,10 +101,23 @@ class PolicyEngine:
         if current is None or v.limit_min_w is None or v.limit_max_w is None:
             return  # limits or constraints not read yet (slow tier): nothing safe to decide
         record = self._remember_original(v, current)
+        if record.restore_pending and not g.pending_tried:
+            # The previous run was stopped (restore_on_exit) while this GPU was lost: finish that stop first,
+            # in any mode; an enforcing controller then starts from the original limit.
+            g.pending_tried = True
+            self._targets.pop((v.index, v.uuid), None)
+            self._restore(v.index, v.uuid, record, "restore left pending: the GPU was not readable when the "
+                                                   "previous run stopped")
+            return
         if record.last_set_w is not None and self.cfg.mode != "enforce":
             # A previous run capped this GPU and this run will not control it: undo our own change, in any
             # mode, so no GPU stays capped by a controller that no longer runs.
             self._restore(v.index, v.uuid, record, "policy not enforcing now: undoing the previous run's limit")
+            return
+        if self.cfg.mode == "off":
+            # Off claims no target: gpumond_policy_power_limit_target_watts would say 500 W is wanted while
+            # nothing pursues it and the GPU runs at its own limit.
+            self._targets.pop((v.index, v.uuid), None)
             return
         persistent = resolve_persistent_limit(v, self.cfg.power_limit)
         if persistent.error:
@@ -110,7 +126,7 @@ class PolicyEngine:
         ceiling = persistent.watts if persistent.watts is not None else record.original_w
         wanted: float | None = persistent.watts
         reason = f"persistent limit ({persistent.source})" if persistent.source else ""
-        if self.cfg.thermal.enabled and self.cfg.mode != "off":
+        if self.cfg.thermal.enabled:
             g.thermal, decision = thermal_step(g.thermal, v, self.cfg.thermal, ceiling, now)
             wanted, reason = decision.limit_w, decision.reason
         if wanted is None and record.last_set_w is not None:
@@ -125,8 +141,6 @@ class PolicyEngine:
         action = "reapply" if drifted else "set_limit"
         if drifted:
             reason = f"enforced limit drifted to {current:g} W (driver reload, GPU reset or nvidia-smi -pl); {reason}"
-        if self.cfg.mode == "off":
-            return
         if self.cfg.mode == "dry_run" or g.fallback_dry_run:
             if g.last_dry_run_w is None or abs(g.last_dry_run_w - wanted) >= _TOLERANCE_W:
                 g.last_dry_run_w = wanted
@@ -201,8 +215,11 @@ class PolicyEngine:
             self._count("restore_failed")
             self._audit.write("restore_failed", gpu=index, uuid=uuid, wanted_w=record.original_w, error=str(e),
                               reason=reason)
-            log.error("could not restore power limit; the state file keeps the original",
-                      extra={"gpu": index, "uuid": uuid, "error": str(e)})
+            log.error("could not restore power limit; the state file keeps the original, and the next start "
+                      "restores it", extra={"gpu": index, "uuid": uuid, "error": str(e)})
+            if not record.restore_pending:
+                self._records[uuid] = LimitRecord(record.original_w, record.last_set_w, restore_pending=True)
+                self._state_file.save(self._records)
             return
         self._audit.write("restore", gpu=index, uuid=uuid, before_w=record.last_set_w, after_w=back, reason=reason)
         self._count("restore")

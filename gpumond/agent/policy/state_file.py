@@ -21,6 +21,9 @@ class LimitRecord:
 
     original_w: float
     last_set_w: float | None = None
+    # A stop that should have restored original_w could not (the GPU was lost): the next start restores it
+    # first, in any mode. An additive key: older agents ignore it, so VERSION stays 1.
+    restore_pending: bool = False
 
 
 class StateFile:
@@ -40,7 +43,8 @@ class StateFile:
             if data.get("version") != VERSION:
                 raise ValueError(f"unknown version {data.get('version')!r}")
             return {uuid: LimitRecord(float(r["original_w"]),
-                                      None if r.get("last_set_w") is None else float(r["last_set_w"]))
+                                      None if r.get("last_set_w") is None else float(r["last_set_w"]),
+                                      r.get("restore_pending", False) is True)
                     for uuid, r in data["gpus"].items()}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             aside = self.path.with_suffix(".corrupt")

@@ -18,6 +18,11 @@ log = logging.getLogger("gpumond.rules.ingest")
 
 _JSON_TYPES = ("application/json",)
 _WARN_EVERY_S = 60.0  # one log line per kind of refusal per minute; the counters have the totals
+# A cap refusal is 429, not 503: the service is up and other series are accepted; room comes back as held
+# entries expire or windows roll, so the client should back off and retry (the SDK does on 429), and a load
+# balancer must not take a 503 as "this replica is down". The body's "cap" says which cap refused.
+CAP_STATUS = 429
+CAP_RETRY_AFTER_S = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +102,18 @@ class Ingest:
                                         f"{push.node!r}")
         info = push.rank_info()
         try:
-            accepted = self.store.add(info, records, now)
+            stored = self.store.store(info, records, now)
         except CapExceeded as err:
             self._warn(f"cap:{err.cap}", "push refused: cap reached", cap=err.cap, job=info.job, client=client.identity)
-            return self._reply(503, str(err))
+            self.stats.count(CAP_STATUS)
+            return Reply(CAP_STATUS, {"error": str(err), "cap": err.cap},
+                         (("Retry-After", str(CAP_RETRY_AFTER_S)),))
         self.stats.count(202)
-        return Reply(202, {"accepted": accepted})
+        dropped = stored.dropped()
+        if dropped:
+            self._warn("dropped", "push partly kept", job=info.job, client=client.identity, **dropped)
+            return Reply(202, {"accepted": stored.accepted, "dropped": dropped})
+        return Reply(202, {"accepted": stored.accepted})
 
     def _reply(self, status: int, message: str, *headers: tuple[str, str]) -> Reply:
         self.stats.count(status)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpumond.rules.ingest.payload import PushBody
+from gpumond.rules.store import CAPS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 FINDING_STATES = ("pending", "firing")
@@ -28,10 +29,34 @@ def openapi_document(push: type[PushBody], version: str) -> dict[str, Any]:
     }
     components["Accepted"] = {
         "type": "object", "required": ["accepted"],
-        "properties": {"accepted": {"type": "integer", "minimum": 0,
-                                    "description": "steps newly stored (duplicates and steps older than the "
-                                                   "window are not counted)"}},
+        "properties": {
+            "accepted": {"type": "integer", "minimum": 0,
+                         "description": "steps newly stored (duplicates and steps older than the window are not "
+                                        "counted)"},
+            "dropped": {
+                "type": "object", "additionalProperties": False,
+                "description": "present only when new steps were not kept, by reason: per_rank_window (the "
+                               "push's oldest new steps beyond limits.max_steps_per_rank, which one rank's "
+                               "window cannot hold), steps_held (no room under limits.max_steps_held)",
+                "properties": {"per_rank_window": {"type": "integer", "minimum": 1},
+                               "steps_held": {"type": "integer", "minimum": 1}}},
+        },
     }
+    components["CapRefusal"] = {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {"type": "string", "minLength": 1},
+                       "cap": {"enum": list(CAPS), "description": "present when a cap refused the push (not "
+                                                                  "for the rate limit)"}},
+    }
+    # JSON Schema cannot compare two fields; say the rules it cannot express where a client reads the Step.
+    step = components.get("Step")
+    if step is not None:
+        step["description"] = (
+            "One training step. Beyond this schema: data_wait_s <= duration_s, and when comm_wait_s is given "
+            "data_wait_s + comm_wait_s <= duration_s (both +1 µs for clock rounding), i.e. comm_wait_s <= "
+            "duration_s - data_wait_s; a step breaking either is refused with 422 naming it.")
+        step["x-gpumond-rules"] = ["data_wait_s <= duration_s + 1e-6",
+                                   "comm_wait_s == null or data_wait_s + comm_wait_s <= duration_s + 1e-6"]
     components["Finding"] = _FINDING
     return {
         "openapi": "3.1.0",
@@ -56,9 +81,14 @@ _PUSH = {
         "401": _error("missing or wrong bearer token", **{"WWW-Authenticate": "Bearer challenge"}),
         "413": _error("body larger than limits.max_body_bytes"),
         "415": _error("not application/json, or compressed"),
-        "422": _error("JSON that is not a valid push; the message names the field, e.g. steps[3].duration_s"),
-        "429": _error("this client pushes too often", **{"Retry-After": "seconds to wait"}),
-        "503": _error("a cap refused a new job, rank or GPU; those already held are still accepted"),
+        "422": _error("JSON that is not a valid push; the message names the field, e.g. steps[3].duration_s, "
+                      "including the rules between fields the Step schema states in words (comm_wait_s <= "
+                      "duration_s - data_wait_s)"),
+        "429": {"description": "this client pushes too often (the rate limit), or a cap refused a new job, rank, "
+                               "GPU or steps for a rank holding none (`cap` names it; those already held are "
+                               "still accepted): back off and retry after Retry-After",
+                "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CapRefusal"}}}},
     },
 }
 

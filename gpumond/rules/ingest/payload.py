@@ -1,8 +1,10 @@
 """The push body as pydantic models, bounded by the configured limits, and its one-line error messages.
 
 Rules beyond the types (documented in docs/rules-api.md):
-- strings are 1..max_string_len characters without control characters; `gpu_uuid` has NVML's shape
-  `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex, any case; stored lowercase, as the agent exports it),
+- strings are 1..max_string_len characters without control characters (C0, C1, DEL), line or paragraph
+  separators (U+2028/9) or bidirectional controls (gpumond/safetext.py): such a label is refused, 422 naming
+  the field and the character, because it would split log lines or reorder text on screen; `gpu_uuid` has NVML's
+  shape `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex, any case; stored lowercase, as the agent exports it),
   or a MIG device's `MIG-xxxxxxxx-…` or older `MIG-GPU-xxxxxxxx-…/<gpu instance>/<compute instance>`;
 - 0 <= rank < world_size <= 2**20; at most limits.max_steps_per_push steps, possibly none
   (a heartbeat that only says the rank is alive);
@@ -26,24 +28,26 @@ from pydantic_core import core_schema
 
 from gpumond.config.errors import validation_problem
 from gpumond.rules.types import RankInfo, StepRecord
+from gpumond.safetext import UNSAFE_CLASS, first_unsafe
 
 MAX_WORLD_SIZE = 1_048_576  # a sanity bound; how many ranks are *held* is limits.max_ranks
 MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
 _WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow their rounding
 _INT64 = 2**63 - 1
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _HEX = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 # A whole GPU (GPU-…), a MIG device (MIG-…, R470+ drivers) or a MIG device by its older name
 # MIG-GPU-<parent>/<gpu instance>/<compute instance>: what CUDA_VISIBLE_DEVICES and nvidia-smi -L show.
 _UUID = re.compile(rf"(?:GPU|MIG)-{_HEX}|MIG-GPU-{_HEX}/\d{{1,2}}/\d{{1,2}}")
 _LEGACY_MIG = re.compile(rf"MIG-GPU-({_HEX})/(\d+)/(\d+)")
-_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"  # the JSON Schema spelling of _printable
+_PRINTABLE = f"^[^{UNSAFE_CLASS}]+$"  # the JSON Schema spelling of _printable
 _MODEL = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, extra="ignore")
 
 
 def _printable(value: str) -> str:
-    if _CONTROL.search(value):
-        raise ValueError("must not contain control characters")
+    bad = first_unsafe(value)
+    if bad is not None:
+        raise ValueError("must not contain control characters, line separators or bidirectional controls "
+                         f"(found {bad})")
     return value
 
 

@@ -13,7 +13,8 @@ INGEST_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_rules_push_requests_total": ("counter", "Push requests answered, by HTTP status code."),
     "gpumond_rules_push_steps_total": (
         "counter", "Steps received in accepted pushes, by result: accepted (new, kept), duplicate (already held), "
-                   "stale (older than the window), refused (no room under limits.max_steps_held)."),
+                   "stale (older than the window), per_rank_window (a push's oldest new steps beyond "
+                   "limits.max_steps_per_rank), refused (no room under limits.max_steps_held)."),
     "gpumond_rules_cap_refusals_total": (
         "counter", "Pushes or telemetry samples refused because a cap was reached, by cap."),
     "gpumond_rules_expired_total": ("counter", "Entries dropped after expire_after_s of silence, by kind."),
@@ -46,7 +47,8 @@ class IngestStats:
         out = [Series("gpumond_rules_push_requests_total", (("code", str(c)),), float(n))
                for c, n in sorted(dict(self._codes).items())]  # a copy: pushes count on another thread
         for result, n in (("accepted", r.steps_accepted), ("duplicate", r.steps_duplicate),
-                          ("stale", r.steps_stale), ("refused", r.steps_refused)):
+                          ("stale", r.steps_stale), ("per_rank_window", r.steps_per_rank_window),
+                          ("refused", r.steps_refused)):
             out.append(_s("gpumond_rules_push_steps_total", n, ("result", result)))
         refused = dict(r.refused)
         expired = {k.removesuffix("s"): v for k, v in r.expired.items()}

@@ -1,0 +1,167 @@
+"""The shared server's connection bounds on a real uvicorn, in-process, with short limits (gpumond/connections.py).
+
+Each test opens raw sockets to 127.0.0.1 and waits, bounded, for the server to act; no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from gpumond.connections import ConnectionLimits, ConnectionStats, connection_cap, guarded_protocol
+from gpumond.serving import bind
+
+pytestmark = pytest.mark.integration
+
+LIMITS = ConnectionLimits(head_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=0.5, max_connections=4)
+WAIT_S = 10.0
+
+
+async def app(scope, receive, send):  # a minimal ASGI app: reads the whole body, answers 200
+    assert scope["type"] == "http"
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain"),
+                                                                     (b"content-length", b"3")]})
+    await send({"type": "http.response.body", "body": b"ok\n"})
+
+
+@contextlib.contextmanager
+def serving(limits: ConnectionLimits = LIMITS) -> Iterator[tuple[int, ConnectionStats]]:
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    protocol, stats = guarded_protocol(limits)
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
+                                           http=protocol, timeout_keep_alive=limits.keep_alive_s))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield port, stats
+    finally:
+        server.should_exit = True
+        thread.join(WAIT_S)
+        sock.close()
+
+
+def connect(port: int, send: bytes = b"") -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+    if send:
+        s.sendall(send)
+    return s
+
+
+def closed_by_server(s: socket.socket, timeout: float = WAIT_S) -> bool:
+    """True once the server closed `s` (EOF or reset), reading and discarding any response."""
+    s.settimeout(timeout)
+    try:
+        while s.recv(4096):
+            pass
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def response(s: socket.socket) -> bytes:
+    """One whole response of `app` (it always ends in its 3-byte body)."""
+    s.settimeout(WAIT_S)
+    out = b""
+    while not out.endswith(b"\r\n\r\nok\n"):
+        chunk = s.recv(4096)
+        assert chunk, f"closed after {out!r}"
+        out += chunk
+    return out
+
+
+def get(port: int) -> bytes:
+    with connect(port, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") as s:
+        s.settimeout(WAIT_S)
+        out = b""
+        while chunk := s.recv(4096):
+            out += chunk
+        return out
+
+
+def test_a_connection_that_sends_nothing_or_half_a_head_is_closed_after_the_head_timeout() -> None:
+    with serving() as (port, stats):
+        silent, half = connect(port), connect(port, b"GET /metr")
+        assert closed_by_server(silent) and closed_by_server(half)
+        assert stats.head_timeouts == 2
+
+
+def test_a_head_dripped_a_byte_at_a_time_does_not_reset_the_deadline() -> None:
+    with serving() as (port, stats):
+        s = connect(port, b"G")
+        deadline = time.monotonic() + WAIT_S
+        try:
+            while time.monotonic() < deadline:  # one byte every 0.1 s: data arrives, the head never completes
+                s.sendall(b"E")
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert closed_by_server(s)
+        assert stats.head_timeouts == 1
+
+
+def test_a_body_that_never_completes_is_closed_after_the_body_timeout() -> None:
+    with serving() as (port, stats):
+        s = connect(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly part")
+        assert closed_by_server(s)
+        assert stats.body_timeouts == 1 and stats.head_timeouts == 0
+
+
+def test_past_the_cap_the_longest_waiting_idle_connection_makes_room() -> None:
+    with serving(ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, max_connections=4)) \
+            as (port, stats):
+        idle = [connect(port) for _ in range(4)]
+        time.sleep(0.2)  # the server has accepted them all
+        assert get(port).startswith(b"HTTP/1.1 200")  # a fifth client is served…
+        assert closed_by_server(idle[0], timeout=WAIT_S)  # …by closing the connection idle the longest
+        assert stats.evicted >= 1 and stats.shed == 0
+        for s in idle:
+            s.close()
+
+
+def test_past_the_cap_with_every_connection_busy_the_newest_is_shed() -> None:
+    with serving(ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, max_connections=2)) \
+            as (port, stats):
+        # two requests whose bodies are still arriving: busy, not idle
+        busy = [connect(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab") for _ in range(2)]
+        time.sleep(0.2)
+        newest = connect(port)
+        assert closed_by_server(newest)
+        assert stats.shed == 1
+        for s in busy:
+            s.sendall(b"cdefghij")
+            assert response(s).startswith(b"HTTP/1.1 200")  # the busy ones finish normally
+            s.close()
+
+
+def test_a_kept_alive_connection_is_served_again_then_closed_when_idle() -> None:
+    with serving() as (port, stats):
+        s = connect(port)
+        for _ in range(3):
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert response(s).startswith(b"HTTP/1.1 200")
+        assert closed_by_server(s)  # the keep-alive idle timeout
+        assert stats.head_timeouts == 0
+
+
+def test_the_cap_stays_below_the_descriptor_limit() -> None:
+    assert connection_cap(ConnectionLimits(), nofile=1024) == 896
+    assert connection_cap(ConnectionLimits(), nofile=65_536) == 57_344
+    assert connection_cap(ConnectionLimits(max_connections=10), nofile=1024) == 10

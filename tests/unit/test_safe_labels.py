@@ -1,0 +1,114 @@
+"""Safe labels: the push API refuses unsafe characters, and every printer escapes any that get through.
+
+Unsafe (gpumond.safetext): C0/C1 controls and DEL, U+2028/U+2029, bidirectional controls. A job name holding
+U+0085 or U+2028 would split a log line or a table row; U+202E would make `job-evil` read as `live-boj`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import sys
+import threading
+
+import pytest
+
+from gpumond.agent.jobs import clean_job_id
+from gpumond.findings_cli import table
+from gpumond.logs import setup_logging
+from gpumond.rules.ingest.accept import Reply
+from gpumond.safetext import UNSAFE, escape_unsafe, first_unsafe
+from gpumond.textformat import Encoder
+from gpumond.types import Series
+from tests.unit.test_rules_ingest_accept import CLIENT, body, make
+
+UNSAFE_SAMPLES = ["\x85", "\u2028", "\u2029", "\u202e", "\u202a", "\u2066", "\u2069", "\u200f", "\x9b", "\x1b"]
+# Everything the Unicode standard treats as a line break, for "is this still one line?"
+LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
+@pytest.mark.parametrize("char", UNSAFE_SAMPLES)
+@pytest.mark.parametrize("field", ["job", "node", "group"])
+def test_the_push_api_refuses_an_unsafe_label_naming_field_and_character(field: str, char: str) -> None:
+    ingest, _ = make()
+    reply = ingest.accept(CLIENT, body(**{field: f"job{char}x"}))
+    assert reply.status == 422
+    message = str(reply.body["error"])
+    assert message.startswith(f"{field}: must not contain control characters, line separators or bidirectional "
+                              f"controls (found U+{ord(char):04X})"), message
+    assert UNSAFE.search(message) is None  # the refusal itself quotes the value escaped
+    assert ingest.store.counts().ranks == 0
+
+
+def test_ordinary_unicode_labels_are_accepted() -> None:
+    ingest, _ = make()
+    assert ingest.accept(CLIENT, body(job="Lama-70b-日本語-é", node="nœud-3")) == Reply(202, {"accepted": 2})
+
+
+def test_the_openapi_pattern_excludes_the_same_characters() -> None:
+    ingest, _ = make()
+    pattern = ingest.model.model_json_schema()["properties"]["job"]["pattern"]
+    for char in UNSAFE_SAMPLES:
+        assert re.fullmatch(pattern, f"a{char}b") is None
+    assert re.fullmatch(pattern, "Lama-日本語")
+
+
+@pytest.mark.parametrize("fmt", ["logfmt", "json"])
+def test_log_lines_escape_unsafe_characters_in_message_fields_and_exceptions(fmt: str) -> None:
+    logger, root = logging.getLogger("gpumond"), logging.getLogger()
+    saved = (logger.handlers[:], logger.level, root.handlers[:], root.level)
+    hooks = (threading.excepthook, sys.unraisablehook)
+    stream = io.StringIO()
+    try:
+        setup_logging("info", fmt, stream)
+        log = logging.getLogger("gpumond.rules")
+        evil = "job\u2028level=error msg=forged\x85\u202edab"
+        log.warning(f"push refused {evil}", extra={"job": evil})
+        try:
+            raise ValueError(evil)
+        except ValueError:
+            log.exception("failed")
+    finally:
+        logger.handlers[:], logger.level, root.handlers[:], root.level = saved
+        threading.excepthook, sys.unraisablehook = hooks
+        logging.captureWarnings(False)
+    text = stream.getvalue()
+    lines = text.split("\n")
+    assert len(lines) == 3 and lines[-1] == ""  # two records, two lines
+    for line in lines[:2]:
+        assert LINE_BREAKS.search(line) is None and UNSAFE.search(line) is None, repr(line)
+    assert "\\u2028" in lines[0] and "\\u202e" in lines[0]
+    if fmt == "json":
+        assert json.loads(lines[0])["job"] == evil  # JSON's \uXXXX decodes to the very same value
+
+
+def test_metrics_label_values_show_unsafe_characters_as_codes() -> None:
+    out = Encoder({}).encode([Series("gpumond_finding", (("job", "a\u2028b\u202ec\\u"), ("node", 'n"1\n')), 1.0)])
+    text = out.decode()
+    assert text.count("\n") == 3  # HELP, TYPE, one sample: nothing split the sample line
+    assert UNSAFE.search(text.replace("\n", "")) is None
+    assert 'job="a\\\\u2028b\\\\u202ec\\\\u",node="n\\"1\\n"' in text
+
+
+def test_findings_table_rows_stay_one_line_each_and_in_order() -> None:
+    finding = {"kind": "straggler", "state": "firing", "job": "job\u202eevil", "node": "n\u2028x", "rank": 1,
+               "gpu_uuid": "GPU-1", "score": 5.0, "since": 0.0, "evidence": {}}
+    out = table([finding], now=10.0)
+    assert len(out.splitlines()) == 2 and LINE_BREAKS.search(out.replace("\n", "")) is None
+    assert "job\\u202eevil" in out and "n\\u2028x" in out and UNSAFE.search(out.replace("\n", "")) is None
+
+
+def test_agent_job_attribution_drops_unsafe_ids_and_the_sdk_uses_the_same_set() -> None:
+    from gpumond.job.settings import _CONTROL_CHARS, clean_label
+
+    assert clean_job_id("slurm-123\u202e") is None and clean_job_id("slurm-123") == "slurm-123"
+    assert clean_label("r\u2028x") is None
+    assert _CONTROL_CHARS.pattern == UNSAFE.pattern
+
+
+def test_escape_unsafe_and_first_unsafe() -> None:
+    assert escape_unsafe("plain") == "plain"
+    assert escape_unsafe("a\u2028b\x85") == "a\\u2028b\\u0085"
+    assert first_unsafe("ok\u2066x\u2028") == "U+2066" and first_unsafe("ok") is None
