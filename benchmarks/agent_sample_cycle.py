@@ -127,6 +127,9 @@ class _NoXids:
     def counts(self) -> dict[tuple[int, int], int]:
         return {}
 
+    def last(self) -> dict[int, int]:
+        return {}
+
 
 def _namespace() -> dict[str, object]:
     ns: dict[str, object] = {k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith(("nvml", "NVML"))}

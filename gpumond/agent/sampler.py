@@ -8,6 +8,7 @@ from typing import Protocol
 
 from gpumond import __version__
 from gpumond.agent import gpu_series
+from gpumond.agent.dcgm import DcgmCompat
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.readings import HostReading, Series, Snapshot, SourceResult
 from gpumond.agent.sources import PartialFailure, run_source, self_series
@@ -33,6 +34,8 @@ class XidSource(Protocol):
     error: str | None
 
     def counts(self) -> dict[tuple[int, int], int]: ...
+
+    def last(self) -> dict[int, int]: ...
 
 
 _HOST_FIELDS = (
@@ -61,6 +64,7 @@ class Sampler:
         jobs: JobSource | None = None,
         host: HostSource | None = None,
         policy: PolicySource | None = None,
+        dcgm: DcgmCompat | None = None,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -71,6 +75,7 @@ class Sampler:
         self._jobs = jobs
         self._host = host
         self._policy = policy
+        self._dcgm = dcgm
         self._slow_read: TierRead | None = None
         self._clock = clock
         self._timer = timer
@@ -91,7 +96,10 @@ class Sampler:
         """ECC, remaps, limits, thresholds and job attribution; kept until the next slow cycle."""
         def slow() -> list[Series]:
             self._slow_read = self._session.read("slow")
-            return gpu_series.tier_series(self._slow_read, with_up=False)
+            out = gpu_series.tier_series(self._slow_read, with_up=False)
+            if self._dcgm is not None:
+                out.extend(self._dcgm.tier_series(self._slow_read, self._session.driver_version))
+            return out
 
         results = [run_source("nvml_slow", slow, self._timer)]
         if self._jobs is not None:
@@ -134,6 +142,8 @@ class Sampler:
         out = gpu_series.tier_series(read, with_up=True)
         out.extend(gpu_series.info_series(idents.values(), self._hostname))
         out.extend(gpu_series.error_series(self._session.errors_total, idents))
+        if self._dcgm is not None:
+            out.extend(self._dcgm.tier_series(read, self._session.driver_version))
         if not read.nvml_up:
             # NVML unusable is this collector failing, even though it still reports up=0 per GPU.
             raise PartialFailure(read.error or "nvml unavailable", out)
@@ -141,7 +151,10 @@ class Sampler:
 
     def _xid_series(self) -> list[Series]:
         assert self._xid is not None
-        out = gpu_series.xid_series(self._xid.counts(), self._idents())
+        idents = self._idents()
+        out = gpu_series.xid_series(self._xid.counts(), idents)
+        if self._dcgm is not None:
+            out.extend(self._dcgm.xid_series(self._xid.last(), idents.values(), self._session.driver_version))
         if not self._xid.healthy:
             raise PartialFailure(self._xid.error or "xid watcher not running", out)
         return out
