@@ -54,6 +54,9 @@ _HELP = {
 }
 
 
+# The identity of a finding's alert (gpumond/rules/findings.py), for gpumond_alert_active as the agent has it.
+RULES_ALERT_LABELS = ("alertname", "severity", "job", "node", "rank", "uuid")
+
 _ENCODER = Encoder(_HELP)
 
 
@@ -88,6 +91,7 @@ class RulesService:
         series = list(self.evaluator.series())
         series += self.stats.series()
         series += self.alerts.series()
+        series += self.alerts.active_series(RULES_ALERT_LABELS)
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         return render(series)
 
