@@ -80,8 +80,13 @@ def build() -> g.Dashboard:
             constant_variable("runbook_base", DEFAULT_RUNBOOK_BASE),
         ]),
         annotations=g.Annotations([
-            prometheus_annotation("Policy actions", f"sum by (action) (changes(gpumond_policy_actions_total{{{HOST}}}"
-                                                    f"[2m])) > 0", "policy: {{action}}", "blue"),
+            # The policy's decisions over time: while it holds a GPU below the board's default limit (a thermal
+            # cap or a persistent limit), and each change of the enforced limit. The audit log has the reasons.
+            prometheus_annotation("Policy caps", f"gpumond_policy_power_limit_target_watts{{{GPU}}} "
+                                                 f"< gpumond_gpu_power_limit_default_watts{{{GPU}}}",
+                                  "policy holds GPU {{gpu}} below its default limit", "blue"),
+            prometheus_annotation("Limit changes", f"changes(gpumond_gpu_power_limit_watts{{{GPU}}}[1m]) > 0",
+                                  "GPU {{gpu}} power limit changed", "purple"),
             prometheus_annotation("Alerts", f"gpumond_alert_active{{{HOST}}}", "{{alertname}}", "red",
                                   "GPU {{gpu}} {{severity}}"),
         ]),

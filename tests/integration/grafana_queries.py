@@ -42,6 +42,8 @@ def interpolate(expr: str, variables: Mapping[str, Sequence[str] | str]) -> str:
         if name in BUILTINS:
             return BUILTINS[name]
         if name not in variables:
+            if name.isdigit():
+                return m.group(0)  # `$1` in label_replace: Grafana leaves what is not a variable alone
             raise KeyError(f"query uses ${name}, which is not a dashboard variable: {expr}")
         v = variables[name]
         if isinstance(v, str):
