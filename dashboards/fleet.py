@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from dashboards.panels import (ALL, BENIGN_REASONS, DATASOURCE, BarGauge, Heatmap, constant_variable,
+from dashboards.panels import (BENIGN_REASONS, DATASOURCE, BarGauge, Heatmap, constant_variable,
                                datasource_variable, hide_columns, pos, query_variable, runbook_links, steps, target)
 from gpumond.alerts.catalogue import DEFAULT_RUNBOOK_BASE
 

@@ -15,9 +15,6 @@ from grafanalib import core as g
 
 DATASOURCE = "${datasource}"
 PROMETHEUS = {"type": "prometheus", "uid": DATASOURCE}
-# What the Prometheus data source does not filter itself: variables chosen "All" with allValue ".*" also match
-# series without the label (a Prometheus without a `cluster` target label).
-ALL = {"text": "All", "value": "$__all"}
 # Reasons that say the clocks are low for a benign cause; the dashboards show the other ones.
 BENIGN_REASONS = "gpu_idle|applications_clocks_setting|display_clock_setting"
 
@@ -43,7 +40,8 @@ def datasource_variable() -> g.Template:
 
 def query_variable(name: str, query: str, *, label: str, multi: bool = True, all_value: str | None = None,
                    hide: int = 0) -> g.Template:
-    """A Prometheus `label_values(...)` variable; multi-value ones default to All."""
+    """A Prometheus `label_values(...)` variable; multi-value ones default to All. `all_value=".*"` (for
+    `cluster`) makes All also match series without the label, e.g. a Prometheus with no `cluster` target label."""
     return g.Template(name=name, label=label, query=query, dataSource=DATASOURCE, includeAll=multi, multi=multi,
                       allValue=all_value, refresh=2, sort=3 if name == "gpu" else 1, hide=hide)
 
