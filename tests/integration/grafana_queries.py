@@ -11,6 +11,7 @@ variables get values fit for a 1 s scrape interval.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import urllib.parse
@@ -74,8 +75,9 @@ def variable_values(prom: PrometheusServer, query: str) -> list[str]:
 def query_range(prom: PrometheusServer, expr: str, *, window_s: float = 60.0, step_s: float = 2.0) -> list[dict[str, Any]]:
     """A range query over the last `window_s` seconds (what a time-series panel asks); fails on a parse error."""
     end = time.time()
+    start = end - math.ceil(window_s / step_s) * step_s  # a whole number of steps: the last one is `end`
     url = f"{prom.base_url}/api/v1/query_range?" + urllib.parse.urlencode(
-        {"query": expr, "start": f"{end - window_s:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"})
+        {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"})
     status, _, body = http_get(url)
     payload = json.loads(body)
     assert status == 200 and payload.get("status") == "success", f"query {expr!r} failed ({status}): {body[:500]!r}"

@@ -67,6 +67,7 @@ WAIT_S = 150.0
 class Cluster:
     prom: PrometheusServer
     agents: dict[str, AgentProcess]
+    started: float  # unix s: the dashboards open on "last 1 hour", which covers the whole run
 
 
 def http_post(url: str) -> tuple[int, dict[str, str], bytes]:
@@ -98,6 +99,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     stop = threading.Event()
     prom: PrometheusServer | None = None
     try:
+        started = time.time()
         agent_scrape = _scrape_config("gpumond-agent", [a.address for a in agents.values()])
         prom = PrometheusServer([], work / "prometheus", extra_scrape_configs=[agent_scrape]).start()
         for a in agents.values():
@@ -142,7 +144,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                           what=f"Prometheus to store a firing {kind} finding of the rules service")
         prom.wait_for("count(gpumond_gpu_up == 0)", lambda r: scalar(r) == 1, timeout=WAIT_S,
                       what="the lost GPU as gpumond_gpu_up 0")
-        yield Cluster(prom, agents)
+        yield Cluster(prom, agents, started)
     finally:
         stop.set()
         if job is not None:
@@ -199,7 +201,7 @@ def test_every_variable_panel_and_annotation_query_returns_data(cluster: Cluster
             result = cluster.prom.query(promql)  # fails the test on a parse error
             has_data = bool(result)
         else:
-            result = query_range(cluster.prom, promql, window_s=60)
+            result = query_range(cluster.prom, promql, window_s=time.time() - cluster.started)
             has_data = any(r["values"] for r in result)
         if not has_data:
             empty.append(f"{where}: {promql}")
