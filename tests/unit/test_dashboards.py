@@ -108,3 +108,14 @@ def test_provisioning_points_grafana_at_the_committed_json() -> None:
     assert provider["type"] == "file"
     ds = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())["datasources"]
     assert [d["type"] for d in ds] == ["prometheus"] and ds[0]["url"].startswith("http")
+
+
+def test_the_model_pass_never_drops_an_unknown_option_silently() -> None:
+    from dashboards import model
+
+    with pytest.raises(ValueError, match=r"panel 'x': keys \['newOption'\]"):
+        model.panel({"type": "timeseries", "title": "x", "targets": [], "newOption": 1})
+    kept = model.panel({"type": "timeseries", "title": "x", "span": 4, "datasource": "${datasource}",
+                        "targets": [{"expr": "up", "refId": "A", "step": 10, "instant": True}]})
+    assert "span" not in kept and kept["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    assert kept["targets"] == [{"expr": "up", "refId": "A", "instant": True, "range": False}]
