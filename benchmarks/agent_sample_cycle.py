@@ -43,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 import _bench  # noqa: E402
 from gpumond.agent import gpu_series  # noqa: E402
+from gpumond.agent.dcgm import DcgmCompat, dcgm_types  # noqa: E402
 from gpumond.agent.exposition import Renderer  # noqa: E402
 from gpumond.agent.host import HostEvidence  # noqa: E402
 from gpumond.agent.jobs import JobAttributor  # noqa: E402
@@ -125,6 +126,9 @@ class _NoXids:
     error = None
 
     def counts(self) -> dict[tuple[int, int], int]:
+        return {}
+
+    def last(self) -> dict[int, int]:
         return {}
 
 
@@ -332,7 +336,10 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
     plain = Sampler(session, hostname=hostname, renderer=Renderer())
     wired = Sampler(session, hostname=hostname, renderer=Renderer(), xid=_NoXids(), host=HostEvidence(),
                     jobs=JobAttributor())
-    for s in (plain, wired):
+    # (e): (d) with exposition.dcgm_compat on, as Agent wires it (its renderer knows the DCGM_FI_* types too).
+    dcgm = Sampler(session, hostname=hostname, renderer=Renderer(types=metric_types() | dcgm_types()),
+                   xid=_NoXids(), host=HostEvidence(), jobs=JobAttributor(), dcgm=DcgmCompat(hostname=hostname))
+    for s in (plain, wired, dcgm):
         s.slow_cycle()
         s.fast_cycle()
     snapshot = plain.last_snapshot
@@ -360,6 +367,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "b": lambda: gpu_series.tier_series(session.read("fast"), with_up=True),
         "c": plain.fast_cycle,
         "d": wired.fast_cycle,
+        "e": dcgm.fast_cycle,
         "render": lambda: renderer.render(snapshot),
         "encode_ref": encode_reference,
         "gzip": lambda: gzip.compress(body, level),
@@ -374,6 +382,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "b": lambda: gpu_series.tier_series(session.read("slow"), with_up=False),
         "c": plain.slow_cycle,
         "d": wired.slow_cycle,
+        "e": dcgm.slow_cycle,
     }
 
     def advance() -> None:
@@ -395,6 +404,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "b": "(b) (a) + `gpu_series.tier_series`",
         "c": "(c) `Sampler.fast_cycle()` (NVML only): series + snapshot + render + gzip",
         "d": "(d) `Sampler.fast_cycle()` as `Agent` wires it (+ host evidence via psutil, XID counts)",
+        "e": "(e) (d) with `exposition.dcgm_compat` on (DCGM_FI_* series as well)",
     }
     slow_labels = {
         "bare": "bare pynvml loop (the floor)",
@@ -403,10 +413,11 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "b": "(b) (a) + `gpu_series.tier_series`",
         "c": "(c) `Sampler.slow_cycle()` (NVML only; rendering happens on the next fast cycle)",
         "d": "(d) `Sampler.slow_cycle()` + job attribution (adds 8 `GetComputeRunningProcesses`, not in bare)",
+        "e": "(e) (d) with `exposition.dcgm_compat` on",
     }
     hdr = ["variant", "CPU min", "CPU median", "CPU p90", "ratio of medians", "paired ratio min / median / p90",
            "wall-time ratio of medians", f"≤ {TARGET}?"]
-    order = ["bare", "readers", "a", "b", "c", "d"]
+    order = ["bare", "readers", "a", "b", "c", "d", "e"]
     med = {k: statistics.median(v) for k, v in ft.items()}
 
     def calls_line(census: Counter[str]) -> str:
@@ -455,6 +466,8 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
              f"{100 * med['gzip'] / med['c']:.0f} %"],
             ["host evidence + XID source: (d) − (c)", _bench.fmt_us(med["d"] - med["c"]),
              f"{100 * (med['d'] - med['c']) / med['c']:.0f} %"],
+            ["`exposition.dcgm_compat` on: (e) − (d)", _bench.fmt_us(med["e"] - med["d"]),
+             f"{100 * (med['e'] - med['d']) / med['c']:.0f} %"],
             ["*reference, not in the cycle:* prometheus-client `generate_latest` on the same series",
              _bench.fmt_us(med["encode_ref"]), f"{100 * med['encode_ref'] / med['c']:.0f} %"],
         ]),

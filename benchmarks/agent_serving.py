@@ -93,11 +93,16 @@ def _gpumond_argv(port: int, config: Path, cmd: list[str] | None = None) -> list
             "--config", str(config)]
 
 
-def build_servers(include_node_exporter: bool, config: Path, variants: list[str]) -> list[Server]:
+def build_servers(include_node_exporter: bool, config: Path, variants: list[str],
+                  dcgm_config: Path | None = None) -> list[Server]:
     here = Path(__file__).resolve().parent
     naive = [sys.executable, str(here / "naive_exporter.py")]
     servers = [Server("gpumond", "gpumond agent --sim 8 (cached bytes)", [], _bench.free_port())]
     servers[0].argv = _gpumond_argv(servers[0].port, config)
+    if dcgm_config is not None:  # the same agent with dcgm-exporter's names exported as well
+        p = _bench.free_port()
+        servers.append(Server("variant_dcgm", "gpumond agent --sim 8 with exposition.dcgm_compat on",
+                              _gpumond_argv(p, dcgm_config), p))
     for i, spec in enumerate(variants):  # experiments: LABEL=COMMAND run in place of `gpumond`
         label, _, cmd = spec.partition("=")
         p = _bench.free_port()
@@ -115,11 +120,11 @@ def build_servers(include_node_exporter: bool, config: Path, variants: list[str]
     return servers
 
 
-def write_config(path: Path, state_dir: Path) -> None:
+def write_config(path: Path, state_dir: Path, extra: str = "") -> None:
     """Defaults, except that any state the agent keeps goes to a temporary directory, not /var/lib."""
     from gpumond.config import AgentConfig
 
-    path.write_text(f"state_dir: {state_dir}\n" if "state_dir" in AgentConfig.model_fields else "{}\n")
+    path.write_text((f"state_dir: {state_dir}\n" if "state_dir" in AgentConfig.model_fields else "{}\n") + extra)
 
 
 def load(url: str, conns: int, seconds: int, gzip_ok: bool, use_wrk: bool, script: Path) -> dict[str, float]:
@@ -145,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                          "for experiments: use with --name so the committed result stays the real agent's")
     ap.add_argument("--only", help="comma-separated server keys to run (gpumond, naive_wsgi, naive_asgi, "
                                    "node_exporter, variant0, ...)")
+    ap.add_argument("--dcgm-compat", action="store_true",
+                    help="also serve from an agent with exposition.dcgm_compat on (the cost of the switch); "
+                         "e.g. --dcgm-compat --only gpumond,variant_dcgm --name agent_serving_dcgm_compat")
     ap.add_argument("--name", default="agent_serving", help="result file name (default agent_serving)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 5)
@@ -158,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     logdir = Path(tempfile.mkdtemp(prefix="gpumond-bench-serving-"))
     config = logdir / "agent.yaml"
     write_config(config, logdir / "state")
-    servers = build_servers(have_ne, config, args.variant)
+    dcgm_config = None
+    if args.dcgm_compat:
+        dcgm_config = logdir / "agent-dcgm.yaml"
+        write_config(dcgm_config, logdir / "state-dcgm", "exposition: {dcgm_compat: {enabled: true}}\n")
+    servers = build_servers(have_ne, config, args.variant, dcgm_config)
     if args.only:
         keep = set(args.only.split(","))
         servers = [s for s in servers if s.key in keep or s.key == "gpumond"]
@@ -273,6 +285,16 @@ def run(args: argparse.Namespace, servers: list[Server], rounds: int, seconds: i
                     verdict = "— (< 1× = the variant is cheaper)"
                 head_rows.append([by_key[other].label, "gzip" if gz else "plain", conns, *cols, verdict])
 
+    switch_rows = []
+    if "variant_dcgm" in by_key:  # what turning exposition.dcgm_compat on costs, per request and per second
+        base, dcgm = by_key["gpumond"], by_key["variant_dcgm"]
+        for gz in (False, True):
+            for conns in (1, 4):
+                req = [statistics.median(per_request(r, s, False) for r in cell_of[(s.key, gz, conns)].runs)
+                       for s in (base, dcgm)]
+                switch_rows.append(["gzip" if gz else "plain", conns,
+                                    f"{req[0] * 1e6:,.0f} µs", f"{req[1] * 1e6:,.0f} µs", f"{req[1] / req[0]:.2f}×"])
+
     idle_rows = [[s.label, f"{s.idle_cpu_per_s * 1e3:.1f} ms/s", f"{s.idle_cpu_per_s * 100:.1f} %"]
                  for s in servers]
     versions = {}
@@ -321,6 +343,18 @@ def run(args: argparse.Namespace, servers: list[Server], rounds: int, seconds: i
         _bench.md_table(["server", "encoding", "conns", "requests/s (median)", "p50 latency", "p99 latency",
                          "response bytes", "requests (all rounds)", "errors"], perf_rows),
         "",
+        *([
+            "## The cost of exposition.dcgm_compat",
+            "",
+            f"Series per scrape {by_key['gpumond'].n_series:.0f} → {by_key['variant_dcgm'].n_series:.0f}; "
+            f"response {by_key['gpumond'].plain_bytes:,} → {by_key['variant_dcgm'].plain_bytes:,} bytes plain, "
+            f"{by_key['gpumond'].gzip_bytes:,} → {by_key['variant_dcgm'].gzip_bytes:,} gzip; idle (sampling) CPU "
+            f"{by_key['gpumond'].idle_cpu_per_s * 1e3:.1f} → {by_key['variant_dcgm'].idle_cpu_per_s * 1e3:.1f} ms/s.",
+            "",
+            _bench.md_table(["encoding", "conns", "CPU / request, off (median)", "CPU / request, on (median)",
+                             "on ÷ off"], switch_rows),
+            "",
+        ] if switch_rows else []),
         "## Idle background CPU (no requests, all servers up)",
         "",
         _bench.md_table(["server", "CPU", "of one core"], idle_rows),

@@ -14,10 +14,12 @@ from pathlib import Path
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from gpumond.agent.dcgm import DcgmCompat, dcgm_types
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.host import HostEvidence
 from gpumond.agent.jobs import JobAttributor
 from gpumond.agent.podresources.client import PodResourcesClient, load_grpc
+from gpumond.agent.metrics import metric_types
 from gpumond.agent.policy.audit import AuditLog
 from gpumond.agent.policy.engine import PolicyEngine
 from gpumond.agent.policy.state_file import StateFile
@@ -98,9 +100,12 @@ class Agent:
                                    state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
                                    clock=backend.clock, alerts=self.alerts)
         self._audit = audit
-        self.sampler = Sampler(self.session, hostname=config.node_name, renderer=Renderer(), xid=self.xid,
+        compat = config.exposition.dcgm_compat
+        dcgm = DcgmCompat(hostname=config.node_name, hostname_label=compat.hostname_label) if compat.enabled else None
+        renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
+        self.sampler = Sampler(self.session, hostname=config.node_name, renderer=renderer, xid=self.xid,
                                jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
-                               policy=self.policy)
+                               policy=self.policy, dcgm=dcgm)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def wall_interval(self, simulated_s: float) -> float:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gpumond.agent.attribution import DeviceJob
 from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS, Field
@@ -10,12 +10,24 @@ from gpumond.nvml.mig import MigIdentity
 from gpumond.nvml.session import GpuIdentity, TierRead
 from gpumond.types import Labels, Series
 
-_BY_READER_KEY: dict[tuple[str, str], list[Field]] = {}
-for _f in CATALOGUE:
-    _BY_READER_KEY.setdefault((_f.reader, _f.key), []).append(_f)
+FieldIndex = Mapping[tuple[str, str], Sequence[Field]]
 
 
-_DIVISOR = {f.scale: float(round(1 / f.scale)) for f in CATALOGUE if f.scale is not None and f.scale < 1}
+def index_fields(fields: Iterable[Field]) -> dict[tuple[str, str], list[Field]]:
+    """(reader, key) → the catalogue rows that export it, so a read value finds its series in one lookup."""
+    out: dict[tuple[str, str], list[Field]] = {}
+    for f in fields:
+        out.setdefault((f.reader, f.key), []).append(f)
+    return out
+
+
+def divisors(fields: Iterable[Field]) -> dict[float, float]:
+    """scale → the exact integer to divide by, for every scale below 1."""
+    return {f.scale: float(round(1 / f.scale)) for f in fields if f.scale is not None and f.scale < 1}
+
+
+_BY_READER_KEY = index_fields(CATALOGUE)
+_DIVISOR = divisors(CATALOGUE)
 
 
 def gpu_labels(ident: GpuIdentity) -> Labels:
@@ -23,29 +35,36 @@ def gpu_labels(ident: GpuIdentity) -> Labels:
     return (("gpu", str(ident.index)), ("uuid", ident.uuid))
 
 
-def tier_series(read: TierRead, *, with_up: bool) -> list[Series]:
-    """Series for one tier's read; `with_up` adds gpumond_gpu_up (only the fast tier says it)."""
+def field_series(read: TierRead, index: FieldIndex, divisor: Mapping[float, float],
+                 labels_for: Callable[[GpuIdentity], Labels]) -> list[Series]:
+    """Series of every readable GPU's values for the catalogue rows in `index`, labelled by `labels_for`."""
     out: list[Series] = []
-    if with_up:
-        out.append(Series("gpumond_nvml_up", (), 1.0 if read.nvml_up else 0.0))
     for g in read.gpus:
-        base = gpu_labels(g.identity)
-        if with_up:
-            out.append(Series("gpumond_gpu_up", base, 1.0 if g.up else 0.0))
         if not g.up:
-            continue  # a lost GPU exports up=0 and nothing stale
+            continue  # a lost GPU exports nothing stale
+        base = labels_for(g.identity)
         for reader, vals in g.values:
             for key, value in vals.items():
-                for f in _BY_READER_KEY.get((reader, key), ()):
+                for f in index.get((reader, key), ()):
                     if f.scale is None:
                         mask = int(value)
                         for bit, reason in CLOCK_EVENT_REASONS.items():
                             out.append(Series(f.metric, base + (("reason", reason),), 1.0 if mask & bit else 0.0))
                     elif f.scale < 1:
                         # divide by the exact integer (100, 1000, 1e9) so 95 % is 0.95, not 0.9500000000000001
-                        out.append(Series(f.metric, base + f.labels, value / _DIVISOR[f.scale]))
+                        out.append(Series(f.metric, base + f.labels, value / divisor[f.scale]))
                     else:
                         out.append(Series(f.metric, base + f.labels, value * f.scale))
+    return out
+
+
+def tier_series(read: TierRead, *, with_up: bool) -> list[Series]:
+    """Series for one tier's read; `with_up` adds gpumond_gpu_up (only the fast tier says it)."""
+    out: list[Series] = []
+    if with_up:
+        out.append(Series("gpumond_nvml_up", (), 1.0 if read.nvml_up else 0.0))
+        out.extend(Series("gpumond_gpu_up", gpu_labels(g.identity), 1.0 if g.up else 0.0) for g in read.gpus)
+    out.extend(field_series(read, _BY_READER_KEY, _DIVISOR, gpu_labels))
     return out
 
 

@@ -30,11 +30,12 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_policy_power_limit_target_watts": ("gauge", (
         "Power limit the policy wants for the GPU now (enforce and dry_run; absent in off and for GPUs not "
         "readable).")),
+    "gpumond_policy_temperature_target_celsius": ("gauge", "Temperature the thermal policy holds the GPU under "
+                                                           "(configured, else its slowdown threshold minus the margin)."),
     "gpumond_policy_actions_total": ("counter", "Policy actions by kind (set_limit, reapply, restore, dry_run, "
                                                 "no_permission, set_failed)."),
     "gpumond_policy_mode": ("gauge", "The configured policy mode; always 1."),
     "gpumond_policy_dry_run_fallback": ("gauge", "1 when the GPU fell back to dry_run (NoPermission on a set)."),
-    "gpumond_alert_active": ("gauge", "1 for each alert the agent has firing (labels are its identity)."),
     **ALERT_METRICS,
     **SINK_METRICS,
 }

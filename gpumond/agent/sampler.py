@@ -13,6 +13,7 @@ from gpumond.agent import gpu_series
 from gpumond.agent.attribution import JobLookup, attribute, workloads
 from gpumond.agent.podresources.assign import PodRef, pods_by_device
 from gpumond.agent.podresources.client import PodSnapshot
+from gpumond.agent.dcgm import DcgmCompat
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.readings import HostReading, Series, Snapshot, SourceResult
 from gpumond.agent.sources import PartialFailure, run_source, self_series
@@ -42,6 +43,8 @@ class XidSource(Protocol):
     error: str | None
 
     def counts(self) -> dict[tuple[int, int], int]: ...
+
+    def last(self) -> dict[int, int]: ...
 
 
 _HOST_FIELDS = (
@@ -86,6 +89,7 @@ class Sampler:
         pods: PodSource | None = None,
         host: HostSource | None = None,
         policy: PolicySource | None = None,
+        dcgm: DcgmCompat | None = None,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -97,6 +101,7 @@ class Sampler:
         self._pods = pods
         self._host = host
         self._policy = policy
+        self._dcgm = dcgm
         self._slow_read: TierRead | None = None
         self._clock = clock
         self._timer = timer
@@ -126,7 +131,10 @@ class Sampler:
             with self._withheld_lock:
                 self._withheld = _down(read, self._session.identities)
             self._session.discover_mig()  # MIG can be reconfigured at any time; enumerating is cheap
-            return gpu_series.tier_series(read, with_up=False)
+            out = gpu_series.tier_series(read, with_up=False)
+            if self._dcgm is not None:
+                out.extend(self._dcgm.tier_series(read, self._session.driver_version))
+            return out
 
         results = [run_source("nvml_slow", slow, self._timer)]
         pods: dict[str, tuple[PodRef, ...]] | None = None
@@ -202,6 +210,8 @@ class Sampler:
         out = gpu_series.tier_series(read, with_up=True)
         out.extend(gpu_series.info_series(idents.values(), self._hostname))
         out.extend(gpu_series.error_series(self._session.errors_total, idents))
+        if self._dcgm is not None:
+            out.extend(self._dcgm.tier_series(read, self._session.driver_version))
         if not read.nvml_up:
             # NVML unusable is this collector failing, even though it still reports up=0 per GPU.
             raise PartialFailure(read.error or "nvml unavailable", out)
@@ -214,7 +224,10 @@ class Sampler:
 
     def _xid_series(self) -> list[Series]:
         assert self._xid is not None
-        out = gpu_series.xid_series(self._xid.counts(), self._idents())
+        idents = self._idents()
+        out = gpu_series.xid_series(self._xid.counts(), idents)
+        if self._dcgm is not None:
+            out.extend(self._dcgm.xid_series(self._xid.last(), idents.values(), self._session.driver_version))
         if not self._xid.healthy:
             raise PartialFailure(self._xid.error or "xid watcher not running", out)
         return out

@@ -22,6 +22,7 @@ from gpumond.config.alerting import AlertingConfig
 from gpumond.types import Series
 
 ALERT_METRICS: dict[str, tuple[str, str]] = {
+    "gpumond_alert_active": ("gauge", "1 for each alert the daemon has firing (labels are its identity)."),
     "gpumond_alerts": ("gauge", "Alerts held by this daemon, by state (pending, firing, resolved and still "
                                 "announced)."),
 }
@@ -135,6 +136,11 @@ class AlertPipeline:
         """Alerts firing now (daemon time)."""
         with self._lock:
             return self._tracker.firing
+
+    def active_series(self, label_names: Sequence[str]) -> list[Series]:
+        """gpumond_alert_active 1 per firing alert (Watchdog aside), labelled by `label_names` ("" when absent)."""
+        return [Series("gpumond_alert_active", tuple((k, a.label(k) or "") for k in label_names), 1.0)
+                for a in self.firing() if a.alertname != "Watchdog"]
 
     def api_json(self) -> bytes:
         """`GET /api/v1/alerts`: every alert held, in the shape of Alertmanager's v2 API."""

@@ -95,6 +95,20 @@ class HostConfig(ConfigModel):
     enabled: bool = True
 
 
+class DcgmCompatConfig(ConfigModel):
+    """dcgm-exporter's names, units and labels next to gpumond's own, so its dashboards keep working."""
+
+    enabled: bool = False
+    # Released dcgm-exporter labels the node `Hostname`; its main branch (no release yet) says `hostname`.
+    hostname_label: Literal["Hostname", "hostname"] = "Hostname"
+
+
+class ExpositionConfig(ConfigModel):
+    """What /metrics exports besides gpumond's own series."""
+
+    dcgm_compat: DcgmCompatConfig = DcgmCompatConfig()
+
+
 class LogConfig(ConfigModel):
     """Log verbosity and line format."""
 
@@ -270,6 +284,7 @@ class AgentConfig(ConfigModel):
     sampling: SamplingConfig = SamplingConfig()
     jobs: JobsConfig = JobsConfig()
     host: HostConfig = HostConfig()
+    exposition: ExpositionConfig = ExpositionConfig()
     state_dir: Path = Field(Path("/var/lib/gpumond"), strict=False)
     log: LogConfig = LogConfig()
     policy: PolicyConfig = PolicyConfig()

@@ -136,12 +136,12 @@ def _utilization(h: Any) -> Values:
 
 def _memory_v2(h: Any) -> Values:
     m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-    return {"used": m.used, "total": m.total}
+    return {"used": m.used, "total": m.total, "free": m.free, "reserved": m.reserved}
 
 
 def _memory_v1(h: Any) -> Values:
     m = pynvml.nvmlDeviceGetMemoryInfo(h)
-    return {"used": m.used, "total": m.total}
+    return {"used": m.used, "total": m.total, "free": m.free}
 
 
 def _constraints(h: Any) -> Values:

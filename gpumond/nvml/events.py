@@ -36,6 +36,7 @@ class XidWatcher:
         self._on_xid = on_xid
         self._lock = threading.Lock()
         self._counts: Counter[tuple[int, int]] = Counter()
+        self._last: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._set: Any = None
@@ -47,6 +48,11 @@ class XidWatcher:
         """A copy of the (gpu index, xid) → count table."""
         with self._lock:
             return dict(self._counts)
+
+    def last(self) -> dict[int, int]:
+        """gpu index → the most recent XID code (what dcgm-exporter's DCGM_FI_DEV_XID_ERRORS gauge shows)."""
+        with self._lock:
+            return dict(self._last)
 
     def start(self) -> None:
         """Register GPUs now (so the first scrape already knows the watcher's health), then wait in a thread.
@@ -140,6 +146,7 @@ class XidWatcher:
         xid = int(data.eventData)
         with self._lock:
             self._counts[(index, xid)] += 1
+            self._last[index] = xid
         log.warning("xid", extra={"gpu": index, "xid": xid})
         if self._on_xid is not None:
             self._on_xid(index, xid)

@@ -42,6 +42,7 @@ class GpuIdentity:
     uuid: str
     name: str
     pci_bus_id: str
+    minor: int | None = None  # /dev/nvidia<minor>; None where the driver cannot say (dcgm-compat's `device`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +231,12 @@ class NvmlSession:
             bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
         except pynvml.NVMLError:
             pass
-        return GpuIdentity(index, text(pynvml.nvmlDeviceGetUUID), text(pynvml.nvmlDeviceGetName), bus)
+        minor = None
+        try:
+            minor = int(pynvml.nvmlDeviceGetMinorNumber(h))
+        except pynvml.NVMLError:
+            pass
+        return GpuIdentity(index, text(pynvml.nvmlDeviceGetUUID), text(pynvml.nvmlDeviceGetName), bus, minor)
 
     # ----- reading -------------------------------------------------------------------------------
     def read(self, tier: str) -> TierRead:

@@ -6,10 +6,11 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
+from gpumond.rules.detectors.features import RankFeatures
 from gpumond.alerts.pipeline import AlertPipeline, log_only
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, conditions_of, findings_of
 from gpumond.rules.store import GpuStore, RankStore
@@ -22,6 +23,23 @@ log = logging.getLogger("gpumond.rules")
 def shard_of(job: str, count: int) -> int:
     """Stable shard of a job id (CRC-32, the same in every replica and every Python process)."""
     return zlib.crc32(job.encode("utf-8")) % count
+
+
+_RANK_SERIES = (("gpumond_job_rank_step_seconds", "step_time_s"),
+                ("gpumond_job_rank_data_wait_ratio", "wait_frac"),
+                ("gpumond_job_rank_compute_ratio", "share_recent"))
+
+
+def rank_series(features: Mapping[str, Sequence[RankFeatures]]) -> list[Series]:
+    """Per rank, what the detectors judged over the recent window: median step time, data-wait share and
+    compute share (only for ranks that push comm_wait_s); a value the window cannot give is left out."""
+    out = []
+    for job, feats in sorted(features.items()):
+        for f in feats:
+            labels = (("job", job), ("rank", str(f.rank)), ("node", f.node), ("gpu_uuid", f.gpu_uuid))
+            out.extend(Series(name, labels, float(v)) for name, attr in _RANK_SERIES
+                       if (v := getattr(f, attr)) is not None)
+    return out
 
 
 class Evaluator:
@@ -121,6 +139,7 @@ class Evaluator:
         for f in self._findings:
             counts[(f.kind, f.state)] = counts.get((f.kind, f.state), 0) + 1
         out += [Series("gpumond_findings", (("kind", k), ("state", s)), float(n)) for (k, s), n in sorted(counts.items())]
+        out += rank_series(self._state.rank_features)
         out.append(Series("gpumond_rules_evaluations_total", (), float(self.evaluations)))
         out.append(Series("gpumond_rules_evaluation_duration_seconds", (), self.last_duration_s))
         out.append(Series("gpumond_rules_findings_resolved_total", (), float(self.resolved_total)))

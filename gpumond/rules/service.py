@@ -39,6 +39,10 @@ log = logging.getLogger("gpumond.rules")
 _HELP = {
     "gpumond_finding": ("gauge", "1 for each firing finding (straggler, io_starved_rank, io_starved_job, …)."),
     "gpumond_findings": ("gauge", "Current findings by kind and state (pending or firing)."),
+    "gpumond_job_rank_step_seconds": ("gauge", "Median step time of the rank over the detectors' recent window."),
+    "gpumond_job_rank_data_wait_ratio": ("gauge", "Median share of the rank's step spent waiting on its data loader."),
+    "gpumond_job_rank_compute_ratio": ("gauge", "Median share of the rank's step not waiting on data or peers "
+                                                "(ranks that push comm_wait_s)."),
     "gpumond_rules_evaluations_total": ("counter", "Detector evaluations run."),
     "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
     "gpumond_rules_findings_resolved_total": ("counter", "Findings that fired and then resolved."),
@@ -49,6 +53,9 @@ _HELP = {
     **SINK_METRICS,
 }
 
+
+# The identity of a finding's alert (gpumond/rules/findings.py), for gpumond_alert_active as the agent has it.
+RULES_ALERT_LABELS = ("alertname", "severity", "job", "node", "rank", "uuid")
 
 _ENCODER = Encoder(_HELP)
 
@@ -84,6 +91,7 @@ class RulesService:
         series = list(self.evaluator.series())
         series += self.stats.series()
         series += self.alerts.series()
+        series += self.alerts.active_series(RULES_ALERT_LABELS)
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         return render(series)
 

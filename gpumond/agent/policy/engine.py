@@ -18,7 +18,7 @@ from gpumond.agent.policy.alert_rules import AgentAlertState, agent_conditions
 from gpumond.agent.policy.audit import AuditLog
 from gpumond.agent.policy.limits import resolve_persistent_limit
 from gpumond.agent.policy.state_file import LimitRecord, StateFile
-from gpumond.agent.policy.thermal import ThermalState, thermal_step
+from gpumond.agent.policy.thermal import ThermalState, thermal_step, thermal_target
 from gpumond.agent.policy.view import GpuView
 from gpumond.alerts.model import Alert
 from gpumond.alerts.pipeline import AlertPipeline, log_only
@@ -244,6 +244,9 @@ class PolicyEngine:
     def _series(self, views: Sequence[GpuView]) -> list[Series]:
         out = [Series("gpumond_policy_power_limit_target_watts", (("gpu", str(i)), ("uuid", u)), w)
                for (i, u), w in sorted(self._targets.items())]
+        if self.cfg.mode != "off":  # the temperature the thermal controller holds each GPU under
+            out += [Series("gpumond_policy_temperature_target_celsius", (("gpu", str(v.index)), ("uuid", v.uuid)),
+                           thermal_target(v, self.cfg.thermal)) for v in views if v.up]
         out += [Series("gpumond_policy_actions_total", (("action", a),), float(n))
                 for a, n in sorted(self._actions.items())]
         out.append(Series("gpumond_policy_mode", (("mode", self.cfg.mode),), 1.0))
@@ -251,11 +254,7 @@ class PolicyEngine:
             if v.uuid in self._gpus:
                 out.append(Series("gpumond_policy_dry_run_fallback", (("gpu", str(v.index)), ("uuid", v.uuid)),
                                   1.0 if self._gpus[v.uuid].fallback_dry_run else 0.0))
-        for a in self._pipeline.firing():
-            if a.alertname == "Watchdog":
-                continue
-            labels = tuple((k, a.label(k) or "") for k in _ALERT_LABELS)
-            out.append(Series("gpumond_alert_active", labels, 1.0))
+        out += self._pipeline.active_series(_ALERT_LABELS)
         out += self._pipeline.series()
         return out
 

@@ -37,6 +37,9 @@ class DetectorState:
     baselines: Mapping[str, JobBaseline] = field(default_factory=dict)
     shares: Mapping[str, Mapping[int, tuple[float, ...]]] = field(default_factory=dict)
     structure: Mapping[str, Structure] = field(default_factory=dict)
+    # Not memory: the last evaluation's per-rank features, kept so the service can export what it judged
+    # (gpumond_job_rank_* on its /metrics, the Job dashboard) without computing them twice.
+    rank_features: Mapping[str, tuple[RankFeatures, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +57,13 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     baselines = dict(state.baselines)
     share_state = dict(state.shares)
     structure = dict(state.structure)
+    rank_features: dict[str, tuple[RankFeatures, ...]] = {}
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
         # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
         feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim)
         feats = [_with_device_kind(r, inputs.gpu_windows.get(r.gpu_uuid)) for r in feats]
+        rank_features[job] = tuple(feats)
         shares = job_shares(feats, state.shares.get(job, {}), cfg.min_steps, cfg.share_long_evals)
         share_state[job] = {rank: sh.history for rank, sh in shares.items()}
         # No telemetry from an absent node's agent: its GPUs are never judged stragglers on missing data.
@@ -98,7 +103,7 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     for kept in (baselines, share_state, structure):
         for job in [j for j in kept if j not in inputs.jobs]:
             del kept[job]  # the job expired from the store: forget it
-    return DetectorState(baselines, share_state, structure), out
+    return DetectorState(baselines, share_state, structure, rank_features), out
 
 
 def _with_device_kind(r: RankFeatures, window: Sequence[GpuSample] | None) -> RankFeatures:

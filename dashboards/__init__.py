@@ -1,0 +1,1 @@
+"""gpumond's Grafana dashboards, built with grafanalib: `python -m dashboards.build` writes the JSON into dashboards/provisioning/."""

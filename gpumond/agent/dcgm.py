@@ -1,0 +1,73 @@
+"""dcgm-exporter-compatible series: the core DCGM_FI_DEV_* fields under dcgm-exporter's names, units and labels.
+
+Off by default (`exposition.dcgm_compat.enabled`). The values are the very reads the gpumond series come from
+(the same TierRead, through the same catalogue machinery), so the two names never disagree; only the
+catalogue (`dcgm_fields.csv`, in NVML's own units, which are dcgm-exporter's) and the labels differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from importlib import resources
+
+from gpumond.agent import gpu_series
+from gpumond.nvml.catalogue import Field, load_catalogue
+from gpumond.nvml.session import GpuIdentity, TierRead
+from gpumond.types import Labels, Series
+
+DCGM_CATALOGUE: tuple[Field, ...] = load_catalogue(
+    resources.files("gpumond.agent").joinpath("dcgm_fields.csv").read_text(encoding="utf-8"))
+_INDEX = gpu_series.index_fields(DCGM_CATALOGUE)
+_DIVISOR = gpu_series.divisors(DCGM_CATALOGUE)
+
+XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
+HOSTNAME_LABELS = ("Hostname", "hostname")  # released dcgm-exporter; its main branch (no release yet)
+
+
+def dcgm_types() -> dict[str, tuple[str, str]]:
+    """Every dcgm-compatible metric name → (type, help), for the encoder's HELP/TYPE lines."""
+    out = {f.metric: (f.type, f.help) for f in DCGM_CATALOGUE}
+    out[XID_METRIC] = ("gauge", "Value of the last XID error encountered (0: none since the agent started).")
+    return out
+
+
+def dcgm_labels(ident: GpuIdentity, *, hostname: str, hostname_label: str, driver_version: str | None) -> Labels:
+    """dcgm-exporter's label set for one GPU (`device` is nvidia<minor>, as in /dev)."""
+    minor = ident.index if ident.minor is None else ident.minor
+    labels: Labels = (("gpu", str(ident.index)), ("UUID", ident.uuid), ("pci_bus_id", ident.pci_bus_id),
+                      ("device", f"nvidia{minor}"), ("modelName", ident.name), (hostname_label, hostname))
+    if driver_version:
+        labels += (("DCGM_FI_DRIVER_VERSION", driver_version),)
+    return labels
+
+
+class DcgmCompat:
+    """Turns a tier's read and the XID watcher's last codes into dcgm-exporter-named series."""
+
+    def __init__(self, *, hostname: str, hostname_label: str = "Hostname") -> None:
+        if hostname_label not in HOSTNAME_LABELS:
+            raise ValueError(f"hostname_label must be one of {', '.join(HOSTNAME_LABELS)}")
+        self._hostname = hostname
+        self._hostname_label = hostname_label
+        self._labels: dict[tuple[GpuIdentity, str | None], Labels] = {}
+
+    def labels(self, ident: GpuIdentity, driver_version: str | None) -> Labels:
+        """dcgm_labels, built once per (GPU, driver) since they never change between cycles."""
+        key = (ident, driver_version)
+        got = self._labels.get(key)
+        if got is None:
+            if len(self._labels) > 4096:  # identities churn only on re-init; bound it anyway
+                self._labels.clear()
+            got = self._labels[key] = dcgm_labels(ident, hostname=self._hostname,
+                                                  hostname_label=self._hostname_label,
+                                                  driver_version=driver_version)
+        return got
+
+    def tier_series(self, read: TierRead, driver_version: str | None) -> list[Series]:
+        """The DCGM_FI_DEV_* series of one tier's read (a lost GPU exports none, as in gpumond's own)."""
+        return gpu_series.field_series(read, _INDEX, _DIVISOR, lambda i: self.labels(i, driver_version))
+
+    def xid_series(self, last: Mapping[int, int], idents: Iterable[GpuIdentity],
+                   driver_version: str | None) -> list[Series]:
+        """DCGM_FI_DEV_XID_ERRORS: the last XID code per GPU, 0 when it had none (dcgm-exporter's gauge)."""
+        return [Series(XID_METRIC, self.labels(i, driver_version), float(last.get(i.index, 0))) for i in idents]

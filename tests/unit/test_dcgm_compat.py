@@ -1,0 +1,80 @@
+"""The dcgm-exporter-compatible series: names, units and labels as dcgm-exporter's default counters have them."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gpumond.agent.dcgm import DCGM_CATALOGUE, DcgmCompat, dcgm_labels, dcgm_types
+from gpumond.config import AgentConfig
+from gpumond.config.errors import validation_problem
+from gpumond.nvml.session import GpuIdentity, GpuRead, TierRead
+from tests.unit.test_gpu_series import by_name, read_of
+
+G0 = GpuIdentity(0, "GPU-aaa", "NVIDIA H100 80GB HBM3", "00000000:18:00.0", minor=2)
+G1 = GpuIdentity(1, "GPU-bbb", "NVIDIA H100 80GB HBM3", "00000000:2A:00.0")
+
+# dcgm-exporter's default-counters.csv (the fields NVML can give; REFERENCES.md, dcgm-exporter section).
+DCGM_DEFAULT_NVML_FIELDS = {
+    "DCGM_FI_DEV_SM_CLOCK": "gauge", "DCGM_FI_DEV_MEM_CLOCK": "gauge",
+    "DCGM_FI_DEV_GPU_TEMP": "gauge", "DCGM_FI_DEV_MEMORY_TEMP": "gauge",
+    "DCGM_FI_DEV_POWER_USAGE": "gauge", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "counter",
+    "DCGM_FI_DEV_GPU_UTIL": "gauge", "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge",
+    "DCGM_FI_DEV_FB_FREE": "gauge", "DCGM_FI_DEV_FB_USED": "gauge", "DCGM_FI_DEV_FB_RESERVED": "gauge",
+    "DCGM_FI_DEV_XID_ERRORS": "gauge", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "counter",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "counter",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
+}
+
+
+def test_names_and_types_are_dcgm_exporters() -> None:
+    assert {k: v[0] for k, v in dcgm_types().items()} == DCGM_DEFAULT_NVML_FIELDS
+    assert all(not f.labels for f in DCGM_CATALOGUE)
+
+
+def test_values_are_in_dcgm_exporters_units() -> None:
+    read = TierRead(True, (GpuRead(G0, True, read_of(
+        ("temperature", "gpu", 71.0), ("power", "watts", 412_345.0), ("sm_clock", "current", 1980.0),
+        ("utilization", "gpu", 87.0), ("utilization", "memory", 40.0), ("energy", "total", 5_000.0),
+        ("memory", "used", 3 * 1048576.0), ("memory", "free", 1048576.0 / 2), ("memory", "total", 8e9),
+        ("fields_fast", "memory_temp", 80.0))),),)
+    s = {k: v[0][1] for k, v in by_name(DcgmCompat(hostname="n1").tier_series(read, "570.1")).items()}
+    assert s == {"DCGM_FI_DEV_GPU_TEMP": 71.0, "DCGM_FI_DEV_POWER_USAGE": 412.345,  # W
+                 "DCGM_FI_DEV_SM_CLOCK": 1980.0,  # MHz
+                 "DCGM_FI_DEV_GPU_UTIL": 87.0, "DCGM_FI_DEV_MEM_COPY_UTIL": 40.0,  # %
+                 "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 5000.0,  # mJ
+                 "DCGM_FI_DEV_FB_USED": 3.0, "DCGM_FI_DEV_FB_FREE": 0.5,  # MiB
+                 "DCGM_FI_DEV_MEMORY_TEMP": 80.0}
+
+
+def test_labels_are_dcgm_exporters_with_either_hostname_spelling() -> None:
+    assert dict(dcgm_labels(G0, hostname="n1", hostname_label="Hostname", driver_version="570.1")) == {
+        "gpu": "0", "UUID": G0.uuid, "pci_bus_id": "00000000:18:00.0", "device": "nvidia2",
+        "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "n1", "DCGM_FI_DRIVER_VERSION": "570.1"}
+    lower = dict(dcgm_labels(G1, hostname="n1", hostname_label="hostname", driver_version=None))
+    assert lower["hostname"] == "n1" and "Hostname" not in lower
+    assert lower["device"] == "nvidia1"  # no minor number: the index, as /dev/nvidiaN usually is
+    assert "DCGM_FI_DRIVER_VERSION" not in lower  # unknown is left out, never ""
+
+
+def test_a_lost_gpu_exports_no_stale_dcgm_values() -> None:
+    read = TierRead(True, (GpuRead(G0, False, read_of(("temperature", "gpu", 71.0))),
+                           GpuRead(G1, True, read_of(("temperature", "gpu", 60.0)))))
+    temps = by_name(DcgmCompat(hostname="n").tier_series(read, None))["DCGM_FI_DEV_GPU_TEMP"]
+    assert [labels["gpu"] for labels, _ in temps] == ["1"]
+
+
+def test_xid_gauge_is_the_last_code_and_zero_without_one() -> None:
+    s = by_name(DcgmCompat(hostname="n").xid_series({1: 79}, [G0, G1], None))["DCGM_FI_DEV_XID_ERRORS"]
+    assert [(labels["gpu"], v) for labels, v in s] == [("0", 0.0), ("1", 79.0)]
+
+
+def test_the_switch_is_off_by_default_and_validated() -> None:
+    assert AgentConfig.default().exposition.dcgm_compat.enabled is False
+    on = AgentConfig.model_validate({"exposition": {"dcgm_compat": {"enabled": True, "hostname_label": "hostname"}}})
+    assert on.exposition.dcgm_compat.hostname_label == "hostname"
+    with pytest.raises(ValidationError) as e:
+        AgentConfig.model_validate({"exposition": {"dcgm_compat": {"hostname_label": "host"}}})
+    assert "exposition.dcgm_compat.hostname_label" in validation_problem(e.value)
+    with pytest.raises(ValueError, match="hostname_label"):
+        DcgmCompat(hostname="n", hostname_label="HOST")
