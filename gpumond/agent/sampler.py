@@ -111,6 +111,10 @@ class Sampler:
         # slow read that found them up. A lost GPU exports up=0 and its identity, never last values.
         self._withheld: frozenset[str] = frozenset()
         self._withheld_lock = threading.Lock()
+        self._slow_lock = threading.Lock()  # the scheduled slow cycle and a refresh from the fast one never overlap
+        # GPUs (indexes) already given an early slow read since they came back: one each, not one per fast cycle
+        # while their slow reads keep failing.
+        self._refreshed: frozenset[int] = frozenset()
         self.latest: Rendered | None = None
         self.last_snapshot: Snapshot | None = None
         self.cycles = 0
@@ -125,6 +129,10 @@ class Sampler:
 
     def slow_cycle(self) -> tuple[SourceResult, ...]:
         """ECC, remaps, limits, thresholds and job attribution; kept until the next slow cycle."""
+        with self._slow_lock:
+            return self._slow_cycle()
+
+    def _slow_cycle(self) -> tuple[SourceResult, ...]:
         def slow() -> list[Series]:
             read = self._session.read("slow")
             self._slow_read = read
@@ -180,6 +188,8 @@ class Sampler:
         """Temperatures, power, clocks, utilization, XIDs, host; then render everything once."""
         reads: list[TierRead] = []
         results = [run_source("nvml_fast", lambda: self._fast_nvml(reads), self._timer)]
+        if reads and self._refresh_due(reads[0]):
+            self.slow_cycle()
         if self._policy is not None and reads and reads[0].nvml_up:
             policy, views = self._policy, build_views(reads[0], self._slow_read, self._workloads)
             xids = self._xid.counts() if self._xid is not None else {}
@@ -202,6 +212,27 @@ class Sampler:
         self.last_snapshot = snapshot
         self.cycles += 1
         return self.latest
+
+    def _refresh_due(self, fast: TierRead) -> bool:
+        """Whether a GPU answers that the last slow read did not (back from lost, NVML back, or never read).
+
+        Until its next slow read such a GPU has no ECC, remap or limit values, and an alert on them would
+        resolve for want of data, then fire again as a new page: so its slow read is taken at once, once.
+        """
+        if not fast.nvml_up:
+            self._refreshed = frozenset()
+            return False
+        up = {g.identity.index for g in fast.gpus if g.up}
+        self._refreshed &= up  # a GPU seen down again may be refreshed again when it returns
+        slow = self._slow_read
+        in_slow = {g.identity.index for g in slow.gpus if g.up} if slow is not None and slow.nvml_up else set()
+        with self._withheld_lock:  # down since that slow read: its values for them are withheld
+            in_slow -= {int(i) for i in self._withheld}
+        missing = up - in_slow - self._refreshed
+        if not missing:
+            return False
+        self._refreshed |= missing
+        return True
 
     def _fast_nvml(self, reads: list[TierRead]) -> list[Series]:
         read = self._session.read("fast")

@@ -23,14 +23,16 @@ class FixedJobs:
         return ("job-a",) if pids else ()
 
 
-def test_a_lost_gpu_keeps_no_slow_tier_value_and_gets_them_back_at_the_next_slow_read(make_session):
+def test_a_lost_gpu_keeps_no_slow_tier_value_and_gets_fresh_ones_as_soon_as_it_is_back(make_session):
     sim, session, clock = make_session(gpus=2)
     sim.set_processes(1, [4242])
+    sim.inject({"kind": "ecc_uncorrected", "gpu": 1, "count": 2})  # a row remap pending until a reset
     sampler = Sampler(session, hostname="n", jobs=FixedJobs(), timer=lambda: 0.0, clock=lambda: 0.0)
     sampler.slow_cycle()
     sampler.fast_cycle()
     before = exported(sampler, "1")
     assert all(name in before for name in SLOW_METRICS) and "gpumond_gpu_job_info" in before
+    assert before["gpumond_gpu_row_remap_pending"] == 1.0
 
     sim.inject({"kind": "lost", "gpu": 1, "duration_s": 10})
     clock.advance(1)
@@ -45,8 +47,44 @@ def test_a_lost_gpu_keeps_no_slow_tier_value_and_gets_them_back_at_the_next_slow
         clock.advance(8)
     back = exported(sampler, "1")
     assert back["gpumond_gpu_up"] == 1.0 and "gpumond_gpu_temperature_celsius" in back
-    # slow-tier values from before the loss are not shown again: they return with the next slow read
-    assert not any(name in back for name in SLOW_METRICS)
+    # No scheduled slow cycle has run: the fast cycle that found it back took a fresh slow read at once, so the
+    # policy's views (and alerts on remaps, ECC, limits) never see the GPU without them. Fresh, not the values
+    # from before the loss: the reset applied the pending remap.
+    assert all(name in back for name in SLOW_METRICS), back
+    assert back["gpumond_gpu_row_remap_pending"] == 0.0
+    assert sampler.slow_read is not None and sampler.slow_read.gpus[1].up
+
+
+class RecordingPolicy:
+    """The policy's side of the sampler: keeps the views of every cycle."""
+
+    def __init__(self) -> None:
+        self.views = []
+
+    def cycle(self, views, xids):
+        self.views.append(views)
+        return []
+
+
+def test_when_nvml_comes_up_the_policy_never_sees_gpus_without_their_slow_tier(make_session):
+    # An agent started before the driver was loaded took its first slow read with NVML down. Without slow-tier
+    # values a pending row remap reads as "not pending": its alert (restored from before the restart) would
+    # resolve and page again as a new alert at the next scheduled slow cycle, up to 30 s later.
+    sim, session, clock = make_session(gpus=2, init_error="driver_not_loaded")
+    sim.inject({"kind": "ecc_uncorrected", "gpu": 1, "count": 1})
+    policy = RecordingPolicy()
+    sampler = Sampler(session, hostname="n", policy=policy, timer=lambda: 0.0, clock=lambda: 0.0)
     sampler.slow_cycle()
     sampler.fast_cycle()
-    assert all(name in exported(sampler, "1") for name in SLOW_METRICS)
+    assert not session.up and policy.views == []  # no policy cycle on nothing
+
+    sim.init_error_code = 0  # the driver is loaded
+    for _ in range(10):  # bounded: the session re-initialises after its back-off
+        clock.advance(5)
+        sampler.fast_cycle()
+        if session.up:
+            break
+    assert session.up and len(policy.views) == 1
+    views = policy.views[0]  # the very first policy cycle with NVML up
+    assert all(v.up for v in views)
+    assert views[1].remap_pending is True and views[1].limit_default_w is not None
