@@ -17,6 +17,8 @@ from apscheduler.triggers.interval import IntervalTrigger
 from gpumond.agent.dcgm import DcgmCompat, dcgm_types
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.host import HostEvidence
+from gpumond.agent.identity_file import FILE_NAME as IDENTITY_FILE
+from gpumond.agent.identity_file import IdentityFile
 from gpumond.agent.jobs import JobAttributor
 from gpumond.agent.podresources.client import PodResourcesClient, load_grpc
 from gpumond.agent.metrics import metric_types
@@ -75,8 +77,11 @@ class Agent:
     def __init__(self, config: AgentConfig, backend: Backend) -> None:
         self.config = config
         self.backend = backend
+        state_dir = state_dir_for(config, backend)
+        self._identities = IdentityFile(state_dir / IDENTITY_FILE)
         self.session = NvmlSession(install=backend.install, clock=backend.clock,
-                                   retry_max_s=config.sampling.nvml_retry_max_s)
+                                   retry_max_s=config.sampling.nvml_retry_max_s,
+                                   remembered=self._identities.load())
         self.xid: XidWatcher | None = None
         jobs = None
         self.pods: PodResourcesClient | None = None
@@ -89,7 +94,6 @@ class Agent:
         if config.sampling.xid_events:
             self.xid = XidWatcher(self.session.handles, self.session.index_of_handle,
                                   ready=lambda: self.session.up)
-        state_dir = state_dir_for(config, backend)
         try:
             audit = AuditLog(state_dir / "policy-audit.jsonl")
         except OSError as e:
@@ -105,7 +109,7 @@ class Agent:
         renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=renderer, xid=self.xid,
                                jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
-                               policy=self.policy, dcgm=dcgm)
+                               policy=self.policy, dcgm=dcgm, identities=self._identities.save)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def wall_interval(self, simulated_s: float) -> float:

@@ -90,6 +90,7 @@ class Sampler:
         host: HostSource | None = None,
         policy: PolicySource | None = None,
         dcgm: DcgmCompat | None = None,
+        identities: Callable[[Iterable[GpuIdentity]], None] | None = None,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -102,6 +103,7 @@ class Sampler:
         self._host = host
         self._policy = policy
         self._dcgm = dcgm
+        self._record_identities = identities  # told the GPUs' identities after every slow read
         self._slow_read: TierRead | None = None
         self._clock = clock
         self._timer = timer
@@ -139,6 +141,8 @@ class Sampler:
             with self._withheld_lock:
                 self._withheld = _down(read, self._session.identities)
             self._session.discover_mig()  # MIG can be reconfigured at any time; enumerating is cheap
+            if self._record_identities is not None:
+                self._record_identities(self._session.identities)
             out = gpu_series.tier_series(read, with_up=False)
             if self._dcgm is not None:
                 out.extend(self._dcgm.tier_series(read, self._session.driver_version))

@@ -87,6 +87,9 @@ class _GpuState:
     lost: bool = False
     next_retry: float = 0.0
     backoff: float = _FIRST_BACKOFF_S
+    # False while the identity is only what this index had when last seen (a GPU lost since start): it is
+    # found again by index and read afresh, not trusted by UUID.
+    verified: bool = True
 
 
 class SetFailed(RuntimeError):
@@ -114,8 +117,12 @@ class NvmlSession:
         clock: Callable[[], float] = time.monotonic,
         retry_max_s: float = 300.0,
         readers: tuple[Reader, ...] = READERS,
+        remembered: Mapping[int, GpuIdentity] | None = None,
     ) -> None:
         self._install = install
+        # Identities by index from an earlier run: a GPU already lost at start keeps its name (and its alerts
+        # their identity) until it answers and is read afresh.
+        self._remembered = dict(remembered or {})
         self._clock = clock
         self._retry_max_s = retry_max_s
         self._readers = readers
@@ -181,13 +188,16 @@ class NvmlSession:
                     if classify(e) is not Disposition.GPU_LOST:
                         raise
                     # One GPU off the bus is that GPU down, not the node: the others are read, and this one
-                    # is probed again like any lost GPU (by index while its UUID was never read).
-                    lost = prev if prev is not None else _GpuState(GpuIdentity(i, "", "", ""), None)
-                    self._mark_lost(lost, "nvmlDeviceGetHandleByIndex")
-                    gpus.append(lost)
+                    # is probed again like any lost GPU (by index until it is read in this run).
+                    if prev is None:
+                        last_run = self._remembered.get(i)
+                        prev = _GpuState(last_run if last_run is not None and last_run.index == i
+                                         else GpuIdentity(i, "", "", ""), None, verified=False)
+                    self._mark_lost(prev, "nvmlDeviceGetHandleByIndex")
+                    gpus.append(prev)
                     continue
                 if prev is not None and prev.identity.uuid == ident.uuid:
-                    prev.handle, prev.lost = h, False
+                    prev.handle, prev.lost, prev.verified = h, False, True
                     prev.forget_support()
                     gpus.append(prev)
                 else:
@@ -392,12 +402,13 @@ class NvmlSession:
         if now < g.next_retry:
             return False
         try:
-            if g.identity.uuid:
+            if g.verified:
                 h = pynvml.nvmlDeviceGetHandleByUUID(g.identity.uuid)
                 pynvml.nvmlDeviceGetUUID(h)
-            else:  # lost since start: never identified, so found again by index
+            else:  # lost since start: never read in this run, so found again by index and read afresh
                 h = pynvml.nvmlDeviceGetHandleByIndex(g.identity.index)
                 g.identity = self._identity(g.identity.index, h)
+                g.verified = True
         except pynvml.NVMLError as e:
             if classify(e) in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
                 self._go_down(e)

@@ -2,7 +2,9 @@
 
 import logging
 
-from gpumond.nvml.session import LOST_RETRY_MAX_S, TierRead
+import pynvml
+
+from gpumond.nvml.session import LOST_RETRY_MAX_S, GpuIdentity, NvmlSession, TierRead
 
 
 def values(read: TierRead, gpu: int) -> dict[tuple[str, str], float]:
@@ -234,3 +236,49 @@ def test_a_returning_gpu_is_noticed_within_the_lost_retry_bound(make_session):
     # back at 50 s; noticed at the first 1 s cycle after the next probe (probes every <= 8 s): 50..58 s,
     # where a doubling back-off found it only at 62 s
     assert 50 <= seconds_down <= 50 + LOST_RETRY_MAX_S
+
+
+def _lost_at_start(remembered):
+    from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml
+
+    scenario = Scenario.model_validate({"faults": [{"gpu": 1, "kind": "lost", "at_s": 0, "duration_s": 20}]})
+    clock = ManualClock()
+    sim = SimulatedNvml(gpu_count=3, node="test-node", clock=clock, scenario=scenario)
+    s = NvmlSession(install=sim.install, clock=clock.now, retry_max_s=60, remembered=remembered(sim))
+    s.open()
+    return sim, s, clock
+
+
+def _until_back(s, clock, gpu):
+    for _ in range(60):
+        clock.advance(1)
+        if s.read("fast").gpus[gpu].up:
+            return
+    raise AssertionError("never came back")
+
+
+def test_a_gpu_lost_at_start_keeps_the_identity_it_had_last_run_until_it_answers():
+    # Its alerts carry its UUID: nameless, the restarted agent's GpuLost would be a new alert (a second page).
+    sim, s, clock = _lost_at_start(lambda sim: {1: GpuIdentity(1, sim.gpus[1].uuid, "NVIDIA H100", "0000:1b:00.0")})
+    try:
+        assert not s.read("fast").gpus[1].up
+        assert s.identities[1].uuid == sim.gpus[1].uuid and s.identities[1].name == "NVIDIA H100"
+        _until_back(s, clock, 1)
+        assert s.identities[1] == GpuIdentity(1, sim.gpus[1].uuid, pynvml.nvmlDeviceGetName(s.handles()[1]),
+                                              s.identities[1].pci_bus_id, s.identities[1].minor)
+        assert s.identities[1].pci_bus_id != "0000:1b:00.0"  # read afresh, not the remembered one
+    finally:
+        s.close()
+        sim.uninstall()
+
+
+def test_a_different_gpu_at_a_remembered_index_is_read_as_itself():
+    stranger = "GPU-00000000-0000-0000-0000-000000000001"  # what index 1 held last run: another board
+    sim, s, clock = _lost_at_start(lambda sim: {1: GpuIdentity(1, stranger, "old board", "0000:99:00.0")})
+    try:
+        assert s.identities[1].uuid == stranger  # all that is known while it does not answer
+        _until_back(s, clock, 1)  # found by index, not by the remembered UUID (which would never answer)
+        assert s.identities[1].uuid == sim.gpus[1].uuid != stranger
+    finally:
+        s.close()
+        sim.uninstall()
