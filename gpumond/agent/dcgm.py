@@ -3,6 +3,12 @@
 Off by default (`exposition.dcgm_compat.enabled`). The values are the very reads the gpumond series come from
 (the same TierRead, through the same catalogue machinery), so the two names never disagree; only the
 catalogue (`dcgm_fields.csv`, in NVML's own units, which are dcgm-exporter's) and the labels differ.
+
+Pod labels follow dcgm-exporter's pod mapper (internal/pkg/transformation/kubernetes.go): every series of a
+GPU the kubelet assigned to a container carries `pod`, `namespace`, `container`. A GPU several containers share (time-slicing) repeats each series once per
+container, as its `--kubernetes-virtual-gpus` mode does, rather than naming one of them arbitrarily as its
+default mode does. MIG devices are assigned by MIG UUID, so a MIG-enabled GPU's own series carry no pod, as in
+dcgm-exporter, whose per-instance series gpumond does not export.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 
 from gpumond.agent import gpu_series
+from gpumond.agent.podresources.assign import PodRef
 from gpumond.nvml.catalogue import Field, load_catalogue
 from gpumond.nvml.session import GpuIdentity, TierRead
 from gpumond.types import Labels, Series
@@ -41,6 +48,11 @@ def dcgm_labels(ident: GpuIdentity, *, hostname: str, hostname_label: str, drive
     return labels
 
 
+def pod_labels(ref: PodRef) -> Labels:
+    """dcgm-exporter's attribute labels for a container (after its own labels, as its template prints them)."""
+    return (("container", ref.container), ("namespace", ref.namespace), ("pod", ref.pod))
+
+
 class DcgmCompat:
     """Turns a tier's read and the XID watcher's last codes into dcgm-exporter-named series."""
 
@@ -50,6 +62,12 @@ class DcgmCompat:
         self._hostname = hostname
         self._hostname_label = hostname_label
         self._labels: dict[tuple[GpuIdentity, str | None], Labels] = {}
+        self._pods: dict[str, tuple[Labels, ...]] = {}
+
+    def set_pods(self, pods: Mapping[str, tuple[PodRef, ...]] | None) -> None:
+        """The containers the kubelet assigned each GPU UUID, from the slow cycle (None: unknown, no labels)."""
+        # One swap of a new dict: the fast cycle may read it from another thread at any moment.
+        self._pods = {uuid: tuple(pod_labels(r) for r in refs) for uuid, refs in (pods or {}).items() if refs}
 
     def labels(self, ident: GpuIdentity, driver_version: str | None) -> Labels:
         """dcgm_labels, built once per (GPU, driver) since they never change between cycles."""
@@ -65,9 +83,25 @@ class DcgmCompat:
 
     def tier_series(self, read: TierRead, driver_version: str | None) -> list[Series]:
         """The DCGM_FI_DEV_* series of one tier's read (a lost GPU exports none, as in gpumond's own)."""
-        return gpu_series.field_series(read, _INDEX, _DIVISOR, lambda i: self.labels(i, driver_version))
+        return self._with_pods(gpu_series.field_series(read, _INDEX, _DIVISOR,
+                                                       lambda i: self.labels(i, driver_version)))
 
     def xid_series(self, last: Mapping[int, int], idents: Iterable[GpuIdentity],
                    driver_version: str | None) -> list[Series]:
         """DCGM_FI_DEV_XID_ERRORS: the last XID code per GPU, 0 when it had none (dcgm-exporter's gauge)."""
-        return [Series(XID_METRIC, self.labels(i, driver_version), float(last.get(i.index, 0))) for i in idents]
+        return self._with_pods([Series(XID_METRIC, self.labels(i, driver_version), float(last.get(i.index, 0)))
+                                for i in idents])
+
+    def _with_pods(self, series: list[Series]) -> list[Series]:
+        """`series` with their GPU's pod labels; once per container when several share the GPU."""
+        pods = self._pods
+        if not pods:
+            return series
+        out: list[Series] = []
+        for s in series:
+            held = pods.get(s.labels[1][1])  # ("UUID", uuid): dcgm_labels puts it second
+            if held is None:
+                out.append(s)
+            else:
+                out.extend(Series(s.name, s.labels + extra, s.value) for extra in held)
+        return out
