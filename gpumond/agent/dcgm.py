@@ -5,10 +5,11 @@ Off by default (`exposition.dcgm_compat.enabled`). The values are the very reads
 catalogue (`dcgm_fields.csv`, in NVML's own units, which are dcgm-exporter's) and the labels differ.
 
 Pod labels follow dcgm-exporter's pod mapper (internal/pkg/transformation/kubernetes.go): every series of a
-GPU the kubelet assigned to a container carries `pod`, `namespace`, `container`. A GPU several containers share (time-slicing) repeats each series once per
-container, as its `--kubernetes-virtual-gpus` mode does, rather than naming one of them arbitrarily as its
-default mode does. MIG devices are assigned by MIG UUID, so a MIG-enabled GPU's own series carry no pod, as in
-dcgm-exporter, whose per-instance series gpumond does not export.
+GPU the kubelet assigned to a container carries `pod`, `namespace`, `container`. A GPU several containers
+share (time-slicing) repeats each series once per container, as its `--kubernetes-virtual-gpus` mode does,
+rather than naming one of them arbitrarily as its default mode does. MIG devices are assigned by MIG UUID,
+so a MIG-enabled GPU's own series carry no pod, as in dcgm-exporter, whose per-instance series gpumond does
+not export.
 """
 
 from __future__ import annotations
