@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -19,6 +20,7 @@ from gpumond.agent.podresources.client import PodResourcesClient  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
 from gpumond.nvml.events import XidWatcher  # noqa: E402
 from gpumond.nvml.sim import ManualClock, Scenario  # noqa: E402
+from tests.integration.helpers import DCGM_NAMING_LINT, promtool_check_metrics  # noqa: E402
 from tests.podresources_server import PodResourcesServer, pod  # noqa: E402
 
 MIG = Scenario.model_validate({"gpus": [{"index": 1, "mig": ["3g.40gb", "1g.10gb"]}]})
@@ -111,6 +113,12 @@ def test_attributed_gpus_carry_pod_labels_on_every_dcgm_series(node, tmp_path: P
     labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
     assert (labels["container"], labels["namespace"], labels["pod"]) == ("main", "ml", "trainer-0")
     assert labels["UUID"] == sim.gpus[0].uuid and labels["Hostname"] == "n"
+
+    # promtool's linter says nothing new about the pod labels (only dcgm-exporter's own naming, kept on purpose).
+    if shutil.which("promtool") is not None:
+        rc, output = promtool_check_metrics(text)
+        unexpected = [ln for ln in output.strip().splitlines() if not DCGM_NAMING_LINT.match(ln)]
+        assert unexpected == [], f"promtool check metrics (exit {rc}):\n{output}"
 
 
 def test_pod_labels_go_when_the_kubelet_answer_does(node, tmp_path: Path) -> None:
