@@ -84,25 +84,35 @@ class DcgmCompat:
 
     def tier_series(self, read: TierRead, driver_version: str | None) -> list[Series]:
         """The DCGM_FI_DEV_* series of one tier's read (a lost GPU exports none, as in gpumond's own)."""
-        return self._with_pods(gpu_series.field_series(read, _INDEX, _DIVISOR,
-                                                       lambda i: self.labels(i, driver_version)))
+        sets: dict[str, tuple[Labels, ...]] = {}
+        out = gpu_series.field_series(read, _INDEX, _DIVISOR, lambda i: self._first(i, driver_version, sets))
+        return self._shared(out, sets)
 
     def xid_series(self, last: Mapping[int, int], idents: Iterable[GpuIdentity],
                    driver_version: str | None) -> list[Series]:
         """DCGM_FI_DEV_XID_ERRORS: the last XID code per GPU, 0 when it had none (dcgm-exporter's gauge)."""
-        return self._with_pods([Series(XID_METRIC, self.labels(i, driver_version), float(last.get(i.index, 0)))
-                                for i in idents])
+        sets: dict[str, tuple[Labels, ...]] = {}
+        out = [Series(XID_METRIC, self._first(i, driver_version, sets), float(last.get(i.index, 0))) for i in idents]
+        return self._shared(out, sets)
 
-    def _with_pods(self, series: list[Series]) -> list[Series]:
-        """`series` with their GPU's pod labels; once per container when several share the GPU."""
-        pods = self._pods
-        if not pods:
-            return series
+    def _first(self, ident: GpuIdentity, driver_version: str | None, sets: dict[str, tuple[Labels, ...]]) -> Labels:
+        """The GPU's first label set (with its first container's pod labels); records them all in `sets`."""
+        base = self.labels(ident, driver_version)
+        held = self._pods.get(ident.uuid)
+        got = sets[ident.uuid] = (base,) if held is None else tuple(base + h for h in held)
+        return got[0]
+
+    @staticmethod
+    def _shared(series: list[Series], sets: Mapping[str, tuple[Labels, ...]]) -> list[Series]:
+        """`series`, each repeated once per container on a GPU several containers share (time-slicing)."""
+        if all(len(v) == 1 for v in sets.values()):
+            return series  # the usual case: one series per GPU and field, labels already complete
         out: list[Series] = []
         for s in series:
-            held = pods.get(s.labels[1][1])  # ("UUID", uuid): dcgm_labels puts it second
-            if held is None:
+            label_sets = sets[s.labels[1][1]]  # ("UUID", uuid): dcgm_labels puts it second
+            if len(label_sets) == 1:
                 out.append(s)
-            else:
-                out.extend(Series(s.name, s.labels + extra, s.value) for extra in held)
+                continue
+            cut = len(label_sets[0])  # anything after the GPU's labels is the field's own
+            out.extend(Series(s.name, ls + s.labels[cut:], s.value) for ls in label_sets)
         return out
