@@ -3,6 +3,13 @@
 Off by default (`exposition.dcgm_compat.enabled`). The values are the very reads the gpumond series come from
 (the same TierRead, through the same catalogue machinery), so the two names never disagree; only the
 catalogue (`dcgm_fields.csv`, in NVML's own units, which are dcgm-exporter's) and the labels differ.
+
+Pod labels follow dcgm-exporter's pod mapper (internal/pkg/transformation/kubernetes.go): every series of a
+GPU the kubelet assigned to a container carries `pod`, `namespace`, `container`. A GPU several containers
+share (time-slicing) repeats each series once per container, as its `--kubernetes-virtual-gpus` mode does,
+rather than naming one of them arbitrarily as its default mode does. MIG devices are assigned by MIG UUID,
+so a MIG-enabled GPU's own series carry no pod, as in dcgm-exporter, whose per-instance series gpumond does
+not export.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 
 from gpumond.agent import gpu_series
+from gpumond.agent.podresources.assign import PodRef
 from gpumond.nvml.catalogue import Field, load_catalogue
 from gpumond.nvml.session import GpuIdentity, TierRead
 from gpumond.types import Labels, Series
@@ -41,6 +49,11 @@ def dcgm_labels(ident: GpuIdentity, *, hostname: str, hostname_label: str, drive
     return labels
 
 
+def pod_labels(ref: PodRef) -> Labels:
+    """dcgm-exporter's attribute labels for a container (after its own labels, as its template prints them)."""
+    return (("container", ref.container), ("namespace", ref.namespace), ("pod", ref.pod))
+
+
 class DcgmCompat:
     """Turns a tier's read and the XID watcher's last codes into dcgm-exporter-named series."""
 
@@ -50,6 +63,12 @@ class DcgmCompat:
         self._hostname = hostname
         self._hostname_label = hostname_label
         self._labels: dict[tuple[GpuIdentity, str | None], Labels] = {}
+        self._pods: dict[str, tuple[Labels, ...]] = {}
+
+    def set_pods(self, pods: Mapping[str, tuple[PodRef, ...]] | None) -> None:
+        """The containers the kubelet assigned each GPU UUID, from the slow cycle (None: unknown, no labels)."""
+        # One swap of a new dict: the fast cycle may read it from another thread at any moment.
+        self._pods = {uuid: tuple(pod_labels(r) for r in refs) for uuid, refs in (pods or {}).items() if refs}
 
     def labels(self, ident: GpuIdentity, driver_version: str | None) -> Labels:
         """dcgm_labels, built once per (GPU, driver) since they never change between cycles."""
@@ -65,9 +84,35 @@ class DcgmCompat:
 
     def tier_series(self, read: TierRead, driver_version: str | None) -> list[Series]:
         """The DCGM_FI_DEV_* series of one tier's read (a lost GPU exports none, as in gpumond's own)."""
-        return gpu_series.field_series(read, _INDEX, _DIVISOR, lambda i: self.labels(i, driver_version))
+        sets: dict[str, tuple[Labels, ...]] = {}
+        out = gpu_series.field_series(read, _INDEX, _DIVISOR, lambda i: self._first(i, driver_version, sets))
+        return self._shared(out, sets)
 
     def xid_series(self, last: Mapping[int, int], idents: Iterable[GpuIdentity],
                    driver_version: str | None) -> list[Series]:
         """DCGM_FI_DEV_XID_ERRORS: the last XID code per GPU, 0 when it had none (dcgm-exporter's gauge)."""
-        return [Series(XID_METRIC, self.labels(i, driver_version), float(last.get(i.index, 0))) for i in idents]
+        sets: dict[str, tuple[Labels, ...]] = {}
+        out = [Series(XID_METRIC, self._first(i, driver_version, sets), float(last.get(i.index, 0))) for i in idents]
+        return self._shared(out, sets)
+
+    def _first(self, ident: GpuIdentity, driver_version: str | None, sets: dict[str, tuple[Labels, ...]]) -> Labels:
+        """The GPU's first label set (with its first container's pod labels); records them all in `sets`."""
+        base = self.labels(ident, driver_version)
+        held = self._pods.get(ident.uuid)
+        got = sets[ident.uuid] = (base,) if held is None else tuple(base + h for h in held)
+        return got[0]
+
+    @staticmethod
+    def _shared(series: list[Series], sets: Mapping[str, tuple[Labels, ...]]) -> list[Series]:
+        """`series`, each repeated once per container on a GPU several containers share (time-slicing)."""
+        if all(len(v) == 1 for v in sets.values()):
+            return series  # the usual case: one series per GPU and field, labels already complete
+        out: list[Series] = []
+        for s in series:
+            label_sets = sets[s.labels[1][1]]  # ("UUID", uuid): dcgm_labels puts it second
+            if len(label_sets) == 1:
+                out.append(s)
+                continue
+            cut = len(label_sets[0])  # anything after the GPU's labels is the field's own
+            out.extend(Series(s.name, ls + s.labels[cut:], s.value) for ls in label_sets)
+        return out

@@ -77,6 +77,10 @@ def render() -> str:
         "`gpumond_collector_success{collector}` with collectors `nvml_fast`, `nvml_slow`, `xid`, `jobs`, `host`,",
         "`policy`, and `nvml_mig` (MIG-enabled GPUs only) and `pod_resources` (when the kubelet is asked).",
         "",
+        "With `exposition.dcgm_compat.enabled`, the core fields are also exported under dcgm-exporter's names,",
+        "units and labels (`DCGM_FI_DEV_*`, with `pod`, `namespace`, `container` on every series of a GPU the",
+        "kubelet assigned to a container): see docs/migrating-from-dcgm-exporter.md.",
+        "",
         *MIG_SECTION,
     ]
     return "\n".join(lines)

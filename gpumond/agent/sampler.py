@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,6 +21,8 @@ from gpumond.agent.sources import PartialFailure, run_source, self_series
 from gpumond.agent.policy.view import GpuView
 from gpumond.agent.policy.views import build_views
 from gpumond.nvml.session import GpuIdentity, NvmlSession, TierRead
+
+log = logging.getLogger("gpumond.agent")
 
 
 class PodSource(Protocol):
@@ -135,18 +138,18 @@ class Sampler:
             return self._slow_cycle()
 
     def _slow_cycle(self) -> tuple[SourceResult, ...]:
+        reads: list[TierRead] = []
+
         def slow() -> list[Series]:
             read = self._session.read("slow")
             self._slow_read = read
+            reads.append(read)
             with self._withheld_lock:
                 self._withheld = _down(read, self._session.identities)
             self._session.discover_mig()  # MIG can be reconfigured at any time; enumerating is cheap
             if self._record_identities is not None:
                 self._record_identities(self._session.identities)
-            out = gpu_series.tier_series(read, with_up=False)
-            if self._dcgm is not None:
-                out.extend(self._dcgm.tier_series(read, self._session.driver_version))
-            return out
+            return gpu_series.tier_series(read, with_up=False)
 
         results = [run_source("nvml_slow", slow, self._timer)]
         pods: dict[str, tuple[PodRef, ...]] | None = None
@@ -154,6 +157,18 @@ class Sampler:
             found: list[dict[str, tuple[PodRef, ...]]] = []
             results.append(run_source("pod_resources", lambda: self._pod_check(found), self._timer))
             pods = found[0] if found else None
+        if self._dcgm is not None:
+            # After the pod check, so this cycle's slow DCGM series already carry this cycle's pods; the fast
+            # cycle's reuse them until the next slow cycle (the kubelet is never called from here).
+            self._dcgm.set_pods(pods)
+            if reads:
+                try:
+                    extra = self._dcgm.tier_series(reads[0], self._session.driver_version)
+                except Exception as e:  # isolated like any source: the slow tier fails, the scrape does not
+                    log.warning("collector failed", extra={"collector": "nvml_slow", "error": repr(e)})
+                    results[0] = replace(results[0], ok=False, error=repr(e))
+                else:
+                    results[0] = replace(results[0], series=results[0].series + tuple(extra))
         if self._jobs is not None:
             jobs = self._jobs
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -150,6 +151,12 @@ def write_yaml(path: Path, data: object) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
+
+
+# What promtool's linter says about dcgm-exporter's own names, which a drop-in must keep as they are.
+DCGM_NAMING_LINT = re.compile(r"^DCGM_FI_DEV_\w+ (label names should be written in 'snake_case' not 'camelCase'"
+                              r'|counter metrics should have "_total" suffix'
+                              r"|metric name should not include type 'counter')$")
 
 
 def promtool_check_metrics(text: str | bytes, timeout: float = 30.0) -> tuple[int, str]:

@@ -9,14 +9,14 @@ Each must return one series per GPU, in dcgm-exporter's units, equal to gpumond'
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from tests.integration.grafana_queries import interpolate, query_range, variable_values
-from tests.integration.helpers import AgentProcess, PrometheusServer, promtool_check_metrics, scalar, write_yaml
+from tests.integration.helpers import (DCGM_NAMING_LINT, AgentProcess, PrometheusServer, promtool_check_metrics, scalar,
+                                       write_yaml)
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +58,6 @@ SAME_READ = {
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("gpumond_gpu_pcie_replay_errors_total", 1),
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gpumond_gpu_row_remap_failed", 1),
 }
-# What promtool's linter says about dcgm-exporter's own names, which a drop-in must keep as they are.
-DCGM_NAMING_LINT = re.compile(r"^DCGM_FI_DEV_\w+ (label names should be written in 'snake_case' not 'camelCase'"
-                              r'|counter metrics should have "_total" suffix'
-                              r"|metric name should not include type 'counter')$")
 
 
 @dataclass

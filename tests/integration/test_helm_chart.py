@@ -9,6 +9,7 @@ their probes ask for.
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 import sys
@@ -19,9 +20,10 @@ import helm_python
 import pytest
 import yaml
 
-from tests.integration.helm_helpers import (CHART, EXISTING_SECRET, RELEASE, check_config, config_of, crd_problems,
-                                            expand_args, kinds, notes, one, pod_security_violations, render,
-                                            render_chart, rendered, secret_env, validation_problems, values_of)
+from tests.integration.helm_helpers import (CHART, EXISTING_SECRET, NAMESPACE, RELEASE, check_config, config_of,
+                                            crd_problems, expand_args, kinds, notes, one, pod_security_violations,
+                                            render, render_chart, rendered, secret_env, validation_problems,
+                                            values_of)
 from tests.integration.helpers import LOOPBACK, REPO_ROOT, ManagedProcess, free_port, http_get, wait_until
 
 pytestmark = pytest.mark.integration
@@ -35,8 +37,8 @@ EXPECTED_KINDS = {
     "readonly-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
     "sharded-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "StatefulSet": 1, "Secret": 1},
     "existing-secret-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1},
-    "monitors-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
-                        "ServiceMonitor": 2, "PrometheusRule": 1},
+    "monitors-values": {"ConfigMap": 5, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+                        "ServiceMonitor": 2, "PrometheusRule": 1},  # ConfigMaps: 2 configs + 3 dashboards
     "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
                             "PodMonitor": 2},
     "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
@@ -111,7 +113,8 @@ def test_monitors_select_real_ports_and_keep_labels() -> None:
                 ports = [p["name"] for p in template["spec"]["containers"][0]["ports"]]
             assert selector.items() <= labels.items()
             for endpoint in endpoints:
-                assert endpoint["port"] in ports and endpoint["honorLabels"] is True
+                # agent: its pod / training job labels kept; rules: its training job to exported_job (dashboards)
+                assert endpoint["port"] in ports and endpoint["honorLabels"] is (component == "agent")
                 assert {"action": "replace", "targetLabel": "job",
                         "replacement": f"gpumond-{component}"} in endpoint["relabelings"]
 
@@ -129,12 +132,75 @@ def test_prometheus_rule_carries_the_shipped_rules_and_promtool_accepts_them(tmp
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_packaged_chart_still_carries_the_rules(tmp_path: Path) -> None:
-    """`helm package` keeps files/ (the PrometheusRule's source), and the archive renders the same objects."""
+def test_packaged_chart_still_carries_the_rules_and_dashboards(tmp_path: Path) -> None:
+    """`helm package` keeps files/ (the PrometheusRule's and dashboards' source); the archive renders the same."""
     archive = Path(helm_python.package(CHART, destination=tmp_path))
     chart = helm_python.Chart.load_archive(archive.read_bytes())
     objects = render_chart(chart, "ci/monitors-values.yaml")
     assert one(objects, "PrometheusRule")["spec"] == one(rendered("ci/monitors-values.yaml"), "PrometheusRule")["spec"]
+    assert _dashboards(objects) == _dashboards(rendered("ci/monitors-values.yaml")) != {}
+
+
+# ----- Grafana dashboards ----------------------------------------------------------------------------
+DASHBOARDS = REPO_ROOT / "dashboards" / "provisioning" / "dashboards" / "gpumond"
+CONFIGMAP_LIMIT = 1024 * 1024  # bytes of data a ConfigMap may hold (the API server refuses more)
+LAST_APPLIED_LIMIT = 256 * 1024  # `kubectl apply` (client-side) copies an object into a 256 KiB annotation
+
+
+def _dashboards(objects: tuple[dict[str, Any], ...] | list[dict[str, Any]],
+                label: tuple[str, str] = ("grafana_dashboard", "1")) -> dict[str, dict[str, Any]]:
+    """The dashboard ConfigMaps Grafana's sidecar would pick up (by its label), by name."""
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"
+            and o["metadata"].get("labels", {}).get(label[0]) == label[1]}
+
+
+def test_dashboards_copy_is_in_step() -> None:
+    """The chart carries a copy of the built JSON (`python -m dashboards.build` writes and checks both)."""
+    originals = sorted(DASHBOARDS.glob("*.json"))
+    copies = sorted((CHART / "files" / "dashboards").glob("*.json"))
+    assert [p.name for p in copies] == [p.name for p in originals] != []
+    for original, copied in zip(originals, copies):
+        assert copied.read_bytes() == original.read_bytes(), "python -m dashboards.build"
+
+
+def test_dashboards_are_off_by_default() -> None:
+    assert _dashboards(rendered(None)) == {}
+
+
+def test_dashboard_configmaps_hold_exactly_the_dashboards() -> None:
+    """One ConfigMap per dashboard, for the sidecar, holding the built JSON byte for byte, under the limits."""
+    maps = _dashboards(rendered("ci/monitors-values.yaml"))
+    assert sorted(maps) == [f"{RELEASE}-gpumond-dashboard-{n}" for n in ("fleet", "job", "node")]
+    held = {}
+    for name, cm in maps.items():
+        assert cm["metadata"]["namespace"] == NAMESPACE
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "GPU fleet (gpumond)"}
+        assert list(cm["data"]) == [f"gpumond-{name.rsplit('-', 1)[1]}.json"]
+        held.update(cm["data"])
+        data_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in cm["data"].items())
+        assert data_bytes < CONFIGMAP_LIMIT
+        assert len(json.dumps(cm).encode()) < LAST_APPLIED_LIMIT, f"{name}: too big for client-side apply"
+    assert held == {p.name: p.read_text(encoding="utf-8") for p in DASHBOARDS.glob("*.json")}
+    assert {json.loads(text)["uid"] for text in held.values()} == {"gpumond-fleet", "gpumond-node", "gpumond-job"}
+
+
+def test_dashboard_label_namespace_and_folder_follow_the_values() -> None:
+    values = {"monitoring": {"dashboards": {
+        "enabled": True, "label": "example.com/dashboard", "labelValue": "gpu", "namespace": "monitoring",
+        "folder": "GPUs", "folderAnnotation": "example.com/folder", "labels": {"team": "ml"},
+        "annotations": {"owner": "sre"}}}}
+    objects = render(values)
+    assert _dashboards(objects) == {}  # not the default label any more
+    maps = _dashboards(objects, ("example.com/dashboard", "gpu"))
+    assert len(maps) == 3
+    for cm in maps.values():
+        meta = cm["metadata"]
+        assert meta["namespace"] == "monitoring" and meta["labels"]["team"] == "ml"
+        assert meta["annotations"] == {"owner": "sre", "example.com/folder": "GPUs"}
+        assert validation_problems(cm) == []
+    no_folder = _dashboards(render({"monitoring": {"dashboards": {"enabled": True}}}))
+    assert len(no_folder) == 3 and all("annotations" not in cm["metadata"] for cm in no_folder.values())
+    assert {cm["metadata"]["namespace"] for cm in no_folder.values()} == {NAMESPACE}
 
 
 # ----- security --------------------------------------------------------------------------------------
@@ -176,7 +242,14 @@ def test_rules_service_meets_restricted(values_file: str | None) -> None:
     ({"rules": {"replicas": 0}}, "at '/rules/replicas': minimum: got 0, want 1"),
     ({"monitoring": {"serviceMonitor": {"enabled": True, "interval": "15"}}},
      "at '/monitoring/serviceMonitor/interval': '15' does not match pattern"),
-], ids=["port", "bool", "typo", "policy-mode", "token", "routing-key", "replicas", "interval"])
+    ({"monitoring": {"dashboards": {"label": "grafana dashboard"}}},
+     "at '/monitoring/dashboards/label': 'grafana dashboard' does not match pattern"),
+    ({"monitoring": {"dashboards": {"labelValue": 1}}},
+     "at '/monitoring/dashboards/labelValue': got number, want string"),
+    ({"monitoring": {"dashboards": {"namespace": "Monitoring"}}},
+     "at '/monitoring/dashboards/namespace': 'Monitoring' does not match pattern"),
+], ids=["port", "bool", "typo", "policy-mode", "token", "routing-key", "replicas", "interval", "dashboard-label",
+        "dashboard-label-value", "dashboard-namespace"])
 def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
     chart = helm_python.Chart.load(CHART)
     with pytest.raises(helm_python.HelmValuesError) as err:
@@ -194,7 +267,10 @@ def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None
     ({"rules": {"config": {"tokens": ["0123456789abcdef"]}}}, "rules.config.tokens: set by the chart"),
     ({"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
      "monitoring: enable serviceMonitor or podMonitor, not both"),
-], ids=["readonly-enforce", "unsharded-replicas", "agent-listen", "rules-tokens", "both-monitors"])
+    ({"monitoring": {"dashboards": {"enabled": True, "labels": {"grafana_dashboard": "0"}}}},
+     "monitoring.dashboards.labels: grafana_dashboard is set by monitoring.dashboards.label / labelValue"),
+], ids=["readonly-enforce", "unsharded-replicas", "agent-listen", "rules-tokens", "both-monitors",
+        "dashboard-label-twice"])
 def test_contradictory_values_fail_with_one_line(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmRenderError) as err:
         render(values)
@@ -319,3 +395,13 @@ def test_notes_tell_how_to_reach_a_shard() -> None:
     assert f"http://{RELEASE}-gpumond-rules-I.{RELEASE}-gpumond-rules-shards.gpu.svc:9481" in text
     assert "zlib.crc32" in text and "% 4" in text
     assert "no GPU telemetry source" in notes({})
+
+
+def test_notes_tell_where_the_dashboards_are() -> None:
+    text = notes(values_of("ci/monitors-values.yaml"))
+    assert f"ConfigMaps {RELEASE}-gpumond-dashboard-{{fleet,node,job}}" in text
+    assert f"kubectl -n {NAMESPACE} get configmaps -l grafana_dashboard=1" in text
+    assert 'Grafana folder "GPU fleet (gpumond)"' in text
+    assert "kubectl -n monitoring get configmaps" in notes({"monitoring": {"dashboards": {"enabled": True,
+                                                                                          "namespace": "monitoring"}}})
+    assert "Grafana dashboards" not in notes({})

@@ -52,13 +52,27 @@ def test_committed_json_is_what_the_sources_build(name: str) -> None:
         f"{path} is stale: run `python -m dashboards.build` and commit the result"
 
 
-def test_build_check_fails_on_drift(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for f in FILES:
-        (tmp_path / f.name).write_text(f.read_text())
-    (tmp_path / "gpumond-node.json").write_text("{}\n")
-    monkeypatch.setattr(build, "OUT", tmp_path)
+@pytest.mark.parametrize("stale", ["provisioning", "chart"])
+def test_build_check_fails_on_drift(stale: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stale JSON in the provisioning tree or in the Helm chart's copy fails --check; a build repairs both."""
+    dirs = {"provisioning": tmp_path / "provisioning", "chart": tmp_path / "chart"}
+    for d in dirs.values():
+        d.mkdir()
+        for f in FILES:
+            (d / f.name).write_text(f.read_text())
+    monkeypatch.setattr(build, "OUT", dirs["provisioning"])
+    monkeypatch.setattr(build, "CHART_OUT", dirs["chart"])
+    assert build.main(["--check"]) == 0
+    (dirs[stale] / "gpumond-node.json").write_text("{}\n")
     assert build.main(["--check"]) == 1
     assert build.main([]) == 0 and build.main(["--check"]) == 0
+
+
+def test_the_helm_chart_carries_the_committed_json() -> None:
+    copies = sorted(build.CHART_OUT.glob("*.json"))
+    assert [c.name for c in copies] == [f.name for f in FILES], "run `python -m dashboards.build` and commit"
+    for f, c in zip(FILES, copies):
+        assert c.read_bytes() == f.read_bytes(), f"{c} is stale: run `python -m dashboards.build` and commit"
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
