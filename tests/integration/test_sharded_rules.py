@@ -137,6 +137,10 @@ def test_each_job_is_evaluated_by_its_own_shard_and_a_misrouted_push_is_refused(
     reply = r.json()
     assert (reply["shard"], reply["shards"]) == (1, SHARDS)
     assert f"job {job!r} belongs to shard 1 of 2" in reply["error"] and "GPUMOND_SHARDS=2" in reply["error"]
+    spec = httpx.get(f"{procs[0].url}/api/v1/openapi.json", timeout=5.0).json()  # the refusal is documented
+    documented = spec["paths"]["/api/v1/push"]["post"]["responses"]["421"]["content"]["application/json"]["schema"]
+    schema = spec["components"]["schemas"][documented["$ref"].rsplit("/", 1)[1]]
+    assert set(reply) == set(schema["properties"]) and set(schema["required"]) <= set(reply)
     families = parse_metrics(httpx.get(f"{procs[0].url}/metrics", timeout=5.0).text)
     assert value(families, "gpumond_rules_push_misrouted_total", shard="1") == 1
     assert value(families, "gpumond_rules_push_requests_total", code="421") == 1
