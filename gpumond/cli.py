@@ -131,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--config", metavar="FILE", type=Path, help="rules YAML config (see deploy/examples/rules.yaml)")
     r.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9481)")
-    r.add_argument("--shard", metavar="I/N", help="evaluate only jobs whose id hashes to I modulo N")
+    r.add_argument("--shard", metavar="I/N", help="evaluate only jobs whose id hashes to I modulo N (crc32) and refuse "
+                                                  "pushes for other jobs with 421; jobs route with "
+                                                  "GPUMOND_SHARDS=N and {shard} in GPUMOND_ENDPOINT")
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     r.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
 
