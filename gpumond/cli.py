@@ -131,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--config", metavar="FILE", type=Path, help="rules YAML config (see deploy/examples/rules.yaml)")
     r.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9481)")
-    r.add_argument("--shard", metavar="I/N", help="evaluate only jobs whose id hashes to I modulo N")
+    r.add_argument("--shard", metavar="I/N", help="evaluate only jobs whose id hashes to I modulo N (crc32) and refuse "
+                                                  "pushes for other jobs with 421; jobs route with "
+                                                  "GPUMOND_SHARDS=N and {shard} in GPUMOND_ENDPOINT")
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     r.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
 
@@ -207,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 2 invalid)",
                        description="Validate an agent or rules config file (the kind is recognised from its "
-                                   "keys, or given with --kind); prints one line naming the first bad field.")
+                                   "keys, else its file name, or given with --kind); prints one line naming the "
+                                   "first bad field.")
     c.add_argument("file", metavar="FILE", type=Path)
     c.add_argument("--kind", choices=["agent", "rules"], help="which config this is (default: recognise it)")
     return p
@@ -251,30 +254,36 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
     return cfg.model_copy(update=update)  # every value above is already validated
 
 
-_RULES_KEYS = {"tokens", "tokens_file", "allow_unauthenticated", "telemetry", "evaluation_interval_s", "window_s",
-               "limits", "expire_after_s", "shard"}
-
-
 def _check_config(path: Path, kind: str | None) -> int:
     from gpumond.config import ConfigError, load_agent_config, read_yaml_mapping
+    from gpumond.config.kind import guess_kind
     from gpumond.config.rules import load_rules_config
 
+    how = "given"
     try:
         if kind is None:
-            kind = "rules" if _RULES_KEYS & set(read_yaml_mapping(path)) else "agent"
+            kind, how = guess_kind(path, read_yaml_mapping(path))
         if kind == "rules":
             rules = load_rules_config(path)
             source = "prometheus" if rules.telemetry.prometheus else "scrape" if rules.telemetry.scrape.enabled \
                 else "none"
-            print(f"{path}: ok (rules config; listen {rules.listen}, {len(rules.tokens)} token(s), "
+            print(f"{path}: ok (rules config{_told(how)}; listen {rules.listen}, {len(rules.tokens)} token(s), "
                   f"telemetry {source}, alerts to {_sinks(rules.alerting)})")
             return 0
         cfg = load_agent_config(path)
     except ConfigError as e:
-        print(f"gpumond: {e}", file=sys.stderr)
+        hint = f" (checked as {'a rules' if kind == 'rules' else 'an agent'} config, told by {how}; " \
+               f"pass --kind to choose)" if how == "its file name" else ""
+        print(f"gpumond: {e}{hint}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"{path}: ok (agent config; listen {cfg.listen}, node {cfg.node_name}, alerts to {_sinks(cfg.alerting)})")
+    print(f"{path}: ok (agent config{_told(how)}; listen {cfg.listen}, node {cfg.node_name}, "
+          f"alerts to {_sinks(cfg.alerting)})")
     return 0
+
+
+def _told(how: str) -> str:
+    """Say so when only the file name told the kind: the operator can then correct it with --kind."""
+    return ", told by its file name" if how == "its file name" else ""
 
 
 def _sinks(alerting: Any) -> str:

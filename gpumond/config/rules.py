@@ -19,6 +19,7 @@ from gpumond.config.alerting import AlertingConfig, resolve_alerting
 from gpumond.config.errors import ConfigError
 from gpumond.config.load import load_config
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
+from gpumond.job.routing import MAX_SHARDS
 
 # 9481: next to the agent's 9480, clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
 DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9481)
@@ -66,8 +67,8 @@ class Shard:
         if not sep or not index.isdecimal() or not count.isdecimal():
             raise ValueError('must be "I/N", e.g. "0/4" for the first of four replicas')
         i, n = int(index), int(count)
-        if not 1 <= n <= 1024:
-            raise ValueError("N must be from 1 to 1024")
+        if not 1 <= n <= MAX_SHARDS:
+            raise ValueError(f"N must be from 1 to {MAX_SHARDS}")
         if i >= n:
             raise ValueError(f"I must be from 0 to {n - 1} (shards count from 0)")
         return cls(i, n)

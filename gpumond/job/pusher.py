@@ -18,6 +18,9 @@ log = logging.getLogger("gpumond.job")
 JOIN_GRACE_S = 0.25  # a request started just before the close deadline still gets to finish
 MIN_RETRY_S = 0.05  # a "Retry-After: 0" loop must not spin
 RETRY_STATUSES = frozenset({408, 429})  # plus every 5xx
+# 421: the push reached a rules replica of another shard. Misconfiguration, not an outage: retrying the same
+# address cannot succeed, so the batch is dropped like any other refusal, with a line saying what to set.
+MISROUTED = 421
 
 
 class Pusher:
@@ -184,6 +187,9 @@ class Pusher:
         if status == 413:
             self.limit = max(1, len(self._pending) // 2)
             note = f"; sending at most {self.limit} steps per push from now on"
+        elif status == MISROUTED:
+            note = ("; this job's pushes reach a rules shard that does not evaluate it: set GPUMOND_SHARDS to "
+                    "the number of rules replicas and put {shard} in GPUMOND_ENDPOINT (docs/job-sdk.md)")
         self._drop(_describe(status, detail) + note, key=status)
 
     def _drop(self, error: str, *, key: object, exc_info: bool = False) -> None:

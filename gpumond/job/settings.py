@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpumond.job.routing import MAX_SHARDS, PLACEHOLDER
+
 # First usable value wins. GPUMOND_JOB_ID lets a user override the scheduler's id.
 JOB_ENV = ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 # torchrun inside an sbatch allocation sets both; RANK is the global rank torchrun assigned,
@@ -126,6 +128,23 @@ def resolve_endpoint(endpoint: str | None, environ: Mapping[str, str]) -> str:
     if value is None:
         raise ConfigError("no endpoint: pass endpoint= or set GPUMOND_ENDPOINT (e.g. http://rules:9481)")
     return value
+
+
+def resolve_shards(shards: int | None, endpoint: str, environ: Mapping[str, str]) -> int | None:
+    """How many rules shards to route among (argument, else GPUMOND_SHARDS), checked against `{shard}`."""
+    count = None
+    if shards is not None or clean_label(environ.get("GPUMOND_SHARDS")) is not None:
+        count = _int_setting("shards", shards, environ, ("GPUMOND_SHARDS",), default=1, minimum=1)
+        if count > MAX_SHARDS:
+            raise ConfigError(f"shards must be ≤ {MAX_SHARDS}, the rules service's limit (got {count})")
+    # Either half without the other would send every push to one address, most of them to the wrong shard.
+    if count is not None and PLACEHOLDER not in endpoint:
+        raise ConfigError(f"shards is {count} but the endpoint has no {PLACEHOLDER} to put the shard number in "
+                          f"(e.g. http://gpumond-rules-{PLACEHOLDER}.gpumond-rules-shards:9481; got {endpoint!r})")
+    if count is None and PLACEHOLDER in endpoint:
+        raise ConfigError(f"the endpoint has {PLACEHOLDER}: pass shards= or set GPUMOND_SHARDS to the number of "
+                          f"rules replicas (N of --shard I/N)")
+    return count
 
 
 def resolve_token(token: str | None, environ: Mapping[str, str]) -> str:

@@ -5,24 +5,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
 from gpumond.rules.detectors.features import RankFeatures
 from gpumond.alerts.pipeline import AlertPipeline, log_only
+from gpumond.job.routing import shard_of
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, conditions_of, findings_of
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.types import Finding, TelemetrySource
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
-
-
-def shard_of(job: str, count: int) -> int:
-    """Stable shard of a job id (CRC-32, the same in every replica and every Python process)."""
-    return zlib.crc32(job.encode("utf-8")) % count
 
 
 _RANK_SERIES = (("gpumond_job_rank_step_seconds", "step_time_s"),

@@ -88,11 +88,12 @@ class RulesProcess(ManagedProcess):
     label = "rules"
 
     def __init__(self, workdir: Path, alerting: dict[str, Any], *, state_dir: Path, port: int | None = None,
-                 evaluation_interval_s: float = 0.5) -> None:
+                 evaluation_interval_s: float = 0.5, shard: str | None = None) -> None:
         self.port = port or free_port()
         config = write_yaml(workdir / "rules.yaml", {
             "listen": f"{LOOPBACK}:{self.port}", "tokens": [TOKEN], "evaluation_interval_s": evaluation_interval_s,
-            "state_dir": str(state_dir), "alerting": alerting, "log": {"format": "json"}})
+            "state_dir": str(state_dir), "alerting": alerting, "log": {"format": "json"},
+            **({"shard": shard} if shard is not None else {})})
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("GPUMOND_RULES_TOKENS", None)
         super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(config)], workdir, env=env)

@@ -392,8 +392,9 @@ def test_rules_container_is_ready_with_defaults(tmp_path: Path) -> None:
 
 def test_notes_tell_how_to_reach_a_shard() -> None:
     text = notes(values_of("ci/sharded-values.yaml"))
-    assert f"http://{RELEASE}-gpumond-rules-I.{RELEASE}-gpumond-rules-shards.gpu.svc:9481" in text
-    assert "zlib.crc32" in text and "% 4" in text
+    assert f"GPUMOND_ENDPOINT='http://{RELEASE}-gpumond-rules-{{shard}}.{RELEASE}-gpumond-rules-shards.gpu.svc:9481'" \
+        in text
+    assert "GPUMOND_SHARDS=4\n" in text
     assert "no GPU telemetry source" in notes({})
 
 

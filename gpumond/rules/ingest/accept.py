@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumond.config.rules import RulesConfig
+from gpumond.job.routing import shard_of
 from gpumond.rules.ingest.auth import TokenAuth
 from gpumond.rules.ingest.body import declared_too_large
 from gpumond.rules.ingest.payload import PayloadError, parse, push_model
@@ -23,6 +24,12 @@ _WARN_EVERY_S = 60.0  # one log line per kind of refusal per minute; the counter
 # balancer must not take a 503 as "this replica is down". The body's "cap" says which cap refused.
 CAP_STATUS = 429
 CAP_RETRY_AFTER_S = 30
+# A push for a job of another shard is 421 Misdirected Request (RFC 9110 §15.5.20: this server is not the one
+# to answer for that request, and a client may retry it elsewhere): the body is valid, so not 400/422; the
+# replica is healthy, so not 503 (a load balancer would take it out and the SDK would retry forever); and no
+# 3xx, because a replica does not know the other shards' addresses and a redirected POST is not followed by
+# the SDK. Sending the same push here again cannot succeed, so the SDK drops it; the fix is its routing.
+MISROUTED_STATUS = 421
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,7 @@ class Ingest:
         self._limiter = RateLimiter(limits.pushes_per_second_per_client, limits.burst, limits.max_clients, clock)
         self._rate_text = f"{limits.pushes_per_second_per_client:g} pushes/s (burst {limits.burst})"
         self._skew_s = limits.max_clock_skew_s
+        self._shard = config.shard
         self._clock = clock
         self._warned: dict[str, float] = {}
 
@@ -93,6 +101,8 @@ class Ingest:
             push = parse(self.model, body)
         except PayloadError as err:
             return self._reply(err.status, err.message)
+        if self._shard is not None and (owner := shard_of(push.job, self._shard.count)) != self._shard.index:
+            return self._misrouted(push.job, owner, client)
         now = self._clock()
         records = push.steps
         for i, s in enumerate(records):
@@ -115,9 +125,21 @@ class Ingest:
             return Reply(202, {"accepted": stored.accepted, "dropped": dropped})
         return Reply(202, {"accepted": stored.accepted})
 
-    def _reply(self, status: int, message: str, *headers: tuple[str, str]) -> Reply:
+    def _misrouted(self, job: str, owner: int, client: Client) -> Reply:
+        """Refuse, before storing anything, a push whose job another shard evaluates (it would never be)."""
+        n = self._shard.count if self._shard is not None else 1
+        self._warn("shard", "push refused: job belongs to another shard", job=job, shard=f"{owner}/{n}",
+                   this_shard=str(self._shard), client=client.identity)
+        self.stats.misrouted(owner)
+        message = (f"job {job!r} belongs to shard {owner} of {n} (crc32(job) mod {n}), not this replica "
+                   f"({self._shard}): push to shard {owner}; the job SDK routes by itself with "
+                   f"GPUMOND_SHARDS={n} and {{shard}} in GPUMOND_ENDPOINT")
+        return self._reply(MISROUTED_STATUS, message, extra={"shard": owner, "shards": n})
+
+    def _reply(self, status: int, message: str, *headers: tuple[str, str],
+               extra: dict[str, object] | None = None) -> Reply:
         self.stats.count(status)
-        return Reply(status, {"error": message}, headers)
+        return Reply(status, {"error": message, **(extra or {})}, headers)
 
     def _warn(self, key: str, message: str, **fields: object) -> None:
         now = self._clock()

@@ -48,6 +48,13 @@ def openapi_document(push: type[PushBody], version: str) -> dict[str, Any]:
                        "cap": {"enum": list(CAPS), "description": "present when a cap refused the push (not "
                                                                   "for the rate limit)"}},
     }
+    components["Misdirected"] = {
+        "type": "object", "required": ["error", "shard", "shards"],
+        "properties": {"error": {"type": "string", "minLength": 1},
+                       "shard": {"type": "integer", "minimum": 0,
+                                 "description": "the shard that evaluates this job: crc32(job) mod shards"},
+                       "shards": {"type": "integer", "minimum": 1, "description": "N of this replica's I/N"}},
+    }
     # JSON Schema cannot compare two fields; say the rules it cannot express where a client reads the Step.
     step = components.get("Step")
     if step is not None:
@@ -84,6 +91,11 @@ _PUSH = {
         "422": _error("JSON that is not a valid push; the message names the field, e.g. steps[3].duration_s, "
                       "including the rules between fields the Step schema states in words (comm_wait_s <= "
                       "duration_s - data_wait_s)"),
+        "421": {"description": "Misdirected Request: this replica runs with shard I/N and the push's job belongs "
+                               "to another shard, which alone evaluates it; nothing was stored. Do not retry "
+                               "here: push to the shard the body names (the job SDK does, given GPUMOND_SHARDS "
+                               "and {shard} in GPUMOND_ENDPOINT)",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Misdirected"}}}},
         "429": {"description": "this client pushes too often (the rate limit), or a cap refused a new job, rank, "
                                "GPU or steps for a rank holding none (`cap` names it; those already held are "
                                "still accepted): back off and retry after Retry-After",

@@ -15,6 +15,9 @@ INGEST_METRICS: Mapping[str, tuple[str, str]] = {
         "counter", "Steps received in accepted pushes, by result: accepted (new, kept), duplicate (already held), "
                    "stale (older than the window), per_rank_window (a push's oldest new steps beyond "
                    "limits.max_steps_per_rank), refused (no room under limits.max_steps_held)."),
+    "gpumond_rules_push_misrouted_total": (
+        "counter", "Pushes refused with 421 because their job belongs to another shard, by the shard that owns "
+                   "it (the job's client routes wrongly: see GPUMOND_SHARDS in docs/job-sdk.md)."),
     "gpumond_rules_cap_refusals_total": (
         "counter", "Pushes or telemetry samples refused because a cap was reached, by cap."),
     "gpumond_rules_expired_total": ("counter", "Entries dropped after expire_after_s of silence, by kind."),
@@ -31,11 +34,16 @@ class IngestStats:
         self._ranks = ranks
         self._gpus = gpus
         self._codes: Counter[int] = Counter()
+        self._misrouted: Counter[int] = Counter()
         self.rate_limit_clients = 0
 
     def count(self, status: int) -> None:
         """One push answered with `status`."""
         self._codes[status] += 1
+
+    def misrouted(self, owner: int) -> None:
+        """One push refused because shard `owner` evaluates its job (its 421 is counted by `count`)."""
+        self._misrouted[owner] += 1
 
     def requests(self, status: int) -> int:
         """Pushes answered with `status` so far."""
@@ -46,6 +54,8 @@ class IngestStats:
         r = self._ranks.counts()
         out = [Series("gpumond_rules_push_requests_total", (("code", str(c)),), float(n))
                for c, n in sorted(dict(self._codes).items())]  # a copy: pushes count on another thread
+        out += [_s("gpumond_rules_push_misrouted_total", n, ("shard", str(k)))
+                for k, n in sorted(dict(self._misrouted).items())]
         for result, n in (("accepted", r.steps_accepted), ("duplicate", r.steps_duplicate),
                           ("stale", r.steps_stale), ("per_rank_window", r.steps_per_rank_window),
                           ("refused", r.steps_refused)):

@@ -1,0 +1,36 @@
+"""Which kind of config a file is (agent or rules), told from its keys, else its name, for `check-config`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpumond.config.agent import AgentConfig
+from gpumond.config.errors import ConfigError
+from gpumond.config.rules import RulesConfig
+
+KINDS = ("agent", "rules")
+# From the models, so a key added to either config is recognised without touching this file.
+AGENT_ONLY = frozenset(AgentConfig.model_fields) - frozenset(RulesConfig.model_fields)
+RULES_ONLY = frozenset(RulesConfig.model_fields) - frozenset(AgentConfig.model_fields)
+SHARED = frozenset(AgentConfig.model_fields) & frozenset(RulesConfig.model_fields)
+
+
+def guess_kind(path: Path, keys: Iterable[object]) -> tuple[str, str]:
+    """(kind, how it was told) from the top-level keys, else the file name; ConfigError when neither tells."""
+    present = {str(k) for k in keys}
+    agent, rules = sorted(present & AGENT_ONLY), sorted(present & RULES_ONLY)
+    if agent and rules:
+        raise ConfigError(str(path), f"has agent keys ({', '.join(agent)}) and rules keys ({', '.join(rules)}); "
+                                     f"an agent and the rules service each take their own file")
+    if agent or rules:
+        return ("agent", "its keys") if agent else ("rules", "its keys")
+    # Only keys both take (listen, state_dir, alerting, log), as the chart's default rules.yaml has: the
+    # file's name is the operators' own label (agent.yaml, gpumond-rules.yaml); a guess beyond it would
+    # check a rules config as an agent's and pass it.
+    named = [k for k in KINDS if k in path.name.lower()]
+    if len(named) == 1:
+        return named[0], "its file name"
+    shared = ", ".join(sorted(present & SHARED)) or "no keys"
+    raise ConfigError(str(path), f"cannot tell an agent config from a rules config: it sets only keys both take "
+                                 f"({shared}); pass --kind agent or --kind rules")
