@@ -20,7 +20,10 @@ def test_allocations_skip_unusable_names_and_stop_at_the_bound() -> None:
     pods = [pod("ml", "a", ("main", "nvidia.com/gpu", [G0, M0])),
             pod("", "no-namespace", ("main", "nvidia.com/gpu", [G0])),
             pod("ml", "x" * 254, ("main", "nvidia.com/gpu", [G0])),
-            pod("ml", "b", ("c\x00", "nvidia.com/gpu", [G0]), ("ok", "nvidia.com/gpu", ["", " ", G0]))]
+            pod("ml", "b", ("c\x00", "nvidia.com/gpu", [G0]), ("ok", "nvidia.com/gpu", ["", " ", G0])),
+            # a line separator or a bidi override in a name would split log lines or reorder it on screen
+            pod("ml\u2028x", "c", ("main", "nvidia.com/gpu", [G0])),
+            pod("ml", "d\u202egpj", ("main", "nvidia.com/gpu", [G0]))]
     got = allocations(pods, max_allocations=100)
     assert [(a.ref.pod, a.ref.container, a.device_id) for a in got] == [
         ("a", "main", G0), ("a", "main", M0), ("b", "ok", G0)]

@@ -13,9 +13,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpumond.safetext import UNSAFE
+
 MAX_NAME_CHARS = 253  # the longest Kubernetes object name (a DNS subdomain)
 NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _REPLICA = re.compile(r"::\d+$")
 
 
@@ -46,7 +47,7 @@ def _clean(value: object) -> str | None:
     if not isinstance(value, str):
         return None
     value = value.strip()
-    if not value or len(value) > MAX_NAME_CHARS or _CONTROL_CHARS.search(value):
+    if not value or len(value) > MAX_NAME_CHARS or UNSAFE.search(value):
         return None
     return value
 
@@ -54,7 +55,8 @@ def _clean(value: object) -> str | None:
 def allocations(pod_resources: Iterable[object], max_allocations: int) -> tuple[Allocation, ...]:
     """The device allocations in a List response's `pod_resources`, at most `max_allocations`.
 
-    Entries with an unusable name (empty, too long, control characters) are skipped rather than exported.
+    Entries with an unusable name (empty, too long, control, line-separator or bidirectional characters:
+    they would split log lines or reorder a name on screen) are skipped rather than exported.
     """
     out: list[Allocation] = []
     for pod in pod_resources:
