@@ -1273,9 +1273,9 @@ def findings(p1: dict[str, Any], a1: dict[str, Any], p3: dict[str, Any]) -> list
             span = fmt_s(min(secs)) if f"{min(secs):.1f}" == f"{max(secs):.1f}" else \
                 f"{min(secs):.1f}–{max(secs):.1f} s"
             out.append(f"- **Shutdown with both sinks' requests hanging takes {span}** (healthy or no sinks: "
-                       f"{fmt_s(max(calm))} at most): `AlertPipeline.stop` joins each sink's thread for up to 5 s, one sink after "
-                       f"the other, so N hanging sinks hold SIGTERM for up to 5·N s (4 sinks, e.g. two "
-                       f"Alertmanager replicas + Slack + PagerDuty, would be ~20 s).")
+                       f"{fmt_s(max(calm))} at most): `AlertPipeline.stop` stops every sink at once and waits "
+                       f"5 s at most in all, however many sinks hang (before, one after the other: 5 s per hanging "
+                       f"sink).")
     for r in restarts:
         log = p1["restart_logs"].get(r.node, "")
         end = p1["at_end"].get(r.node, {})
