@@ -33,7 +33,7 @@ def served(app: object) -> Iterator[str]:
     """The app under a real uvicorn on 127.0.0.1 (a socket bound to port 0), for the test's duration."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", log_config=None))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + WAIT_S

@@ -90,7 +90,7 @@ def _start(service: Service) -> Service:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     service.port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", log_config=None))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{service.port}",
                               daemon=True)
     service.server, service.thread = server, thread
