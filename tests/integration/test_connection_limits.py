@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -207,6 +208,34 @@ def test_the_counters_are_series_for_metrics() -> None:
         assert series[("gpumond_http_connections_closed_total", (("reason", "shed"),))] == 0
         assert series[("gpumond_http_connections_limit", ())] == 4
         assert series[("gpumond_http_connections_peak", ())] >= 1
+
+
+def test_a_flood_of_one_kind_of_closing_does_not_hide_another_kinds_warning() -> None:
+    from gpumond.logs import RateLimit
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    handler.addFilter(RateLimit(burst=3))  # the daemons' per-call-site limit, with a small burst
+    logger = logging.getLogger("gpumond.serving")
+    logger.addHandler(handler)
+    try:
+        with serving(ConnectionLimits(head_timeout_s=0.2, body_timeout_s=30, keep_alive_s=30,
+                                      max_connections=2)) as (port, stats):
+            for _ in range(6):  # more head timeouts than the burst lets through
+                with connect(port) as s:
+                    assert closed_by_server(s)
+            busy = [connect(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab") for _ in range(2)]
+            time.sleep(0.2)
+            with connect(port) as s:
+                assert closed_by_server(s)  # shed: both held connections are busy
+            assert stats.head_timeouts == 6 and stats.shed == 1
+            for s in busy:
+                s.close()
+    finally:
+        logger.removeHandler(handler)
+    assert seen.count("connection closed: request head not complete in time") == 3
+    assert "connection shed: every held connection is busy" in seen
 
 
 def test_a_kept_alive_connection_is_served_again_then_closed_when_idle() -> None:
