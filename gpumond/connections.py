@@ -30,12 +30,12 @@ import logging
 import resource
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
-
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from typing import TYPE_CHECKING, Any
 
 from gpumond.types import Series
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("gpumond.serving")
 
@@ -134,6 +134,9 @@ class _Guard:
 def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None = None,
                      cap: int | None = None) -> tuple[type[H11Protocol], ConnectionStats]:
     """An h11 protocol class for uvicorn.Config(http=...) enforcing `limits`, and its counters."""
+    # Imported here: the config loader reads ConnectionLimits' defaults and need not load uvicorn (~160 ms).
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
     guard = _Guard(cap if cap is not None else connection_cap(limits), limits,
                    stats if stats is not None else ConnectionStats())
 
