@@ -118,12 +118,13 @@ class _Guard:
         self.stats = stats
         stats.cap = cap
 
-    def victim(self) -> Any | None:
-        """The connection to close for a new one: longest waiting for a head, longest kept idle, longest
-        write-paused (a client that reads nothing gets nothing from waiting longer)."""
-        for idle in (self.waiting, self.kept, self.paused):
+    def victim(self) -> tuple[Any, str] | None:
+        """The connection to close for a new one, and why it may go: longest waiting for a head, longest
+        kept idle, longest write-paused (a client that reads nothing gets nothing from waiting longer)."""
+        for idle, kind in ((self.waiting, "no_request_head"), (self.kept, "kept_alive_idle"),
+                           (self.paused, "client_not_reading")):
             if idle:
-                return next(iter(idle))
+                return next(iter(idle)), kind
         return None
 
     def forget(self, conn: Any) -> None:
@@ -153,16 +154,17 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
             guard.stats.open = held
             guard.stats.peak = max(guard.stats.peak, held)
             if held > guard.cap:
-                victim = guard.victim()
-                if victim is None:
+                found = guard.victim()
+                if found is None:
                     guard.stats.shed += 1
                     log.warning("connection shed: every held connection is busy", extra={
                         "cap": guard.cap, "total": guard.stats.shed})
                     self.transport.abort()
                     return
+                victim, kind = found
                 guard.stats.evicted += 1
-                log.warning("idle connection closed to make room", extra={
-                    "cap": guard.cap, "total": guard.stats.evicted})
+                log.warning("connection closed to make room", extra={
+                    "cap": guard.cap, "closed": kind, "total": guard.stats.evicted})
                 victim._close("evicted")
             guard.waiting[self] = None
             self._arm("head", guard.limits.head_timeout_s)
