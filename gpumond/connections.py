@@ -11,9 +11,17 @@ real scrapes refused. What is added here:
 - a **body timeout**: the body must be complete within `body_timeout_s` of the head;
 - the **keep-alive idle timeout** is uvicorn's (`keep_alive_s`), closing with `abort()` when the client
   has not read our response, since `close()` would wait for it forever;
-- a **connection cap** below the process's descriptor limit: a connection past it first closes the
-  connection that has waited longest without a complete request head, then the longest kept-alive idle
-  one; when every held connection is busy with a request, the newest is shed (closed at once).
+- a **write timeout**: a connection whose writes the transport has paused (the client does not read what
+  we send, e.g. it pipelines requests and never reads) for `write_timeout_s` is aborted. uvicorn waits on
+  such a client with no timer of its own, which held SIGTERM (and so the policy's restore) forever;
+- a **connection cap**, the smaller of `max_connections` and what the descriptor limit leaves room for
+  (a container's 1,048,576 descriptors alone would let a flood hold ~4.7 KB x 917,504 connections): a
+  connection past it first closes the connection that has waited longest without a complete request head,
+  then the longest kept-alive idle one, then the longest write-paused one; only when every held connection
+  is busy with a request it is reading or answering is the newest shed (closed at once).
+
+Each kind of closing has its own log call site, so that one flood's rate limit (gpumond.logs) never hides
+another kind's warning, and its own counter (`ConnectionStats`), exported on both daemons' /metrics.
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ import logging
 import resource
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from gpumond.types import Series
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("gpumond.serving")
 
@@ -34,54 +44,87 @@ _UNLIMITED_CAP = 65_536
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """Timeouts and the connection cap of one server; `max_connections` None derives it from RLIMIT_NOFILE."""
+    """Timeouts and the connection cap of one server (config: the `http:` section of either daemon)."""
 
     head_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     # Above the job SDK's 5 s push interval and usual scrape intervals, so clients reuse their connection.
     keep_alive_s: float = 75.0
-    max_connections: int | None = None
+    # Long enough for a slow but reading client to take a large /metrics; a client that reads nothing for
+    # this long is not a scraper.
+    write_timeout_s: float = 30.0
+    # ~4.7 KB of memory per held connection: 4,096 is ~19 MiB, inside the chart's 128 Mi agent limit.
+    max_connections: int = 4096
 
 
 def connection_cap(limits: ConnectionLimits, nofile: int | None = None) -> int:
-    """How many connections to hold: the configured cap, else the descriptor limit minus a reserve."""
-    if limits.max_connections is not None:
-        return limits.max_connections
+    """How many connections to hold: `max_connections`, lowered to what the descriptor limit leaves room for."""
     if nofile is None:
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if nofile == resource.RLIM_INFINITY or nofile <= 0:
-        return _UNLIMITED_CAP
+        return min(limits.max_connections, _UNLIMITED_CAP)
     # The reserve covers everything else the process opens: NVML, state and log files, outgoing scrape and
     # alert connections, threads' pipes. 1,024 -> 896 connections; 65,536 (deploy/systemd) -> 57,344.
-    return max(16, nofile - max(64, nofile // 8))
+    return min(limits.max_connections, max(16, nofile - max(64, nofile // 8)))
+
+
+# name -> (type, help), for each daemon's /metrics encoder.
+CONNECTION_METRICS = {
+    "gpumond_http_connections_open": ("gauge", "HTTP connections held by this server now."),
+    "gpumond_http_connections_peak": ("gauge", "Most HTTP connections held at once since the server started."),
+    "gpumond_http_connections_limit": ("gauge", "The server's connection cap (http.max_connections, lowered to fit "
+                                                "the descriptor limit)."),
+    "gpumond_http_connections_closed_total": ("counter", (
+        "HTTP connections the server closed to bound them, by reason (head_timeout, body_timeout, write_timeout, "
+        "evicted, shed).")),
+}
+
+CLOSE_REASONS = ("head_timeout", "body_timeout", "write_timeout", "evicted", "shed")
 
 
 class ConnectionStats:
-    """What the guard has closed, by reason; one per server."""
+    """What the guard holds and has closed, by reason; one per server, read by its /metrics."""
 
     def __init__(self) -> None:
         self.head_timeouts = 0
         self.body_timeouts = 0
+        self.write_timeouts = 0
         self.evicted = 0
         self.shed = 0
+        self.open = 0
         self.peak = 0
+        self.cap = 0
+
+    def series(self) -> list[Series]:
+        """The CONNECTION_METRICS series (counters as plain ints: one writer, the event loop's thread)."""
+        closed = (self.head_timeouts, self.body_timeouts, self.write_timeouts, self.evicted, self.shed)
+        out = [Series("gpumond_http_connections_open", (), float(self.open)),
+               Series("gpumond_http_connections_peak", (), float(self.peak)),
+               Series("gpumond_http_connections_limit", (), float(self.cap))]
+        out += [Series("gpumond_http_connections_closed_total", (("reason", reason),), float(n))
+                for reason, n in zip(CLOSE_REASONS, closed)]
+        return out
 
 
 class _Guard:
     """Shared by every connection of one server: the idle connections in age order, and the counters."""
 
-    def __init__(self, cap: int, limits: ConnectionLimits) -> None:
+    def __init__(self, cap: int, limits: ConnectionLimits, stats: ConnectionStats) -> None:
         self.cap = cap
         self.limits = limits
         self.waiting: OrderedDict[Any, None] = OrderedDict()  # no complete request head yet
         self.kept: OrderedDict[Any, None] = OrderedDict()  # kept alive between requests
-        self.stats = ConnectionStats()
+        self.paused: OrderedDict[Any, None] = OrderedDict()  # writes paused: the client is not reading
+        self.stats = stats
+        stats.cap = cap
 
-    def victim(self) -> Any | None:
-        """The connection to close for a new one: longest waiting for a head, else longest kept idle."""
-        for idle in (self.waiting, self.kept):
+    def victim(self) -> tuple[Any, str] | None:
+        """The connection to close for a new one, and why it may go: longest waiting for a head, longest
+        kept idle, longest write-paused (a client that reads nothing gets nothing from waiting longer)."""
+        for idle, kind in ((self.waiting, "no_request_head"), (self.kept, "kept_alive_idle"),
+                           (self.paused, "client_not_reading")):
             if idle:
-                return next(iter(idle))
+                return next(iter(idle)), kind
         return None
 
     def forget(self, conn: Any) -> None:
@@ -89,30 +132,39 @@ class _Guard:
         self.kept.pop(conn, None)
 
 
-def guarded_protocol(limits: ConnectionLimits, *, cap: int | None = None) -> tuple[type[H11Protocol], ConnectionStats]:
+def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None = None,
+                     cap: int | None = None) -> tuple[type[H11Protocol], ConnectionStats]:
     """An h11 protocol class for uvicorn.Config(http=...) enforcing `limits`, and its counters."""
-    guard = _Guard(cap if cap is not None else connection_cap(limits), limits)
+    # Imported here: the config loader reads ConnectionLimits' defaults and need not load uvicorn (~160 ms).
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    guard = _Guard(cap if cap is not None else connection_cap(limits), limits,
+                   stats if stats is not None else ConnectionStats())
 
     class GuardedH11Protocol(H11Protocol):
         """uvicorn's h11 protocol with head/body timeouts and the connection cap (see the module doc)."""
 
         _timer: Any = None
         _phase: str | None = None
+        _write_timer: Any = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
             held = len(self.connections)
+            guard.stats.open = held
             guard.stats.peak = max(guard.stats.peak, held)
             if held > guard.cap:
-                victim = guard.victim()
-                if victim is None:
+                found = guard.victim()
+                if found is None:
                     guard.stats.shed += 1
-                    _say("connection shed: every held connection is busy", cap=guard.cap,
-                         total=guard.stats.shed)
+                    log.warning("connection shed: every held connection is busy", extra={
+                        "cap": guard.cap, "total": guard.stats.shed})
                     self.transport.abort()
                     return
+                victim, kind = found
                 guard.stats.evicted += 1
-                _say("idle connection closed to make room", cap=guard.cap, total=guard.stats.evicted)
+                log.warning("connection closed to make room", extra={
+                    "cap": guard.cap, "closed": kind, "total": guard.stats.evicted})
                 victim._close("evicted")
             guard.waiting[self] = None
             self._arm("head", guard.limits.head_timeout_s)
@@ -138,8 +190,37 @@ def guarded_protocol(limits: ConnectionLimits, *, cap: int | None = None) -> tup
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._unpause()
             guard.forget(self)
             super().connection_lost(exc)
+            guard.stats.open = len(self.connections)
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._write_timer is None and not self.transport.is_closing():
+                guard.paused[self] = None
+                self._write_timer = self.loop.call_later(guard.limits.write_timeout_s, self._write_expired)
+
+        def resume_writing(self) -> None:
+            self._unpause()
+            super().resume_writing()
+
+        def _unpause(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+            guard.paused.pop(self, None)
+
+        def _write_expired(self) -> None:
+            self._write_timer = None
+            guard.paused.pop(self, None)
+            if self.transport.is_closing() and not self.transport.get_write_buffer_size():
+                return
+            guard.stats.write_timeouts += 1
+            log.warning("connection closed: client did not read the response in time", extra={
+                "timeout_s": guard.limits.write_timeout_s, "total": guard.stats.write_timeouts,
+                "client": _peer(self)})
+            self._close("write")
 
         def timeout_keep_alive_handler(self) -> None:
             super().timeout_keep_alive_handler()
@@ -179,16 +260,19 @@ def guarded_protocol(limits: ConnectionLimits, *, cap: int | None = None) -> tup
                 return
             if phase == "head":
                 guard.stats.head_timeouts += 1
-                _say("connection closed: request head not complete in time", timeout_s=guard.limits.head_timeout_s,
-                     total=guard.stats.head_timeouts, client=_peer(self))
+                log.warning("connection closed: request head not complete in time", extra={
+                    "timeout_s": guard.limits.head_timeout_s, "total": guard.stats.head_timeouts,
+                    "client": _peer(self)})
             else:
                 guard.stats.body_timeouts += 1
-                _say("connection closed: request body not complete in time", timeout_s=guard.limits.body_timeout_s,
-                     total=guard.stats.body_timeouts, client=_peer(self))
+                log.warning("connection closed: request body not complete in time", extra={
+                    "timeout_s": guard.limits.body_timeout_s, "total": guard.stats.body_timeouts,
+                    "client": _peer(self)})
             self._close(phase)
 
         def _close(self, why: str) -> None:
             self._disarm()
+            self._unpause()
             guard.forget(self)
             if not self.transport.is_closing() or self.transport.get_write_buffer_size():
                 self.transport.abort()  # never wait on a peer that does not read
@@ -199,9 +283,3 @@ def guarded_protocol(limits: ConnectionLimits, *, cap: int | None = None) -> tup
 def _peer(conn: Any) -> str:
     client = getattr(conn, "client", None)
     return f"{client[0]}:{client[1]}" if client else "unknown"
-
-
-def _say(message: str, **fields: object) -> None:
-    # One line per call site; gpumond.logs rate-limits a flood of them and reports the count.
-    log.warning(message, extra=fields)
-

@@ -10,7 +10,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpumond.config.types import ListenAddress
-from gpumond.connections import ConnectionLimits, guarded_protocol
+from gpumond.connections import ConnectionLimits, ConnectionStats, guarded_protocol
+
+# How long SIGTERM waits for responses in flight before cancelling them. Well inside systemd's
+# TimeoutStopSec=30s and Kubernetes' 30 s grace period, so on_stop (the policy's restore) always runs.
+SHUTDOWN_GRACE_S = 5.0
 
 
 class ListenError(RuntimeError):
@@ -35,8 +39,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], None] = lambda: None,
-                        limits: ConnectionLimits = ConnectionLimits()) -> None:
-    """Serve `app` on `sock` until SIGTERM/SIGINT; then `on_stop()`; the process exits normally (status 0)."""
+                        limits: ConnectionLimits = ConnectionLimits(), stats: ConnectionStats | None = None) -> None:
+    """Serve `app` on `sock` until SIGTERM/SIGINT; then `on_stop()`; the process exits normally (status 0).
+
+    `stats` receives the connection guard's counters (for the daemon's /metrics)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -51,11 +57,12 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    protocol, _ = guarded_protocol(limits)
+    protocol, _ = guarded_protocol(limits, stats=stats)
     # log_config=None: uvicorn's loggers keep no handler of their own; gpumond.logs writes their lines.
     # The h11 protocol is always used (extended with the timeouts and cap), whether httptools is installed.
     cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False,
-                         http=protocol, timeout_keep_alive=limits.keep_alive_s)
+                         http=protocol, timeout_keep_alive=limits.keep_alive_s,
+                         timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     try:
         _Server(cfg).run(sockets=[sock])
     finally:

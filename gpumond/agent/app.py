@@ -36,6 +36,7 @@ from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
+from gpumond.connections import ConnectionStats
 from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
 
 __all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
@@ -107,9 +108,11 @@ class Agent:
         compat = config.exposition.dcgm_compat
         dcgm = DcgmCompat(hostname=config.node_name, hostname_label=compat.hostname_label) if compat.enabled else None
         renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
+        self.http_stats = ConnectionStats()  # filled by the HTTP server (serve()), exported each fast cycle
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=renderer, xid=self.xid,
                                jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
-                               policy=self.policy, dcgm=dcgm, identities=self._identities.save)
+                               policy=self.policy, dcgm=dcgm, identities=self._identities.save,
+                               server=self.http_stats.series)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def wall_interval(self, simulated_s: float) -> float:
@@ -213,4 +216,5 @@ def serve(agent: Agent) -> None:
     sock = bind(agent.config.listen.host, agent.config.listen.port)
     agent.start()
     log.info("serving", extra={"url": f"http://{agent.config.listen}/metrics"})
-    run_until_signalled(agent.app(), sock, on_stop=agent.stop)
+    run_until_signalled(agent.app(), sock, on_stop=agent.stop, limits=agent.config.http.limits(),
+                        stats=agent.http_stats)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from gpumond.alerts.pipeline import ALERT_METRICS
 from gpumond.alerts.sinks import SINK_METRICS
+from gpumond.connections import CONNECTION_METRICS
 from gpumond.nvml.catalogue import CATALOGUE
 
 # name → (type, help)
@@ -36,6 +37,7 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
                                                 "no_permission, set_failed)."),
     "gpumond_policy_mode": ("gauge", "The configured policy mode; always 1."),
     "gpumond_policy_dry_run_fallback": ("gauge", "1 when the GPU fell back to dry_run (NoPermission on a set)."),
+    **CONNECTION_METRICS,
     **ALERT_METRICS,
     **SINK_METRICS,
 }

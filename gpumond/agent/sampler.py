@@ -94,6 +94,7 @@ class Sampler:
         policy: PolicySource | None = None,
         dcgm: DcgmCompat | None = None,
         identities: Callable[[Iterable[GpuIdentity]], None] | None = None,
+        server: Callable[[], Iterable[Series]] | None = None,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -107,6 +108,7 @@ class Sampler:
         self._policy = policy
         self._dcgm = dcgm
         self._record_identities = identities  # told the GPUs' identities after every slow read
+        self._server = server  # the HTTP server's own series (its connection counters), read each fast cycle
         self._slow_read: TierRead | None = None
         self._clock = clock
         self._timer = timer
@@ -226,6 +228,8 @@ class Sampler:
         results.extend(_without(self._slow, self._withheld))
         snapshot = Snapshot(self._clock(), tuple(results))
         extra = self_series(results)
+        if self._server is not None:
+            extra += self._server()
         extra.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         self.latest = self._renderer.render(snapshot, extra)
         self.last_snapshot = snapshot

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, PlainValidator, GetCoreSchemaHandle
 from pydantic_core import core_schema
 
 from gpumond.config.alerting import AlertingConfig
+from gpumond.config.http import HttpConfig
 from gpumond.config.types import ConfigModel, ListenAddress
 
 # 9480 stays clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835) on shared nodes.
@@ -287,6 +288,7 @@ class AgentConfig(ConfigModel):
     exposition: ExpositionConfig = ExpositionConfig()
     state_dir: Path = Field(Path("/var/lib/gpumond"), strict=False)
     log: LogConfig = LogConfig()
+    http: HttpConfig = HttpConfig()
     policy: PolicyConfig = PolicyConfig()
     alerting: AlertingConfig = AlertingConfig()
 

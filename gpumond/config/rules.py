@@ -17,6 +17,7 @@ from pydantic_core import core_schema
 from gpumond.config.agent import LogConfig
 from gpumond.config.alerting import AlertingConfig, resolve_alerting
 from gpumond.config.errors import ConfigError
+from gpumond.config.http import HttpConfig
 from gpumond.config.load import load_config
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
 from gpumond.job.routing import MAX_SHARDS
@@ -196,6 +197,7 @@ class RulesConfig(ConfigModel):
     state_dir: AbsolutePath = Path("/var/lib/gpumond-rules")
     shard: Shard | None = None
     log: LogConfig = LogConfig()
+    http: HttpConfig = HttpConfig()
 
 
     @field_validator("expire_after_s")

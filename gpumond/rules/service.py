@@ -30,6 +30,7 @@ from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
+from gpumond.connections import CONNECTION_METRICS, ConnectionStats
 from gpumond.serving import bind, default_external_url, run_until_signalled
 from gpumond.textformat import Encoder
 from gpumond.types import Series
@@ -49,6 +50,7 @@ _HELP = {
     "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
     "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
     **INGEST_METRICS,
+    **CONNECTION_METRICS,
     **ALERT_METRICS,
     **SINK_METRICS,
 }
@@ -81,6 +83,7 @@ class RulesService:
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
                                    shard=shard, clock=clock)
         self.stats = IngestStats(self.ranks, self.gpus)
+        self.http_stats = ConnectionStats()  # filled by the HTTP server (serve())
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
                              alerts=self.alerts.api_json)
@@ -90,6 +93,7 @@ class RulesService:
         """The service's /metrics: findings, evaluation health, ingest counters."""
         series = list(self.evaluator.series())
         series += self.stats.series()
+        series += self.http_stats.series()
         series += self.alerts.series()
         series += self.alerts.active_series(RULES_ALERT_LABELS)
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
@@ -177,4 +181,5 @@ def serve(service: RulesService) -> None:
     sock = bind(service.config.listen.host, service.config.listen.port)
     service.start()
     log.info("serving", extra={"url": f"http://{service.config.listen}/api/v1/findings"})
-    run_until_signalled(service.app, sock, on_stop=service.stop)
+    run_until_signalled(service.app, sock, on_stop=service.stop, limits=service.config.http.limits(),
+                        stats=service.http_stats)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -24,15 +25,19 @@ LIMITS = ConnectionLimits(head_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=0
 WAIT_S = 10.0
 
 
-async def app(scope, receive, send):  # a minimal ASGI app: reads the whole body, answers 200
+BIG = b"x" * 262_144  # /big: more than the transport's 64 KiB high-water mark, so an unread one pauses writes
+
+
+async def app(scope, receive, send):  # a minimal ASGI app: reads the whole body, answers 200 (/big: 256 KiB)
     assert scope["type"] == "http"
     more = True
     while more:
         message = await receive()
         more = message.get("more_body", False)
+    body = BIG if scope["path"] == "/big" else b"ok\n"
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain"),
-                                                                     (b"content-length", b"3")]})
-    await send({"type": "http.response.body", "body": b"ok\n"})
+                                                                     (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 @contextlib.contextmanager
@@ -74,6 +79,23 @@ def closed_by_server(s: socket.socket, timeout: float = WAIT_S) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def never_reading(port: int) -> socket.socket:
+    """A client that pipelines large GETs and reads nothing: our writes to it pause and stay paused."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    s.settimeout(WAIT_S)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 64)
+    return s
+
+
+def wait_for(check, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def response(s: socket.socket) -> bytes:
@@ -151,6 +173,71 @@ def test_past_the_cap_with_every_connection_busy_the_newest_is_shed() -> None:
             s.close()
 
 
+def test_a_client_that_pipelines_and_never_reads_is_closed_after_the_write_timeout() -> None:
+    with serving(ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, write_timeout_s=0.5,
+                                  max_connections=4)) as (port, stats):
+        s = never_reading(port)
+        # the request is complete and its answer is being written: only the write timeout can end it
+        wait_for(lambda: stats.write_timeouts == 1, "the write timeout")
+        assert closed_by_server(s)
+        assert (stats.head_timeouts, stats.body_timeouts, stats.evicted, stats.shed) == (0, 0, 0, 0)
+        assert get(port).startswith(b"HTTP/1.1 200")
+        s.close()
+
+
+def test_past_the_cap_a_connection_whose_client_does_not_read_makes_room() -> None:
+    with serving(ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, write_timeout_s=30,
+                                  max_connections=2)) as (port, stats):
+        stuck = [never_reading(port) for _ in range(2)]
+        time.sleep(0.5)  # both answers are written until the transport pauses
+        for _ in range(3):  # fresh clients are served, each by closing a connection that reads nothing
+            assert get(port).startswith(b"HTTP/1.1 200")
+        assert stats.evicted >= 1 and stats.shed == 0 and stats.write_timeouts == 0
+        assert closed_by_server(stuck[0])
+        for s in stuck:
+            s.close()
+
+
+def test_the_counters_are_series_for_metrics() -> None:
+    with serving() as (port, stats):
+        assert get(port).startswith(b"HTTP/1.1 200")
+        s = connect(port)
+        assert closed_by_server(s)
+        series = {(x.name, x.labels): x.value for x in stats.series()}
+        assert series[("gpumond_http_connections_closed_total", (("reason", "head_timeout"),))] == 1
+        assert series[("gpumond_http_connections_closed_total", (("reason", "shed"),))] == 0
+        assert series[("gpumond_http_connections_limit", ())] == 4
+        assert series[("gpumond_http_connections_peak", ())] >= 1
+
+
+def test_a_flood_of_one_kind_of_closing_does_not_hide_another_kinds_warning() -> None:
+    from gpumond.logs import RateLimit
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    handler.addFilter(RateLimit(burst=3))  # the daemons' per-call-site limit, with a small burst
+    logger = logging.getLogger("gpumond.serving")
+    logger.addHandler(handler)
+    try:
+        with serving(ConnectionLimits(head_timeout_s=0.2, body_timeout_s=30, keep_alive_s=30,
+                                      max_connections=2)) as (port, stats):
+            for _ in range(6):  # more head timeouts than the burst lets through
+                with connect(port) as s:
+                    assert closed_by_server(s)
+            busy = [connect(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab") for _ in range(2)]
+            time.sleep(0.2)
+            with connect(port) as s:
+                assert closed_by_server(s)  # shed: both held connections are busy
+            assert stats.head_timeouts == 6 and stats.shed == 1
+            for s in busy:
+                s.close()
+    finally:
+        logger.removeHandler(handler)
+    assert seen.count("connection closed: request head not complete in time") == 3
+    assert "connection shed: every held connection is busy" in seen
+
+
 def test_a_kept_alive_connection_is_served_again_then_closed_when_idle() -> None:
     with serving() as (port, stats):
         s = connect(port)
@@ -161,7 +248,10 @@ def test_a_kept_alive_connection_is_served_again_then_closed_when_idle() -> None
         assert stats.head_timeouts == 0
 
 
-def test_the_cap_stays_below_the_descriptor_limit() -> None:
+def test_the_cap_is_the_configured_one_lowered_to_fit_the_descriptor_limit() -> None:
     assert connection_cap(ConnectionLimits(), nofile=1024) == 896
-    assert connection_cap(ConnectionLimits(), nofile=65_536) == 57_344
+    # a container's 1,048,576 descriptors must not let a flood hold ~900 k connections (~4.7 KB each)
+    assert connection_cap(ConnectionLimits(), nofile=1_048_576) == 4096
+    assert connection_cap(ConnectionLimits(), nofile=65_536) == 4096
+    assert connection_cap(ConnectionLimits(max_connections=60_000), nofile=65_536) == 57_344
     assert connection_cap(ConnectionLimits(max_connections=10), nofile=1024) == 10

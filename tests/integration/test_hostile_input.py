@@ -42,11 +42,11 @@ LOGFMT = re.compile(r'^ts=\S+ level=\w+ logger=\S+ msg=("(?:[^"\\]|\\.)*"|\S+)( 
 class Rules(ManagedProcess):
     label = "rules"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, http: dict | None = None) -> None:
         self.port = free_port()
         config = write_yaml(workdir / "rules.yaml", {
             "listen": f"{LOOPBACK}:{self.port}", "tokens": [TOKEN], "state_dir": str(workdir / "state"),
-            "limits": LIMITS})
+            "limits": LIMITS, **({"http": http} if http else {})})
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("GPUMOND_RULES_TOKENS", None)
         super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(config)], workdir, env=env)

@@ -26,5 +26,6 @@ def test_rules_metrics_with_findings_are_lint_clean(tmp_path):
     assert [(f.kind, f.rank) for f in firing] == [("io_starved_rank", 5)]
     text = service.metrics()
     assert b'gpumond_finding{gpu_uuid="GPU-00000005' in text
+    assert b'gpumond_http_connections_closed_total{reason="shed"} 0' in text  # the server's own counters
     rc, out = helpers.promtool_check_metrics(text)
     assert (rc, out) == (0, ""), out
