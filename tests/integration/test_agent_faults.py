@@ -204,7 +204,13 @@ def test_lost_gpu_goes_down_alone_and_its_series_disappear(rig: Rig) -> None:
 
 
 def test_promtool_accepts_the_exposition_with_every_fault_present(rig: Rig) -> None:
-    """Runs last: XID and NVML-error counters, a lost GPU and a missing field all in one exposition."""
+    """XID and NVML-error counters, a lost GPU and a missing field all in one exposition (waits for them
+    itself, so it holds run alone as well as after the tests above)."""
+    rig.agent.wait_for_metrics(
+        lambda f: value(f, "gpumond_gpu_up", gpu=LOST_GPU) == 0.0
+        and value(f, "gpumond_gpu_xid_errors_total", gpu=LOST_GPU, xid="79") is not None
+        and bool(samples(f, "gpumond_nvml_errors_total")),
+        timeout=WAIT_S, what=f"GPU {LOST_GPU} lost with its XID 79 counted, and an NVML error counted")
     text = rig.agent.metrics_text()
     for needle in ('gpumond_gpu_xid_errors_total{gpu="3"', "gpumond_nvml_errors_total{", 'gpumond_gpu_up{gpu="3"'):
         assert needle in text, needle
