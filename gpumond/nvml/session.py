@@ -280,7 +280,7 @@ class NvmlSession:
             return GpuRead(g.identity, False)
         handle = g.handle
         values: list[tuple[str, Mapping[str, float]]] = []
-        answered = g.answered
+        answered, misses = g.answered, g.misses
         for reader, call in self._plan(g, tier):
             try:
                 vals = call.fn(handle)
@@ -290,6 +290,11 @@ class NvmlSession:
                     return GpuRead(g.identity, False)
                 if vals is None:
                     continue
+            else:
+                # "Refusals in a row": any good read starts the count again, so isolated refusals
+                # between good reads never add up to "unsupported".
+                if misses:
+                    misses.pop(reader.name, None)
             answered.add(reader.name)
             values.append((reader.name, MappingProxyType(vals)))
         if g.unsupported:

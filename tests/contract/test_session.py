@@ -165,6 +165,19 @@ def test_a_brief_no_permission_on_a_reader_that_answered_does_not_hide_it(make_s
     assert seen == [False, False, True, True]
 
 
+def test_isolated_refusals_between_good_reads_never_add_up_to_unsupported(make_session):
+    sim, s, clock = make_session(gpus=1)
+    assert ("utilization", "gpu") in values(s.read("fast"), 0)
+    seen = []
+    for _ in range(4):  # one refusal, then good reads, four times: "in a row" is never reached
+        sim.inject({"kind": "nvml_error", "gpu": 0, "function": "nvmlDeviceGetUtilizationRates",
+                    "error": "no_permission", "count": 1})
+        for _ in range(3):
+            clock.advance(1)
+            seen.append(("utilization", "gpu") in values(s.read("fast"), 0))
+    assert seen == [False, True, True] * 4
+
+
 def test_not_supported_learnt_from_a_transient_answer_is_probed_again_with_backoff(make_session, caplog):
     caplog.set_level(logging.INFO, logger="gpumond.nvml")
     sim, s, clock = make_session(gpus=2)
