@@ -151,6 +151,26 @@ def test_compute_pids_and_handle_mapping(make_session):
     assert s.index_of_handle(h) == 1
 
 
+def test_refused_compute_processes_back_off_on_their_own_and_leave_tier_reads_alone(make_session):
+    sim, s, clock = make_session(gpus=2)
+    sim.set_processes(0, [4242])
+    sim.inject({"kind": "nvml_error", "gpu": 0, "function": "nvmlDeviceGetComputeRunningProcesses_v3",
+                "error": "no_permission", "count": 2})
+    assert s.compute_pids() == {1: ()}  # refused: GPU 0 left out, not reported as idle
+    before = sim.gpus[0].device_calls
+    clock.advance(5)
+    assert s.compute_pids() == {1: ()} and sim.gpus[0].device_calls == before  # inside the back-off
+    # the back-off is not a tier reader's: fast reads have nothing to re-probe on GPU 0
+    s.read("fast")
+    assert s._gpus[0].unsupported == {}
+    clock.advance(5)
+    assert s.compute_pids() == {1: ()}  # asked again at 10 s, refused again: next in 20 s
+    clock.advance(19)
+    assert s.compute_pids() == {1: ()}
+    clock.advance(1)
+    assert s.compute_pids() == {0: (4242,), 1: ()}
+
+
 def test_a_brief_no_permission_on_a_reader_that_answered_does_not_hide_it(make_session, caplog):
     caplog.set_level(logging.INFO, logger="gpumond.nvml")
     sim, s, clock = make_session(gpus=2)
