@@ -257,6 +257,31 @@ def test_a_gpu_lost_at_start_is_one_gpu_down_not_the_whole_node(make_session, ca
     assert s.identities[1].uuid == sim.gpus[1].uuid  # identified once it answers
 
 
+def test_sixteen_gpus_lost_at_once_give_one_log_line_naming_each(make_session):
+    import io
+    import sys
+    import threading
+
+    from gpumond.logs import setup_logging
+
+    logger, root = logging.getLogger("gpumond"), logging.getLogger()
+    saved = (logger.handlers[:], logger.level, root.handlers[:], root.level, threading.excepthook,
+             sys.unraisablehook)
+    stream = io.StringIO()
+    try:
+        setup_logging("info", "logfmt", stream)
+        sim, s, _ = make_session(gpus=16)
+        for i in range(16):
+            sim.inject({"kind": "lost", "gpu": i})
+        assert not any(g.up for g in s.read("fast").gpus)
+    finally:
+        logger.handlers[:], logger.level, root.handlers[:], root.level = saved[:4]
+        threading.excepthook, sys.unraisablehook = saved[4:]
+        logging.captureWarnings(False)
+    lost = [line for line in stream.getvalue().splitlines() if 'msg="gpu lost"' in line]
+    assert sorted(int(line.split(" gpu=")[1].split()[0]) for line in lost) == list(range(16))
+
+
 def test_a_returning_gpu_is_noticed_within_the_lost_retry_bound(make_session):
     sim, s, clock = make_session(gpus=2)
     s.read("fast")
