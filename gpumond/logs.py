@@ -34,6 +34,10 @@ _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict
 _HEAD = ("ts", "level", "logger", "msg")
 # Repeated events: at most BURST lines per call site per WINDOW_S; the rest are counted, and the count is
 # written on the site's next line (`suppressed=N`) or, if the site falls silent, on a summary line.
+# A gpumond line naming a GPU (`gpu=`, else `uuid=`) has its own budget per GPU: "gpu lost" for 16 GPUs at
+# once is 16 distinct events an operator must see, each GPU's repeats are still cut, and the number of keys
+# stays bounded by sites x GPUs on the node (the values come from NVML, never from a client). Foreign
+# records (libraries, uvicorn) are keyed by call site only, so a flood from them stays cut to one burst.
 BURST = 10
 WINDOW_S = 60.0
 # Libraries log through the root logger; below WARNING they are noise for an operator.
@@ -109,15 +113,15 @@ def _handler(stream: TextIO, formatter: logging.Formatter, limit: RateLimit,
 
 
 class RateLimit(logging.Filter):
-    """At most `burst` records per call site per `window_s`; counts the rest and reports the count."""
+    """At most `burst` records per call site (per GPU on gpumond lines naming one) per `window_s`; counts the rest."""
 
     def __init__(self, burst: int = BURST, window_s: float = WINDOW_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self._burst, self._window, self._clock = burst, window_s, clock
         self._lock = threading.Lock()
-        # call site -> [window start, lines let through in it, suppressed since the last line, a sample]
-        self._sites: dict[tuple[str, str, int], list] = {}
+        # (call site, GPU) -> [window start, lines let through in it, suppressed since the last line, a sample]
+        self._sites: dict[tuple[str, str, int, Any], list] = {}
         self._next_sweep = 0.0
         self.emit: Callable[[logging.LogRecord], object] | None = None
         self.suppressed_total = 0
@@ -127,7 +131,8 @@ class RateLimit(logging.Filter):
         if getattr(record, "_gpumond_summary", False):
             return True
         now = self._clock()
-        site = (record.name, record.pathname, record.lineno)
+        gpu = _gpu_of(record)
+        site = (record.name, record.pathname, record.lineno, gpu)
         with self._lock:
             state = self._sites.get(site)
             if state is None:
@@ -138,7 +143,7 @@ class RateLimit(logging.Filter):
                 state[0], state[1] = now, 0
             if state[1] >= self._burst:
                 state[2] += 1
-                state[3] = (record.name, record.levelno, record.getMessage()[:200])
+                state[3] = (record.name, record.levelno, record.getMessage()[:200], gpu)
                 self.suppressed_total += 1
                 return False
             state[1] += 1
@@ -150,7 +155,7 @@ class RateLimit(logging.Filter):
             self._summarise(due)
         return True
 
-    def _sweep_due(self, now: float) -> list[tuple[tuple[str, int, str], int]]:
+    def _sweep_due(self, now: float) -> list[tuple[tuple[str, int, str, Any], int]]:
         """Sites whose window ended with lines held back and nothing since (called under the lock)."""
         if now < self._next_sweep:
             return []
@@ -170,14 +175,27 @@ class RateLimit(logging.Filter):
                 s[2] = 0
         self._summarise(due)
 
-    def _summarise(self, due: list[tuple[tuple[str, int, str], int]]) -> None:
-        for (name, levelno, message), count in due:
+    def _summarise(self, due: list[tuple[tuple[str, int, str, Any], int]]) -> None:
+        for (name, levelno, message, gpu), count in due:
             record = logging.LogRecord("gpumond.logs", levelno, __file__, 0, "repeated log lines suppressed",
                                        (), None)
             record.suppressed, record.of_logger, record.of_msg = count, name, message
+            if gpu is not None:
+                record.of_gpu = gpu  # which GPU's repeats were held back
             record._gpumond_summary = True
             if self.emit is not None:
                 self.emit(record)
+
+
+def _gpu_of(record: logging.LogRecord) -> Any:
+    """The GPU a gpumond record names (its `gpu`, else `uuid` field), which gets its own budget; else None."""
+    if not (record.name == "gpumond" or record.name.startswith("gpumond.")):
+        return None
+    gpu = getattr(record, "gpu", None)
+    if gpu is None:
+        gpu = getattr(record, "uuid", None)
+    # Only plain values key a budget: an unhashable or long one is treated as naming no GPU.
+    return gpu if isinstance(gpu, int) or (isinstance(gpu, str) and len(gpu) <= 64) else None
 
 
 def record_fields(record: logging.LogRecord, formatter: logging.Formatter) -> dict[str, Any]:

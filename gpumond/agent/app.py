@@ -94,7 +94,7 @@ class Agent:
             self.pods = pod_resources_client(config.jobs.pod_resources)
         if config.sampling.xid_events:
             self.xid = XidWatcher(self.session.handles, self.session.index_of_handle,
-                                  ready=lambda: self.session.up)
+                                  ready=lambda: self.session.up, clock=backend.clock)
         try:
             audit = AuditLog(state_dir / "policy-audit.jsonl")
         except OSError as e:

@@ -16,6 +16,12 @@ from gpumond.nvml.errors import Disposition, classify, error_name
 
 log = logging.getLogger("gpumond.nvml.xid")
 
+# A GPU whose event registration fails is asked again after 10 s, then 20, 40, 60, 60… s: a refusal may be
+# transient (a driver busy resetting), and retrying after every wait would be two NVML calls and a line a
+# second for the rest of the run.
+_FIRST_REGISTER_RETRY_S = 10.0
+REGISTER_RETRY_MAX_S = 60.0
+
 
 class XidWatcher:
     """Counts XIDs per (gpu, code); a counter, never a last-value gauge, so no event is hidden by the next."""
@@ -28,6 +34,7 @@ class XidWatcher:
         wait_ms: int = 500,
         on_xid: Callable[[int, int], None] | None = None,
         ready: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._handles = handles
         self._ready = ready  # NVML is initialised: the watcher waits for it, then registers
@@ -41,8 +48,29 @@ class XidWatcher:
         self._thread: threading.Thread | None = None
         self._set: Any = None
         self._registered: dict[int, int | None] = {}  # gpu index → address of the handle registered
-        self.healthy = False
-        self.error: str | None = None
+        self._clock = clock
+        # gpu index → (address of the handle refused, when to ask again, current back-off, NVML error)
+        self._failed: dict[int, tuple[int | None, float, float, str]] = {}
+        self._warned: set[int] = set()  # GPUs whose failure was logged, until they register
+        self._running = False  # the event set works (False while NVML is down or the watcher restarts)
+        self._why: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """True while the watcher runs and every readable GPU is registered (xid collector success)."""
+        return self._running and not self._failed
+
+    @property
+    def error(self) -> str | None:
+        """Why the watcher is not healthy, naming GPUs that get no XID events; None when healthy."""
+        if not self._running:
+            return self._why
+        with self._lock:  # the watcher thread changes it
+            failed = dict(self._failed)
+        if not failed:
+            return None
+        return "xid registration failed on " + ", ".join(
+            f"gpu {index} ({why})" for index, (_, _, _, why) in sorted(failed.items()))
 
     def counts(self) -> dict[tuple[int, int], int]:
         """A copy of the (gpu index, xid) → count table."""
@@ -60,14 +88,14 @@ class XidWatcher:
         Safe to call while NVML is down: the thread registers within a second of NVML coming up.
         """
         if not self._ready():
-            self.healthy, self.error = False, "nvml_down"
+            self._running, self._why = False, "nvml_down"
         else:
             try:
                 self._register()
-                self.healthy, self.error = True, None
+                self._running, self._why = True, None
             except pynvml.NVMLError as e:
-                self.healthy, self.error = False, error_name(e)
-                log.warning("xid registration failed; retrying in the watcher thread", extra={"error": self.error})
+                self._running, self._why = False, error_name(e)
+                log.warning("xid registration failed; retrying in the watcher thread", extra={"error": self._why})
         self._thread = threading.Thread(target=self._run, name="gpumond-xid", daemon=True)
         self._thread.start()
 
@@ -76,6 +104,7 @@ class XidWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self._running, self._why = False, "stopped"
         if self._set is not None:
             try:
                 pynvml.nvmlEventSetFree(self._set)
@@ -86,10 +115,18 @@ class XidWatcher:
     def _register(self) -> None:
         if self._set is None:
             self._set = pynvml.nvmlEventSetCreate()
-        for index, h in self._handles().items():
+        handles = self._handles()
+        with self._lock:  # a lost GPU is gpu_up 0, not a registration failure
+            for index in [i for i in self._failed if i not in handles]:
+                del self._failed[index]
+        now = self._clock()
+        for index, h in handles.items():
             address = ctypes.cast(h, ctypes.c_void_p).value
             if self._registered.get(index, -1) == address:
                 continue  # a GPU that came back has a new handle: registered again
+            failed = self._failed.get(index)
+            if failed is not None and failed[0] == address and now < failed[1]:
+                continue  # refused before: asked again after its back-off, not after every wait
             try:
                 supported = pynvml.nvmlDeviceGetSupportedEventTypes(h)
                 if not supported & pynvml.nvmlEventTypeXidCriticalError:
@@ -97,36 +134,59 @@ class XidWatcher:
                     self._registered[index] = address
                     continue
                 pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
-                self._registered[index] = address
             except pynvml.NVMLError as e:
-                log.warning("xid registration failed", extra={"gpu": index, "error": error_name(e)})
+                d = classify(e)
+                if d in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
+                    raise  # NVML itself is gone: the watcher restarts, not this GPU
+                if d is Disposition.GPU_LOST:
+                    continue  # the session marks it lost (gpu_up 0) and it is registered when it is back
+                backoff = _FIRST_REGISTER_RETRY_S if failed is None or failed[0] != address else \
+                    min(failed[2] * 2, REGISTER_RETRY_MAX_S)
+                with self._lock:
+                    self._failed[index] = (address, now + backoff, backoff, error_name(e))
+                if index not in self._warned:  # said once; the xid collector stays failed meanwhile
+                    self._warned.add(index)
+                    log.warning("xid registration failed; this GPU gets no xid events until it registers",
+                                extra={"gpu": index, "error": error_name(e), "retry_s": backoff})
+                continue
+            self._registered[index] = address
+            with self._lock:
+                self._failed.pop(index, None)
+            if index in self._warned:
+                self._warned.discard(index)
+                log.info("xid events registered", extra={"gpu": index})
 
     def _run(self) -> None:
         backoff = 1.0
         while not self._stop.is_set():
             if not self._ready():
-                self.healthy, self.error = False, "nvml_down"
+                self._running, self._why = False, "nvml_down"
                 self._set = None
                 self._registered.clear()
+                with self._lock:
+                    self._failed.clear()
                 self._stop.wait(1.0)  # registers within a second of NVML coming up
                 continue
             try:
                 self._register()
-                self.healthy, self.error = True, None
+                self._running, self._why = True, None
                 backoff = 1.0
                 while not self._stop.is_set() and self._ready():
                     self._wait_once()
                     self._register()  # GPUs found or back since: one dict lookup each when nothing changed
             except pynvml.NVMLError as e:
-                self.healthy, self.error = False, error_name(e)
+                self._running, self._why = False, error_name(e)
                 log.warning("xid watcher failing", extra={"error": error_name(e), "retry_s": backoff})
             except Exception as e:  # the thread must outlive anything the binding throws
-                self.healthy, self.error = False, repr(e)
+                self._running, self._why = False, repr(e)
                 log.exception("xid watcher crashed; restarting")
             self._set = None
             self._registered.clear()
+            with self._lock:
+                self._failed.clear()  # a new event set: every GPU is registered afresh
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 60.0)
+        self._running, self._why = False, "stopped"
 
     def _wait_once(self) -> None:
         try:

@@ -79,11 +79,16 @@ class _GpuState:
     answered: set[str] = field(default_factory=set)  # readers that returned a value on this GPU
     misses: dict[str, int] = field(default_factory=dict)  # reader → refusals in a row since it answered
     plans: dict[str, list[tuple[Reader, Call]]] = field(default_factory=dict)  # tier → calls to make
+    # compute_pids is not a tier reader: its own back-off, so `unsupported` holds readers only and the
+    # tier read path re-probes only while a reader is really out.
+    processes_due: float = float("-inf")  # when to ask for compute processes again
+    processes_backoff: float = 0.0  # its current back-off; 0 while it answers
 
     def forget_support(self) -> None:
         """A new handle (re-init, GPU back): learn what it supports from scratch."""
         self.choice, self.unsupported, self.reprobe_s, self.plans = {}, {}, {}, {}
         self.answered, self.misses = set(), {}
+        self.processes_due, self.processes_backoff = float("-inf"), 0.0
     lost: bool = False
     next_retry: float = 0.0
     backoff: float = _FIRST_BACKOFF_S
@@ -280,7 +285,7 @@ class NvmlSession:
             return GpuRead(g.identity, False)
         handle = g.handle
         values: list[tuple[str, Mapping[str, float]]] = []
-        answered = g.answered
+        answered, misses = g.answered, g.misses
         for reader, call in self._plan(g, tier):
             try:
                 vals = call.fn(handle)
@@ -290,6 +295,11 @@ class NvmlSession:
                     return GpuRead(g.identity, False)
                 if vals is None:
                     continue
+            else:
+                # "Refusals in a row": any good read starts the count again, so isolated refusals
+                # between good reads never add up to "unsupported".
+                if misses:
+                    misses.pop(reader.name, None)
             answered.add(reader.name)
             values.append((reader.name, MappingProxyType(vals)))
         if g.unsupported:
@@ -478,7 +488,7 @@ class NvmlSession:
     def _discover_mig(self) -> None:
         found: dict[int, list[tuple[MigIdentity, Any]]] = {}
         for g in self._gpus:
-            if g.lost or "mig" in g.unsupported:
+            if g.lost:
                 continue
             try:
                 devices = miglib.discover(g.handle, g.identity.index, g.identity.uuid)
@@ -543,7 +553,7 @@ class NvmlSession:
         out: dict[int, tuple[int, ...]] = {}
         with self._lock:
             for g in self._gpus:
-                if g.lost or not self._up or self._clock() < g.unsupported.get("processes", float("-inf")):
+                if g.lost or not self._up or self._clock() < g.processes_due:
                     continue
                 try:
                     procs = pynvml.nvmlDeviceGetComputeRunningProcesses(g.handle)
@@ -553,13 +563,13 @@ class NvmlSession:
                         self._mark_lost(g, "nvmlDeviceGetComputeRunningProcesses")
                     elif d in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL, Disposition.NO_PERMISSION):
                         # asked again after a back-off, like any reader: the refusal may be transient
-                        backoff = min(g.reprobe_s.get("processes", _FIRST_REPROBE_S / 2) * 2, self._retry_max_s)
-                        g.reprobe_s["processes"] = backoff
-                        g.unsupported["processes"] = self._clock() + backoff
+                        g.processes_backoff = min(max(g.processes_backoff * 2, _FIRST_REPROBE_S), self._retry_max_s)
+                        g.processes_due = self._clock() + g.processes_backoff
                     else:
                         self.errors_total[(g.identity.index, "nvmlDeviceGetComputeRunningProcesses",
                                            error_name(e))] += 1
                     continue
+                g.processes_backoff = 0.0  # answered: a later refusal starts the back-off afresh
                 out[g.identity.index] = tuple(sorted({int(p.pid) for p in procs}))
         return out
 

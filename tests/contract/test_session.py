@@ -151,6 +151,26 @@ def test_compute_pids_and_handle_mapping(make_session):
     assert s.index_of_handle(h) == 1
 
 
+def test_refused_compute_processes_back_off_on_their_own_and_leave_tier_reads_alone(make_session):
+    sim, s, clock = make_session(gpus=2)
+    sim.set_processes(0, [4242])
+    sim.inject({"kind": "nvml_error", "gpu": 0, "function": "nvmlDeviceGetComputeRunningProcesses_v3",
+                "error": "no_permission", "count": 2})
+    assert s.compute_pids() == {1: ()}  # refused: GPU 0 left out, not reported as idle
+    before = sim.gpus[0].device_calls
+    clock.advance(5)
+    assert s.compute_pids() == {1: ()} and sim.gpus[0].device_calls == before  # inside the back-off
+    # the back-off is not a tier reader's: fast reads have nothing to re-probe on GPU 0
+    s.read("fast")
+    assert s._gpus[0].unsupported == {}
+    clock.advance(5)
+    assert s.compute_pids() == {1: ()}  # asked again at 10 s, refused again: next in 20 s
+    clock.advance(19)
+    assert s.compute_pids() == {1: ()}
+    clock.advance(1)
+    assert s.compute_pids() == {0: (4242,), 1: ()}
+
+
 def test_a_brief_no_permission_on_a_reader_that_answered_does_not_hide_it(make_session, caplog):
     caplog.set_level(logging.INFO, logger="gpumond.nvml")
     sim, s, clock = make_session(gpus=2)
@@ -163,6 +183,19 @@ def test_a_brief_no_permission_on_a_reader_that_answered_does_not_hide_it(make_s
         seen.append(("utilization", "gpu") in values(s.read("fast"), 0))
     # left out while refused (never stale, never 0), back on the first cycle it answers again
     assert seen == [False, False, True, True]
+
+
+def test_isolated_refusals_between_good_reads_never_add_up_to_unsupported(make_session):
+    sim, s, clock = make_session(gpus=1)
+    assert ("utilization", "gpu") in values(s.read("fast"), 0)
+    seen = []
+    for _ in range(4):  # one refusal, then good reads, four times: "in a row" is never reached
+        sim.inject({"kind": "nvml_error", "gpu": 0, "function": "nvmlDeviceGetUtilizationRates",
+                    "error": "no_permission", "count": 1})
+        for _ in range(3):
+            clock.advance(1)
+            seen.append(("utilization", "gpu") in values(s.read("fast"), 0))
+    assert seen == [False, True, True] * 4
 
 
 def test_not_supported_learnt_from_a_transient_answer_is_probed_again_with_backoff(make_session, caplog):
@@ -222,6 +255,31 @@ def test_a_gpu_lost_at_start_is_one_gpu_down_not_the_whole_node(make_session, ca
             break
     assert back_at is not None and 20 <= back_at <= 20 + LOST_RETRY_MAX_S
     assert s.identities[1].uuid == sim.gpus[1].uuid  # identified once it answers
+
+
+def test_sixteen_gpus_lost_at_once_give_one_log_line_naming_each(make_session):
+    import io
+    import sys
+    import threading
+
+    from gpumond.logs import setup_logging
+
+    logger, root = logging.getLogger("gpumond"), logging.getLogger()
+    saved = (logger.handlers[:], logger.level, root.handlers[:], root.level, threading.excepthook,
+             sys.unraisablehook)
+    stream = io.StringIO()
+    try:
+        setup_logging("info", "logfmt", stream)
+        sim, s, _ = make_session(gpus=16)
+        for i in range(16):
+            sim.inject({"kind": "lost", "gpu": i})
+        assert not any(g.up for g in s.read("fast").gpus)
+    finally:
+        logger.handlers[:], logger.level, root.handlers[:], root.level = saved[:4]
+        threading.excepthook, sys.unraisablehook = saved[4:]
+        logging.captureWarnings(False)
+    lost = [line for line in stream.getvalue().splitlines() if 'msg="gpu lost"' in line]
+    assert sorted(int(line.split(" gpu=")[1].split()[0]) for line in lost) == list(range(16))
 
 
 def test_a_returning_gpu_is_noticed_within_the_lost_retry_bound(make_session):

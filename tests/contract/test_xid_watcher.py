@@ -89,3 +89,39 @@ def test_a_gpu_that_comes_back_is_registered_again(make_session):
         assert wait_until(lambda: w.counts().get((0, 48)) == 1), w.counts()
     finally:
         w.stop()
+
+
+def test_a_gpu_whose_registration_fails_is_retried_with_backoff_and_fails_the_collector(make_session, caplog):
+    import logging
+
+    from gpumond.agent.sampler import Sampler
+
+    caplog.set_level(logging.INFO, logger="gpumond.nvml.xid")
+    sim, s, clock = make_session(gpus=2)
+    sim.inject({"kind": "nvml_error", "gpu": 1, "function": "nvmlDeviceRegisterEvents",
+                "error": "not_supported", "count": 2})
+    w = XidWatcher(s.handles, s.index_of_handle, wait_ms=20, ready=lambda: s.up, clock=clock.now)
+    w.start()
+    try:
+        calls = sim.gpus[1].device_calls
+        time.sleep(0.3)  # ~15 waits: not one more registration attempt inside the back-off
+        assert sim.gpus[1].device_calls == calls
+        assert not w.healthy and w.error == "xid registration failed on gpu 1 (not_supported)"
+        sampler = Sampler(s, hostname="n", xid=w)
+        sampler.fast_cycle()
+        assert 'gpumond_collector_success{collector="xid"} 0' in sampler.latest.plain.decode()
+        calls = sim.gpus[1].device_calls  # the sampler's reads made calls too
+        clock.advance(10)  # asked again at 10 s, refused again: next in 20 s
+        assert wait_until(lambda: sim.gpus[1].device_calls > calls)
+        assert not w.healthy
+        clock.advance(20)
+        assert wait_until(lambda: w.healthy), w.error
+        sim.inject({"kind": "xid", "gpu": 1, "code": 48})
+        assert wait_until(lambda: w.counts().get((1, 48)) == 1), w.counts()
+        sampler.fast_cycle()
+        assert 'gpumond_collector_success{collector="xid"} 1' in sampler.latest.plain.decode()
+    finally:
+        w.stop()
+    failed = [r for r in caplog.records if r.getMessage().startswith("xid registration failed")]
+    assert len(failed) == 1 and failed[0].gpu == 1  # said once, not on every retry
+    assert any(r.getMessage() == "xid events registered" and r.gpu == 1 for r in caplog.records)

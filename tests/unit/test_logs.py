@@ -304,3 +304,34 @@ def test_a_site_that_falls_silent_gets_a_summary_line_and_exit_flushes_the_rest(
     limit.flush()  # what atexit does
     lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
     assert lines[-1]["msg"] == "repeated log lines suppressed" and lines[-1]["suppressed"] == "3"
+
+
+def test_per_gpu_lines_get_a_budget_per_gpu_while_foreign_floods_stay_cut() -> None:
+    from gpumond.logs import BURST, WINDOW_S, RateLimit
+
+    stream, _ = emit("logfmt")
+    clock = FakeClock()
+    limit = next(f for f in logging.getLogger("gpumond").handlers[-1].filters if isinstance(f, RateLimit))
+    limit._clock = clock
+    nvml = logging.getLogger("gpumond.nvml")
+
+    def gpu_lost(i: int) -> None:  # one call site, like the session's
+        nvml.error("gpu lost", extra={"gpu": i, "uuid": f"GPU-{i}"})
+
+    for i in range(16):  # 16 GPUs lost at once: 16 distinct events
+        gpu_lost(i)
+    for _ in range(BURST + 5):  # one GPU flapping is still cut to a burst
+        gpu_lost(3)
+    for _ in range(BURST + 5):  # a library's lines are keyed by site only, whatever they carry
+        logging.getLogger("somelib").warning("noise", extra={"gpu": 7})
+    lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+    lost = [f for f in lines if f["msg"] == "gpu lost"]
+    assert sorted({f["gpu"] for f in lost[:16]}, key=int) == [str(i) for i in range(16)]
+    assert len(lost) == 16 + BURST - 1  # GPU 3 had one line of its burst already
+    assert len([f for f in lines if f["msg"] == "noise"]) == BURST
+    clock.t += WINDOW_S + 1
+    nvml.info("something else")
+    lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+    summary = {f["of_logger"]: f for f in lines if f["msg"] == "repeated log lines suppressed"}
+    assert summary["gpumond.nvml"]["of_gpu"] == "3" and summary["gpumond.nvml"]["suppressed"] == "6"
+    assert summary["somelib"]["suppressed"] == "5" and "of_gpu" not in summary["somelib"]
