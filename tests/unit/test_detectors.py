@@ -87,10 +87,19 @@ def test_a_node_whose_gpus_deviate_together_is_a_straggler_node():
 
 
 def test_pipeline_stages_are_compared_only_within_their_group():
-    # stage 1 (ranks 16..31) draws more power by design: not a straggler when the job names its stages
-    heavy = {r: {"power_w": 690.0} for r in range(16, 32)}
-    _, c = run(build(gpu=heavy, group=lambda r: f"stage-{r // 16}"))
+    # A small stage (4 of 48 ranks, one GPU on each of 4 nodes) draws more power by design. Few enough that,
+    # compared with the whole job, its ranks would be outliers rather than a shift (≤ max_outlier_frac), and
+    # spread over nodes so no node deviates as a whole: only the job's groups keep them from being stragglers.
+    stage1 = {5, 13, 21, 29}
+    heavy = {r: {"power_w": 690.0} for r in stage1}
+    _, ungrouped = run(build(nodes=6, gpu=heavy))
+    assert sorted(x.rank for x in ungrouped if x.kind == "straggler") == sorted(stage1)  # the case has teeth
+    _, c = run(build(nodes=6, gpu=heavy, group=lambda r: "stage-1" if r in stage1 else "stage-0"))
     assert c == []
+    # Within its group a stage is still compared: one of its GPUs drawing more again is a straggler.
+    heavy[13] = {"power_w": 760.0}
+    _, c = run(build(nodes=6, gpu=heavy, group=lambda r: "stage-1" if r in stage1 else "stage-0"))
+    assert kinds(c) == [("straggler", 13, "node-1")]
 
 
 def test_a_group_wide_shift_without_stage_labels_is_not_reported_as_many_stragglers():
