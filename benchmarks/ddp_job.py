@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--starve-rank", type=int, default=-1)
     ap.add_argument("--starve-all", action="store_true")
     ap.add_argument("--starve-s", type=float, default=0.0, help="seconds per batch the starved loader sleeps")
+    ap.add_argument("--gpu-uuids", help="comma-separated GPU UUIDs, one per rank (pushing to a real service)")
     ap.add_argument("--out", type=Path, help="write per-step records here instead of pushing")
     ap.add_argument("--duration-s", type=float, default=0.0, help="train for this long instead of --steps")
     args = ap.parse_args(argv)
@@ -165,12 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         out = (args.out / f"rank{rank}.jsonl").open("w")
         reporter = gpumond.job.Reporter(job="ddp-job", gpu_uuid=_uuid(rank), push_interval_s=0.5,
                                         transport=FileTransport(args.out / f"rank{rank}.pushes.jsonl"))
-    else:
-        reporter = gpumond.job.get_reporter()
+    else:  # the environment says where to push (GPUMOND_ENDPOINT, GPUMOND_TOKEN, GPUMOND_JOB_ID, …)
+        uuid = args.gpu_uuids.split(",")[rank] if args.gpu_uuids else None
+        reporter = gpumond.job.init(gpu_uuid=uuid, push_interval_s=1.0)
     waits: list[Any] = []
     if not args.no_hook:
         gpumond.job.torch.instrument(model, reporter, on_step=waits.append)
 
+    if rank == 0:
+        print(f"gpumond-ddp-job: training started at {time.time():.3f}", flush=True)
     done, t_end = 0, (time.monotonic() + args.duration_s if args.duration_s else None)
     epoch = 0
     while True:

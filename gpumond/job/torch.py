@@ -35,7 +35,7 @@ from gpumond.job.reporter import Reporter
 
 log = logging.getLogger("gpumond.job")
 
-__all__ = ["StepWait", "BucketTimer", "instrument", "timed_allreduce"]
+__all__ = ["BucketTimer", "StepWait", "comm_hook", "instrument", "timed_allreduce"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +127,20 @@ def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
     return fut.value()[0]
 
 
+def comm_hook(reporter: Reporter | None = None, *, process_group: Any = None,
+              on_step: Callable[[StepWait], None] | None = None) -> tuple[BucketTimer, Callable[..., Any]]:
+    """(state, hook) for `ddp.register_comm_hook(state, hook)`, or a framework's equivalent (Lightning's
+    `DDPStrategy(ddp_comm_state=state, ddp_comm_hook=hook)`), reporting each step's wait to `reporter`."""
+    rep = reporter if reporter is not None else gpumond.job.get_reporter()
+
+    def sink(wait: StepWait) -> None:
+        rep.add_comm_wait(wait.exposed_s)
+        if on_step is not None:
+            on_step(wait)
+
+    return BucketTimer(sink, process_group=process_group), timed_allreduce
+
+
 def instrument(model: torch.nn.parallel.DistributedDataParallel, reporter: Reporter | None = None, *,
                process_group: Any = None, on_step: Callable[[StepWait], None] | None = None) -> Reporter:
     """Time `model`'s gradient all-reduce each step and report it as comm_wait_s; returns the reporter.
@@ -145,11 +159,5 @@ def instrument(model: torch.nn.parallel.DistributedDataParallel, reporter: Repor
         log.warning("gpumond: comm wait is timed only for CPU (gloo) DDP so far; on CUDA time the loss "
                     "all-reduce with reporter.comm_wait() (docs/job-sdk.md)")
         return rep
-
-    def sink(wait: StepWait) -> None:
-        rep.add_comm_wait(wait.exposed_s)
-        if on_step is not None:
-            on_step(wait)
-
-    model.register_comm_hook(BucketTimer(sink, process_group=process_group), timed_allreduce)
+    model.register_comm_hook(*comm_hook(rep, process_group=process_group, on_step=on_step))
     return rep
