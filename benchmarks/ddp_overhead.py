@@ -3,9 +3,10 @@
     python benchmarks/ddp_overhead.py [--quick] [--world 1,4]
 
 For each world size the driver starts a receiver on 127.0.0.1 that answers pushes with 202, and runs
-itself under torchrun. Every rank trains two copies of one model on the same in-memory batches: plain
+itself under torchrun. Every rank trains copies of one model on the same in-memory batches: plain
 DDP iterating the loader, and DDP instrumented by gpumond.job.torch with the loader wrapped, pushing
-every second over HTTP. Rounds alternate the two in a shuffled order (the same on every rank); each
+every second over HTTP. A third copy runs torch's own Python all-reduce hook, untimed,
+to separate what any Python comm hook costs from what gpumond adds. Rounds run them in a shuffled order (the same on every rank); each
 round times `--steps` steps of each (fetch → forward → backward → optimizer step) and the result is the
 per-round ratio of median step times. World size 1 shows the integration's own CPU cost without the
 other ranks' noise; 4 is real multi-process training (4 ranks on a shared 2-core VM: noisy).
@@ -51,20 +52,24 @@ def worker(out: Path, rounds: int, steps: int, device_ms: float) -> None:
         add_device_time(net, device_ms / 1e3)
         return nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.05)
 
-    plain, inst = build(), build()
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    plain, pyhook, inst = build(), build(), build()
+    # torch's own Python all-reduce hook, untimed: what any Python comm hook costs, gpumond's or not.
+    pyhook.register_comm_hook(None, default_hooks.allreduce_hook)
     rep = gpumond.job.init(job="overhead", gpu_uuid=f"GPU-00000000-0000-4000-8000-{rank:012d}", push_interval_s=1.0)
     gpumond.job.torch.instrument(inst, rep)
     g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(steps)]
-    opts = {id(m): torch.optim.SGD(m.parameters(), lr=0.01) for m in (plain, inst)}
+    models = {"plain": plain, "python hook": pyhook, "gpumond": inst}
+    opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
     order = random.Random(7)  # the same order on every rank: they must run the same model at the same time
-    times: dict[str, list[float]] = {"plain": [], "gpumond": []}
+    times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(rounds):
-        pair = ["plain", "gpumond"]
-        order.shuffle(pair)
-        for name in pair:
-            model = plain if name == "plain" else inst
-            opt = opts[id(model)]
+        names = list(models)
+        order.shuffle(names)
+        for name in names:
+            model, opt = models[name], opts[name]
             it = rep.wrap(data) if name == "gpumond" else iter(data)
             ts = []
             t = time.perf_counter()
@@ -133,12 +138,15 @@ def main() -> int:
         print(f"… {world} rank(s)", file=sys.stderr, flush=True)
         got = drive(world, rounds, steps, a.device_ms)
         t = got["times"]
-        ratios = [g / p for g, p in zip(t["gpumond"], t["plain"])]  # type: ignore[index]
-        lo, med, hi = _bench.quantile(ratios, 0.1), statistics.median(ratios), _bench.quantile(ratios, 0.9)
-        pm, gm = statistics.median(t["plain"]), statistics.median(t["gpumond"])  # type: ignore[index]
-        rows.append([world, f"{pm * 1e3:.3f}", f"{gm * 1e3:.3f}", f"{(gm - pm) * 1e6:+.0f}",
-                     f"{(med - 1) * 100:+.2f} % ({(lo - 1) * 100:+.2f} … {(hi - 1) * 100:+.2f})",
-                     got["pushed"], got["dropped"]])
+        pm, hm, gm = (statistics.median(t[k]) for k in ("plain", "python hook", "gpumond"))  # type: ignore[index]
+
+        def ratio(a: str, b: str) -> str:
+            rs = [x / y for x, y in zip(t[a], t[b])]  # type: ignore[index]
+            lo, med, hi = _bench.quantile(rs, 0.1), statistics.median(rs), _bench.quantile(rs, 0.9)
+            return f"{(med - 1) * 100:+.2f} % ({(lo - 1) * 100:+.2f} … {(hi - 1) * 100:+.2f})"
+
+        rows.append([world, f"{pm * 1e3:.3f}", f"{hm * 1e3:.3f}", f"{gm * 1e3:.3f}", ratio("gpumond", "plain"),
+                     ratio("python hook", "plain"), ratio("gpumond", "python hook"), got["pushed"], got["dropped"]])
     text = "\n\n".join([
         "# gpumond.job.torch overhead on real DDP steps" + (" (quick: not for quoting)" if a.quick else ""),
         _bench.machine_block({"torch": _bench._version("torch"),
@@ -146,9 +154,12 @@ def main() -> int:
                                      f"batch 32, {a.device_ms:g} ms emulated device time per step, 3 buckets; "
                                      f"{rounds} interleaved rounds × {steps} steps per variant",
                               "note": "a shared 2-core VM with other work running"}),
-        _bench.md_table(["ranks", "plain DDP step ms (median of round medians)", "instrumented step ms",
-                         "difference µs", "per-round ratio − 1: median (p10 … p90)", "steps pushed (rank 0)",
-                         "dropped"], rows),
+        _bench.md_table(["ranks", "plain DDP step ms", "torch's Python allreduce_hook step ms",
+                         "gpumond step ms", "gpumond vs plain", "Python hook vs plain", "gpumond vs Python hook",
+                         "steps pushed (rank 0)", "dropped"], rows),
+        "Step times are medians of per-round medians; the comparisons are per-round ratios − 1, median "
+        "(p10 … p90). *Python hook*: torch's `default_hooks.allreduce_hook`, untimed — what registering any "
+        "Python comm hook costs, whoever's.",
         "Instrumented = `gpumond.job.torch.instrument(model)` (comm hook timing every bucket) + "
         "`reporter.wrap(loader)` + the push thread sending every second over HTTP to a receiver on 127.0.0.1.",
     ])
