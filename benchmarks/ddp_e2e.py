@@ -6,7 +6,7 @@ torchrun (4 ranks, gloo on CPU) instrumented with gpumond.job.torch and pushing 
 fault must come out as its finding on its rank; a fault-free run must give none. Latency is counted from
 the first training step (after torch's start-up) to the finding's first sight as pending and as firing.
 
-    python benchmarks/ddp_e2e.py [--cases clean,slow,starved_rank,starved_job] [--duration 60]
+    python benchmarks/ddp_e2e.py [--cases clean,slow,starved_rank,starved_job] [--duration 60] [--evaluation 1]
 
 tests/integration/test_job_torch_e2e.py runs the cheapest cases of the same harness.
 """
@@ -215,7 +215,7 @@ def main() -> int:
                          "ran s", "start-up s"], rows),
         "Times from the job's first training step. A case stops 10 s after its finding fires.",
     ])
-    _bench.write_result("ddp_e2e", text)
+    _bench.write_result("ddp_e2e" if a.evaluation == 10.0 else f"ddp_e2e_eval{a.evaluation:g}s", text)
     return 0
 
 

@@ -57,7 +57,8 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
         # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
-        feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim)
+        feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim,
+                                      cfg.share_short_s)
         shares = job_shares(feats, state.shares.get(job, {}), cfg.min_steps, cfg.share_long_evals)
         share_state[job] = {rank: sh.history for rank, sh in shares.items()}
         # No telemetry from an absent node's agent: its GPUs are never judged stragglers on missing data.
