@@ -169,6 +169,22 @@ class Reporter:
         """`with reporter.comm_wait():` — the block's time is this step's wait for the other ranks."""
         return self._comm_block
 
+    def add_comm_wait(self, seconds: float) -> None:
+        """Add `seconds` to the open step's comm wait, as a `comm_wait()` block would (a framework hook's timing).
+
+        Call it from the training thread, or from another thread while the training thread is blocked
+        on the collective it timed (gpumond.job.torch does this from DDP's comm hook).
+        """
+        if self._off:
+            return
+        try:
+            waited = _as_seconds(seconds)
+            if waited is not None:
+                comm = self._comm
+                self._comm = waited if comm is None else comm + waited
+        except Exception as exc:
+            self._fail(exc)
+
     def _record(self, end: float, samples: int | None) -> None:
         step = self._next_step
         self._next_step = step + 1

@@ -5,7 +5,7 @@ import random
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
 from gpumond.rules.detectors.stats import robust_z, threshold_for
-from gpumond.rules.findings import Persistence, advance
+from gpumond.rules.findings import FINDINGS_MIN_DURATION_S, Persistence, advance
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord
 
@@ -87,10 +87,19 @@ def test_a_node_whose_gpus_deviate_together_is_a_straggler_node():
 
 
 def test_pipeline_stages_are_compared_only_within_their_group():
-    # stage 1 (ranks 16..31) draws more power by design: not a straggler when the job names its stages
-    heavy = {r: {"power_w": 690.0} for r in range(16, 32)}
-    _, c = run(build(gpu=heavy, group=lambda r: f"stage-{r // 16}"))
+    # A small stage (4 of 48 ranks, one GPU on each of 4 nodes) draws more power by design. Few enough that,
+    # compared with the whole job, its ranks would be outliers rather than a shift (≤ max_outlier_frac), and
+    # spread over nodes so no node deviates as a whole: only the job's groups keep them from being stragglers.
+    stage1 = {5, 13, 21, 29}
+    heavy = {r: {"power_w": 690.0} for r in stage1}
+    _, ungrouped = run(build(nodes=6, gpu=heavy))
+    assert sorted(x.rank for x in ungrouped if x.kind == "straggler") == sorted(stage1)  # the case has teeth
+    _, c = run(build(nodes=6, gpu=heavy, group=lambda r: "stage-1" if r in stage1 else "stage-0"))
     assert c == []
+    # Within its group a stage is still compared: one of its GPUs drawing more again is a straggler.
+    heavy[13] = {"power_w": 760.0}
+    _, c = run(build(nodes=6, gpu=heavy, group=lambda r: "stage-1" if r in stage1 else "stage-0"))
+    assert kinds(c) == [("straggler", 13, "node-1")]
 
 
 def test_a_group_wide_shift_without_stage_labels_is_not_reported_as_many_stragglers():
@@ -162,6 +171,24 @@ def test_persistence_k_of_n_then_resolve_after_quiet():
         assert resolved == []
     tracks, f, resolved = advance(tracks, [], 50.0)
     assert f == [] and [x.kind for x in resolved] == ["straggler"]
+
+
+def test_persistence_is_wall_time_whatever_the_evaluation_interval():
+    # Evaluating every second, a candidate seen for 5 s (a transient) stays pending and goes away; one that
+    # holds for FINDINGS_MIN_DURATION_S fires then, not at the second evaluation.
+    c = Candidate("straggler", "j", "n", 1, "GPU-1", 5.0)
+    tracks = None
+    for t in range(6):
+        tracks, f, _ = advance(tracks, [c], float(t))
+        assert [x.state for x in f] == ["pending"]
+    for t in range(6, 9):
+        tracks, f, _ = advance(tracks, [], float(t))
+    assert f == []
+    tracks, states = None, []
+    for t in range(12):
+        tracks, f, _ = advance(tracks, [c], 100.0 + t)
+        states.append(f[0].state)
+    assert states.index("firing") == FINDINGS_MIN_DURATION_S
 
 
 def test_a_single_blip_never_fires():

@@ -170,3 +170,32 @@ def test_a_rank_with_a_handful_of_steps_is_not_judged_on_data_wait():
     assert [x for x in c if x.kind.startswith("io_")] == []
     _, c = evaluate(job(T, wait=lambda r: 0.4 if r == 2 else 0.002, steps=8), DetectorState(), CFG)
     assert ("io_starved_rank", 2, "node-0") in kinds(c)
+
+
+def _fast_job(burst_rank=None, slow_rank=None, ranks=4, steps=400, step_s=0.05):
+    """A 4-rank job of 50 ms steps (real DDP on small models): everyone computes 30 ms ± 3 %; `burst_rank` is
+    late by 15 ms in its last 8 steps only (a descheduled thread), `slow_rank` computes 1.25× throughout."""
+    rnd = random.Random(3)
+    windows = {r: [] for r in range(ranks)}
+    for k in range(steps):
+        busy = []
+        for r in range(ranks):
+            c = 0.030 * (1 + rnd.uniform(-0.03, 0.03)) * (1.25 if r == slow_rank else 1.0)
+            busy.append(c + (0.015 if r == burst_rank and k >= steps - 8 else 0.0))
+        dur = max(busy) + 0.01
+        for r in range(ranks):
+            windows[r].append(StepRecord(k, T - (steps - 1 - k) * step_s, dur, 0.0005, None, dur - busy[r]))
+    return EvalInputs(T, {"job-a": {r: RankWindow(RankInfo("job-a", r, ranks, "node-0", f"GPU-{r:04d}"),
+                                                  tuple(w), T) for r, w in windows.items()}}, {})
+
+
+def test_with_fast_steps_the_short_look_spans_seconds_so_a_burst_of_a_few_steps_is_not_a_straggler():
+    burst = _fast_job(burst_rank=3)
+    w = burst.jobs["job-a"][3]
+    eight = rank_features(w, T - 60, short_steps=8, min_steps=5)
+    seconds = rank_features(w, T - 60, short_steps=8, min_steps=5, short_s=CFG.share_short_s)
+    assert eight.share_short > 0.8 > seconds.share_short  # the burst owns 8 steps, not 5 s of them
+    assert [c for c in evaluate(burst, DetectorState(), CFG)[1] if c.kind == "straggler"] == []
+    # A rank slow throughout still is one.
+    _, c = evaluate(_fast_job(slow_rank=1), DetectorState(), CFG)
+    assert [(x.kind, x.rank) for x in c] == [("straggler", 1)]

@@ -215,6 +215,21 @@ def test_comm_wait_blocks_add_up_within_a_step_and_start_again_at_zero() -> None
                                           (2, 2.4375, 0.5, 0.8125)]
 
 
+def test_add_comm_wait_adds_to_the_open_step_and_ignores_what_is_not_a_duration() -> None:
+    # What a framework hook hands over (gpumond.job.torch): added like a comm_wait() block, bad values dropped.
+    clock, transport = FakeClock(), FakeTransport()
+    rep = make(clock, transport=transport)
+    for i in rep.wrap(loader(clock, [0.5, 0.5])):
+        clock.advance(1.0)
+        rep.add_comm_wait(0.25)
+        for bad in (-1.0, float("nan"), float("inf"), "x", None):
+            rep.add_comm_wait(bad)  # type: ignore[arg-type]
+        if i == 1:
+            with rep.comm_wait():
+                clock.advance(0.125)
+    assert comm_waits(rep, transport) == [(0, 1.5, 0.5, 0.25), (1, 1.625, 0.5, 0.375)]
+
+
 def test_comm_wait_is_omitted_from_steps_that_did_not_measure_it() -> None:
     clock, transport = FakeClock(), FakeTransport()
     rep = make(clock, transport=transport)

@@ -12,7 +12,9 @@ data loader is not flagged by this: its data wait is taken out with the collecti
 
 Three looks trade latency for sensitivity (a 1.25× straggler is obvious in a few steps; a 1.05× one
 only over minutes of steps):
-- `short`: median over the rank's last `share_short_steps` recent steps (a rank feature);
+- `short`: median over the rank's last `share_short_steps` recent steps, or over those of the last
+  `share_short_s` seconds when that is more (fast steps: 8 steps of 50 ms are half a second, which one
+  descheduled thread fills; measured on real DDP) (a rank feature);
 - `recent`: median over the steps that ended in the detectors' recent window (a rank feature);
 - `long`: mean of the rank's trimmed-mean shares (10 % cut off each end) at the last `share_long_evals`
   evaluations, kept in the detector state so a long look costs no more than a short one to compute. A

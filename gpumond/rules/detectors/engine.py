@@ -61,7 +61,8 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
         # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
-        feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim)
+        feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim,
+                                      cfg.share_short_s)
         feats = [_with_device_kind(r, inputs.gpu_windows.get(r.gpu_uuid)) for r in feats]
         rank_features[job] = tuple(feats)
         shares = job_shares(feats, state.shares.get(job, {}), cfg.min_steps, cfg.share_long_evals)

@@ -81,15 +81,15 @@ def trimmed_mean(xs: Sequence[float], trim: float) -> float:
 
 
 def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: int = 5,
-                  trim: float = 0.1) -> RankFeatures:
+                  trim: float = 0.1, short_s: float = 0.0) -> RankFeatures:
     """Median step time, data-wait fraction and compute share of the steps that ended since `since`
     (a compute-share look needs at least `min_steps` steps with a comm wait, the short one
     min(short_steps, min_steps))."""
     recent = _recent(w.steps, since)
     durations = [s.duration_s for s in recent if s.duration_s > 0]
     waits = [min(s.data_wait_s / s.duration_s, 1.0) for s in recent if s.duration_s > 0]
-    shares = [max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0) for s in recent
-              if s.duration_s > 0 and s.comm_wait_s is not None]
+    timed = [s for s in recent if s.duration_s > 0 and s.comm_wait_s is not None]
+    shares = [max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0) for s in timed]
     return RankFeatures(
         rank=w.info.rank, node=w.info.node, gpu_uuid=w.info.gpu_uuid, group=w.info.group,
         steps=len(recent),
@@ -98,10 +98,21 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
         last_end=max((s.end for s in w.steps), default=None),
         last_push=w.last_push,
         wait_mean=sum(waits) / len(waits) if waits else None,
-        share_short=median(shares[-short_steps:]) if shares and len(shares) >= min(short_steps, min_steps) else None,
+        share_short=(median(shares[-short_len(timed, short_steps, short_s):])
+                     if shares and len(shares) >= min(short_steps, min_steps) else None),
         share_recent=median(shares) if shares and len(shares) >= min_steps else None,
         share_trimmed=trimmed_mean(shares, trim) if shares and len(shares) >= min_steps else None,
     )
+
+
+def short_len(steps: Sequence[StepRecord], short_steps: int, short_s: float) -> int:
+    """How many of the newest `steps` the short look takes: `short_steps`, or those that ended within `short_s`
+    of the newest, whichever is more. Fast steps (50 ms) make 8 steps half a second, which any hiccup of one
+    rank fills; a look of a few seconds cannot be moved by one (measured on real DDP: ddp_e2e.py)."""
+    if short_s <= 0 or not steps:
+        return short_steps
+    newest = max(s.end for s in steps)
+    return max(short_steps, sum(1 for s in steps if s.end >= newest - short_s))
 
 
 def _med(samples: Sequence[GpuSample], key: str) -> float | None:

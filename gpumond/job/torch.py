@@ -1,0 +1,163 @@
+"""PyTorch DDP integration: each step's wait for the other ranks, measured by DDP's own comm hook.
+
+    import gpumond.job.torch
+    model = DistributedDataParallel(net)
+    reporter = gpumond.job.torch.instrument(model)     # one line
+    for x, y in reporter.wrap(loader):                 # data wait, as without torch
+        loss_fn(model(x), y).backward(); opt.step()
+
+`instrument` registers a communication hook that runs DDP's default all-reduce unchanged (the same
+arithmetic as DDP without a hook: gradients are bitwise equal) and times each gradient bucket from
+its launch to the completion of its future. What a step reports as `comm_wait_s` is the **exposed
+wait**: from the launch of the step's last bucket (which DDP launches when backward has produced the
+last gradients) to the completion of the last bucket. That is the time backward() is blocked waiting
+for the slowest rank; earlier buckets wait overlapped with this rank's own backward compute, and
+their per-bucket waits overlap each other, so their sum is not a time anyone spent blocked (it is
+kept in `StepWait.buckets_s` for comparison; benchmarks/ddp_signal.py measures both).
+
+Importing this module imports torch; `gpumond.job` itself never does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import gpumond.job
+from gpumond.job.reporter import Reporter
+
+log = logging.getLogger("gpumond.job")
+
+__all__ = ["BucketTimer", "StepWait", "comm_hook", "instrument", "timed_allreduce"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepWait:
+    """One step's collective waits, in seconds of the host's monotonic clock."""
+
+    exposed_s: float  # last bucket's launch → last completion: the time backward() blocked on peers
+    buckets_s: float  # Σ over buckets of launch → completion (overlapping; for comparison only)
+    buckets: int
+
+
+class BucketTimer:
+    """The comm hook's state: times the buckets of each step and hands the step's wait to `sink`.
+
+    Callbacks arrive on the process group's threads (gloo runs two), so the per-step tally is locked;
+    DDP waits for every bucket's future before backward() returns, so the step is complete (and
+    handed over) before the training thread carries on.
+    """
+
+    def __init__(self, sink: Callable[[StepWait], None], *, process_group: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._sink = sink
+        self._group = process_group
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._on = True
+        self._reset()
+
+    def _reset(self) -> None:
+        self._launched = 0
+        self._done = 0
+        self._last_launch: float | None = None
+        self._last_done = 0.0
+        self._sum = 0.0
+
+    def launch(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """DDP's default all-reduce of one bucket, timed."""
+        t0 = self._clock()
+        buffer = bucket.buffer()
+        group = self._group if self._group is not None else dist.group.WORLD
+        # What DDP does without a hook: multiply by 1/world size (rounded the same way, so the result is
+        # bitwise equal even where 1/n is inexact), then sum over ranks.
+        buffer.mul_(1.0 / group.size())
+        fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+        if not self._on:
+            return fut.then(_first)
+        try:
+            with self._lock:
+                self._launched += 1
+                if bucket.is_last():
+                    self._last_launch = t0
+        except Exception as exc:  # never disturb training: stop timing, keep reducing
+            self._stop(exc)
+        return fut.then(lambda f: self._completed(f, t0))
+
+    def _completed(self, fut: torch.futures.Future[list[torch.Tensor]], t0: float) -> torch.Tensor:
+        value = fut.value()[0]  # re-raises a failed all-reduce to DDP, as the default hook does
+        if self._on:
+            try:
+                self._tally(t0, self._clock())
+            except Exception as exc:
+                self._stop(exc)
+        return value
+
+    def _tally(self, t0: float, t1: float) -> None:
+        with self._lock:
+            self._done += 1
+            self._sum += t1 - t0
+            self._last_done = max(self._last_done, t1)
+            if self._last_launch is None or self._done < self._launched:
+                return
+            wait = StepWait(max(self._last_done - self._last_launch, 0.0), self._sum, self._done)
+            self._reset()
+        self._sink(wait)
+
+    def _stop(self, exc: BaseException) -> None:
+        self._on = False
+        log.warning("gpumond: comm wait timing disabled, training continues unaffected: %r", exc)
+
+
+# No annotations: DDP checks a hook's annotations against the real types, and this module's are strings
+# (postponed evaluation). DDP also wants a function (it reads __name__), so the timer is the hook's state.
+def timed_allreduce(timer, bucket):  # type: ignore[no-untyped-def]
+    """The comm hook registered with DDP: `timer.launch(bucket)`."""
+    return timer.launch(bucket)
+
+
+def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+    return fut.value()[0]
+
+
+def comm_hook(reporter: Reporter | None = None, *, process_group: Any = None,
+              on_step: Callable[[StepWait], None] | None = None) -> tuple[BucketTimer, Callable[..., Any]]:
+    """(state, hook) for `ddp.register_comm_hook(state, hook)`, or a framework's equivalent (Lightning's
+    `DDPStrategy(ddp_comm_state=state, ddp_comm_hook=hook)`), reporting each step's wait to `reporter`."""
+    rep = reporter if reporter is not None else gpumond.job.get_reporter()
+
+    def sink(wait: StepWait) -> None:
+        rep.add_comm_wait(wait.exposed_s)
+        if on_step is not None:
+            on_step(wait)
+
+    return BucketTimer(sink, process_group=process_group), timed_allreduce
+
+
+def instrument(model: torch.nn.parallel.DistributedDataParallel, reporter: Reporter | None = None, *,
+               process_group: Any = None, on_step: Callable[[StepWait], None] | None = None) -> Reporter:
+    """Time `model`'s gradient all-reduce each step and report it as comm_wait_s; returns the reporter.
+
+    `reporter` defaults to `gpumond.job.get_reporter()` (configured from the environment). `on_step`,
+    if given, also receives every step's StepWait (on a communication thread; keep it short).
+    Call before the first forward pass: DDP accepts one comm hook, registered before training.
+    """
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise TypeError(f"instrument() takes a DistributedDataParallel model (got {type(model).__name__}); "
+                        "for FSDP see docs/job-sdk.md")
+    rep = reporter if reporter is not None else gpumond.job.get_reporter()
+    if any(p.is_cuda for p in model.parameters()):
+        # NCCL completes a work's future when the all-reduce is enqueued on the GPU, not when it has run:
+        # host clocks would read ~0 for every rank. Timing it needs CUDA events, not implemented yet.
+        log.warning("gpumond: comm wait is timed only for CPU (gloo) DDP so far; on CUDA time the loss "
+                    "all-reduce with reporter.comm_wait() (docs/job-sdk.md)")
+        return rep
+    model.register_comm_hook(*comm_hook(rep, process_group=process_group, on_step=on_step))
+    return rep

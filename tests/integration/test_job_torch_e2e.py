@@ -1,0 +1,34 @@
+"""End to end on real training: `gpumond agent --sim 4` for the ranks' GPUs, `gpumond rules` scraping it, and a
+torchrun DDP job (4 ranks, gloo) instrumented with gpumond.job.torch pushing to it.
+
+The harness is benchmarks/ddp_e2e.py (which also runs the single-fault cases and the starved job, with their
+latencies, in benchmarks/results/ddp_e2e.md). CI runs the two cheapest meaningful cases: both rank faults
+planted in one job, and a fault-free job. The service evaluates every 10 s, its default, so persistence is
+what production has. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from benchmarks.ddp_e2e import run_case  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_slow_rank_and_a_starved_rank_come_out_as_their_findings_on_their_ranks(tmp_path: Path) -> None:
+    out = run_case("slow_and_starved", tmp_path, duration_s=45.0, settle_s=5.0)
+    assert out.first("straggler", 2, "firing") is not None, out
+    assert out.first("io_starved_rank", 1, "firing") is not None, out
+    # The starved rank waits least of all in the all-reduce, yet its data wait accounts for it: not a straggler.
+    assert out.unexpected() == [], out
+
+
+def test_a_fault_free_job_gives_no_finding(tmp_path: Path) -> None:
+    # Three evaluations of a running job: enough for a finding to go pending and fire (k=2 of n=3).
+    out = run_case("clean", tmp_path, duration_s=30.0)
+    assert out.seen == {}, out
