@@ -252,7 +252,7 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
 
 
 _RULES_KEYS = {"tokens", "tokens_file", "allow_unauthenticated", "telemetry", "evaluation_interval_s", "window_s",
-               "limits", "expire_after_s", "shard"}
+               "limits", "expire_after_s", "shard", "findings"}
 
 
 def _check_config(path: Path, kind: str | None) -> int:

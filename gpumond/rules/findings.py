@@ -14,10 +14,18 @@ from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.types import Finding
 
 __all__ = ["FINDINGS_PERSISTENCE", "Persistence", "advance", "conditions_of", "finding_condition", "finding_of",
-           "findings_of"]
+           "findings_of", "findings_persistence"]
 
-# Two of three evaluations flag an entity before it fires; three quiet ones resolve it.
-FINDINGS_PERSISTENCE = Persistence(k=2, n=3, clear=3)
+
+def findings_persistence(min_duration_s: float = 10.0, resolve_after_s: float = 30.0) -> Persistence:
+    """Two of the last three evaluations flag an entity, first flagged at least `min_duration_s` ago, before
+    it fires; three quiet evaluations spanning `resolve_after_s` resolve it. The durations are what keep a
+    transient (a rank slowed for a few steps) from firing when evaluations are seconds apart."""
+    return Persistence(k=2, n=3, clear=3, min_s=min_duration_s, clear_s=resolve_after_s)
+
+
+# The defaults of `findings:` in the rules config (gpumond.config.rules.FindingsConfig).
+FINDINGS_PERSISTENCE = findings_persistence()
 _ALERT_TO_KIND = {alert: kind for kind, alert in KIND_TO_ALERT.items()}
 # Evidence fields worth a sentence, in the order a person reads them.
 _HEADLINE = ("likely_cause", "data_wait_frac", "median_data_wait_frac", "slowdown", "stalled_for_s", "gpus_flagged",

@@ -73,15 +73,19 @@ def trimmed_mean(xs: Sequence[float], trim: float) -> float:
 
 
 def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: int = 5,
-                  trim: float = 0.1) -> RankFeatures:
+                  trim: float = 0.1, short_s: float = 0.0) -> RankFeatures:
     """Median step time, data-wait fraction and compute share of the steps that ended since `since`
     (a compute-share look needs at least `min_steps` steps with a comm wait, the short one
-    min(short_steps, min_steps))."""
+    min(short_steps, min_steps)); the short look takes the last `short_steps` of them and every one that
+    ended within `short_s` of the newest."""
     recent = _recent(w.steps, since)
     durations = [s.duration_s for s in recent if s.duration_s > 0]
     waits = [min(s.data_wait_s / s.duration_s, 1.0) for s in recent if s.duration_s > 0]
-    shares = [max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0) for s in recent
-              if s.duration_s > 0 and s.comm_wait_s is not None]
+    timed = [s for s in recent if s.duration_s > 0 and s.comm_wait_s is not None]
+    shares = [max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0) for s in timed]
+    newest = timed[-1].end if timed else 0.0
+    short = [x for i, (s, x) in enumerate(zip(timed, shares))
+             if i >= len(shares) - short_steps or s.end >= newest - short_s]
     return RankFeatures(
         rank=w.info.rank, node=w.info.node, gpu_uuid=w.info.gpu_uuid, group=w.info.group,
         steps=len(recent),
@@ -90,7 +94,7 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
         last_end=max((s.end for s in w.steps), default=None),
         last_push=w.last_push,
         wait_mean=sum(waits) / len(waits) if waits else None,
-        share_short=median(shares[-short_steps:]) if shares and len(shares) >= min(short_steps, min_steps) else None,
+        share_short=median(short) if shares and len(shares) >= min(short_steps, min_steps) else None,
         share_recent=median(shares) if shares and len(shares) >= min_steps else None,
         share_trimmed=trimmed_mean(shares, trim) if shares and len(shares) >= min_steps else None,
     )

@@ -25,19 +25,20 @@ _DENSE_STEPS = 4
 
 
 def job_rank_features(ranks: Mapping[int, RankWindow], since: float, until: float, short_steps: int = 8,
-                      min_steps: int = 5, trim: float = 0.1) -> tuple[list[RankFeatures], list[float]]:
-    """([rank_features(w, since, short_steps, min_steps, trim) for w in ranks.values()],
+                      min_steps: int = 5, trim: float = 0.1,
+                      short_s: float = 0.0) -> tuple[list[RankFeatures], list[float]]:
+    """([rank_features(w, since, short_steps, min_steps, trim, short_s) for w in ranks.values()],
     job_step_times(ranks, since, until))."""
     windows = list(ranks.values())
-    out = _vectorised(windows, since, until, short_steps, min_steps, trim)
+    out = _vectorised(windows, since, until, short_steps, min_steps, trim, short_s)
     if out is None:
-        return ([rank_features(w, since, short_steps, min_steps, trim) for w in windows],
+        return ([rank_features(w, since, short_steps, min_steps, trim, short_s) for w in windows],
                 job_step_times(ranks, since, until))
     return out
 
 
 def _vectorised(windows: list[RankWindow], since: float, until: float, short_steps: int,
-                min_steps: int, trim: float) -> tuple[list[RankFeatures], list[float]] | None:
+                min_steps: int, trim: float, short_s: float) -> tuple[list[RankFeatures], list[float]] | None:
     m = step_matrices(windows)
     counts = m.counts
     n = len(counts)
@@ -71,7 +72,9 @@ def _vectorised(windows: list[RankWindow], since: float, until: float, short_ste
     wait_mean = summed / np.maximum(n_timed, 1)
     shared = timed & ~np.isnan(comm)
     share_recent, n_shared = column_median(shares, shared)
-    newest = shared & (np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps)  # the last `short_steps` of them
+    # The last `short_steps` of them, and every one that ended within `short_s` of the newest of them.
+    newest_end = np.where(shared, ends, -np.inf).max(axis=0) if depth else np.zeros(n)
+    newest = shared & ((np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps) | (ends >= newest_end - short_s))
     share_short, _ = column_median(shares, newest)
     share_trimmed, _ = column_trimmed_mean(shares, shared, trim)
     short_ok = n_shared >= min(short_steps, min_steps)
