@@ -43,7 +43,7 @@ class Noise:
     transient_median_s: float = 0.5  # duration: lognormal with this median…
     transient_node_median_s: float = 2.0  # (node episodes)
     transient_sigma: float = 1.0  # …and log-sd…
-    transient_max_s: float = 6.0  # …capped here (the detectors take slowness from ~8 s on for real: docs)
+    transient_max_s: float = 6.0  # …capped here: longer slowness is a slowdown the detectors may report
     transient_factor: tuple[float, float] = (1.15, 1.6)  # compute × uniform in this range
     ckpt_every_s: float = 1800.0  # synchronous checkpoint every this many seconds (0: none)
     ckpt_s: tuple[float, float] = (20.0, 60.0)  # its duration, all ranks together

@@ -133,6 +133,13 @@ def fault_scenarios(seed: int, nodes: int, slowdowns=SLOWDOWNS, node_slowdowns=N
     return out
 
 
+# Transient slowness at the rates and lengths the transient controls and the fleet-scale job run with: an
+# episode on a rank every 2 minutes (median 0.5 s, log-sd 1, capped at 6 s) and one on a whole node every
+# 30 minutes (median 2 s), each 1.15–1.6× slower (noise.py). Measured on real DDP (benchmarks/results/
+# ddp_transients.md): on a busy host, runs of ≥ 3 steps ≥ 1.15× come thousands of times a rank-hour but
+# last < 0.2 s; these are rarer and far longer, the harder case for looks that span seconds of steps.
+TRANSIENTS = {"transient_rate_h": 30.0, "transient_node_rate_h": 2.0}
+
 CONTROLS: dict[str, dict] = {
     "clean": {},
     "uneven stages, group reported": {"stages": 4, "stage_cost": (1.0, 1.0, 1.0, 1.25), "report_group": True},
@@ -143,16 +150,13 @@ CONTROLS: dict[str, dict] = {
     "missing telemetry": {"noise": {"sample_miss_p": 0.06, "node_miss_p": 0.02}},
     # Healthy ranks slowed 1.15–1.6× for seconds (issue 12): see TRANSIENTS. The second runs 0.25 s steps
     # evaluated every 2 s, where a handful of steps is a fraction of a second and evaluations come fast.
-    "transient slowdowns": {"noise": "transients"},
-    "transient slowdowns, 0.25 s steps, 2 s evaluations": {"noise": "transients", "step_s": 0.25, "eval_s": 2.0,
-                                                           "nodes": 16, "duration_s": 900.0},
+    "transient slowdowns": {"noise": TRANSIENTS},
+    "transient slowdowns, 0.25 s steps, 2 s evaluations": {"noise": TRANSIENTS, "step_s": 0.25},
 }
-# Transient slowness at the rates and lengths the transient controls and the fleet-scale job run with: one
-# episode a rank every 30 s (median 0.5 s, log-sd 1, capped at 10 s) and one a node every 10 min on all its
-# ranks (median 2 s), each 1.15–1.6× slower. Measured on real DDP (benchmarks/results/ddp_transients.md):
-# on a busy host, runs of ≥ 3 steps ≥ 1.15× come thousands of times a rank-hour but last < 0.2 s; these are
-# fewer and much longer, the harder case for a detector with a short look.
-TRANSIENTS = {"transient_rate_h": 30.0, "transient_node_rate_h": 2.0}
+# How a control runs when it is not the usual job of the benchmark's size, evaluated every 10 s.
+CONTROL_RUNS: dict[str, dict] = {
+    "transient slowdowns, 0.25 s steps, 2 s evaluations": {"eval_s": 2.0, "nodes": 16, "duration_s": 900.0},
+}
 
 
 def control_scenarios(seed: int, nodes: int, duration_s: float, names: tuple[str, ...] | None = None) -> list[Scenario]:
@@ -164,14 +168,14 @@ def control_scenarios(seed: int, nodes: int, duration_s: float, names: tuple[str
         rng = _rng(seed, 500 + i)
         step = float(rng.choice(STEP_S))
         step = spec.get("step_s", step)
-        knobs = spec.get("noise", {})
-        noise = Noise().with_(**(TRANSIENTS if knobs == "transients" else knobs))
-        size = min(nodes, spec.get("nodes", nodes))
+        noise = Noise().with_(**spec.get("noise", {}))
+        how = CONTROL_RUNS.get(name, {})
+        size = min(nodes, how.get("nodes", nodes))
         job = JobSpec("job-0", size, step_s=step, stages=spec.get("stages", 1),
                       stage_cost=spec.get("stage_cost", ()), report_group=spec.get("report_group", False))
-        every = spec.get("eval_s", 10.0)
+        every = how.get("eval_s", 10.0)
         out.append(Scenario(f"control: {name}", "control", (job,), (), noise, seed * 1000 + 500 + i,
-                            min(duration_s, spec.get("duration_s", duration_s)), eval_phase=rng.uniform(0.0, every),
+                            min(duration_s, how.get("duration_s", duration_s)), eval_phase=rng.uniform(0.0, every),
                             tags={"control": name, "step_s": step}, eval_s=every))
     return out
 

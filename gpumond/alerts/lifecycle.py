@@ -17,6 +17,9 @@ from gpumond.alerts.model import Alert, AlertState, Condition, Pairs
 # Prometheus keeps re-sending a resolved alert for 15 minutes so that every Alertmanager
 # replica (and a sink that was briefly down) hears the resolve.
 KEEP_RESOLVED_S = 900.0
+# Evaluations scheduled every 10 s arrive a few ms early or late: with `min_s` 10 s, the second one must count
+# as 10 s after the first, not wait for a third.
+_SLACK = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,8 @@ class AlertTracker:
             else:
                 t = replace(before, annotations=c.annotations, for_s=c.for_s, hits=(before.hits + (True,))[-p.n:],
                             quiet=0, payload=c.payload, seen_at=now)
-            due = c.immediate or (sum(t.hits) >= p.k and now - t.active_since >= max(t.for_s, p.min_s))
+            held_s = now - t.active_since
+            due = c.immediate or (sum(t.hits) >= p.k and held_s >= t.for_s and held_s >= p.min_s * (1 - _SLACK))
             if t.fired_at is None and due:
                 t = replace(t, fired_at=now)
             entries[fp] = t
@@ -123,7 +127,7 @@ class AlertTracker:
             if before.state == "firing":
                 t = replace(before, hits=(before.hits + (False,))[-p.n:], quiet=before.quiet + 1)
                 held = t.hold_until is not None and now < t.hold_until
-                recent = t.seen_at is not None and now - t.seen_at < p.clear_s
+                recent = t.seen_at is not None and now - t.seen_at < p.clear_s * (1 - _SLACK)
                 if t.quiet >= p.clear and not held and not recent:
                     t = replace(t, resolved_at=now)
                     changes.append(Transition(t.alert(), "firing", "resolved"))
