@@ -139,6 +139,11 @@ def fault_scenarios(seed: int, nodes: int, slowdowns=SLOWDOWNS, node_slowdowns=N
 # ddp_transients.md): on a busy host, runs of ≥ 3 steps ≥ 1.15× come thousands of times a rank-hour but
 # last < 0.2 s; these are rarer and far longer, the harder case for looks that span seconds of steps.
 TRANSIENTS = {"transient_rate_h": 30.0, "transient_node_rate_h": 2.0}
+# At fleet scale every rank's transient stalls the whole job: at 30 an hour on each of 8,192 ranks a new one
+# starts every 15 ms and every step waits for one, so the job would run ~1.5× slow on transients alone —
+# not a fleet anyone runs. One per rank-hour (a new episode somewhere every 0.4 s, in most 2.6 s steps)
+# and one per node every two hours is the upper end of a job that still looks healthy.
+FLEET_TRANSIENTS = {"transient_rate_h": 1.0, "transient_node_rate_h": 0.5}
 
 CONTROLS: dict[str, dict] = {
     "clean": {},
@@ -180,10 +185,12 @@ def control_scenarios(seed: int, nodes: int, duration_s: float, names: tuple[str
     return out
 
 
-def big_control(seed: int, nodes: int, duration_s: float) -> Scenario:
-    """A fault-free job at fleet scale (1,024 nodes in the full run) with the everyday noise and transients."""
+def big_control(seed: int, nodes: int, duration_s: float, transients: dict | None = None) -> Scenario:
+    """A fault-free job at fleet scale (1,024 nodes in the full run) with the everyday noise and transients
+    at the fleet's rate (FLEET_TRANSIENTS; the controls' stress rate with `transients=TRANSIENTS`)."""
     rng = _rng(seed, 900)
     job = JobSpec("job-big", nodes, step_s=2.0)
-    name = f"{nodes}-node job, transient slowdowns"
-    return Scenario(f"control: {name}", "control", (job,), (), Noise().with_(**TRANSIENTS), seed * 1000 + 900,
+    knobs = FLEET_TRANSIENTS if transients is None else transients
+    name = f"{nodes}-node job, transient slowdowns" + ("" if transients is None else " (stress rate)")
+    return Scenario(f"control: {name}", "control", (job,), (), Noise().with_(**knobs), seed * 1000 + 900,
                     duration_s, eval_phase=rng.uniform(0.0, 10.0), tags={"control": name, "step_s": 2.0})
