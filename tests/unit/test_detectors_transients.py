@@ -9,6 +9,7 @@ import random
 
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
+from gpumond.rules.detectors.features import rank_features
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, advance
 from gpumond.rules.types import RankInfo, RankWindow, StepRecord
 
@@ -106,3 +107,37 @@ def test_a_node_heavier_throughout_the_first_minute_is_still_structure():
     state, fired, _ = watch(tl, 2.0, 120.0, 2.0)
     assert state.structure["job-a"].nodes == frozenset({"node-1"})
     assert fired == {}
+
+
+def test_the_short_look_spans_seconds_of_fast_steps_so_a_handful_of_slow_ones_cannot_move_it():
+    # 0.09 s steps; the newest 6 are 1.5× slower (a GC pause, a preempted thread)
+    info = RankInfo("j", 0, 1, "n", "GPU-0")
+    steps = tuple(StepRecord(k, 0.09 * k, 0.09, 0.0, None, 0.002 if k >= 994 else 0.03) for k in range(1000))
+    w = RankWindow(info, steps, 90.0)
+    eight = rank_features(w, since=30.0, short_steps=8, short_s=0.0)
+    spanned = rank_features(w, since=30.0, short_steps=8, short_s=CFG.share_short_s)
+    assert eight.share_short > 0.9  # the median of 8 steps is the handful
+    assert spanned.share_short == spanned.share_recent < 0.7  # 20 s of steps: the handful is 3 %
+
+
+def test_shares_are_compared_step_by_step_so_other_ranks_transients_do_not_widen_the_spread():
+    # Every few seconds some other rank is slowed 1.5× for 2 s (everyone waits for it); rank 21 is slowed 1.3×
+    # for 6 s of the last minute: a transient of its own, well below the minimum duration.
+    def slow(r, t):
+        other = int(t // 4) % N
+        if r == other and r != 21 and t % 4 < 2.0:
+            return 1.5
+        return 1.3 if r == 21 and 150.0 <= t < 156.0 else 1.0
+    tl = Timeline(180.0, slow, push_s=1.0)
+    _, cands = evaluate(tl.inputs(170.0), DetectorState(), CFG)
+    assert [c for c in cands if c.kind == "straggler"] == []
+
+
+def test_the_long_look_spans_minutes_of_wall_time_at_any_evaluation_interval():
+    tl = Timeline(420.0)
+    state, _, _ = watch(tl, 4.0, 420.0, 2.0)
+    times = state.share_times["job-a"]
+    # full windows only (from a minute after the first comm waits), then the last 5 minutes of evaluations:
+    # 150 of them at a 2 s interval, where a count of 30 would be one minute
+    assert 296.0 <= times[-1] - times[0] < 300.0 and len(times) == 150
+    assert len(state.shares["job-a"][13]) == 150
