@@ -103,6 +103,9 @@ class RulesProcess:
         # replay that run's findings into this story.
         cfg = RulesConfig.model_validate({
             "listen": f"127.0.0.1:{self.port}", "tokens": [token], "evaluation_interval_s": 2, "window_s": 120,
+            # Answers within the story: findings fire and resolve as "2 of 3 / 3 quiet" did at 2 s (the
+            # demo's job has no transients to tell apart).
+            "findings": {"min_duration_s": 2, "resolve_after_s": 6},
             "state_dir": str(workdir / "rules"),
             "telemetry": {"scrape": {"targets": [f"127.0.0.1:{a.port}" for a in agents], "interval_s": 2}},
             "alerting": alerting or {}})

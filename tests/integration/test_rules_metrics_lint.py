@@ -12,7 +12,8 @@ pytestmark = pytest.mark.integration
 
 def test_rules_metrics_with_findings_are_lint_clean(tmp_path):
     now = [10_000.0]
-    cfg = RulesConfig.model_validate({"tokens": ["t" * 32], "evaluation_interval_s": 1, "state_dir": str(tmp_path)})
+    cfg = RulesConfig.model_validate({"tokens": ["t" * 32], "evaluation_interval_s": 1, "state_dir": str(tmp_path),
+                                      "findings": {"min_duration_s": 1}})  # fires on the second evaluation
     service = RulesService(cfg, clock=lambda: now[0])
     for step in range(60):
         for rank in range(8):
