@@ -176,7 +176,8 @@ def without_columns(inputs: engine.EvalInputs) -> engine.EvalInputs:
 @given(jobs(), st.booleans(), st.sampled_from([0.0, 3.0, 20.0]))
 def test_rank_features_and_step_times_match_the_reference(ranks, every, short_s):
     means = ref_means(ranks.values(), SINCE)
-    expected = [ref_rank(w, SINCE, short_s=short_s, means=means) for w in ranks.values()], ref_step_times(ranks, SINCE, NOW)
+    expected = ([ref_rank(w, SINCE, short_s=short_s, means=means) for w in ranks.values()],
+                ref_step_times(ranks, SINCE, NOW))
     for variant in (ranks, with_columns(ranks, every)):  # the objects path, then the columns path
         feats, step_times = job_rank_features(variant, SINCE, NOW, short_s=short_s)
         assert same(feats, expected[0])

@@ -35,8 +35,9 @@ class Structure:
     def nodes(self) -> frozenset[str]:
         """The structural nodes: deviating as a block in at least half the learning evaluations so far, and in
         at least half of those in the last third of the learning time (once there are any)."""
+        late = self.late_evals
         return frozenset(n for n, k in self.counts.items()
-                         if 2 * k >= self.evals and (self.late_evals == 0 or 2 * self.late.get(n, 0) >= self.late_evals))
+                         if 2 * k >= self.evals and (late == 0 or 2 * self.late.get(n, 0) >= late))
 
 
 def learn(known: Structure | None, blocks: frozenset[str], now: float, learn_s: float,
