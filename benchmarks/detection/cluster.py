@@ -37,6 +37,7 @@ from benchmarks.detection.noise import (
     gc_pauses,
     loader_wait,
     silicon,
+    transient_episodes,
 )
 
 BIG = 1e18  # "never" (a hung step's end), finite so interval arithmetic stays NaN-free
@@ -126,6 +127,9 @@ class _Job:
         self.skew = rng.normal(0.0, 0.001, n)  # host clocks differ by ~ms
         every = sim.noise.ckpt_every_s
         self.ckpt_next = sim.t0 + rng.uniform(0.2, 1.0) * every if every > 0 else BIG
+        self.tr_end = np.full(n, -BIG)  # the transient episode each rank is in: until when, and how slow
+        self.tr_factor = np.ones(n)
+        self.tr_t = sim.t0  # episodes are drawn up to here
 
     # ----- faults at an instant -------------------------------------------------------------------
     def _mask(self, f: Fault) -> np.ndarray | int:
@@ -148,6 +152,22 @@ class _Job:
                     clock[m] = 1.0 / f.slowdown
                     reason[m] = list(_REASON_KEY).index(f.reason)  # type: ignore[arg-type]
         return slow, clock, reason
+
+    def _transients(self, start: float, c: np.ndarray) -> np.ndarray:
+        """Each rank's compute factor this step from transient episodes: new ones drawn for the time since the
+        previous step began, and a step overlapping an episode only in part slowed in proportion."""
+        noise, rng = self.sim.noise, self.rng
+        dt, self.tr_t = start - self.tr_t, start
+        who, dur, fac = transient_episodes(rng, self.n, noise.transient_rate_h, dt, noise.transient_median_s, noise)
+        self.tr_end[who], self.tr_factor[who] = start + dur, fac
+        nodes = self.spec.nodes
+        who, dur, fac = transient_episodes(rng, nodes, noise.transient_node_rate_h, dt,
+                                           noise.transient_node_median_s, noise)
+        for i, d, f in zip(who.tolist(), dur.tolist(), fac.tolist(), strict=True):
+            ranks = slice(8 * i, 8 * i + 8)
+            self.tr_end[ranks], self.tr_factor[ranks] = start + d, f
+        overlap = np.clip((self.tr_end - start) / np.maximum(c, 1e-9), 0.0, 1.0)
+        return 1.0 + (self.tr_factor - 1.0) * overlap
 
     # ----- steps ----------------------------------------------------------------------------------
     def run_until(self, until: float) -> None:
@@ -173,6 +193,8 @@ class _Job:
                 hung_rank = f.rank
         comm = noise.comm_frac * base
         c = base * self.cost * slow * compute_factor(rng, n, noise) * (1.0 + noise.common_sigma * rng.standard_normal())
+        if noise.transient_rate_h > 0 or noise.transient_node_rate_h > 0:
+            c = c * self._transients(start, c)
         w = loader_wait(rng, n, base, noise)
         starved = wait_frac > 0
         if starved.any():

@@ -34,6 +34,17 @@ class Noise:
     hiccup_frac: tuple[float, float] = (0.05, 0.3)  # …and waits this fraction of a step
     gc_p: float = 5e-4  # chance per rank per step of a Python GC pause
     gc_median_s: float = 0.3
+    # Transient slowness (issue 12): a healthy rank computes 1.15–1.6× slower for a while — a preempted CPU
+    # thread, a GC-heavy stretch, a noisy neighbour on its host. Wall-time episodes, so their size in steps
+    # depends on the step time. Off in the everyday fleet (0 per hour, no draws: the other scenarios keep
+    # their random streams); the transient controls turn them on. See docs/detection-benchmark.md.
+    transient_rate_h: float = 0.0  # episodes per rank-hour on one rank…
+    transient_node_rate_h: float = 0.0  # …and per node-hour on all 8 ranks of a node (host contention)
+    transient_median_s: float = 0.5  # duration: lognormal with this median…
+    transient_node_median_s: float = 2.0  # (node episodes)
+    transient_sigma: float = 1.0  # …and log-sd…
+    transient_max_s: float = 6.0  # …capped here: longer slowness is a slowdown the detectors may report
+    transient_factor: tuple[float, float] = (1.15, 1.6)  # compute × uniform in this range
     ckpt_every_s: float = 1800.0  # synchronous checkpoint every this many seconds (0: none)
     ckpt_s: tuple[float, float] = (20.0, 60.0)  # its duration, all ranks together
     # --- telemetry ---
@@ -88,6 +99,17 @@ def gc_pauses(rng: np.random.Generator, n: int, noise: Noise) -> np.ndarray:
     if not hit.any():
         return np.zeros(n)
     return np.where(hit, noise.gc_median_s * rng.lognormal(0.0, 0.5, n), 0.0)
+
+
+def transient_episodes(rng: np.random.Generator, units: int, rate_h: float, dt: float, median_s: float,
+                       noise: Noise) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """New transient episodes among `units` (ranks or nodes) over `dt` seconds: (unit, duration s, factor)."""
+    k = int(rng.poisson(rate_h * units * dt / 3600.0)) if rate_h > 0 and dt > 0 else 0
+    if k == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0)
+    who = rng.integers(0, units, k)
+    dur = np.minimum(median_s * rng.lognormal(0.0, noise.transient_sigma, k), noise.transient_max_s)
+    return who, dur, rng.uniform(*noise.transient_factor, k)
 
 
 def silicon(rng: np.random.Generator, n_gpus: int, noise: Noise) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

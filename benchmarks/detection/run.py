@@ -137,7 +137,8 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
                                                  f"({n_runs} in all), {args.seeds} seed(s)",
                                     "wall time": f"{wall:.0f} s on {args.procs} process(es)"}), "",
               "What runs: `gpumond.rules.detectors.engine.evaluate` and `gpumond.rules.findings.advance` "
-              "(default `DetectorConfig`, `Persistence(k=2, n=3)`) every 10 s over the simulated cluster of "
+              "(default `DetectorConfig`, `FINDINGS_PERSISTENCE`: 2 of 3 evaluations and 10 s of wall time) "
+              "every 10 s (2 s in one control) over the simulated cluster of "
               "`benchmarks/detection/` — the service's code, not a copy. Method, physics and matching rules: "
               "`docs/detection-benchmark.md`.", "",
               "## The issue's targets", "", _bench.md_table(("target", "measured", "verdict"), tgt), ""]

@@ -25,7 +25,6 @@ from gpumond.rules.findings import FINDINGS_PERSISTENCE, Persistence, advance
 from benchmarks.detection.faults import Fault
 from benchmarks.detection.scenarios import T0, Scenario
 
-EVAL_S = 10.0
 GRACE_S = 120.0
 KIND_CLASS = {"straggler": "straggler", "straggler_node": "straggler_node", "io_starved_rank": "starved_rank",
               "io_starved_job": "starved_job", "hung_rank": "hung"}
@@ -79,13 +78,13 @@ class RunResult:
 
 def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persistence = FINDINGS_PERSISTENCE,
         evaluate_fn=evaluate, **cluster_kw: object) -> RunResult:  # noqa: ANN001
-    """Simulate `sc`, evaluating every 10 s with the real detectors and findings lifecycle."""
+    """Simulate `sc`, evaluating every `sc.eval_s` (10 s) with the real detectors and findings lifecycle."""
     cluster = sc.build(**cluster_kw)
     state, tracks = DetectorState(), None
     open_: dict[tuple, Episode] = {}
     episodes: list[Episode] = []
     times: list[float] = []
-    t = T0 + EVAL_S - sc.eval_phase
+    t = T0 + sc.eval_s - sc.eval_phase
     end = T0 + sc.duration_s
     while t <= end:
         cluster.advance_to(t)
@@ -102,7 +101,7 @@ def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persi
                 episodes.append(ep)
         for key in [k for k in open_ if k not in firing]:
             open_.pop(key).ended = t
-        t += EVAL_S
+        t += sc.eval_s
     truths = expand(sc)
     label(sc, truths, episodes)
     return RunResult(sc, truths, episodes, sc.nodes * sc.duration_s / 3600.0, times)

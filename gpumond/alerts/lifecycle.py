@@ -1,8 +1,10 @@
 """The one alert lifecycle: conditions in, pending → firing → resolved alerts out, on an injected clock.
 
 Both daemons use it. The agent's alerts wait `for_s` (a throttle must last 60 s) and resolve the first
-update they are absent; the rules service's findings need k of the last n evaluations to fire (or one,
-when the detector's evidence is corroborated) and `clear` quiet evaluations to resolve.
+update they are absent; the rules service's findings need k of the last n evaluations and `min_s` of wall
+time since first seen to fire (or one evaluation, when the detector's evidence is corroborated), and `clear`
+quiet evaluations spanning `clear_s` to resolve. Counts alone shrink with the evaluation interval (2 of 3
+at a 1 s interval is 1 s of evidence), so the durations are what the operator states.
 """
 
 from __future__ import annotations
@@ -15,20 +17,28 @@ from gpumond.alerts.model import Alert, AlertState, Condition, Pairs
 # Prometheus keeps re-sending a resolved alert for 15 minutes so that every Alertmanager
 # replica (and a sink that was briefly down) hears the resolve.
 KEEP_RESOLVED_S = 900.0
+# Evaluations scheduled every 10 s arrive a few ms early or late: with `min_s` 10 s, the second one must count
+# as 10 s after the first, not wait for a third.
+_SLACK = 0.02
 
 
 @dataclass(frozen=True, slots=True)
 class Persistence:
-    """k of the last n updates must see a condition before it fires (after its `for_s`); a firing alert
-    resolves after `clear` consecutive updates without it."""
+    """k of the last n updates must see a condition, first seen at least `min_s` seconds ago (and its own
+    `for_s`), before it fires; a firing alert resolves after `clear` consecutive updates without it, the
+    last of them at least `clear_s` seconds after it was last seen."""
 
     k: int = 1
     n: int = 1
     clear: int = 1
+    min_s: float = 0.0
+    clear_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= self.n or self.clear < 1:
             raise ValueError("need 1 <= k <= n and clear >= 1")
+        if self.min_s < 0 or self.clear_s < 0:
+            raise ValueError("min_s and clear_s must not be negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +63,7 @@ class _Tracked:
     quiet: int = 0
     hold_until: float | None = None  # restored after a restart: may not resolve before this
     payload: object = None
+    seen_at: float | None = None  # the last update that saw the condition (None: restored, never seen)
 
     @property
     def state(self) -> AlertState:
@@ -98,11 +109,12 @@ class AlertTracker:
             before = old.get(fp)
             if before is None or before.state == "resolved":
                 # A condition that comes back after resolving is a new alert with a new start.
-                t = _Tracked(c.labels, c.annotations, c.for_s, now, (True,), payload=c.payload)
+                t = _Tracked(c.labels, c.annotations, c.for_s, now, (True,), payload=c.payload, seen_at=now)
             else:
                 t = replace(before, annotations=c.annotations, for_s=c.for_s, hits=(before.hits + (True,))[-p.n:],
-                            quiet=0, payload=c.payload)
-            due = c.immediate or (sum(t.hits) >= p.k and now - t.active_since >= t.for_s)
+                            quiet=0, payload=c.payload, seen_at=now)
+            held_s = now - t.active_since
+            due = c.immediate or (sum(t.hits) >= p.k and held_s >= t.for_s and held_s >= p.min_s * (1 - _SLACK))
             if t.fired_at is None and due:
                 t = replace(t, fired_at=now)
             entries[fp] = t
@@ -115,7 +127,8 @@ class AlertTracker:
             if before.state == "firing":
                 t = replace(before, hits=(before.hits + (False,))[-p.n:], quiet=before.quiet + 1)
                 held = t.hold_until is not None and now < t.hold_until
-                if t.quiet >= p.clear and not held:
+                recent = t.seen_at is not None and now - t.seen_at < p.clear_s * (1 - _SLACK)
+                if t.quiet >= p.clear and not held and not recent:
                     t = replace(t, resolved_at=now)
                     changes.append(Transition(t.alert(), "firing", "resolved"))
                 entries[fp] = t

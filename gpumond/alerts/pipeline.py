@@ -48,6 +48,11 @@ class AlertPipeline:
         self._walls: dict[str, tuple[float, float | None]] = {}
         self._started = False
 
+    @property
+    def persistence(self) -> Persistence:
+        """How long conditions must hold to fire, and stay quiet to resolve."""
+        return self._tracker.persistence
+
     # ----- lifecycle of the pipeline itself ------------------------------------------------------------
     def start(self, now: float) -> None:
         """Restore what was firing before a restart (held `restart_grace_s`), then start the sinks."""

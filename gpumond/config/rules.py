@@ -179,6 +179,17 @@ class LimitsConfig(ConfigModel):
     max_clock_skew_s: float = Field(300.0, ge=0, le=86_400)
 
 
+class FindingsConfig(ConfigModel):
+    """How long a finding must hold before it fires, and stay quiet before it resolves: wall time, so the
+    rule means the same at any evaluation interval (see docs/detectors.md, "Persistence")."""
+
+    # A rank slower than its peers for less than this is a transient (a GC pause, a preempted CPU thread, a
+    # noisy neighbour), not a straggler. Two evaluations at the default 10 s interval.
+    min_duration_s: float = Field(10.0, ge=0, le=3600)
+    # Quiet this long (and at least 3 evaluations) before a firing finding resolves, so it does not flap.
+    resolve_after_s: float = Field(30.0, ge=0, le=86_400)
+
+
 class RulesConfig(ConfigModel):
     """The whole rules service config file (`rules.yaml`)."""
 
@@ -189,6 +200,7 @@ class RulesConfig(ConfigModel):
     allow_unauthenticated: bool = False
     telemetry: TelemetryConfig = TelemetryConfig()
     evaluation_interval_s: float = Field(10.0, gt=0, le=3600)
+    findings: FindingsConfig = FindingsConfig()
     window_s: float = Field(300.0, gt=0, le=86_400)
     limits: LimitsConfig = LimitsConfig()
     expire_after_s: float = Field(900.0, gt=0, le=7 * 86_400, validate_default=True)

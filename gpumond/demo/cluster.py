@@ -103,13 +103,18 @@ class RulesProcess:
         # replay that run's findings into this story.
         cfg = RulesConfig.model_validate({
             "listen": f"127.0.0.1:{self.port}", "tokens": [token], "evaluation_interval_s": 2, "window_s": 120,
+            # Answers within the story: findings fire and resolve as "2 of 3 / 3 quiet" did at 2 s (the
+            # demo's job has no transients to tell apart).
+            "findings": {"min_duration_s": 2, "resolve_after_s": 6},
             "state_dir": str(workdir / "rules"),
             "telemetry": {"scrape": {"targets": [f"127.0.0.1:{a.port}" for a in agents], "interval_s": 2}},
             "alerting": alerting or {}})
         cfg = cfg.model_copy(update={"alerting": resolve_alerting(cfg.alerting, "demo rules config", {})})
         # A demo wants answers in tens of seconds: a 30 s feature window instead of 60, and a 20 s long look
-        # at compute shares (10 evaluations) instead of a minute, so a healed straggler clears within the story.
-        self.service = RulesService(cfg, detectors=DetectorConfig(recent_s=30.0, share_long_evals=10))
+        # at compute shares (10 evaluations, from 8 s on) instead of 5 minutes, so a healed straggler clears
+        # within the story.
+        self.service = RulesService(cfg, detectors=DetectorConfig(recent_s=30.0, share_long_s=20.0,
+                                                                  share_long_min_s=8.0))
         self._server = uvicorn.Server(uvicorn.Config(self.service.app, host="127.0.0.1", port=self.port,
                                                      lifespan="off", access_log=False, log_config=None))
         self._thread = threading.Thread(target=self._server.run, name="demo-rules-http", daemon=True)

@@ -1,7 +1,7 @@
 """Findings are alerts: a detector's candidate becomes an alert condition, and the one alert lifecycle
-(gpumond.alerts.lifecycle) decides pending → firing (k of n evaluations over at least FINDINGS_MIN_DURATION_S
-of wall time, or at once when corroborated) → resolved (after `clear` quiet evaluations). This module only
-translates between the two vocabularies."""
+(gpumond.alerts.lifecycle) decides pending → firing (k of n evaluations over at least `findings.min_duration_s`
+of wall time, or at once when corroborated) → resolved (after `clear` quiet evaluations spanning
+`findings.resolve_after_s`). This module only translates between the two vocabularies."""
 
 from __future__ import annotations
 
@@ -14,19 +14,19 @@ from gpumond.alerts.model import Condition
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.types import Finding
 
-__all__ = ["FINDINGS_MIN_DURATION_S", "FINDINGS_PERSISTENCE", "Persistence", "advance", "conditions_of",
-           "finding_condition", "finding_of", "findings_of"]
+__all__ = ["FINDINGS_PERSISTENCE", "Persistence", "advance", "conditions_of", "finding_condition", "finding_of",
+           "findings_of", "findings_persistence"]
 
-# Two of three evaluations flag an entity before it fires; three quiet ones resolve it.
-FINDINGS_PERSISTENCE = Persistence(k=2, n=3, clear=3)
-# …and its condition must have held this long in wall time (seen in k of every n evaluations meanwhile), so that
-# a short evaluation interval does not shorten persistence. Below the default 10 s interval, with margin: the
-# scheduler's evaluations come a few ms early or late, and a minimum of exactly 10 s made the second sighting
-# miss it about half the time (measured: benchmarks/ddp_e2e.py), so k=2 of n=3 at 10 s fires as it always did.
-# Seen on real DDP evaluated every second: without it, a healthy rank that ran late for a few seconds (4 ranks
-# on 2 shared cores) fired `straggler` 2 s after it was first seen. A corroborated finding (two independent
-# signals) still fires at once.
-FINDINGS_MIN_DURATION_S = 8.0
+
+def findings_persistence(min_duration_s: float = 10.0, resolve_after_s: float = 30.0) -> Persistence:
+    """Two of the last three evaluations flag an entity, first flagged at least `min_duration_s` ago, before
+    it fires; three quiet evaluations spanning `resolve_after_s` resolve it. The durations are what keep a
+    transient (a rank slowed for a few steps) from firing when evaluations are seconds apart."""
+    return Persistence(k=2, n=3, clear=3, min_s=min_duration_s, clear_s=resolve_after_s)
+
+
+# The defaults of `findings:` in the rules config (gpumond.config.rules.FindingsConfig).
+FINDINGS_PERSISTENCE = findings_persistence()
 _ALERT_TO_KIND = {alert: kind for kind, alert in KIND_TO_ALERT.items()}
 # Evidence fields worth a sentence, in the order a person reads them.
 _HEADLINE = ("likely_cause", "data_wait_frac", "median_data_wait_frac", "slowdown", "stalled_for_s", "gpus_flagged",
@@ -66,7 +66,7 @@ def finding_condition(c: Candidate, gpu_index: str | None = None) -> Condition:
         "evidence": json.dumps(evidence, separators=(",", ":"), default=str, sort_keys=True),
         "score": f"{c.score:g}",
     }
-    return Condition.of(labels, annotations, FINDINGS_MIN_DURATION_S, immediate=c.corroborated, payload=c)
+    return Condition.of(labels, annotations, immediate=c.corroborated, payload=c)
 
 
 def finding_of(entry: Entry) -> Finding | None:

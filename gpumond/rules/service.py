@@ -24,7 +24,7 @@ from gpumond.alerts.state import AlertStateFile
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.evaluator import Evaluator
-from gpumond.rules.findings import FINDINGS_PERSISTENCE
+from gpumond.rules.findings import findings_persistence
 from gpumond.rules.http import build_app
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
@@ -142,7 +142,8 @@ def _alert_pipeline(config: RulesConfig) -> AlertPipeline:
         query = {k: v for k, v in (("job", alert.label("job")),) if v}
         return f"{base}/api/v1/findings" + (f"?{urlencode(query)}" if query else "")
 
-    return AlertPipeline(a, sinks=sinks, state=state, persistence=FINDINGS_PERSISTENCE, generator_url=generator_url)
+    persistence = findings_persistence(config.findings.min_duration_s, config.findings.resolve_after_s)
+    return AlertPipeline(a, sinks=sinks, state=state, persistence=persistence, generator_url=generator_url)
 
 
 def _state_path(config: RulesConfig) -> Path | None:

@@ -92,6 +92,9 @@ class RulesProcess(ManagedProcess):
         self.port = port or free_port()
         config = write_yaml(workdir / "rules.yaml", {
             "listen": f"{LOOPBACK}:{self.port}", "tokens": [TOKEN], "evaluation_interval_s": evaluation_interval_s,
+            # Fire and resolve as fast as the old "2 of 3 / 3 quiet" at this interval: these tests are about
+            # delivery, not about telling transients from stragglers.
+            "findings": {"min_duration_s": evaluation_interval_s, "resolve_after_s": 3 * evaluation_interval_s},
             "state_dir": str(state_dir), "alerting": alerting, "log": {"format": "json"},
             **({"shard": shard} if shard is not None else {})})
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

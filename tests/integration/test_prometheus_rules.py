@@ -345,6 +345,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     rules_cfg: dict[str, Any] = {"tokens": [TOKEN], "evaluation_interval_s": 1}
     if "state_dir" in RulesConfig.model_fields:  # keep its alert state out of the machine's default directory
         rules_cfg["state_dir"] = str(work / "rules-state")
+    if "findings" in RulesConfig.model_fields:  # fire within seconds, as before durations were wall time
+        rules_cfg["findings"] = {"min_duration_s": 1, "resolve_after_s": 3}
     rules = RulesProcess(rules_cfg, work / "rules")
     agent.spawn()
     try:

@@ -5,7 +5,7 @@ import random
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
 from gpumond.rules.detectors.stats import robust_z, threshold_for
-from gpumond.rules.findings import FINDINGS_MIN_DURATION_S, Persistence, advance
+from gpumond.rules.findings import FINDINGS_PERSISTENCE, Persistence, advance
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord
 
@@ -175,7 +175,7 @@ def test_persistence_k_of_n_then_resolve_after_quiet():
 
 def test_persistence_is_wall_time_whatever_the_evaluation_interval():
     # Evaluating every second, a candidate seen for 5 s (a transient) stays pending and goes away; one that
-    # holds for FINDINGS_MIN_DURATION_S fires then, not at the second evaluation.
+    # holds for findings.min_duration_s (10 s by default) fires then, not at the second evaluation.
     c = Candidate("straggler", "j", "n", 1, "GPU-1", 5.0)
     tracks = None
     for t in range(6):
@@ -188,7 +188,7 @@ def test_persistence_is_wall_time_whatever_the_evaluation_interval():
     for t in range(12):
         tracks, f, _ = advance(tracks, [c], 100.0 + t)
         states.append(f[0].state)
-    assert states.index("firing") == FINDINGS_MIN_DURATION_S
+    assert states.index("firing") == FINDINGS_PERSISTENCE.min_s == 10
 
 
 def test_a_single_blip_never_fires():

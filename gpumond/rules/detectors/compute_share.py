@@ -16,10 +16,15 @@ only over minutes of steps):
   `share_short_s` seconds when that is more (fast steps: 8 steps of 50 ms are half a second, which one
   descheduled thread fills; measured on real DDP) (a rank feature);
 - `recent`: median over the steps that ended in the detectors' recent window (a rank feature);
-- `long`: mean of the rank's trimmed-mean shares (10 % cut off each end) at the last `share_long_evals`
-  evaluations, kept in the detector state so a long look costs no more than a short one to compute. A
+- `long`: mean of the rank's trimmed-mean shares (10 % cut off each end) at the evaluations of the last
+  `share_long_s` (5 minutes of wall time, not a count of evaluations: at a 1 s interval 30 evaluations
+  would be 30 s, all of whose windows share the same steps), kept in the detector state so a long look
+  costs no more than a short one to compute; it needs `min_steps` evaluations spanning `share_long_min_s`. A
   mean, because a 1.05× straggler moves the share by ~2 % against ~3 % of per-step noise and a median
-  wastes a third of the steps; trimmed, so a GC pause or a batch of long sequences cannot move it.
+  wastes a third of the steps; trimmed, so a GC pause or a batch of long sequences cannot move it. Only
+  full windows count: in a job's first `recent_s` every evaluation's window holds the job's first steps,
+  so a node slowed for a few seconds at the start (warm-up on a busy host) would weigh in all of them and
+  keep the long look apart for minutes after it ended.
 """
 
 from __future__ import annotations
@@ -46,21 +51,25 @@ class Shares:
         return getattr(self, name)
 
 
-def rank_shares(r: RankFeatures, previous: tuple[float, ...], min_evals: int, long_evals: int) -> Shares:
-    """A rank's looks; `previous` is its history from the last evaluation (empty at first)."""
-    history = previous if r.share_trimmed is None else (previous + (r.share_trimmed,))[-long_evals:]
+def rank_shares(r: RankFeatures, previous: tuple[float, ...], min_evals: int, long_evals: int,
+                add: bool = True, ready: bool = True) -> Shares:
+    """A rank's looks; `previous` is its history from the last evaluation (empty at first), of which the last
+    `long_evals` are kept. This evaluation's window joins it when `add` (a full window), and the long look
+    is given when `ready` (the history spans long enough) and it holds `min_evals` evaluations."""
+    history = (previous + (r.share_trimmed,) if add and r.share_trimmed is not None else previous)[-long_evals:] \
+        if long_evals > 0 else ()
     # The long look only once it spans well beyond the recent window (else it says what `recent` says).
-    long = sum(history) / len(history) if len(history) >= min_evals else None
+    long = sum(history) / len(history) if ready and len(history) >= min_evals else None
     return Shares(r.share_short, r.share_recent, long, history)
 
 
 def job_shares(feats: Sequence[RankFeatures], previous: Mapping[int, tuple[float, ...]], min_evals: int,
-               long_evals: int) -> dict[int, Shares]:
+               long_evals: int, add: bool = True, ready: bool = True) -> dict[int, Shares]:
     """Shares of every rank that pushes comm waits (or did within the long look); empty for other jobs."""
     out = {}
     for r in feats:
         prev = previous.get(r.rank, ())
         if r.share_short is None and r.share_recent is None and not prev:
             continue
-        out[r.rank] = rank_shares(r, prev, min_evals, long_evals)
+        out[r.rank] = rank_shares(r, prev, min_evals, long_evals, add, ready)
     return out

@@ -32,7 +32,7 @@ class EvalInputs:
 @dataclass(frozen=True, slots=True)
 class DetectorState:
     """What detectors remember between evaluations, per job: the learnt step-time baseline, each rank's
-    recent compute shares (for the long look), and the job's workload structure."""
+    recent compute shares (for the long look) and since when the job has them, and its workload structure."""
 
     baselines: Mapping[str, JobBaseline] = field(default_factory=dict)
     shares: Mapping[str, Mapping[int, tuple[float, ...]]] = field(default_factory=dict)
@@ -40,6 +40,9 @@ class DetectorState:
     # Not memory: the last evaluation's per-rank features, kept so the service can export what it judged
     # (gpumond_job_rank_* on its /metrics, the Job dashboard) without computing them twice.
     rank_features: Mapping[str, tuple[RankFeatures, ...]] = field(default_factory=dict)
+    shares_since: Mapping[str, float] = field(default_factory=dict)
+    # The times of the evaluations in the long look (the same for every rank of a job): its horizon is wall time.
+    share_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +61,25 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     share_state = dict(state.shares)
     structure = dict(state.structure)
     rank_features: dict[str, tuple[RankFeatures, ...]] = {}
+    shares_since = dict(state.shares_since)
+    share_times = dict(state.share_times)
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
         # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
         feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim,
-                                      cfg.share_short_s)
+                                      short_s=cfg.share_short_s)
+        if job not in shares_since and any(r.share_recent is not None for r in feats):
+            shares_since[job] = inputs.now
+        # The long look averages full windows only: a young job's windows all hold its first seconds.
+        full = inputs.now - shares_since.get(job, inputs.now) >= cfg.recent_s
+        times = tuple(t for t in share_times.get(job, ()) if t > inputs.now - cfg.share_long_s)
+        if full:
+            times += (inputs.now,)
+        share_times[job] = times
+        ready = bool(times) and inputs.now - times[0] >= cfg.share_long_min_s
         feats = [_with_device_kind(r, inputs.gpu_windows.get(r.gpu_uuid)) for r in feats]
         rank_features[job] = tuple(feats)
-        shares = job_shares(feats, state.shares.get(job, {}), cfg.min_steps, cfg.share_long_evals)
+        shares = job_shares(feats, state.shares.get(job, {}), cfg.min_steps, len(times), full, ready)
         share_state[job] = {rank: sh.history for rank, sh in shares.items()}
         # No telemetry from an absent node's agent: its GPUs are never judged stragglers on missing data.
         reporting = [r for r in feats if r.node not in inputs.absent_nodes]
@@ -99,12 +113,13 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
                                   known.nodes if known else frozenset(), learning=known is None or not known.done)
         if found.judged:
-            structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s)
+            structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
         out.extend(c for c in found.candidates if c.rank not in explained)
-    for kept in (baselines, share_state, structure):
+    for kept in (baselines, share_state, structure, shares_since, share_times):
         for job in [j for j in kept if j not in inputs.jobs]:
             del kept[job]  # the job expired from the store: forget it
-    return DetectorState(baselines, share_state, structure, rank_features), out
+    return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
+                         rank_features=rank_features), out
 
 
 def _with_device_kind(r: RankFeatures, window: Sequence[GpuSample] | None) -> RankFeatures:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpumond.rules.detectors.stats import median
@@ -80,16 +80,51 @@ def trimmed_mean(xs: Sequence[float], trim: float) -> float:
     return total / len(kept)
 
 
+# Shares are summed per step at this resolution: sums of multiples of 2**-30 below 2**23 are exact in any
+# order, so the per-rank reference and the vectorised path (rank_batch) get bit-identical means.
+SHARE_QUANTUM = 2.0**30
+
+
+def step_share(s: StepRecord) -> float:
+    """A step's compute share 1 − (data wait + comm wait) / duration (timed steps with a comm wait)."""
+    return max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0)  # type: ignore[operator]
+
+
+def step_share_means(windows: Iterable[RankWindow], since: float) -> dict[float, float]:
+    """Each step number's mean compute share over the ranks that pushed it (steps that ended since `since`).
+
+    A rank's share is compared with its peers' *in the same step*: what slows every rank's step (the input
+    mix, another rank's transient that everyone waits for) moves every share of that step together, and
+    taken out it no longer spreads each rank's share over a wide range, in which a few slow steps of one
+    rank would move its median by a lot."""
+    sums: dict[float, float] = {}
+    counts: dict[float, int] = {}
+    for w in windows:
+        for s in w.steps:
+            if s.end >= since and s.duration_s > 0 and s.comm_wait_s is not None:
+                sums[s.step] = sums.get(s.step, 0.0) + round(step_share(s) * SHARE_QUANTUM) / SHARE_QUANTUM
+                counts[s.step] = counts.get(s.step, 0) + 1
+    return {k: v / counts[k] for k, v in sums.items()}
+
+
 def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: int = 5,
-                  trim: float = 0.1, short_s: float = 0.0) -> RankFeatures:
+                  trim: float = 0.1, short_s: float = 0.0,
+                  step_means: Mapping[float, float] | None = None) -> RankFeatures:
     """Median step time, data-wait fraction and compute share of the steps that ended since `since`
     (a compute-share look needs at least `min_steps` steps with a comm wait, the short one
-    min(short_steps, min_steps))."""
+    min(short_steps, min_steps)); the short look takes the last `short_steps` of them and every one that
+    ended within `short_s` of the newest. With `step_means` (step_share_means of the job) each step's share
+    is taken relative to its step's mean."""
     recent = _recent(w.steps, since)
     durations = [s.duration_s for s in recent if s.duration_s > 0]
     waits = [min(s.data_wait_s / s.duration_s, 1.0) for s in recent if s.duration_s > 0]
     timed = [s for s in recent if s.duration_s > 0 and s.comm_wait_s is not None]
-    shares = [max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0) for s in timed]
+    shares = [step_share(s) for s in timed]
+    if step_means is not None:
+        shares = [x - step_means[s.step] for s, x in zip(timed, shares)]
+    newest = timed[-1].end if timed else 0.0
+    short = [x for i, (s, x) in enumerate(zip(timed, shares))
+             if i >= len(shares) - short_steps or s.end >= newest - short_s]
     return RankFeatures(
         rank=w.info.rank, node=w.info.node, gpu_uuid=w.info.gpu_uuid, group=w.info.group,
         steps=len(recent),
@@ -98,21 +133,10 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
         last_end=max((s.end for s in w.steps), default=None),
         last_push=w.last_push,
         wait_mean=sum(waits) / len(waits) if waits else None,
-        share_short=(median(shares[-short_len(timed, short_steps, short_s):])
-                     if shares and len(shares) >= min(short_steps, min_steps) else None),
+        share_short=median(short) if shares and len(shares) >= min(short_steps, min_steps) else None,
         share_recent=median(shares) if shares and len(shares) >= min_steps else None,
         share_trimmed=trimmed_mean(shares, trim) if shares and len(shares) >= min_steps else None,
     )
-
-
-def short_len(steps: Sequence[StepRecord], short_steps: int, short_s: float) -> int:
-    """How many of the newest `steps` the short look takes: `short_steps`, or those that ended within `short_s`
-    of the newest, whichever is more. Fast steps (50 ms) make 8 steps half a second, which any hiccup of one
-    rank fills; a look of a few seconds cannot be moved by one (measured on real DDP: ddp_e2e.py)."""
-    if short_s <= 0 or not steps:
-        return short_steps
-    newest = max(s.end for s in steps)
-    return max(short_steps, sum(1 for s in steps if s.end >= newest - short_s))
 
 
 def _med(samples: Sequence[GpuSample], key: str) -> float | None:

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from gpumond.rules.detectors.features import RankFeatures, job_step_times, rank_features
+from gpumond.rules.detectors.features import (SHARE_QUANTUM, RankFeatures, job_step_times, rank_features,
+                                               step_share_means)
 from gpumond.rules.detectors.ragged import column_median, column_trimmed_mean, has_nan, held, too_ragged
 from gpumond.rules.detectors.step_matrix import step_matrices
 from gpumond.rules.types import RankWindow
@@ -27,12 +28,13 @@ _DENSE_STEPS = 4
 def job_rank_features(ranks: Mapping[int, RankWindow], since: float, until: float, short_steps: int = 8,
                       min_steps: int = 5, trim: float = 0.1,
                       short_s: float = 0.0) -> tuple[list[RankFeatures], list[float]]:
-    """([rank_features(w, since, short_steps, min_steps, trim, short_s) for w in ranks.values()],
-    job_step_times(ranks, since, until))."""
+    """([rank_features(w, since, short_steps, min_steps, trim, short_s, step_share_means(ranks.values(), since))
+    for w in ranks.values()], job_step_times(ranks, since, until)): compute shares relative to their step's mean."""
     windows = list(ranks.values())
     out = _vectorised(windows, since, until, short_steps, min_steps, trim, short_s)
     if out is None:
-        return ([rank_features(w, since, short_steps, min_steps, trim, short_s) for w in windows],
+        means = step_share_means(windows, since)
+        return ([rank_features(w, since, short_steps, min_steps, trim, short_s, means) for w in windows],
                 job_step_times(ranks, since, until))
     return out
 
@@ -71,12 +73,12 @@ def _vectorised(windows: list[RankWindow], since: float, until: float, short_ste
     summed = np.cumsum(np.where(timed, fracs, 0.0), axis=0)[-1] if depth else np.zeros(n)
     wait_mean = summed / np.maximum(n_timed, 1)
     shared = timed & ~np.isnan(comm)
+    if shared.any():
+        shares = _relative(shares, shared, numbers)
     share_recent, n_shared = column_median(shares, shared)
-    take: np.ndarray | int = short_steps  # the last `short_steps` of them, or those of the last `short_s` seconds
-    if short_s > 0:
-        last = np.where(shared, ends, -np.inf).max(axis=0) if depth else np.zeros(n)
-        take = np.maximum(short_steps, (shared & (ends >= last - short_s)).sum(axis=0))
-    newest = shared & (np.cumsum(shared[::-1], axis=0)[::-1] <= take)
+    # The last `short_steps` of them, and every one that ended within `short_s` of the newest of them.
+    newest_end = np.where(shared, ends, -np.inf).max(axis=0) if depth else np.zeros(n)
+    newest = shared & ((np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps) | (ends >= newest_end - short_s))
     share_short, _ = column_median(shares, newest)
     share_trimmed, _ = column_trimmed_mean(shares, shared, trim)
     short_ok = n_shared >= min(short_steps, min_steps)
@@ -96,6 +98,27 @@ def _vectorised(windows: list[RankWindow], since: float, until: float, short_ste
             share_trimmed=tm if rok else None))
     in_range = recent & (ends < until)
     return feats, _slowest_per_step(numbers[in_range].astype(np.int64), durations[in_range])
+
+
+def _step_index(numbers: np.ndarray) -> tuple[np.ndarray, int]:
+    """(index of each step number among the distinct ones, how many there are): dense when they are."""
+    lo = int(numbers.min())
+    span = int(numbers.max()) - lo + 1
+    if span <= _DENSE_STEPS * len(numbers) + 64 and bool((numbers == np.floor(numbers)).all()):
+        return (numbers - lo).astype(np.int64), span
+    _, index = np.unique(numbers, return_inverse=True)  # exact on any float
+    return index.reshape(-1), int(index.max()) + 1
+
+
+def _relative(shares: np.ndarray, shared: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """Each selected share minus its step's mean over the ranks (features.step_share_means, bit for bit)."""
+    index, slots = _step_index(numbers[shared])
+    x = shares[shared]
+    sums = np.bincount(index, weights=np.round(x * SHARE_QUANTUM) / SHARE_QUANTUM, minlength=slots)
+    means = sums / np.maximum(np.bincount(index, minlength=slots), 1)  # (slots no step uses: never read)
+    out = shares.copy()
+    out[shared] = x - means[index]
+    return out
 
 
 def _slowest_per_step(numbers: np.ndarray, durations: np.ndarray) -> list[float]:

@@ -50,6 +50,9 @@ class StragglerResult:
     candidates: list[Candidate]
     blocks: frozenset[str]
     judged: bool  # some group had enough comparable peers
+    # The blocks on what the GPUs do now (the short look, else power), without the minute or more of history
+    # the other looks span: a node slowed for a while at the job's start stops deviating here first.
+    current: frozenset[str] = frozenset()
 
 
 Member = tuple[RankFeatures, GpuFeatures | None, Shares | None]
@@ -79,32 +82,38 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
         if g is not None or sh is not None:
             members_of.append((r, g, sh))
     blocks: set[str] = set()
+    current: set[str] = set()
     if learning:  # counted on the job as a whole: split by what was learnt so far, a block would vanish
-        _, blocks, _ = _judge(job, members_of, cfg, frozenset())
-    out, after, judged = _judge(job, members_of, cfg, structural | blocks)
-    return StragglerResult(out, frozenset(blocks if learning else after), judged)
+        _, blocks, current, _ = _judge(job, members_of, cfg, frozenset())
+    out, after, after_current, judged = _judge(job, members_of, cfg, structural | blocks)
+    if not learning:
+        blocks, current = after, after_current
+    return StragglerResult(out, frozenset(blocks), judged, frozenset(current))
 
 
 def _judge(job: str, members_of: list[Member], cfg: DetectorConfig,
-           split: frozenset[str] | set[str]) -> tuple[list[Candidate], set[str], bool]:
+           split: frozenset[str] | set[str]) -> tuple[list[Candidate], set[str], set[str], bool]:
     """Compare within each group (the job's own groups, with `split` nodes apart)."""
     groups: dict[tuple[tuple[str | None, str | None], bool], list[Member]] = {}
     for m in members_of:
         groups.setdefault((m[0].peers, m[0].node in split), []).append(m)
     out: list[Candidate] = []
     blocks: set[str] = set()
+    current: set[str] = set()
     judged = False
     for ((group, _profile), _), members in groups.items():
         if len(members) < cfg.min_peers:
             continue
         judged = True
-        found, group_blocks = _group(job, group, members, cfg)
+        found, group_blocks, group_current = _group(job, group, members, cfg)
         out.extend(found)
         blocks |= group_blocks
-    return out, blocks, judged
+        current |= group_current
+    return out, blocks, current, judged
 
 
-def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConfig) -> tuple[list[Candidate], set[str]]:
+def _group(job: str, group: str | None, members: list[Member],
+           cfg: DetectorConfig) -> tuple[list[Candidate], set[str], set[str]]:
     thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
     flagged: dict[int, dict[str, object]] = {}
     scores: dict[int, float] = {}
@@ -169,6 +178,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     # whose members straddle the threshold from one evaluation to the next; counting per signal keeps
     # noise spread over several signals and looks from adding up to a shift.
     soft: dict[int, str] = {}
+    soft_now: set[int] = set()  # the same without the long look
     shift = False
     nodes_in_group = len({r.node for r, _, _ in members})
     # The short look is for latency and noisy by design; a shift shows just as well in the steadier ones.
@@ -177,6 +187,13 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         past = {r.rank: r.node for r, _ in (xs[i] for i in _past_index(scored[name][0], thr / 2, sign))}
         if name != "sm_clock_ratio":  # workload structure shows in how long a GPU computes; a low clock is the GPU's own doing
             soft.update(past)
+    # What a node's GPUs do now: the short look (the last steps) where the rank has one, else power. Both
+    # other looks span a minute or more, so a node slowed for a while keeps deviating on them long after.
+    with_short = {r.rank for r, _ in series["short"][0]}
+    for name in ("short", "power_ratio"):
+        xs, _, sign = series[name]
+        soft_now.update(r.rank for r, _ in (xs[i] for i in _past_index(scored[name][0], thr / 2, sign))
+                        if name == "short" or r.rank not in with_short)
         shift = shift or (len(past) > max(1, cfg.max_outlier_frac * len(members))
                           and len(set(past.values())) > max(1, cfg.max_outlier_frac * nodes_in_group))
     per_node: dict[str, list[RankFeatures]] = {}
@@ -184,6 +201,8 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         per_node.setdefault(r.node, []).append(r)
     blocks = {node for node, rs in per_node.items()
               if len(per_node) >= 2 and _together(sum(r.rank in soft for r in rs), len(rs), cfg)}
+    current = {node for node in blocks if _together(sum(r.rank in soft_now for r in per_node[node]),
+                                                     len(per_node[node]), cfg)}
     if shift:  # keep only what a shift cannot explain: a throttle reason on the GPU itself
         for rank in [k for k, v in flagged.items() if "throttled" not in v]:
             del flagged[rank], scores[rank]
@@ -198,7 +217,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
                               "signals": evidence, **reasons, **mig},
                              corroborated="compute_share" in evidence and not _GPU_CAUSE.isdisjoint(evidence)))
     out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
-    return out, blocks
+    return out, blocks, current
 
 
 def _past_index(zs: list[float], thr: float, sign: int) -> list[int]:
