@@ -13,6 +13,7 @@ from typing import Any
 
 from gpumond import __version__
 from gpumond.alerts_cli import AGENT_URL
+from gpumond.alerts.catalogue import FINDING_KINDS
 from gpumond.findings_cli import RULES_URL, base_url
 
 log = logging.getLogger("gpumond")
@@ -183,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--url", type=_base_url(9481), default=RULES_URL,
                    help="rules service base URL, http:// or https:// (default %(default)s)")
     f.add_argument("--job", help="only this job")
-    f.add_argument("--kind", help="only this kind (straggler, io_starved_rank, …)")
+    # Checked here: the service takes any kind as a filter, and a typo would read as a healthy fleet.
+    f.add_argument("--kind", choices=FINDING_KINDS, metavar="KIND",
+                   help=f"only this kind: {', '.join(FINDING_KINDS)}")
     f.add_argument("--state", choices=["pending", "firing"], help="only this state")
     f.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
 

@@ -51,6 +51,15 @@ def test_other_bad_urls_are_usage_errors(url: str, fragment: str, capsys) -> Non
     assert err.count("\n") == 1 and fragment in err, err
 
 
+def test_an_unknown_kind_is_a_usage_error_not_an_empty_fleet(capsys) -> None:
+    # The service filters by any string: a typo would print "no findings" and exit 0.
+    with pytest.raises(SystemExit) as info:
+        main(["findings", "--url", "http://127.0.0.1:9", "--kind", "straggle"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice: 'straggle'" in err and "io_starved_rank" in err, err
+
+
 @pytest.mark.parametrize("url, expected", [
     ("http://rules:9481", "http://rules:9481"),
     ("https://gateway.example/gpumond/", "https://gateway.example/gpumond"),
