@@ -36,6 +36,7 @@ from gpumond.textformat import Encoder
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
+EXAMPLE_TOKEN = "insecure-demo-token-replace-me"  # the token deploy/examples/rules.yaml ships
 
 _HELP = {
     "gpumond_finding": ("gauge", "1 for each firing finding (straggler, io_starved_rank, io_starved_job, …)."),
@@ -114,6 +115,9 @@ class RulesService:
             "telemetry": self.source.name if self.source else None,
             "evaluation_interval_s": self.config.evaluation_interval_s,
             "shard": str(self.config.shard) if self.config.shard else None})
+        if EXAMPLE_TOKEN in self.config.tokens:  # published in the repository: anyone can push with it
+            log.warning("the example's demo push token is accepted: anyone who read deploy/examples/rules.yaml can "
+                        "push; replace it (tokens_file or GPUMOND_RULES_TOKENS)", extra={"listen": str(self.config.listen)})
 
     def _evaluate(self) -> None:
         try:
