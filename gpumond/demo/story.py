@@ -290,6 +290,10 @@ def _fmt_s(s: float) -> str:
     return f"{round(s):+d} s"  # negative: resolved before the fault ended
 
 
+# What a planted fault may take to be found: the detectors' persistence plus a push and an evaluation.
+_DETECT_S = 30.0
+
+
 def render_summary(faults: Sequence[Planted], events: Sequence[Event], now_s: float) -> str:
     """The closing table: each planted fault → what fired, when (after the fault began), when it resolved
     (after the fault ended); then anything that fired without being planted."""
@@ -302,7 +306,13 @@ def render_summary(faults: Sequence[Planted], events: Sequence[Event], now_s: fl
         f = o.fault
         first = [f"{f.key}: {f.what}", str(f.place)]
         if not o.episodes:
-            rows.append(first + ["NOTHING (missed)", "", ""] + ([""] if pages else []))
+            if f.start_s >= now_s:  # a --duration shorter than the plan: not a miss
+                what = f"not reached (planted at {f.start_s:.0f} s, the demo ended at {now_s:.0f} s)"
+            elif now_s - f.start_s < _DETECT_S:
+                what = f"nothing yet (it began {now_s - f.start_s:.0f} s before the end)"
+            else:
+                what = "NOTHING (missed)"
+            rows.append(first + [what, "", ""] + ([""] if pages else []))
         for i, ep in enumerate(o.episodes):
             where = "" if ep.place == f.place else f" ({ep.place})"
             again = f" (fired {ep.fired}×)" if ep.fired > 1 else ""

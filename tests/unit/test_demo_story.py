@@ -226,6 +226,14 @@ def test_summary_says_what_was_missed_and_lists_false_alarms():
     assert "  finding straggler on n3 · GPU 0 · rank 24 at 25 s, still firing" in text
 
 
+def test_a_short_demo_does_not_call_faults_it_never_reached_or_had_no_time_to_find_missed():
+    _, out = timeline(ev(17, "action", "thermal_cap", "firing", HOT))
+    text = render_summary(FAULTS, out, 20)  # --duration 20: the loader began 10 s before the end, the XID after it
+    assert "NOTHING (missed)" not in text
+    assert "nothing yet (it began 10 s before the end)" in text
+    assert "not reached (planted at 40 s, the demo ended at 20 s)" in text
+
+
 def test_pages_are_counted_per_fault_once_they_exist():
     _, out = timeline(*STORY,
                       ev(21.5, "page", "TrainingStraggler", "firing", HOT, via="slack"),
