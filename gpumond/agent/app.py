@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,13 +64,18 @@ class AgentStartError(RuntimeError):
     """The agent cannot start as configured; one line naming what and where."""
 
 
-def state_dir_for(config: AgentConfig, backend: Backend) -> Path:
-    """Where policy state and the audit log live. A simulated node that was not given a state_dir keeps its
-    state under the user's state home, so `--sim` never needs root and never touches a real node's state."""
+def state_dir_for(config: AgentConfig, backend: Backend) -> tuple[Path, bool]:
+    """Where policy state and the audit log live, and whether it is this run's own (removed at stop).
+
+    A simulated node that was not given a state_dir gets a fresh directory for the run: `--sim` never needs
+    root, never touches a real node's state, and never restores what an earlier run's simulation (which
+    starts again from zero) left behind: an old run's alerts would fire again at start."""
     if backend.name == "sim" and "state_dir" not in config.model_fields_set:
-        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-        return base / "gpumond" / "sim" / config.node_name
-    return config.state_dir
+        path = Path(tempfile.mkdtemp(prefix=f"gpumond-sim-{config.node_name}-"))
+        log.info("simulated node: state kept for this run only (set state_dir to keep it across restarts)",
+                 extra={"state_dir": str(path)})
+        return path, True
+    return config.state_dir, False
 
 
 class Agent:
@@ -78,7 +84,8 @@ class Agent:
     def __init__(self, config: AgentConfig, backend: Backend) -> None:
         self.config = config
         self.backend = backend
-        state_dir = state_dir_for(config, backend)
+        state_dir, self._own_state_dir = state_dir_for(config, backend)
+        self._state_dir = state_dir
         self._identities = IdentityFile(state_dir / IDENTITY_FILE)
         self.session = NvmlSession(install=backend.install, clock=backend.clock,
                                    retry_max_s=config.sampling.nvml_retry_max_s,
@@ -160,6 +167,8 @@ class Agent:
         self._audit.close()
         self.session.close()
         self.backend.uninstall()
+        if self._own_state_dir:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
         log.info("agent stopped")
 
     def latest(self) -> Rendered | None:
