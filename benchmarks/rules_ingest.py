@@ -252,7 +252,8 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant
     if gc_variant:
         p = port()
         servers.append(Server("gpumond_gc",
-                              f"gpumond ingest (guarded h11, gc.set_threshold{GC_THRESHOLDS}; not shipped)", "gpumond", [sys.executable, me, "--serve", str(p), "--gc-raised"], p, logdir / "gg.log"))
+                              f"gpumond ingest (guarded h11, gc.set_threshold{GC_THRESHOLDS}; not shipped)", "gpumond",
+                              [sys.executable, me, "--serve", str(p), "--gc-raised"], p, logdir / "gg.log"))
     pgw = [PUSHGATEWAY, "--persistence.file=", "--log.level=warn"]
     if with_checked_pgw:
         p = port()
