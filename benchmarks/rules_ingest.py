@@ -4,7 +4,8 @@ Servers, all started by this script on 127.0.0.1:
 
 - gpumond: the rules service's app (`gpumond.rules.http.build_app` over a `RankStore`, default
   limits except the per-client push rate, which one load generator on one address would exceed)
-  under uvicorn, 1 worker, as shipped (uvicorn picks httptools when installed, else h11). A thread
+  under uvicorn, 1 worker, over the daemons' guarded h11 protocol (gpumond.connections: timeouts and
+  connection cap, default limits), as both daemons serve. A thread
   takes the detectors' snapshot (`RankStore.jobs`) and runs `expire` every 10 s, as the evaluation
   loop will, so their cost is inside the measurement.
 - pushgateway: Debian's `prometheus-pushgateway`, in memory (`--persistence.file=""`), with its
@@ -12,9 +13,9 @@ Servers, all started by this script on 127.0.0.1:
   which its own help calls dangerous).
 - optional (`--daemon`): the whole `gpumond rules` daemon with the same limits and no telemetry, so
   its detectors run over the pushed ranks every 10 s next to the ingest.
-- optional (`--httptools-python PY`): the ingest server run by another interpreter, e.g. a venv
-  with or without httptools, to compare HTTP parsers (httptools is a dependency now, so the default
-  server already uses it).
+- optional (`--unguarded-variant`): the ingest server over uvicorn's own protocol choice (httptools
+  when installed, else h11) without the connection guard: what the C parser would save. Not shipped:
+  the guard extends h11 only.
 - optional (`--gc-variant`): the ingest server with the cyclic GC's thresholds raised
   (`gc.set_threshold(100000, 50, 1000)`): held steps are GC-tracked objects, and a full collection
   walks all of them. Not the shipped configuration either.
@@ -40,7 +41,7 @@ groups on the development VM, 7 minutes to fill 1,024 ranks): it cannot be fille
 reasonable time. RSS of each server at start, after the fill and at the end.
 
     python benchmarks/rules_ingest.py            # ~6 min; the committed result added
-                                                 # --daemon --gc-variant --httptools-python PY (~15 min)
+                                                 # --daemon --gc-variant --unguarded-variant (~15 min)
     python benchmarks/rules_ingest.py --quick    # ~1 min (smoke test)
 """
 
@@ -63,6 +64,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -127,8 +129,9 @@ end
 
 
 # ----- the gpumond server (run as a child: `rules_ingest.py --serve PORT`) ----------------------
-def serve(port: int, gc_raised: bool = False) -> None:
-    """The rules service's app under uvicorn, with an evaluation-like snapshot thread."""
+def serve(port: int, gc_raised: bool = False, unguarded: bool = False) -> None:
+    """The rules service's app under uvicorn, with an evaluation-like snapshot thread; over the daemons'
+    guarded h11 protocol, or (`unguarded`) uvicorn's own choice of protocol."""
     import gc
 
     import uvicorn
@@ -166,7 +169,11 @@ def serve(port: int, gc_raised: bool = False) -> None:
     threading.Thread(target=evaluate, daemon=True).start()
     app = build_app(config=config, rank_store=store, findings=list, metrics=metrics, ready=lambda: (True, "ok"),
                     clock=time.time, stats=stats)
-    uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning", access_log=False)
+    http: Any = "auto"
+    if not unguarded:
+        from gpumond.connections import ConnectionLimits, guarded_protocol
+        http, _ = guarded_protocol(ConnectionLimits())
+    uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning", access_log=False, http=http)
 
 
 # ----- servers -----------------------------------------------------------------------------------
@@ -216,7 +223,7 @@ class Server:
         return f"{held['ranks']:,} ranks, {held['steps']:,} steps"
 
 
-def build(scenario: str, logdir: Path, with_checked_pgw: bool, httptools_python: str | None,
+def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant: bool,
           daemon: bool, gc_variant: bool) -> list[Server]:
     def port() -> int:
         return _bench.free_port()
@@ -224,10 +231,8 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, httptools_python:
     me = str(Path(__file__).resolve())
     servers = []
     p = port()
-    # uvicorn's "auto" picks httptools when it is importable (a dependency of gpumond now), else h11.
-    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    servers.append(Server("gpumond", f"gpumond ingest (uvicorn, {parser})", "gpumond", [sys.executable, me, "--serve",
-                                                                                       str(p)], p, logdir / "g.log"))
+    servers.append(Server("gpumond", "gpumond ingest (uvicorn, guarded h11)", "gpumond", [sys.executable, me, "--serve",
+                                                                                          str(p)], p, logdir / "g.log"))
     if daemon:
         config = logdir / "rules.yaml"
         config.write_text(f"tokens: [{TOKEN}]\nstate_dir: {logdir / 'rules-state'}\n"
@@ -235,17 +240,20 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, httptools_python:
         p = port()
         exe = shutil.which("gpumond")
         argv = [exe] if exe else [sys.executable, "-m", "gpumond.cli"]
-        servers.append(Server("daemon", f"gpumond rules daemon ({parser}, with detectors)", "gpumond",
+        servers.append(Server("daemon", "gpumond rules daemon (guarded h11, with detectors)", "gpumond",
                               [*argv, "rules", "--config", str(config), "--listen", f"127.0.0.1:{p}",
                                "--log-level", "warning"], p, logdir / "d.log"))
-    if httptools_python:
+    if unguarded_variant:
+        # uvicorn's "auto" picks httptools when it is importable, else h11.
+        parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
         p = port()
-        servers.append(Server("gpumond_httptools", f"gpumond ingest (uvicorn under {httptools_python})", "gpumond",
-                              [httptools_python, me, "--serve", str(p)], p, logdir / "gh.log"))
+        servers.append(Server("gpumond_unguarded", f"gpumond ingest ({parser}, no connection guard; not shipped)",
+                              "gpumond", [sys.executable, me, "--serve", str(p), "--unguarded"], p, logdir / "gu.log"))
     if gc_variant:
         p = port()
-        servers.append(Server("gpumond_gc", f"gpumond ingest ({parser}, gc.set_threshold{GC_THRESHOLDS}; not shipped)",
-                              "gpumond", [sys.executable, me, "--serve", str(p), "--gc-raised"], p, logdir / "gg.log"))
+        servers.append(Server("gpumond_gc",
+                              f"gpumond ingest (guarded h11, gc.set_threshold{GC_THRESHOLDS}; not shipped)", "gpumond",
+                              [sys.executable, me, "--serve", str(p), "--gc-raised"], p, logdir / "gg.log"))
     pgw = [PUSHGATEWAY, "--persistence.file=", "--log.level=warn"]
     if with_checked_pgw:
         p = port()
@@ -328,7 +336,7 @@ def load(server: Server, ranks: int, seconds: int, conns: int, script: Path) -> 
 # ----- the run -----------------------------------------------------------------------------------
 def scenario(name: str, ranks: int, args: argparse.Namespace, logdir: Path, script: Path,
              with_checked_pgw: bool) -> tuple[list[Server], dict[str, float], list[dict[str, float]]]:
-    servers = build(name, logdir, with_checked_pgw, args.httptools_python, args.daemon, args.gc_variant)
+    servers = build(name, logdir, with_checked_pgw, args.unguarded_variant, args.daemon, args.gc_variant)
     fills: dict[str, float] = {}
     try:
         for s in servers:
@@ -493,7 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conns", type=int, default=32, help="concurrent keep-alive connections (default 32)")
     ap.add_argument("--small", type=int, help="ranks in the small scenario (default 256, quick 128)")
     ap.add_argument("--large", type=int, help="ranks in the large scenario (default 32768, quick 2048)")
-    ap.add_argument("--httptools-python", help="also run gpumond under this interpreter (e.g. a venv with httptools)")
+    ap.add_argument("--unguarded-variant", action="store_true",
+                    help="also run the ingest server over uvicorn's own protocol (httptools when installed) "
+                         "without the connection guard (not shipped: what the C parser would save)")
+    ap.add_argument("--unguarded", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gc-raised", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gc-variant", action="store_true",
                     help=f"also run the ingest server with gc.set_threshold{GC_THRESHOLDS}")
@@ -502,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="rules_ingest", help="result file name")
     args = ap.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.gc_raised)
+        serve(args.serve, args.gc_raised, args.unguarded)
         return 0
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.duration = args.duration or (3 if args.quick else 10)

@@ -59,7 +59,9 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
 
     protocol, _ = guarded_protocol(limits, stats=stats)
     # log_config=None: uvicorn's loggers keep no handler of their own; gpumond.logs writes their lines.
-    # The h11 protocol is always used (extended with the timeouts and cap), whether httptools is installed.
+    # The h11 protocol is always used (extended with the timeouts and cap): the guard does not cover uvicorn's
+    # httptools protocol, so gpumond does not depend on httptools (it would halve CPU per push and per scrape:
+    # benchmarks/RESULTS.md), and does not use it when it happens to be installed.
     cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False,
                          http=protocol, timeout_keep_alive=limits.keep_alive_s,
                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)

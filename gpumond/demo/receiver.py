@@ -497,7 +497,7 @@ class Receiver:
     """Slack / PagerDuty / Alertmanager-webhook endpoints on 127.0.0.1, recording every request, scriptable."""
 
     # uvicorn + Starlette rather than http.server: the daemons' own HTTP stack (a real HTTP/1.1 server with
-    # keep-alive and the httptools parser, so senders' connection reuse is exercised as against the real
+    # keep-alive, so senders' connection reuse is exercised as against the real
     # services), and a Hang is an awaitable that stop() cancels, with no thread parked per stalled request.
 
     def __init__(self, port: int = 0, *, max_body: int = MAX_BODY_BYTES, max_records: int = MAX_RECORDS,
