@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,6 +32,13 @@ def guess_kind(path: Path, keys: Iterable[object]) -> tuple[str, str]:
     named = [k for k in KINDS if k in path.name.lower()]
     if len(named) == 1:
         return named[0], "its file name"
+    unknown = sorted(present - AGENT_ONLY - RULES_ONLY - SHARED)
+    if unknown:  # a typo in the only key that would have told: name it, as the config's own check would
+        known = sorted(AGENT_ONLY | RULES_ONLY | SHARED)
+        hints = [f"{k!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, known, 1)) else "")
+                 for k in unknown]
+        raise ConfigError(str(path), f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: neither an "
+                                     f"agent nor a rules config takes it")
     shared = ", ".join(sorted(present & SHARED)) or "no keys"
     raise ConfigError(str(path), f"cannot tell an agent config from a rules config: it sets only keys both take "
                                  f"({shared}); pass --kind agent or --kind rules")

@@ -45,6 +45,9 @@ def test_guess(name: str, keys: list[str], expected: tuple[str, str]) -> None:
      "state_dir); pass --kind agent or --kind rules"),
     ("agent-and-rules.yaml", [], "sets only keys both take (no keys); pass --kind agent or --kind rules"),
     ("x.yaml", ["policy", "tokens"], "x.yaml: has agent keys (policy) and rules keys (tokens)"),
+    # a typo in the only key that would have told is named, with the key it was meant to be
+    ("x.yaml", ["listn"], "x.yaml: unknown key 'listn' (did you mean 'listen'?): neither an agent nor a rules"),
+    ("x.yaml", ["log", "polcy", "zzz"], "unknown keys 'polcy' (did you mean 'policy'?), 'zzz':"),
 ])
 def test_files_that_do_not_tell_are_refused_saying_what_to_pass(name: str, keys: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as e:
