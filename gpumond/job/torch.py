@@ -136,7 +136,7 @@ class BackwardTimer:
         self._clock = clock
         self._ready_at = 0.0
         self._last: torch.Tensor | None = None
-        self._queued = False
+        self._task = -1
         self._learning = True
         params = [p for p in model.parameters() if p.requires_grad]
         self._handles = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
@@ -147,8 +147,11 @@ class BackwardTimer:
             return
         self._ready_at = self._clock()
         self._last = param
-        if not self._queued:
-            self._queued = True
+        # Once per backward (keyed by its graph task, not a flag: a backward that raised never runs its
+        # callbacks, and a flag would then stay set for good).
+        task = torch._C._current_graph_task_id()
+        if task != self._task:
+            self._task = task
             torch.autograd.Variable._execution_engine.queue_callback(self._after_nodes)
 
     def _after_nodes(self) -> None:
@@ -156,7 +159,6 @@ class BackwardTimer:
 
     def _finalised(self) -> None:
         wait = max(self._clock() - self._ready_at, 0.0)
-        self._queued = False
         if self._learning and self._last is not None:
             self._learning = False
             keep = self._last
