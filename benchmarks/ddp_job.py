@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb (small: several buckets)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
     ap.add_argument("--no-hook", action="store_true", help="plain DDP, nothing instrumented")
+    ap.add_argument("--via", choices=("backward", "hook"), default="backward", help="instrument(model, via=...)")
     ap.add_argument("--slow-rank", type=int, default=-1)
     ap.add_argument("--slow-factor", type=float, default=1.0)
     ap.add_argument("--device-ms", type=float, default=0.0,
@@ -171,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         reporter = gpumond.job.init(gpu_uuid=uuid, push_interval_s=1.0)
     waits: list[Any] = []
     if not args.no_hook:
-        gpumond.job.torch.instrument(model, reporter, on_step=waits.append)
+        gpumond.job.torch.instrument(model, reporter, on_step=waits.append, via=args.via)
 
     if rank == 0:
         print(f"gpumond-ddp-job: training started at {time.time():.3f}", flush=True)
+    ddp_buckets = None
     done, t_end = 0, (time.monotonic() + args.duration_s if args.duration_s else None)
     epoch = 0
     while True:
@@ -189,9 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             if out is not None and done >= args.warmup and waits:
                 w = waits[-1]
+                if ddp_buckets is None:  # DDP rebuilds its buckets after the first step; count them once
+                    ddp_buckets = len(model.reducer._get_zeros_like_grad_buckets())
                 out.write(json.dumps({"kind": "hook", "step": done, "compute_s": time.perf_counter() - t0,
                                       "exposed_s": w.exposed_s, "buckets_s": w.buckets_s,
-                                      "buckets": w.buckets}) + "\n")
+                                      "buckets": w.buckets, "ddp_buckets": ddp_buckets}) + "\n")
             done += 1
             stop = t_end is not None and time.monotonic() >= t_end
             if t_end is not None:

@@ -54,14 +54,15 @@ def worker(out: Path, rounds: int, steps: int, device_ms: float) -> None:
 
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    plain, pyhook, inst = build(), build(), build()
+    plain, pyhook, inst, hooked = build(), build(), build(), build()
     # torch's own Python all-reduce hook, untimed: what any Python comm hook costs, gpumond's or not.
     pyhook.register_comm_hook(None, default_hooks.allreduce_hook)
     rep = gpumond.job.init(job="overhead", gpu_uuid=f"GPU-00000000-0000-4000-8000-{rank:012d}", push_interval_s=1.0)
-    gpumond.job.torch.instrument(inst, rep)
+    gpumond.job.torch.instrument(inst, rep)  # the default: no comm hook, DDP's C++ all-reduce
+    gpumond.job.torch.instrument(hooked, rep, via="hook")
     g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(steps)]
-    models = {"plain": plain, "python hook": pyhook, "gpumond": inst}
+    models = {"plain": plain, "python hook": pyhook, "gpumond": inst, "gpumond via hook": hooked}
     opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
     order = random.Random(7)  # the same order on every rank: they must run the same model at the same time
     times: dict[str, list[float]] = {name: [] for name in models}
@@ -70,7 +71,7 @@ def worker(out: Path, rounds: int, steps: int, device_ms: float) -> None:
         order.shuffle(names)
         for name in names:
             model, opt = models[name], opts[name]
-            it = rep.wrap(data) if name == "gpumond" else iter(data)
+            it = rep.wrap(data) if name.startswith("gpumond") else iter(data)
             ts = []
             t = time.perf_counter()
             for x, y in it:
@@ -138,15 +139,17 @@ def main() -> int:
         print(f"… {world} rank(s)", file=sys.stderr, flush=True)
         got = drive(world, rounds, steps, a.device_ms)
         t = got["times"]
-        pm, hm, gm = (statistics.median(t[k]) for k in ("plain", "python hook", "gpumond"))  # type: ignore[index]
+        pm, hm, gm, vm = (statistics.median(t[k])  # type: ignore[index]
+                          for k in ("plain", "python hook", "gpumond", "gpumond via hook"))
 
         def ratio(a: str, b: str) -> str:
             rs = [x / y for x, y in zip(t[a], t[b])]  # type: ignore[index]
             lo, med, hi = _bench.quantile(rs, 0.1), statistics.median(rs), _bench.quantile(rs, 0.9)
             return f"{(med - 1) * 100:+.2f} % ({(lo - 1) * 100:+.2f} … {(hi - 1) * 100:+.2f})"
 
-        rows.append([world, f"{pm * 1e3:.3f}", f"{hm * 1e3:.3f}", f"{gm * 1e3:.3f}", ratio("gpumond", "plain"),
-                     ratio("python hook", "plain"), ratio("gpumond", "python hook"), got["pushed"], got["dropped"]])
+        rows.append([world, f"{pm * 1e3:.3f}", f"{gm * 1e3:.3f}", f"{vm * 1e3:.3f}", f"{hm * 1e3:.3f}",
+                     ratio("gpumond", "plain"), ratio("gpumond via hook", "plain"), ratio("python hook", "plain"),
+                     got["pushed"], got["dropped"]])
     text = "\n\n".join([
         "# gpumond.job.torch overhead on real DDP steps" + (" (quick: not for quoting)" if a.quick else ""),
         _bench.machine_block({"torch": _bench._version("torch"),
@@ -154,14 +157,16 @@ def main() -> int:
                                      f"batch 32, {a.device_ms:g} ms emulated device time per step, 3 buckets; "
                                      f"{rounds} interleaved rounds × {steps} steps per variant",
                               "note": "a shared 2-core VM with other work running"}),
-        _bench.md_table(["ranks", "plain DDP step ms", "torch's Python allreduce_hook step ms",
-                         "gpumond step ms", "gpumond vs plain", "Python hook vs plain", "gpumond vs Python hook",
-                         "steps pushed (rank 0)", "dropped"], rows),
+        _bench.md_table(["ranks", "plain DDP step ms", "gpumond (default) step ms", "gpumond via=\"hook\" step ms",
+                         "torch's Python allreduce_hook step ms", "gpumond vs plain", "via=\"hook\" vs plain",
+                         "Python hook vs plain", "steps pushed (rank 0)", "dropped"], rows),
         "Step times are medians of per-round medians; the comparisons are per-round ratios − 1, median "
         "(p10 … p90). *Python hook*: torch's `default_hooks.allreduce_hook`, untimed — what registering any "
         "Python comm hook costs, whoever's.",
-        "Instrumented = `gpumond.job.torch.instrument(model)` (comm hook timing every bucket) + "
-        "`reporter.wrap(loader)` + the push thread sending every second over HTTP to a receiver on 127.0.0.1.",
+        "gpumond = `gpumond.job.torch.instrument(model)` (default: no comm hook; one post-accumulate-grad "
+        "hook and two autograd final callbacks per step) + `reporter.wrap(loader)` + the push thread sending "
+        "every second over HTTP to a receiver on 127.0.0.1 (both instrumented models push through it). "
+        "via=\"hook\": the same with `instrument(model, via=\"hook\")` (a comm hook timing every bucket).",
     ])
     _bench.write_result("ddp_overhead_quick" if a.quick else "ddp_overhead", text)
     return 0

@@ -1,4 +1,4 @@
-"""PyTorch DDP integration: each step's wait for the other ranks, measured by DDP's own comm hook.
+"""PyTorch DDP integration: each step's wait for the other ranks, with DDP's own all-reduce untouched.
 
     import gpumond.job.torch
     model = DistributedDataParallel(net)
@@ -6,14 +6,16 @@
     for x, y in reporter.wrap(loader):                 # data wait, as without torch
         loss_fn(model(x), y).backward(); opt.step()
 
-`instrument` registers a communication hook that runs DDP's default all-reduce unchanged (the same
-arithmetic as DDP without a hook: gradients are bitwise equal) and times each gradient bucket from
-its launch to the completion of its future. What a step reports as `comm_wait_s` is the **exposed
-wait**: from the launch of the step's last bucket (which DDP launches when backward has produced the
-last gradients) to the completion of the last bucket. That is the time backward() is blocked waiting
-for the slowest rank; earlier buckets wait overlapped with this rank's own backward compute, and
-their per-bucket waits overlap each other, so their sum is not a time anyone spent blocked (it is
-kept in `StepWait.buckets_s` for comparison; benchmarks/ddp_signal.py measures both).
+What a step reports as `comm_wait_s` is the **exposed wait**: from the moment DDP launches the
+step's last bucket (when backward has produced this rank's last gradient) to the end of the wait for
+the last bucket. That is the time backward() is blocked waiting for the slowest rank; earlier buckets
+wait overlapped with this rank's own backward compute. By default (BackwardTimer) no comm hook is
+registered: a post-accumulate-grad hook marks the last gradient and an autograd final callback queued
+behind DDP's finalisation marks the end, so DDP's C++ all-reduce runs as without gpumond. With
+`via="hook"` (BucketTimer) a comm hook runs DDP's default all-reduce (bitwise the same arithmetic) and
+times each bucket from its launch to the completion of its future; it also gives the sum of
+per-bucket waits (`StepWait.buckets_s`, for comparison; benchmarks/ddp_signal.py measures both), at
+the cost of a Python call per bucket.
 
 Importing this module imports torch; `gpumond.job` itself never does.
 """
@@ -35,7 +37,7 @@ from gpumond.job.reporter import Reporter
 
 log = logging.getLogger("gpumond.job")
 
-__all__ = ["BucketTimer", "StepWait", "comm_hook", "instrument", "timed_allreduce"]
+__all__ = ["BackwardTimer", "BucketTimer", "StepWait", "comm_hook", "instrument", "timed_allreduce"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,59 @@ class BucketTimer:
         log.warning("gpumond: comm wait timing disabled, training continues unaffected: %r", exc)
 
 
+class BackwardTimer:
+    """Times each step's exposed wait without a comm hook: DDP's C++ all-reduce runs as without gpumond.
+
+    Start: this rank's last gradient is accumulated (DDP launches the last bucket right after, in the
+    same autograd node's post hook). End: DDP's backward is finalised (it has waited for every bucket).
+    The first synchronised backward hooks every parameter to learn which one is accumulated last; from
+    then on only that parameter's hook runs (one Python call per step instead of one per bucket), and
+    two autograd final callbacks: the first, queued by that hook, queues the second, which therefore
+    runs after DDP's own finalisation callback (queued when its last bucket was ready).
+    """
+
+    def __init__(self, model: torch.nn.parallel.DistributedDataParallel, sink: Callable[[StepWait], None], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._model = model
+        self._sink = sink
+        self._clock = clock
+        self._ready_at = 0.0
+        self._last: torch.Tensor | None = None
+        self._task = -1
+        self._learning = True
+        params = [p for p in model.parameters() if p.requires_grad]
+        self._handles = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
+
+    def _ready(self, param: torch.Tensor) -> None:
+        # no_sync(): DDP does not all-reduce this backward, so there is no wait to report.
+        if not self._model.require_backward_grad_sync:
+            return
+        self._ready_at = self._clock()
+        self._last = param
+        # Once per backward (keyed by its graph task, not a flag: a backward that raised never runs its
+        # callbacks, and a flag would then stay set for good).
+        task = torch._C._current_graph_task_id()
+        if task != self._task:
+            self._task = task
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_nodes)
+
+    def _after_nodes(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._finalised)
+
+    def _finalised(self) -> None:
+        wait = max(self._clock() - self._ready_at, 0.0)
+        if self._learning and self._last is not None:
+            self._learning = False
+            keep = self._last
+            for h in self._handles:
+                h.remove()
+            self._handles = [keep.register_post_accumulate_grad_hook(self._ready)]
+        try:
+            self._sink(StepWait(wait, float("nan"), 0))
+        except Exception as exc:  # never disturb training (an exception here would fail backward())
+            log.warning("gpumond: comm wait report failed, training continues unaffected: %r", exc)
+
+
 # No annotations: DDP checks a hook's annotations against the real types, and this module's are strings
 # (postponed evaluation). DDP also wants a function (it reads __name__), so the timer is the hook's state.
 def timed_allreduce(timer, bucket):  # type: ignore[no-untyped-def]
@@ -142,16 +197,22 @@ def comm_hook(reporter: Reporter | None = None, *, process_group: Any = None,
 
 
 def instrument(model: torch.nn.parallel.DistributedDataParallel, reporter: Reporter | None = None, *,
-               process_group: Any = None, on_step: Callable[[StepWait], None] | None = None) -> Reporter:
-    """Time `model`'s gradient all-reduce each step and report it as comm_wait_s; returns the reporter.
+               process_group: Any = None, on_step: Callable[[StepWait], None] | None = None,
+               via: str = "backward") -> Reporter:
+    """Time `model`'s exposed gradient all-reduce wait each step and report it as comm_wait_s; returns the reporter.
 
     `reporter` defaults to `gpumond.job.get_reporter()` (configured from the environment). `on_step`,
-    if given, also receives every step's StepWait (on a communication thread; keep it short).
-    Call before the first forward pass: DDP accepts one comm hook, registered before training.
+    if given, also receives every step's StepWait. `via="backward"` (default) times from this rank's
+    last gradient to the end of DDP's backward, leaving DDP's C++ all-reduce alone (cheapest);
+    `via="hook"` registers a timing comm hook instead (costs a Python call per bucket, but also
+    measures each bucket: StepWait.buckets_s; `process_group` applies to it only).
+    Call before the first forward pass.
     """
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"instrument() takes a DistributedDataParallel model (got {type(model).__name__}); "
                         "for FSDP see docs/job-sdk.md")
+    if via not in ("backward", "hook"):
+        raise ValueError(f"instrument(via={via!r}): use via='backward' (default) or via='hook'")
     rep = reporter if reporter is not None else gpumond.job.get_reporter()
     if any(p.is_cuda for p in model.parameters()):
         # NCCL completes a work's future when the all-reduce is enqueued on the GPU, not when it has run:
@@ -159,5 +220,14 @@ def instrument(model: torch.nn.parallel.DistributedDataParallel, reporter: Repor
         log.warning("gpumond: comm wait is timed only for CPU (gloo) DDP so far; on CUDA time the loss "
                     "all-reduce with reporter.comm_wait() (docs/job-sdk.md)")
         return rep
-    model.register_comm_hook(*comm_hook(rep, process_group=process_group, on_step=on_step))
+    if via == "hook":
+        model.register_comm_hook(*comm_hook(rep, process_group=process_group, on_step=on_step))
+        return rep
+
+    def sink(wait: StepWait) -> None:
+        rep.add_comm_wait(wait.exposed_s)
+        if on_step is not None:
+            on_step(wait)
+
+    BackwardTimer(model, sink)
     return rep

@@ -41,7 +41,7 @@ def build() -> nn.Module:
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
 
 
-def main(out: Path) -> int:
+def main(out: Path, via: str) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -51,7 +51,7 @@ def main(out: Path) -> int:
     keep = Keep()
     rep = gpumond.job.Reporter(job="eq", gpu_uuid=f"GPU-00000000-0000-4000-8000-{rank:012d}", transport=keep,
                                push_interval_s=60)
-    gpumond.job.torch.instrument(hooked, rep)
+    gpumond.job.torch.instrument(hooked, rep, via=via)
     g = torch.Generator().manual_seed(100 + rank)
     batches = [(torch.randn(16, 32, generator=g), torch.randint(0, 5, (16,), generator=g)) for _ in range(STEPS)]
     for model in (plain, hooked):
@@ -71,4 +71,4 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "backward"))

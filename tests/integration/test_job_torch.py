@@ -39,10 +39,11 @@ def torchrun(script: Path, nproc: int, *args: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("world", [4, 3])
-def test_hook_leaves_parameters_bitwise_equal_and_reports_every_step(tmp_path: Path, world: int) -> None:
-    # 3 ranks as well: 1/3 is inexact, and dividing by 3 (torch's allreduce_hook) is not bitwise DDP.
-    torchrun(REPO / "tests/integration/ddp_equal_worker.py", world, str(tmp_path))
+@pytest.mark.parametrize(("world", "via"), [(4, "backward"), (3, "hook")])
+def test_instrument_leaves_parameters_bitwise_equal_and_reports_every_step(tmp_path: Path, world: int,
+                                                                           via: str) -> None:
+    # The comm hook at 3 ranks: 1/3 is inexact, and dividing by 3 (torch's allreduce_hook) is not bitwise DDP.
+    torchrun(REPO / "tests/integration/ddp_equal_worker.py", world, str(tmp_path), via)
     for rank in range(world):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got["trained"], "the parameters did not move: the comparison would prove nothing"
@@ -70,7 +71,7 @@ def test_the_slow_rank_waits_least(tmp_path: Path) -> None:
     medians = _medians(tmp_path, 4)
     assert min(medians, key=medians.__getitem__) == 2, medians
     hooks = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
-    assert max(h.get("buckets", 0) for h in hooks) > 1, "one bucket: the overlap path was not exercised"
+    assert max(h.get("ddp_buckets", 0) for h in hooks) > 1, "one bucket: the overlap path was not exercised"
 
 
 class Slow(Dataset[torch.Tensor]):
