@@ -196,6 +196,13 @@ def comm_hook(reporter: Reporter | None = None, *, process_group: Any = None,
     return BucketTimer(sink, process_group=process_group), timed_allreduce
 
 
+def _backward_timing_available() -> bool:
+    """Whether this torch has what BackwardTimer calls inside backward()."""
+    return (hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+            and hasattr(torch._C, "_current_graph_task_id")
+            and hasattr(torch.autograd.Variable._execution_engine, "queue_callback"))
+
+
 def instrument(model: torch.nn.parallel.DistributedDataParallel, reporter: Reporter | None = None, *,
                process_group: Any = None, on_step: Callable[[StepWait], None] | None = None,
                via: str = "backward") -> Reporter:
@@ -220,6 +227,12 @@ def instrument(model: torch.nn.parallel.DistributedDataParallel, reporter: Repor
         log.warning("gpumond: comm wait is timed only for CPU (gloo) DDP so far; on CUDA time the loss "
                     "all-reduce with reporter.comm_wait() (docs/job-sdk.md)")
         return rep
+    if via == "backward" and not _backward_timing_available():
+        # The private autograd hooks it needs are in the torch gpumond is tested on (2.13), not in every
+        # release; missing inside backward() they would raise into training, so say so once and use the hook.
+        log.warning("gpumond: this torch lacks the autograd hooks of via='backward'; timing with a comm hook "
+                    "instead (via='hook', a little more overhead)")
+        via = "hook"
     if via == "hook":
         model.register_comm_hook(*comm_hook(rep, process_group=process_group, on_step=on_step))
         return rep

@@ -138,3 +138,53 @@ def test_instrument_refuses_a_model_that_is_not_ddp() -> None:
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         gpumond.job.torch.instrument(nn.Linear(2, 2), Reporter(transport=Keep(), job="x",
                                                                      gpu_uuid="GPU-00000000-0000-4000-8000-000000000001"))
+
+
+class _Boom(torch.autograd.Function):
+    """Identity forward whose backward raises: a training step that fails in backward()."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom in backward")
+
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_backward_timing_skips_no_sync_and_survives_a_backward_that_raises(one_rank_group) -> None:
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
+    waits: list[float] = []
+    gpumond.job.torch.instrument(model, Reporter(transport=Keep(), job="x",
+                                                 gpu_uuid="GPU-00000000-0000-4000-8000-000000000001"),
+                                 on_step=lambda w: waits.append(w.exposed_s))
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    assert len(waits) == 1 and waits[0] >= 0.0
+    with model.no_sync():  # gradient accumulation: DDP all-reduces nothing, so there is no wait to report
+        model(x).sum().backward()
+    assert len(waits) == 1
+    with pytest.raises(RuntimeError, match="boom"):  # the user's error, not ours
+        _Boom.apply(model(x)).sum().backward()
+    model(x).sum().backward()  # the next good step is reported again
+    model(x).sum().backward()
+    assert len(waits) == 3
+
+
+def test_instrument_names_the_modes_it_takes() -> None:
+    with pytest.raises(ValueError, match="via='backward' \\(default\\) or via='hook'"):
+        gpumond.job.torch.instrument(nn.parallel.DistributedDataParallel.__new__(nn.parallel.DistributedDataParallel),
+                                     Reporter(transport=Keep(), job="x",
+                                              gpu_uuid="GPU-00000000-0000-4000-8000-000000000001"), via="fast")
