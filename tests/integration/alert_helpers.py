@@ -82,38 +82,45 @@ def alertmanager_cluster(workdir: Path, webhook_url: str, replicas: int = 2) -> 
     return ams
 
 
-class RulesProcess(ManagedProcess):
-    """`python -m gpumond.cli rules` on loopback with no telemetry source; findings come from pushes."""
+class RulesDaemon(ManagedProcess):
+    """`python -m gpumond.cli rules` on loopback with the given config (listen added), started until /healthz."""
 
     label = "rules"
 
-    def __init__(self, workdir: Path, alerting: dict[str, Any], *, state_dir: Path, port: int | None = None,
-                 evaluation_interval_s: float = 0.5, shard: str | None = None) -> None:
+    def __init__(self, workdir: Path, config: dict[str, Any], *, port: int | None = None) -> None:
         self.port = port or free_port()
-        config = write_yaml(workdir / "rules.yaml", {
-            "listen": f"{LOOPBACK}:{self.port}", "tokens": [TOKEN], "evaluation_interval_s": evaluation_interval_s,
-            # Fire and resolve as fast as the old "2 of 3 / 3 quiet" at this interval: these tests are about
-            # delivery, not about telling transients from stragglers.
-            "findings": {"min_duration_s": evaluation_interval_s, "resolve_after_s": 3 * evaluation_interval_s},
-            "state_dir": str(state_dir), "alerting": alerting, "log": {"format": "json"},
-            **({"shard": shard} if shard is not None else {})})
+        path = write_yaml(workdir / "rules.yaml", {"listen": f"{LOOPBACK}:{self.port}", **config})
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("GPUMOND_RULES_TOKENS", None)
-        super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(config)], workdir, env=env)
+        super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(path)], workdir, env=env)
 
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
-    def start(self) -> RulesProcess:
+    def start(self) -> RulesDaemon:
         self.spawn()
 
         def up() -> bool:
             self._fail_if_exited("/healthz")
             return http_get(f"{self.url}/healthz", timeout=1.0)[0] == 200
 
-        wait_until(up, timeout=START_TIMEOUT_S, what="rules service up")
+        wait_until(up, timeout=START_TIMEOUT_S, what="rules service up", describe=self.describe)
         return self
+
+
+class RulesProcess(RulesDaemon):
+    """The rules service with no telemetry source and alert sinks; findings come from pushes."""
+
+    def __init__(self, workdir: Path, alerting: dict[str, Any], *, state_dir: Path, port: int | None = None,
+                 evaluation_interval_s: float = 0.5, shard: str | None = None) -> None:
+        super().__init__(workdir, {
+            "tokens": [TOKEN], "evaluation_interval_s": evaluation_interval_s,
+            # Fire and resolve as fast as the old "2 of 3 / 3 quiet" at this interval: these tests are about
+            # delivery, not about telling transients from stragglers.
+            "findings": {"min_duration_s": evaluation_interval_s, "resolve_after_s": 3 * evaluation_interval_s},
+            "state_dir": str(state_dir), "alerting": alerting, "log": {"format": "json"},
+            **({"shard": shard} if shard is not None else {})}, port=port)
 
     def push_job(self, job: str, *, ranks: int, steps: int, data_wait_s: float, first_step: int = 0) -> None:
         """`steps` recent steps of 0.5 s for every rank, each waiting `data_wait_s` on its data loader."""

@@ -7,24 +7,15 @@ against the OpenAPI document the service itself serves. Caps are small here so t
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import (
-    LOOPBACK,
-    START_TIMEOUT_S,
-    ManagedProcess,
-    free_port,
-    http_get,
-    wait_until,
-    write_yaml,
-)
+from tests.integration.alert_helpers import RulesDaemon
+from tests.integration.helpers import http_get
 from tests.integration.hostile import hostile_requests, raw_request
 
 pytestmark = pytest.mark.integration
@@ -39,31 +30,12 @@ DOCUMENTED = {202, 400, 401, 404, 405, 413, 415, 422, 429}
 LOGFMT = re.compile(r'^ts=\S+ level=\w+ logger=\S+ msg=("(?:[^"\\]|\\.)*"|\S+)( [^\s="]+=("(?:[^"\\]|\\.)*"|\S*))*$')
 
 
-class Rules(ManagedProcess):
-    label = "rules"
+class Rules(RulesDaemon):
+    """The rules service with small caps, so every flood reaches its cap within the test."""
 
     def __init__(self, workdir: Path, http: dict | None = None) -> None:
-        self.port = free_port()
-        config = write_yaml(workdir / "rules.yaml", {
-            "listen": f"{LOOPBACK}:{self.port}", "tokens": [TOKEN], "state_dir": str(workdir / "state"),
-            "limits": LIMITS, **({"http": http} if http else {})})
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("GPUMOND_RULES_TOKENS", None)
-        super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(config)], workdir, env=env)
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def start(self) -> Rules:
-        self.spawn()
-
-        def up() -> bool:
-            self._fail_if_exited("/healthz")
-            return http_get(f"{self.url}/healthz", timeout=1.0)[0] == 200
-
-        wait_until(up, timeout=START_TIMEOUT_S, what="rules service up", describe=self.describe)
-        return self
+        super().__init__(workdir, {"tokens": [TOKEN], "state_dir": str(workdir / "state"), "limits": LIMITS,
+                                   **({"http": http} if http else {})})
 
 
 @pytest.fixture(scope="module")
