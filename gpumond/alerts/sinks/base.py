@@ -13,6 +13,7 @@ import math
 import random
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -138,7 +139,7 @@ class Backoff:
         self.failures = 0
 
 
-class WorkerSink:
+class WorkerSink(ABC):
     """A sink's thread: waits for a new snapshot or its next due time, then calls `step()`.
 
     Subclasses implement `step(snapshot, now) -> next due time or None` and `depth()`; they deliver with
@@ -217,13 +218,13 @@ class WorkerSink:
                 log.exception("alert sink failed", extra={"sink": self.name, "target": self.target})
                 due = self._clock() + self.backoff.next_delay()
 
+    @abstractmethod
     def step(self, snapshot: Snapshot, now: float) -> float | None:
         """Deliver what is due; return when to run again (None: only on a new snapshot)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def depth(self) -> int:
         """Notifications waiting for delivery."""
-        raise NotImplementedError
 
     def post(self, url: str, body: object, headers: Mapping[str, str] | None = None) -> Answer | str:
         """POST JSON; the answer, or one line saying why there is none (never the URL: it may be a secret)."""

@@ -9,6 +9,7 @@ it had opened, and an alert still firing after a restart is not announced twice.
 from __future__ import annotations
 
 import logging
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -75,9 +76,9 @@ class NoticeSink(WorkerSink):
         """Split one action's alerts into notifications (default: one per alert)."""
         return [Notice(action, (a,)) for a in alerts]
 
+    @abstractmethod
     def deliver(self, notice: Notice, snapshot: Snapshot) -> Outcome:
         """Send one notification."""
-        raise NotImplementedError
 
     def depth(self) -> int:
         return self._depth
