@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from gpumond.job import backoff
 from gpumond.job.payload import Record, encode, encode_head
 from gpumond.job.transport import Transport
+from gpumond.retry import Backoff, retryable
 
 log = logging.getLogger("gpumond.job")
 
 JOIN_GRACE_S = 0.25  # a request started just before the close deadline still gets to finish
-MIN_RETRY_S = 0.05  # a "Retry-After: 0" loop must not spin
-RETRY_STATUSES = frozenset({408, 429})  # plus every 5xx
+# The retry schedule: read when a pusher is made, so a test can shorten it.
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 30.0
 # 421: the push reached a rules replica of another shard. Misconfiguration, not an outage: retrying the same
 # address cannot succeed, so the batch is dropped like any other refusal, with a line saying what to set.
 MISROUTED = 421
@@ -39,9 +39,8 @@ class Pusher:
         self._timeout = timeout_s
         self._clock, self._wall = clock, wall
         self.limit = max_steps  # steps per push; halved on every 413
-        self.rand: Callable[[], float] = random.random  # the backoff's jitter source
+        self.backoff = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)
         self._pending: list[Record] = []  # the batch being sent; older than anything still queued
-        self._attempt = 0
         self._outage = False
         self._warned: set[object] = set()
         # Written only by this thread; the reporter reads them for its stats snapshot.
@@ -138,7 +137,7 @@ class Pusher:
                 return self._retry_later(f"{type(exc).__name__}: {exc}", None)
             if 200 <= reply.status < 300:
                 self._pushed()
-            elif reply.status in RETRY_STATUSES or reply.status >= 500:
+            elif retryable(reply.status):
                 return self._retry_later(_describe(reply.status, reply.detail), reply.retry_after_s)
             else:
                 self._reject(reply.status, reply.detail)
@@ -162,23 +161,19 @@ class Pusher:
         self.pushed += len(self._pending)
         self._pending = []
         if self._outage:
-            log.info("gpumond: pushes resumed after %d failed attempts", self._attempt)
+            log.info("gpumond: pushes resumed after %d failed attempts", self.backoff.failures)
         self._outage = False
-        self._attempt = 0
+        self.backoff.reset()
 
     def _retry_later(self, error: str, retry_after_s: float | None) -> float:
         """Keep the batch, count the failure, and say how long to wait before the next attempt."""
         self.failed += 1
-        self._attempt += 1
         self.last_error = error
         if not self._outage:
             self._outage = True
             log.warning("gpumond: push to the rules service failed (%s); retrying with backoff, "
                         "queueing up to %d steps and then dropping the oldest", error, self._max_queue)
-        if retry_after_s is not None:
-            return max(retry_after_s, MIN_RETRY_S)
-        # The module's constants are read at call time so a test can shorten the schedule.
-        return backoff.backoff_s(self._attempt, self.rand, base_s=backoff.BASE_S, cap_s=backoff.CAP_S)
+        return self.backoff.after_failure(retry_after_s)
 
     def _reject(self, status: int, detail: str) -> None:
         """The service refused this batch for good: drop it; a 413 also shrinks later batches."""
@@ -197,7 +192,7 @@ class Pusher:
         count = len(self._pending)
         self.dropped += count
         self._pending = []
-        self._attempt = 0
+        self.backoff.reset()
         self.last_error = error
         if key not in self._warned:
             self._warned.add(key)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpumond import __version__
-from gpumond.job.backoff import parse_retry_after
+from gpumond.retry import parse_retry_after
 from gpumond.job.settings import ConfigError
 
 PUSH_PATH = "/api/v1/push"

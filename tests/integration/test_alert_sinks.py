@@ -11,7 +11,7 @@ import pytest
 from gpumond.alerts.model import Condition
 from gpumond.alerts.pipeline import AlertPipeline
 from gpumond.alerts.sinks import LogSink, PagerDutySink, SlackSink
-from gpumond.alerts.sinks.base import Backoff
+from gpumond.retry import Backoff
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.alerting import AlertingConfig, PagerDutyConfig, SlackConfig
 from gpumond.demo.receiver import Hang, Receiver, Respond

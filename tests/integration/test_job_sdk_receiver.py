@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 
 from gpumond.config.rules import RulesConfig
-from gpumond.job import Reporter, backoff
+from gpumond.job import Reporter, pusher
 from gpumond.rules.http import build_app
 from gpumond.rules.store import RankStore
 
@@ -220,8 +220,8 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backoff, "BASE_S", 0.02)
-    monkeypatch.setattr(backoff, "CAP_S", 0.1)
+    monkeypatch.setattr(pusher, "BACKOFF_BASE_S", 0.02)
+    monkeypatch.setattr(pusher, "BACKOFF_CAP_S", 0.1)
 
 
 def reporter(recv: Receiver, **kwargs: object) -> Reporter:

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
-import random
 import time
 from collections import deque
 
 import pytest
 
-from gpumond.job import backoff
+from gpumond.job import pusher
 from gpumond.job.payload import Record
-from gpumond.job.pusher import MIN_RETRY_S, Pusher
+from gpumond.job.pusher import Pusher
 from gpumond.job.transport import Reply
+from gpumond.retry import MIN_RETRY_S, Backoff
 
 GPU = "GPU-11111111-1111-1111-1111-111111111111"
 HEAD = {"job": "j", "rank": 0, "world_size": 1, "node": "n", "gpu_uuid": GPU, "group": None}
@@ -64,7 +63,7 @@ def test_transient_failures_keep_the_batch_and_ask_to_wait(failure: Reply | Exce
     t = ScriptedTransport(failure)
     p = make(t, 5)
     delay = p.drain(1.0)
-    assert delay is not None and 0 < delay <= backoff.BASE_S
+    assert delay is not None and 0 < delay <= pusher.BACKOFF_BASE_S
     assert (p.pushed, p.dropped, p.failed, p.pending_len) == (0, 0, 1, 5)
     assert p.drain(1.0) is None  # the same batch, sent again
     assert t.batches == [[0, 1, 2, 3, 4]] * 2
@@ -81,10 +80,10 @@ def test_retry_after_is_honoured() -> None:
 
 def test_consecutive_failures_back_off_exponentially() -> None:
     p = make(ScriptedTransport(*[Reply(503)] * 12), 5)
-    p.rand = lambda: 1.0
+    p.backoff = Backoff(pusher.BACKOFF_BASE_S, pusher.BACKOFF_CAP_S, rng=lambda: 1.0)
     delays = [p.drain(1.0) for _ in range(12)]
     assert delays[:5] == pytest.approx([0.5, 1.0, 2.0, 4.0, 8.0], rel=1e-9)
-    assert delays[-1] == pytest.approx(backoff.CAP_S, rel=1e-9)
+    assert delays[-1] == pytest.approx(pusher.BACKOFF_CAP_S, rel=1e-9)
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
@@ -152,28 +151,3 @@ def test_close_with_the_service_down_returns_in_time_and_counts_the_rest() -> No
     p.close(timeout_s=0.3)
     assert time.monotonic() - started < 1.0
     assert (p.pushed, p.dropped, p.pending_len, len(p._q)) == (0, 25, 0, 0)
-
-
-# ----- backoff schedule ---------------------------------------------------------------------------
-def test_backoff_schedule_bounds() -> None:
-    for attempt, ceiling in [(1, 0.5), (2, 1.0), (3, 2.0), (6, 16.0), (7, 30.0), (50, 30.0), (10**6, 30.0)]:
-        assert backoff.backoff_s(attempt, rand=lambda: 0.0) == pytest.approx(ceiling / 2)
-        assert backoff.backoff_s(attempt, rand=lambda: 1.0) == pytest.approx(ceiling)
-
-
-def test_backoff_jitter_spreads_retries() -> None:
-    rng = random.Random(7)
-    delays = [backoff.backoff_s(4, rand=rng.random) for _ in range(200)]
-    assert 2.0 <= min(delays) and max(delays) < 4.0
-    assert len({round(d, 3) for d in delays}) > 100
-
-
-def test_retry_after_parsing() -> None:
-    now = 1_700_000_000.0
-    assert backoff.parse_retry_after("3", now) == 3.0
-    assert backoff.parse_retry_after(None, now) is None
-    assert backoff.parse_retry_after("soon", now) is None
-    assert backoff.parse_retry_after("999999", now) == backoff.RETRY_AFTER_CAP_S
-    date = email.utils.formatdate(now + 12, usegmt=True)
-    assert backoff.parse_retry_after(date, now) == pytest.approx(12.0)
-    assert backoff.parse_retry_after(email.utils.formatdate(now - 60, usegmt=True), now) == 0.0

@@ -9,8 +9,6 @@ the work stays within the sink's queue bound).
 from __future__ import annotations
 
 import logging
-import math
-import random
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -22,6 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from gpumond.alerts.model import Alert
+from gpumond.retry import Backoff, parse_retry_after, retryable
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.alerts")
@@ -93,50 +92,21 @@ def safe_target(url: str) -> str:
     return f"{host}:{parts.port}" if parts.port else host
 
 
-def retry_after(headers: Mapping[str, str], cap_s: float) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds form), bounded by `cap_s`; None when absent or odd."""
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    # "nan" parses as a float and escapes min/max: a hostile receiver could make us retry in a busy loop.
-    return min(max(seconds, 0.0), cap_s) if math.isfinite(seconds) else None
-
-
-def classify(answer: Answer, refusal: Callable[[Answer], str], retry_after_cap_s: float = 300.0) -> Outcome:
-    """Slack's and PagerDuty's common answers: 2xx delivered; 429 retried after Retry-After; 5xx retried;
-    any other 4xx a refusal that the same payload would get again (never retried), worded by `refusal`."""
+def classify(answer: Answer, refusal: Callable[[Answer], str], now_wall: float) -> Outcome:
+    """Slack's and PagerDuty's common answers: 2xx delivered; 408, 429 and 5xx retried (after Retry-After, if
+    any); any other 4xx a refusal that the same payload would get again (never retried), worded by `refusal`."""
     if 200 <= answer.status < 300:
         return Outcome(True)
-    if answer.status == 429:
-        return Outcome(False, retry=True, retry_after_s=retry_after(answer.headers, retry_after_cap_s),
-                       reason="HTTP 429 (rate limited)")
-    if answer.status >= 500:
-        return Outcome(False, retry=True, reason=f"HTTP {answer.status}")
+    if retryable(answer.status):
+        reason = "HTTP 429 (rate limited)" if answer.status == 429 else f"HTTP {answer.status}"
+        return Outcome(False, retry=True, retry_after_s=parse_retry_after(answer.headers.get("retry-after"),
+                                                                          now_wall), reason=reason)
     return Outcome(False, reason=f"HTTP {answer.status}: {refusal(answer)}")
 
 
-class Backoff:
-    """Exponential backoff with full jitter in [0.5, 1.5) × the step, so replicas do not retry in lockstep."""
-
-    def __init__(self, base_s: float = 1.0, cap_s: float = 60.0, rng: Callable[[], float] = random.random) -> None:
-        self.base_s = base_s
-        self.cap_s = cap_s
-        self._rng = rng
-        self.failures = 0
-
-    def next_delay(self) -> float:
-        """The delay before the next attempt after one more failure."""
-        self.failures += 1
-        step = min(self.cap_s, self.base_s * 2 ** (self.failures - 1))
-        return step * (0.5 + self._rng())
-
-    def reset(self) -> None:
-        """After a success."""
-        self.failures = 0
+def sink_backoff() -> Backoff:
+    """A sink's retry schedule: from 1 s, doubling, to 60 s."""
+    return Backoff(base_s=1.0, cap_s=60.0)
 
 
 class WorkerSink(ABC):
@@ -154,7 +124,7 @@ class WorkerSink(ABC):
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
                                               follow_redirects=False, trust_env=False)
         self._clock = clock
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or sink_backoff()
         self._cv = threading.Condition()
         self._snapshot: Snapshot | None = None
         self._fresh = False
@@ -255,7 +225,7 @@ class WorkerSink(ABC):
     def failed_retry(self, outcome: Outcome, now: float) -> float:
         """Count a failed attempt; when to try again (the receiver's Retry-After wins over our backoff)."""
         self.failed += 1
-        delay = outcome.retry_after_s if outcome.retry_after_s is not None else self.backoff.next_delay()
+        delay = self.backoff.after_failure(outcome.retry_after_s)
         log.warning("alert delivery failed; will retry", extra={"sink": self.name, "target": self.target,
                                                                "reason": outcome.reason, "retry_in_s": round(delay, 1)})
         return now + delay

@@ -12,7 +12,6 @@ from gpumond.alerts.sinks.notices import Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import PagerDutyConfig
 
 SUMMARY_MAX = 1024  # PagerDuty refuses longer summaries
-_RETRY_AFTER_CAP_S = 300.0
 _DETAIL_MAX = 4000
 
 
@@ -67,12 +66,12 @@ class PagerDutySink(NoticeSink):
         answer = self.post(self._url, body)
         if isinstance(answer, str):
             return Outcome(False, retry=True, reason=answer)
-        return classify(answer)
+        return classify(answer, self._clock())
 
 
-def classify(answer: Answer) -> Outcome:
-    """PagerDuty's documented answers: 202 accepted; 400 invalid (never retried); 429 and 5xx retried."""
-    return http_classify(answer, lambda a: _errors(a.body), _RETRY_AFTER_CAP_S)
+def classify(answer: Answer, now_wall: float) -> Outcome:
+    """PagerDuty's documented answers: 202 accepted; 400 invalid (never retried); 408, 429 and 5xx retried."""
+    return http_classify(answer, lambda a: _errors(a.body), now_wall)
 
 
 def _errors(body: str) -> str:

@@ -13,7 +13,6 @@ from gpumond.config.alerting import SlackConfig
 
 _PER_MESSAGE = 10  # alerts listed in one message; Slack allows 50 blocks and 3,000 characters per section
 _SECTION_MAX = 2900
-_RETRY_AFTER_CAP_S = 300.0
 _ICON = {"critical": ":red_circle:", "error": ":large_orange_circle:", "warning": ":large_yellow_circle:",
          "info": ":information_source:"}
 
@@ -113,10 +112,10 @@ class SlackSink(NoticeSink):
         answer = self.post(self._url, slack_message(notice, dict(snapshot.generator_urls)))
         if isinstance(answer, str):
             return Outcome(False, retry=True, reason=answer)
-        return classify(answer)
+        return classify(answer, self._clock())
 
 
-def classify(answer: Answer) -> Outcome:
-    """Slack's webhook answers: 200 ok; 429 with Retry-After; 5xx retried; other 4xx (invalid_payload,
+def classify(answer: Answer, now_wall: float) -> Outcome:
+    """Slack's webhook answers: 200 ok; 408, 429 (Retry-After) and 5xx retried; other 4xx (invalid_payload,
     no_service, channel_not_found …) are refusals that a retry would not change."""
-    return http_classify(answer, lambda a: first_line(a.body.strip(), 100), _RETRY_AFTER_CAP_S)
+    return http_classify(answer, lambda a: first_line(a.body.strip(), 100), now_wall)
