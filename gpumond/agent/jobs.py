@@ -13,10 +13,8 @@ from typing import Protocol
 
 import psutil
 
-from gpumond.safetext import UNSAFE
+from gpumond.identity import JOB_ENV_VARS, first_env
 
-DEFAULT_ENV_VARS = ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
-MAX_JOB_ID_CHARS = 128
 # Launcher -> wrapper -> trainer -> dataloader worker is about as deep as real stacks go;
 # the bound keeps a lookup cheap and stops it wandering into unrelated system daemons.
 MAX_PARENT_DEPTH = 4
@@ -68,25 +66,6 @@ def read_proc_cgroup(pid: int) -> str:
     return Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8", errors="replace")
 
 
-def clean_job_id(value: str | None) -> str | None:
-    """Return a usable job id from a raw value, or None if empty or holding unsafe characters (gpumond.safetext)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if not value or UNSAFE.search(value):
-        return None
-    return value[:MAX_JOB_ID_CHARS]
-
-
-def job_from_environ(environ: dict[str, str], env_vars: Sequence[str]) -> str | None:
-    """Return the job id from the first of env_vars that holds a usable value."""
-    for name in env_vars:
-        job = clean_job_id(environ.get(name))
-        if job is not None and not (name == "TORCHELASTIC_RUN_ID" and job == "none"):
-            return job  # torchrun's default run id is the literal "none": no id at all (as in the job SDK)
-    return None
-
-
 def pod_uid_from_cgroup(text: str) -> str | None:
     """Return the Kubernetes pod UID in a /proc/PID/cgroup text (v1 or v2), or None."""
     for line in text.splitlines():
@@ -119,7 +98,7 @@ class JobAttributor:
 
     def __init__(
         self,
-        env_vars: Sequence[str] = DEFAULT_ENV_VARS,
+        env_vars: Sequence[str] = JOB_ENV_VARS,
         kubernetes_pods: bool = True,
         cache_size: int = 4096,
         process_factory: Callable[[int], ProcessLike] = psutil.Process,
@@ -253,7 +232,8 @@ class JobAttributor:
         return None, False, complete
 
     def _job_from_env(self, pid: int, process: ProcessLike) -> str | None:
-        return job_from_environ(process.environ(), self._env_vars)
+        found = first_env(process.environ(), self._env_vars)
+        return None if found is None else found[1]
 
     def _job_from_pod(self, pid: int, process: ProcessLike) -> str | None:
         uid = pod_uid_from_cgroup(self._read_cgroup(pid))

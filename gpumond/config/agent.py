@@ -15,6 +15,7 @@ from pydantic_core import core_schema
 from gpumond.config.alerting import AlertingConfig
 from gpumond.config.http import HttpConfig
 from gpumond.config.types import ConfigModel, ListenAddress
+from gpumond.identity import GPU_UUID, JOB_ENV_VARS
 
 # 9480 stays clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835) on shared nodes.
 DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9480)
@@ -75,7 +76,7 @@ class JobsConfig(ConfigModel):
 
     enabled: bool = True
     env_vars: tuple[str, ...] = Field(
-        ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"), min_length=1, strict=False
+        JOB_ENV_VARS, min_length=1, strict=False
     )
     kubernetes_pods: bool = True
     cache_size: int = Field(4096, ge=16, le=1_048_576)
@@ -118,7 +119,6 @@ class LogConfig(ConfigModel):
 
 
 _PERCENT = re.compile(r"\d+(\.\d+)?%", re.ASCII)
-_GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
 _POWER_HINT = 'must be watts (a number) or a percentage of the default limit, e.g. "80%"'
 
 
@@ -170,7 +170,7 @@ def gpu_selector_kind(selector: str) -> Literal["uuid", "index", "model"] | None
     """What a per_gpu key names: a GPU UUID, an index, a model name; None if it is none of them."""
     if selector.upper().startswith(("GPU-", "MIG-")):
         # MIG instances share their parent's power limit, so only a whole GPU is a target.
-        return "uuid" if _GPU_UUID.fullmatch(selector) else None
+        return "uuid" if GPU_UUID.fullmatch(selector.upper()) else None
     if selector.isdecimal():
         # "01" is almost certainly a typo for an index; refusing it keeps one spelling per GPU.
         return "index" if selector == str(int(selector)) else None

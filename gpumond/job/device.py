@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from gpumond.job.settings import GPU_UUID
+from gpumond.identity import DEVICE_UUID
 
 NVIDIA_SMI_TIMEOUT_S = 5.0  # a wedged driver can hang nvidia-smi; a reporter must not
 
@@ -35,7 +35,7 @@ def device_selector(environ: Mapping[str, str]) -> str | None:
         # In a container the NVIDIA runtime names what it exposed, in CUDA's order: GPU-… UUIDs, or the
         # MIG-… UUID of a MIG slice (which torch and nvidia-smi would report as a plain GPU).
         exposed = [e.strip() for e in environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if e.strip()]
-        if not exposed or not all(GPU_UUID.fullmatch(e) for e in exposed):
+        if not exposed or not all(DEVICE_UUID.fullmatch(e) for e in exposed):
             return str(index or 0)
         visible = ",".join(exposed)
     entries = []
@@ -92,7 +92,7 @@ def local_gpu_uuid(environ: Mapping[str, str], *, run: Runner = subprocess.run,
     selector = device_selector(environ)
     if selector is None:
         return None
-    if GPU_UUID.fullmatch(selector):
+    if DEVICE_UUID.fullmatch(selector):
         return selector
     # torch answers in-process for the device it really uses; nvidia-smi costs a subprocess.
     found = uuid_from_torch(environ, sys.modules if modules is None else modules)

@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpumond.identity import DEVICE_UUID, JOB_ENV_VARS, clean_label, first_env
 from gpumond.job.routing import MAX_SHARDS, PLACEHOLDER
+from gpumond.safetext import UNSAFE
 
-# First usable value wins. GPUMOND_JOB_ID lets a user override the scheduler's id.
-JOB_ENV = ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 # torchrun inside an sbatch allocation sets both; RANK is the global rank torchrun assigned,
 # SLURM_PROCID only the launcher task's index.
 RANK_ENV = ("RANK", "SLURM_PROCID")
 WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS")
-# torchrun's default --rdzv-id is the literal "none": it names no job.
-_NO_RUN_ID = {"TORCHELASTIC_RUN_ID": "none"}
-MAX_LABEL_CHARS = 128  # the agent truncates job ids to the same length
-# gpumond.safetext.UNSAFE, copied because this SDK imports nothing outside gpumond.job (a unit test keeps the
-# two equal): the rules service refuses labels holding these with 422, so the SDK never sends them.
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-# NVML's form, which the agent exports and the rules service joins on; anything else would be refused
-# on every push, so it is caught here once.
-# A MIG slice is named MIG-<uuid> (R470+ drivers) or MIG-GPU-<parent uuid>/<gpu instance>/<compute instance>.
-_HEX = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-GPU_UUID = re.compile(rf"(?:GPU|MIG)-{_HEX}|MIG-GPU-{_HEX}/\d{{1,2}}/\d{{1,2}}")
 
 
 class ConfigError(Exception):
@@ -50,34 +38,15 @@ class Identity:
                 "gpu_uuid": self.gpu_uuid, "group": self.group}
 
 
-def clean_label(value: object) -> str | None:
-    """A usable label from a raw value: stripped, no control characters, bounded; else None."""
-    if value is None:
-        return None
-    text = str(value).strip()
-    if not text or _CONTROL_CHARS.search(text):
-        return None
-    return text[:MAX_LABEL_CHARS]
-
-
-def first_env(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
-    """(name, value) of the first variable in `names` holding a usable label."""
-    for name in names:
-        value = clean_label(environ.get(name))
-        if value is not None and value != _NO_RUN_ID.get(name):
-            return name, value
-    return None
-
-
 def resolve_identity(*, job: str | None, rank: int | None, world_size: int | None, node: str | None,
                      gpu_uuid: str | None, group: str | None, environ: Mapping[str, str],
                      find_gpu: Callable[[Mapping[str, str]], str | None]) -> Identity:
     """Fill every identity field from its argument, else the environment; ConfigError names what is missing."""
     job_value = clean_label(job)
     if job_value is None:
-        found = first_env(environ, JOB_ENV)
+        found = first_env(environ, JOB_ENV_VARS)
         if found is None:
-            raise ConfigError(f"no job id: pass job= or set one of {', '.join(JOB_ENV)}")
+            raise ConfigError(f"no job id: pass job= or set one of {', '.join(JOB_ENV_VARS)}")
         job_value = found[1]
     rank_value = _int_setting("rank", rank, environ, RANK_ENV, default=0, minimum=0)
     world_value = _int_setting("world_size", world_size, environ, WORLD_SIZE_ENV, default=1, minimum=1)
@@ -94,7 +63,9 @@ def resolve_identity(*, job: str | None, rank: int | None, world_size: int | Non
         uuid, source = clean_label(find_gpu(environ)), "the local device"
     if uuid is None:
         raise ConfigError("could not find this rank's GPU UUID: pass gpu_uuid= or set GPUMOND_GPU_UUID")
-    if not GPU_UUID.fullmatch(uuid):
+    # NVML's forms, which the agent exports and the rules service joins on; anything else would be refused
+    # on every push, so it is caught here once.
+    if not DEVICE_UUID.fullmatch(uuid):
         raise ConfigError(f"{source} must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, or a "
                           f"MIG device's, MIG-xxxxxxxx-… (got {uuid!r})")
     group_value = clean_label(group) if group is not None else clean_label(environ.get("GPUMOND_GROUP"))
@@ -159,6 +130,6 @@ def resolve_token(token: str | None, environ: Mapping[str, str]) -> str:
             raise ConfigError(f"cannot read GPUMOND_TOKEN_FILE {str(path)!r}: {exc.strerror or exc}") from None
     if not value:
         raise ConfigError("no token: pass token= or set GPUMOND_TOKEN or GPUMOND_TOKEN_FILE")
-    if any(c.isspace() for c in value) or _CONTROL_CHARS.search(value):
+    if any(c.isspace() for c in value) or UNSAFE.search(value):
         raise ConfigError("the token contains whitespace or control characters")
     return value

@@ -17,9 +17,6 @@ import pynvml
 
 from gpumond.nvml.errors import Disposition, classify
 
-# `MIG-<uuid>` (R470+ drivers) or the older `MIG-GPU-<parent uuid>/<gpu instance>/<compute instance>`.
-_HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-MIG_UUID = re.compile(rf"MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d{{1,2}}/\d{{1,2}}")
 # NVML names a MIG device "<board name> MIG <profile>", e.g. "NVIDIA H100 80GB HBM3 MIG 1g.10gb".
 _PROFILE_IN_NAME = re.compile(r"\bMIG (\d+g\.\d+gb(?:\+me)?|\d+c\.\d+g\.\d+gb)\s*$")
 

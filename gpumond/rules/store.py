@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpumond.identity import legacy_mig_uuid
 from gpumond.rules.columns import SampleBuffer, StepBuffer, sample_matrix
-from gpumond.rules.telemetry.mig import legacy_uuid
 from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
 
 if TYPE_CHECKING:
@@ -343,7 +343,7 @@ class GpuStore:
                 if self._append(self._gpus, g.uuid, g, self._cols, column):
                     self._refused_gpus += 1
                 elif g.parent_uuid is not None and g.gpu_instance is not None and g.compute_instance is not None:
-                    self._aliases[legacy_uuid(g.parent_uuid, g.gpu_instance, g.compute_instance)] = g.uuid
+                    self._aliases[legacy_mig_uuid(g.parent_uuid, g.gpu_instance, g.compute_instance)] = g.uuid
             for h in batch.hosts:
                 # A node has at least one GPU, so max_gpus bounds nodes too.
                 if self._append(self._hosts, h.node, h):

@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from gpumond.agent.host import HostEvidence
-from gpumond.agent.jobs import DEFAULT_ENV_VARS, JobAttributor
+from gpumond.agent.jobs import JobAttributor
+from gpumond.identity import JOB_ENV_VARS
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/PID/environ and /proc/PID/cgroup"
@@ -25,7 +26,7 @@ SLEEPER = "import time; time.sleep(30)"
 # Starts a grandchild without any job variable, reports its pid, then waits.
 WRAPPER = f"""
 import os, subprocess, sys, time
-env = {{k: v for k, v in os.environ.items() if k not in {DEFAULT_ENV_VARS!r}}}
+env = {{k: v for k, v in os.environ.items() if k not in {JOB_ENV_VARS!r}}}
 child = subprocess.Popen([sys.executable, "-c", {SLEEPER!r}], env=env)
 print(child.pid, flush=True)
 time.sleep(30)
@@ -35,7 +36,7 @@ WAIT_S = 10
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This test's environment without any job variable the CI runner may carry."""
-    env = {k: v for k, v in os.environ.items() if k not in DEFAULT_ENV_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in JOB_ENV_VARS}
     env.update(extra)
     return env
 

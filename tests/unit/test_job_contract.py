@@ -10,9 +10,9 @@ import random
 
 import pytest
 
+from gpumond.identity import MAX_LABEL_CHARS
 from gpumond.job import Reporter
 from gpumond.job.payload import encode, encode_head
-from gpumond.job.settings import MAX_LABEL_CHARS
 from gpumond.job.transport import Reply
 
 payload = pytest.importorskip("gpumond.rules.ingest.payload")

@@ -11,7 +11,7 @@ HEAVY = {"pydantic", "prometheus_client", "psutil", "pynvml", "yaml", "apschedul
          "numpy", "gpumond.config", "gpumond.agent", "gpumond.nvml", "gpumond.rules", "gpumond.alerts"}
 
 # The product's shared small mechanisms the SDK uses; they too may import only the standard library.
-SHARED = {"gpumond.retry"}
+SHARED = {"gpumond.retry", "gpumond.identity", "gpumond.safetext"}
 
 PROBE = """
 import json, sys

@@ -7,10 +7,8 @@ from pathlib import Path
 import pytest
 
 from gpumond.job.settings import (
-    MAX_LABEL_CHARS,
     ConfigError,
     Identity,
-    clean_label,
     resolve_endpoint,
     resolve_identity,
     resolve_token,
@@ -108,13 +106,6 @@ def test_local_device_is_not_looked_up_when_uuid_is_given() -> None:
     got = resolve_identity(job="j", rank=None, world_size=None, node=None, gpu_uuid=ARG, group=None,
                            environ={}, find_gpu=boom)
     assert got.gpu_uuid == ARG
-
-
-def test_labels_are_cleaned() -> None:
-    assert clean_label("  job  ") == "job"
-    assert clean_label("bad\nid") is None
-    assert clean_label("") is None
-    assert clean_label("x" * 500) == "x" * MAX_LABEL_CHARS
 
 
 def test_endpoint_from_argument_or_environment() -> None:

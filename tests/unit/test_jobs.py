@@ -9,12 +9,9 @@ import pytest
 
 from gpumond.agent.jobs import (
     IDLE_EVICT_S,
-    MAX_JOB_ID_CHARS,
     MAX_PARENT_DEPTH,
     AttributionStats,
     JobAttributor,
-    clean_job_id,
-    job_from_environ,
     pod_uid_from_cgroup,
 )
 
@@ -114,39 +111,6 @@ def make(host: FakeHost, clock: FakeClock):
 
 
 # --- environment ---------------------------------------------------------------------
-
-
-def test_first_listed_env_var_wins() -> None:
-    env = {"GPUMOND_JOB_ID": "mine", "TORCHELASTIC_RUN_ID": "elastic-7", "SLURM_JOB_ID": "123456"}
-    assert job_from_environ(env, ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GPUMOND_JOB_ID")) == "123456"
-    assert job_from_environ(env, ("GPUMOND_JOB_ID", "SLURM_JOB_ID")) == "mine"
-
-
-def test_empty_or_unusable_value_falls_through_to_next_var() -> None:
-    names = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
-    assert job_from_environ({"SLURM_JOB_ID": "", "TORCHELASTIC_RUN_ID": "r1"}, names) == "r1"
-    assert job_from_environ({"SLURM_JOB_ID": "  \t", "TORCHELASTIC_RUN_ID": "r1"}, names) == "r1"
-    assert job_from_environ({"SLURM_JOB_ID": "12\n34", "TORCHELASTIC_RUN_ID": "r1"}, names) == "r1"
-    assert job_from_environ({"PATH": "/usr/bin"}, names) is None
-
-
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        ("123456", "123456"),
-        ("  123456 \n", "123456"),
-        ("Llama-70B_r3", "Llama-70B_r3"),  # verbatim: the SDK reports the same string
-        ("x" * 500, "x" * MAX_JOB_ID_CHARS),
-        ("job\x00id", None),
-        ("job\x1bid", None),
-        ("job\x7fid", None),
-        ("job\x85id", None),
-        ("", None),
-        (None, None),
-    ],
-)
-def test_clean_job_id(raw: str | None, expected: str | None) -> None:
-    assert clean_job_id(raw) == expected
 
 
 # --- cgroups -------------------------------------------------------------------------
@@ -433,9 +397,3 @@ def test_cgroup_read_errors_are_tolerated(host: FakeHost, make) -> None:
     attributor = make()
     assert attributor.jobs_for([10]) == ()
     assert attributor.stats.denied == 1
-
-
-def test_torchrun_default_run_id_none_is_no_job_id():
-    assert job_from_environ({"TORCHELASTIC_RUN_ID": "none"}, ("TORCHELASTIC_RUN_ID",)) is None
-    assert job_from_environ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7"},
-                            ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")) == "7"

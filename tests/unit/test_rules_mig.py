@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
 from gpumond.rules.telemetry import Row, join, read_agent, signals
-from gpumond.rules.telemetry.mig import legacy_uuid, mig_row
+from gpumond.identity import legacy_mig_uuid
+from gpumond.rules.telemetry.mig import mig_row
 from gpumond.rules.telemetry.promql_join import IDENTITY
 from gpumond.rules.types import GpuSample
 from tests.unit.test_detectors import build
@@ -61,7 +62,7 @@ def test_promql_join_makes_the_same_mig_samples() -> None:
 
 
 def test_legacy_names_and_bad_rows() -> None:
-    assert legacy_uuid(P0.upper().replace("GPU-", "GPU-"), 3, 0) == f"MIG-{P0}/3/0"
+    assert legacy_mig_uuid(P0.upper().replace("GPU-", "GPU-"), 3, 0) == f"MIG-{P0}/3/0"
     assert mig_row({"uuid": P0, "mig_uuid": M0, "gpu_instance": "1", "compute_instance": "0"}).profile == ""
     assert mig_row({"uuid": P0, "mig_uuid": M0, "gpu_instance": "", "compute_instance": "0"}) is None
     assert mig_row({"uuid": "0", "mig_uuid": M0, "gpu_instance": "1", "compute_instance": "0"}) is None

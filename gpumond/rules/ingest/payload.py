@@ -19,7 +19,6 @@ Rules beyond the types (documented in docs/rules-api.md):
 from __future__ import annotations
 
 import functools
-import re
 from typing import Annotated, Any
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetPydanticSchema,
@@ -27,6 +26,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchem
 from pydantic_core import core_schema
 
 from gpumond.config.errors import validation_problem
+from gpumond.identity import DEVICE_UUID, canonical_device_uuid
 from gpumond.rules.types import RankInfo, StepRecord
 from gpumond.safetext import UNSAFE_CLASS, first_unsafe
 
@@ -34,11 +34,6 @@ MAX_WORLD_SIZE = 1_048_576  # a sanity bound; how many ranks are *held* is limit
 MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
 _WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow their rounding
 _INT64 = 2**63 - 1
-_HEX = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-# A whole GPU (GPU-…), a MIG device (MIG-…, R470+ drivers) or a MIG device by its older name
-# MIG-GPU-<parent>/<gpu instance>/<compute instance>: what CUDA_VISIBLE_DEVICES and nvidia-smi -L show.
-_UUID = re.compile(rf"(?:GPU|MIG)-{_HEX}|MIG-GPU-{_HEX}/\d{{1,2}}/\d{{1,2}}")
-_LEGACY_MIG = re.compile(rf"MIG-GPU-({_HEX})/(\d+)/(\d+)")
 _PRINTABLE = f"^[^{UNSAFE_CLASS}]+$"  # the JSON Schema spelling of _printable
 _MODEL = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, extra="ignore")
 
@@ -52,13 +47,10 @@ def _printable(value: str) -> str:
 
 
 def _gpu_uuid(value: str) -> str:
-    if not _UUID.fullmatch(value):
+    if not DEVICE_UUID.fullmatch(value):
         raise ValueError("must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex), or a MIG "
                          "device's, MIG-xxxxxxxx-… or MIG-GPU-xxxxxxxx-…/<gpu instance>/<compute instance>")
-    legacy = _LEGACY_MIG.fullmatch(value)
-    if legacy:  # one spelling per device, as the rules service's telemetry names it
-        return f"MIG-GPU-{legacy.group(1).lower()}/{int(legacy.group(2))}/{int(legacy.group(3))}"
-    return value[:4] + value[4:].lower()
+    return canonical_device_uuid(value)  # one spelling per device, as the rules service's telemetry names it
 
 
 def _step_schema(source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
@@ -123,7 +115,7 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
         world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
         rank: int = Field(ge=0)
         node: text  # type: ignore[valid-type]
-        gpu_uuid: Annotated[str, Field(max_length=56, json_schema_extra={"pattern": f"^(?:{_UUID.pattern})$"}),
+        gpu_uuid: Annotated[str, Field(max_length=56, json_schema_extra={"pattern": f"^(?:{DEVICE_UUID.pattern})$"}),
                             AfterValidator(_gpu_uuid)]
         group: text | None = None  # type: ignore[valid-type]
         steps: list[Step] = Field(max_length=max_steps)

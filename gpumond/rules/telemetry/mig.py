@@ -8,13 +8,11 @@ compute_instance, profile}` says which device belongs to which GPU.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from gpumond.identity import MIG_UUID
 from gpumond.rules.types import GpuSample
-
-_MIG_UUID = re.compile(r"MIG-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,15 +30,10 @@ def mig_row(labels: Mapping[str, str]) -> MigRow | None:
     """The MIG device a gpumond_gpu_mig_info series names, or None if its labels are unusable."""
     parent, uuid = labels.get("uuid", ""), labels.get("mig_uuid", "")
     gi, ci = labels.get("gpu_instance", ""), labels.get("compute_instance", "")
-    if not (parent.startswith("GPU-") and _MIG_UUID.fullmatch(uuid) and gi.isdecimal() and ci.isdecimal()):
+    if not (parent.startswith("GPU-") and MIG_UUID.fullmatch(uuid) and gi.isdecimal() and ci.isdecimal()):
         return None
     # The push API lower-cases a UUID's hex; so does the join, whatever case an agent or proxy used.
     return MigRow(parent, "MIG-" + uuid[4:].lower(), int(gi), int(ci), labels.get("profile", ""))
-
-
-def legacy_uuid(parent_uuid: str, gpu_instance: int, compute_instance: int) -> str:
-    """The pre-R470 name of a MIG device, `MIG-GPU-<parent uuid>/<gi>/<ci>`, as the push API normalises it."""
-    return f"MIG-GPU-{parent_uuid[4:].lower()}/{gpu_instance}/{compute_instance}"
 
 
 def mig_samples(parents: Iterable[GpuSample], rows: Iterable[MigRow],
