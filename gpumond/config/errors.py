@@ -22,6 +22,14 @@ class ConfigError(Exception):
         self.problem = problem
 
 
+class FieldProblem(ValueError):
+    """Raised by a validator of a whole mapping to name the field at fault, so the line can point at it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def format_validation_error(
     source: str, err: ValidationError, model: type[BaseModel] | None = None
 ) -> str:
@@ -46,6 +54,9 @@ def validation_problem(err: ValidationError, model: type[BaseModel] | None = Non
 
 
 def _describe(error: ErrorDetails, model: type[BaseModel] | None) -> str:
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, FieldProblem):  # the whole mapping was checked; the problem is one of its fields
+        return f"{_dotted_path((*error['loc'], cause.field))}: {cause}"
     path = _dotted_path(error["loc"])
     problem = _problem(error, model)
     return f"{path}: {problem}" if path else problem

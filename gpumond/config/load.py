@@ -41,7 +41,7 @@ def read_yaml_mapping(path: str | Path) -> dict[Any, Any]:
     except OSError as err:
         raise ConfigError(source, f"cannot read: {err.strerror or err}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = load_yaml(text)
     except yaml.MarkedYAMLError as err:
         raise ConfigError(source, _yaml_problem(err)) from None
     except yaml.YAMLError as err:
@@ -51,6 +51,11 @@ def read_yaml_mapping(path: str | Path) -> dict[Any, Any]:
     if not isinstance(data, dict):
         raise ConfigError(source, f"top level must be a mapping of keys (got {_kind(data)})")
     return data
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load, except that a key given twice in one mapping is an error (yaml.YAMLError)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

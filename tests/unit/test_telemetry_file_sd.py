@@ -49,6 +49,8 @@ def test_parse_file_sd_yaml_and_empty_yaml() -> None:
     text = "- targets: ['10.0.0.1:9480']\n  labels: {node: n-a}\n"
     assert [(t.host, t.node) for t in parse_file_sd(text, yaml_syntax=True)] == [("10.0.0.1", "n-a")]
     assert parse_file_sd("", yaml_syntax=True) == []
+    with pytest.raises(ValueError, match="duplicate key 'targets'"):
+        parse_file_sd("- targets: ['10.0.0.1:9480']\n  targets: ['10.0.0.2:9480']\n", yaml_syntax=True)
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pynvml
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpumond.config.errors import ConfigError, FieldProblem, format_validation_error
+from gpumond.config.load import read_yaml_mapping
 
 from .models import MIG_SLICES, MODELS
 
@@ -21,14 +23,6 @@ Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 
 class ScenarioError(ValueError):
     """A scenario (file or injected fault) is invalid; the message is one line."""
-
-
-class _FieldProblem(ValueError):
-    """Raised from whole-entry validators so the message can still name a field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class LoadPattern(BaseModel):
@@ -92,14 +86,14 @@ class GpuEntry(BaseModel):
             return self
         spec = MODELS[self.model]
         if not spec.has_mig:
-            raise _FieldProblem("mig", f"model {self.model!r} has no MIG mode")
+            raise FieldProblem("mig", f"model {self.model!r} has no MIG mode")
         for name in self.mig:
             if name not in spec.mig_profiles:
-                raise _FieldProblem("mig", f"unknown MIG profile {name!r} for {self.model} "
+                raise FieldProblem("mig", f"unknown MIG profile {name!r} for {self.model} "
                                            f"(expected one of {', '.join(spec.mig_profiles)})")
         used = sum(spec.mig_profiles[name].slices for name in self.mig)
         if used > MIG_SLICES:
-            raise _FieldProblem("mig", f"the profiles take {used} compute slices; a GPU has {MIG_SLICES}")
+            raise FieldProblem("mig", f"the profiles take {used} compute slices; a GPU has {MIG_SLICES}")
         return self
 
 
@@ -195,13 +189,13 @@ class Fault(BaseModel):
         given = {name for name in self.model_fields_set
                  if name not in ("kind", "gpu", "at_s", "duration_s") and getattr(self, name) is not None}
         for name in sorted(required - given):
-            raise _FieldProblem(name, f"required for kind {self.kind!r}")
+            raise FieldProblem(name, f"required for kind {self.kind!r}")
         for name in sorted(given - required - optional):
-            raise _FieldProblem(name, f"not a parameter of kind {self.kind!r}")
+            raise FieldProblem(name, f"not a parameter of kind {self.kind!r}")
         if self.gpu is None and self.kind not in _GPU_OPTIONAL:
-            raise _FieldProblem("gpu", f"required for kind {self.kind!r}")
+            raise FieldProblem("gpu", f"required for kind {self.kind!r}")
         if self.kind == "slow" and self.factor is not None and self.factor > 1.0:
-            raise _FieldProblem("factor", "a slowdown factor must be in (0, 1]")
+            raise FieldProblem("factor", "a slowdown factor must be in (0, 1]")
         return self
 
     def load_pattern(self) -> LoadPattern:
@@ -226,46 +220,20 @@ class Scenario(BaseModel):
         seen: set[int] = set()
         for i, entry in enumerate(self.gpus):
             if entry.index in seen:
-                raise _FieldProblem(f"gpus[{i}].index", f"GPU {entry.index} is listed twice")
+                raise FieldProblem(f"gpus[{i}].index", f"GPU {entry.index} is listed twice")
             seen.add(entry.index)
         return self
-
-
-def _where(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """The first problem as `source: faults[3].field: message` (plus how many more)."""
-    first = err.errors()[0]
-    loc = tuple(first["loc"])
-    cause = (first.get("ctx") or {}).get("error")
-    if isinstance(cause, _FieldProblem):
-        loc = loc + (cause.field,)
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field"
-    elif isinstance(cause, Exception):
-        msg = str(cause)  # our own wording, without pydantic's "Value error, " prefix
-    else:
-        msg = first["msg"]
-    more = err.error_count() - 1
-    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    where = _where(loc) or "<top level>"
-    return f"{source}: {where}: {msg}{suffix}"
 
 
 def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
     if data is None:
         data = {}  # an empty file is the healthy default scenario
     if not isinstance(data, dict):
-        raise ScenarioError(f"{source}: <top level>: expected a mapping, got {type(data).__name__}")
+        raise ScenarioError(f"{source}: top level must be a mapping of keys (got {type(data).__name__})")
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        raise ScenarioError(format_validation_error(err, source)) from None
+        raise ScenarioError(format_validation_error(source, err, Scenario)) from None
 
 
 def parse_fault(data: Any, source: str = "fault") -> Fault:
@@ -274,20 +242,13 @@ def parse_fault(data: Any, source: str = "fault") -> Fault:
     try:
         return Fault.model_validate(data)
     except ValidationError as err:
-        raise ScenarioError(format_validation_error(err, source)) from None
+        raise ScenarioError(format_validation_error(source, err, Fault)) from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ScenarioError(f"{path.name}: cannot read: {err.strerror or err}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ScenarioError(f"{path.name}: {line}invalid YAML: {problem}") from None
+        data = read_yaml_mapping(path)
+    except ConfigError as err:
+        raise ScenarioError(f"{path.name}: {err.problem}") from None
     return parse_scenario(data, path.name)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from gpumond.config.load import load_yaml
 from gpumond.rules.telemetry.errors import one_line
 from gpumond.rules.telemetry.targets import Target, parse_target
 
@@ -19,7 +20,7 @@ MAX_FILE_BYTES = 8 * 1024 * 1024
 def parse_file_sd(text: str, *, yaml_syntax: bool = False) -> list[Target]:
     """`[{"targets": ["host:port", …], "labels": {"node": "…"}}, …]` → targets; ValueError naming the fault."""
     try:
-        groups = yaml.safe_load(text) if yaml_syntax else json.loads(text)
+        groups = load_yaml(text) if yaml_syntax else json.loads(text)
     except (ValueError, yaml.YAMLError) as e:
         raise ValueError(f"not valid {'YAML' if yaml_syntax else 'JSON'}: {one_line(e)}") from None
     if groups is None and yaml_syntax:
