@@ -1,4 +1,5 @@
-"""Characters that must never reach a terminal, a log line or a label raw, and how to show them safely.
+"""Characters that must never reach a terminal, a log line or a label raw, and how to show them safely;
+messages as one bounded line.
 
 One definition for the whole product: the push API refuses them in labels (422), job attribution drops
 values holding them, and every printer (log lines, the exposition, the findings and alerts tables) escapes
@@ -27,3 +28,21 @@ def escape_unsafe(text: str) -> str:
     if UNSAFE.search(text) is None:  # the usual case: no copy
         return text
     return UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, at a word boundary when one is near, with "…" when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut) + "…"
+
+
+def one_line(value: object, limit: int = 300) -> str:
+    """`value` (a message, an exception) as one bounded line: all whitespace runs, newlines too, become one
+    space. An exception without a message is named by its type."""
+    text = " ".join(str(value).split())
+    if not text and isinstance(value, BaseException):
+        text = type(value).__name__
+    return shorten(text, limit)

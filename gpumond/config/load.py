@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from gpumond.config.agent import AgentConfig
 from gpumond.config.alerting import resolve_alerting
 from gpumond.config.errors import ConfigError, validation_problem
+from gpumond.safetext import one_line
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -45,7 +46,7 @@ def read_yaml_mapping(path: str | Path) -> dict[Any, Any]:
     except yaml.MarkedYAMLError as err:
         raise ConfigError(source, _yaml_problem(err)) from None
     except yaml.YAMLError as err:
-        raise ConfigError(source, f"could not parse YAML: {_one_line(str(err))}") from None
+        raise ConfigError(source, f"could not parse YAML: {one_line(err)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -83,13 +84,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def _yaml_problem(err: yaml.MarkedYAMLError) -> str:
     mark = err.problem_mark or err.context_mark
-    problem = _one_line(": ".join(p for p in (err.context, err.problem) if p))
+    problem = one_line(": ".join(p for p in (err.context, err.problem) if p))
     where = f"line {mark.line + 1}: " if mark else ""
     return f"{where}could not parse YAML: {problem}"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _kind(value: Any) -> str:

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gpumond.safetext import one_line
 from gpumond.serving import bind
 
 log = logging.getLogger("gpumond.demo.receiver")
@@ -418,9 +419,8 @@ def _alertmanager(raw: bytes, content_type: str) -> _Verdict:
 
 # --- rendering --------------------------------------------------------------------------------------------
 
-def _first_line(text: Any, limit: int = 200) -> str:
-    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+def _first_line(text: Any) -> str:
+    return one_line(str(text).strip().split("\n", 1)[0], 200)
 
 
 def _short_key(key: str | None) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from gpumond.job.payload import Record, encode, encode_head
 from gpumond.job.transport import Transport
 from gpumond.retry import Backoff, retryable
+from gpumond.safetext import one_line
 
 log = logging.getLogger("gpumond.job")
 
@@ -202,5 +203,5 @@ class Pusher:
 
 def _describe(status: int, detail: str) -> str:
     """`HTTP 401: <what the service said>` on one line."""
-    detail = " ".join(detail.split())
+    detail = one_line(detail)
     return f"HTTP {status}: {detail}" if detail else f"HTTP {status}"

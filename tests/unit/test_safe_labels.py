@@ -19,7 +19,7 @@ from gpumond.findings_cli import table
 from gpumond.identity import clean_label
 from gpumond.logs import setup_logging
 from gpumond.rules.ingest.accept import Reply
-from gpumond.safetext import UNSAFE, escape_unsafe, first_unsafe
+from gpumond.safetext import UNSAFE, escape_unsafe, first_unsafe, one_line, shorten
 from gpumond.textformat import Encoder
 from gpumond.types import Series
 from tests.unit.test_rules_ingest_accept import CLIENT, body, make
@@ -109,3 +109,17 @@ def test_escape_unsafe_and_first_unsafe() -> None:
     assert escape_unsafe("plain") == "plain"
     assert escape_unsafe("a\u2028b\x85") == "a\\u2028b\\u0085"
     assert first_unsafe("ok\u2066x\u2028") == "U+2066" and first_unsafe("ok") is None
+
+
+def test_shorten_cuts_at_a_word_boundary_within_the_limit() -> None:
+    assert shorten("short", 10) == "short"
+    assert shorten("alpha beta gamma delta", 12) == "alpha beta…"
+    assert shorten("x" * 50, 10) == "x" * 9 + "…"  # no word boundary near: cut mid-word
+    assert shorten("line one\nline two", 100) == "line one\nline two"  # newlines kept: a description
+
+
+def test_one_line_collapses_whitespace_and_is_bounded() -> None:
+    assert one_line("a\n  b\r\n\tc") == "a b c"
+    assert one_line("word " * 200, 50) == shorten(("word " * 200).strip(), 50) and len(one_line("w " * 500)) <= 300
+    assert one_line(ValueError()) == "ValueError"
+    assert one_line(OSError(111, "Connection refused")) == "[Errno 111] Connection refused"

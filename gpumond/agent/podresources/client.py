@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumond.agent.podresources.assign import Allocation, allocations
+from gpumond.safetext import one_line
 
 log = logging.getLogger("gpumond.agent")
 
@@ -158,8 +159,7 @@ def _one_line(e: BaseException) -> str:
     code = getattr(e, "code", None)
     if callable(details) and callable(code):  # grpc.RpcError: "UNAVAILABLE: failed to connect …"
         try:
-            return f"{code().name}: {details()}".splitlines()[0][:300]
+            return one_line(f"{code().name}: {details()}".splitlines()[0])
         except Exception:  # noqa: BLE001
             pass
-    text = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {text}"[:300]
+    return one_line(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

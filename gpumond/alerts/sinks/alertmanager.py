@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpumond.alerts.model import Alert
-from gpumond.alerts.sinks.base import Outcome, Snapshot, WorkerSink, by_urgency, first_line, safe_target
+from gpumond.alerts.sinks.base import Outcome, Snapshot, WorkerSink, by_urgency, safe_target
 from gpumond.config.alerting import AlertmanagerConfig
+from gpumond.safetext import one_line
 
 
 def alertmanager_body(alerts: list[Alert], generator_urls: dict[str, str], expires_at: float) -> list[dict]:
@@ -70,6 +71,6 @@ class AlertmanagerSink(WorkerSink):
             # 400 / 422: the payload itself is wrong; retried at the next resend so a fix to the
             # receiving side is picked up, but counted and logged as a failure now.
             outcome = Outcome(False, retry=True, retry_after_s=self._resend_s,
-                              reason=f"HTTP {answer.status}: {first_line(answer.body.strip(), 200)}")
+                              reason=f"HTTP {answer.status}: {one_line(answer.body, 200)}")
         self._retry_at = self.failed_retry(outcome, now)
         return self._retry_at

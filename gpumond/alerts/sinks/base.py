@@ -231,15 +231,6 @@ class WorkerSink(ABC):
         return now + delay
 
 
-def first_line(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters at a word boundary, with an ellipsis when cut."""
-    if len(text) <= limit:
-        return text
-    cut = text[: limit - 1]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > limit // 2 else cut) + "…"
-
-
 def by_urgency(alerts: Sequence[Alert]) -> list[Alert]:
     """Most urgent first, then oldest first."""
     return sorted(alerts, key=lambda a: (severity_rank(a), a.starts_at, a.fingerprint))

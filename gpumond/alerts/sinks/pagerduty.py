@@ -6,10 +6,11 @@ import json
 from collections.abc import Callable
 
 from gpumond.alerts.model import Alert, rfc3339
-from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, first_line, safe_target
+from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, safe_target
 from gpumond.alerts.sinks.base import classify as http_classify
 from gpumond.alerts.sinks.notices import Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import PagerDutyConfig
+from gpumond.safetext import one_line, shorten
 
 SUMMARY_MAX = 1024  # PagerDuty refuses longer summaries
 _DETAIL_MAX = 4000
@@ -27,9 +28,9 @@ def pagerduty_event(alert: Alert, action: str, routing_key: str, generator_url: 
     for key in ("description", "evidence", "runbook_url"):
         value = alert.annotation(key)
         if value:
-            details[key] = first_line(value, _DETAIL_MAX)
+            details[key] = shorten(value, _DETAIL_MAX)
     event["payload"] = {
-        "summary": first_line(f"[{alert.severity.upper()}] {summary}", SUMMARY_MAX),
+        "summary": shorten(f"[{alert.severity.upper()}] {summary}", SUMMARY_MAX),
         "source": labels.get("node") or labels.get("job") or "gpumond",
         "severity": alert.severity,  # gpumond's severities are exactly PagerDuty's four
         "timestamp": rfc3339(alert.starts_at),
@@ -78,10 +79,10 @@ def _errors(body: str) -> str:
     try:
         data = json.loads(body)
     except ValueError:
-        return first_line(body.strip(), 200)
+        return one_line(body, 200)
     if isinstance(data, dict):
         errors = data.get("errors")
         if isinstance(errors, list) and errors:
-            return first_line("; ".join(str(e) for e in errors), 200)
-        return first_line(str(data.get("message", "")), 200)
+            return one_line("; ".join(str(e) for e in errors), 200)
+        return one_line(data.get("message", ""), 200)
     return ""

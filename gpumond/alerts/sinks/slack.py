@@ -6,10 +6,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from gpumond.alerts.model import Alert
-from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, first_line
+from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot
 from gpumond.alerts.sinks.base import classify as http_classify
 from gpumond.alerts.sinks.notices import Action, Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import SlackConfig
+from gpumond.safetext import one_line, shorten
 
 _PER_MESSAGE = 10  # alerts listed in one message; Slack allows 50 blocks and 3,000 characters per section
 _SECTION_MAX = 2900
@@ -49,7 +50,7 @@ def _line(alert: Alert, action: Action, generator_url: str | None) -> str:
     text = f"• *{summary}* ({where(alert)})"
     description = alert.annotation("description")
     if description:
-        text += f"\n    {first_line(description, 600)}"
+        text += f"\n    {shorten(description, 600)}"
     links = [f"<{u}|{t}>" for u, t in ((alert.annotation("runbook_url"), "runbook"), (generator_url, "source")) if u]
     if links:
         text += f"\n    {' · '.join(links)}"
@@ -72,17 +73,17 @@ def slack_message(notice: Notice, generator_urls: dict[str, str] | None = None) 
     fingerprints = ", ".join(a.fingerprint for a in notice.alerts)
     context = f"gpumond · fingerprint{'s' if n > 1 else ''} {fingerprints} · started {started}"
     blocks: list[dict[str, object]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": first_line(title.replace('*', ''), 150)}}]
+        {"type": "header", "text": {"type": "plain_text", "text": shorten(title.replace('*', ''), 150)}}]
     section, sections = "", []
     for line in lines:
         if section and len(section) + len(line) + 1 > _SECTION_MAX:
             sections.append(section)
             section = ""
-        section = f"{section}\n{line}" if section else first_line(line, _SECTION_MAX)
+        section = f"{section}\n{line}" if section else shorten(line, _SECTION_MAX)
     sections.append(section)
     blocks += [{"type": "section", "text": {"type": "mrkdwn", "text": s}} for s in sections]
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
-    text = first_line(f"{title}: " + "; ".join(f"{a.annotation('summary') or a.alertname}" for a in notice.alerts),
+    text = shorten(f"{title}: " + "; ".join(f"{a.annotation('summary') or a.alertname}" for a in notice.alerts),
                       3000)
     return {"text": text, "blocks": blocks}
 
@@ -118,4 +119,4 @@ class SlackSink(NoticeSink):
 def classify(answer: Answer, now_wall: float) -> Outcome:
     """Slack's webhook answers: 200 ok; 408, 429 (Retry-After) and 5xx retried; other 4xx (invalid_payload,
     no_service, channel_not_found …) are refusals that a retry would not change."""
-    return http_classify(answer, lambda a: first_line(a.body.strip(), 100), now_wall)
+    return http_classify(answer, lambda a: one_line(a.body, 100), now_wall)

@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 from gpumond.config.load import load_yaml
-from gpumond.rules.telemetry.errors import one_line
 from gpumond.rules.telemetry.targets import Target, parse_target
+from gpumond.safetext import one_line
 
 # A file_sd list is operator-written and small; refuse anything that looks like a mistake.
 MAX_FILE_BYTES = 8 * 1024 * 1024

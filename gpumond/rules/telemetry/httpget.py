@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import httpx
 
-from gpumond.rules.telemetry.errors import one_line
+from gpumond.safetext import one_line
+
 
 
 class FetchError(Exception):

@@ -12,10 +12,10 @@ import httpx
 
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
-from gpumond.rules.telemetry.errors import one_line
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, join
 from gpumond.rules.types import TelemetryBatch
+from gpumond.safetext import one_line
 
 DEFAULT_TIMEOUT_S = 10.0
 # Prometheus' default lookback delta: a target gone longer than this is forgotten rather than absent.

@@ -12,12 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
-from gpumond.rules.telemetry.errors import one_line
 from gpumond.rules.telemetry.file_sd import FileSD
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.mapping import AgentReading, read_agent
 from gpumond.rules.telemetry.targets import Target, parse_target
 from gpumond.rules.types import GpuSample, HostSample, TelemetryBatch
+from gpumond.safetext import one_line
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_WORKERS = 32
