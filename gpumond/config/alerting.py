@@ -6,24 +6,17 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal, Self
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, model_validator
 
-from gpumond.config.errors import ConfigError
+from gpumond.config.errors import ConfigError, FieldProblem
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, SecretText
 
 SLACK_ENV = "GPUMOND_SLACK_WEBHOOK_URL"
 PAGERDUTY_ENV = "GPUMOND_PAGERDUTY_ROUTING_KEY"
 _ROUTING_KEY = re.compile(r"[A-Za-z0-9]{32}")  # ASCII only: str.isalnum() accepts look-alike letters
 Severity = Literal["critical", "error", "warning", "info"]
-
-
-def _inline_or_file(secret: str, file: Path | None, info: ValidationInfo) -> Path | None:
-    """A secret is given inline (`secret`) or as `secret_file`, not both (or by the environment)."""
-    if secret in info.data and file is not None and info.data[secret] is not None:
-        raise ValueError(f"set only one of {secret} and {secret}_file")
-    return file
 
 
 class AlertmanagerConfig(ConfigModel):
@@ -36,33 +29,37 @@ class AlertmanagerConfig(ConfigModel):
     timeout_s: float = Field(10.0, gt=0, le=120)
 
 
-class SlackConfig(ConfigModel):
+class _PagingConfig(ConfigModel):
+    """A paging service whose secret (`SECRET`) is given inline, as `<SECRET>_file`, or by the environment."""
+
+    SECRET: ClassVar[str]
+
+    @model_validator(mode="after")
+    def _inline_or_file(self) -> Self:
+        if getattr(self, self.SECRET) is not None and getattr(self, f"{self.SECRET}_file") is not None:
+            raise FieldProblem(f"{self.SECRET}_file", f"set only one of {self.SECRET} and {self.SECRET}_file")
+        return self
+
+
+class SlackConfig(_PagingConfig):
     """A Slack incoming webhook: inline, in a file, or from GPUMOND_SLACK_WEBHOOK_URL (it is a secret)."""
 
+    SECRET = "webhook_url"
     webhook_url: SecretText | None = Field(None, repr=False)
-    webhook_url_file: AbsolutePath | None = Field(None, validate_default=True)
+    webhook_url_file: AbsolutePath | None = None
     min_severity: Severity = "warning"
     timeout_s: float = Field(10.0, gt=0, le=120)
 
-    @field_validator("webhook_url_file")
-    @classmethod
-    def _one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return _inline_or_file("webhook_url", value, info)
 
-
-class PagerDutyConfig(ConfigModel):
+class PagerDutyConfig(_PagingConfig):
     """PagerDuty Events API v2: routing key inline, in a file, or from GPUMOND_PAGERDUTY_ROUTING_KEY."""
 
+    SECRET = "routing_key"
     routing_key: SecretText | None = Field(None, repr=False)
-    routing_key_file: AbsolutePath | None = Field(None, validate_default=True)
+    routing_key_file: AbsolutePath | None = None
     url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
     min_severity: Severity = "warning"
     timeout_s: float = Field(10.0, gt=0, le=120)
-
-    @field_validator("routing_key_file")
-    @classmethod
-    def _one(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return _inline_or_file("routing_key", value, info)
 
 
 class AlertingConfig(ConfigModel):

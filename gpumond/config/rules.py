@@ -94,7 +94,19 @@ class Shard:
 
 
 # ----- sections ----------------------------------------------------------------------------------
-class ScrapeConfig(ConfigModel):
+class _Polled(ConfigModel):
+    """A source read every `interval_s`, each read bounded by `timeout_s`, which may not exceed it."""
+
+    @field_validator("timeout_s", check_fields=False)
+    @classmethod
+    def _within_interval(cls, value: float, info: ValidationInfo) -> float:
+        interval = info.data.get("interval_s")
+        if interval is not None and value > interval:
+            raise ValueError(f"must be at most interval_s ({interval:g})")
+        return value
+
+
+class ScrapeConfig(_Polled):
     """Scrape gpumond agents directly: static targets and/or a Prometheus file_sd JSON file."""
 
     targets: tuple[str, ...] = Field((), strict=False)
@@ -114,36 +126,18 @@ class ScrapeConfig(ConfigModel):
             raise ValueError("a target is listed twice")
         return value
 
-
-    @field_validator("timeout_s")
-    @classmethod
-    def _within_interval(cls, value: float, info: ValidationInfo) -> float:
-        interval = info.data.get("interval_s")
-        if interval is not None and value > interval:
-            raise ValueError(f"must be at most interval_s ({interval:g})")
-        return value
-
     @property
     def enabled(self) -> bool:
         """True when there is something to scrape."""
         return bool(self.targets) or self.file_sd is not None
 
 
-class PrometheusConfig(ConfigModel):
+class PrometheusConfig(_Polled):
     """Read GPU telemetry from a Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics)."""
 
     url: HttpUrl
     interval_s: float = Field(15.0, gt=0, le=3600)
     timeout_s: float = Field(5.0, gt=0, le=600)
-
-
-    @field_validator("timeout_s")
-    @classmethod
-    def _within_interval(cls, value: float, info: ValidationInfo) -> float:
-        interval = info.data.get("interval_s")
-        if interval is not None and value > interval:
-            raise ValueError(f"must be at most interval_s ({interval:g})")
-        return value
 
 
 class TelemetryConfig(ConfigModel):
