@@ -370,31 +370,31 @@ def _flag_words(problem: str) -> str:
 
 
 def _findings(args: argparse.Namespace) -> int:
-    import json
+    from gpumond.findings_cli import fetch, table
 
-    from gpumond.findings_cli import FetchError, fetch, table
-
-    try:
-        found = fetch(args.url, {"job": args.job, "kind": args.kind, "state": args.state})
-    except FetchError as e:
-        print(f"gpumond findings: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps({"findings": found}, indent=1) if args.json else table(found))
-    return 0
+    return _read(args, "findings", lambda: fetch(args.url, {"job": args.job, "kind": args.kind,
+                                                             "state": args.state}), table)
 
 
 def _alerts(args: argparse.Namespace) -> int:
+    from gpumond.alerts_cli import fetch, table
+
+    return _read(args, "alerts", lambda: fetch(args.url, args.state), table)
+
+
+def _read(args: argparse.Namespace, key: str, fetch: Callable[[], list[dict[str, Any]]],
+          table: Callable[[list[dict[str, Any]]], str]) -> int:
+    """A read command: what the daemon answered as a table, or with --json as {key: [...]}; 1 if unreachable."""
     import json
 
-    from gpumond.alerts_cli import fetch, table
     from gpumond.findings_cli import FetchError
 
     try:
-        alerts = fetch(args.url, args.state)
+        items = fetch()
     except FetchError as e:
-        print(f"gpumond alerts: {e}", file=sys.stderr)
+        print(f"gpumond {key}: {e}", file=sys.stderr)
         return 1
-    print(json.dumps({"alerts": alerts}, indent=1) if args.json else table(alerts))
+    print(json.dumps({key: items}, indent=1) if args.json else table(items))
     return 0
 
 
