@@ -12,12 +12,12 @@ from typing import Protocol
 from gpumond import __version__
 from gpumond.agent import gpu_series
 from gpumond.agent.attribution import JobLookup, attribute, workloads
-from gpumond.agent.podresources.assign import PodRef, pods_by_device
+from gpumond.agent.podresources.assign import pods_by_device
 from gpumond.agent.podresources.client import PodSnapshot
 from gpumond.agent.dcgm import DcgmCompat
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.readings import HostReading, Series, Snapshot, SourceResult
-from gpumond.agent.sources import PartialFailure, run_source, self_series
+from gpumond.agent.sources import Cycle, PartialFailure, Source, run_sources, self_series
 from gpumond.agent.policy.view import GpuView
 from gpumond.agent.policy.views import build_views
 from gpumond.nvml.session import GpuIdentity, NvmlSession, TierRead
@@ -125,6 +125,7 @@ class Sampler:
         self.latest: Rendered | None = None
         self.last_snapshot: Snapshot | None = None
         self.cycles = 0
+        self._register()
 
     @property
     def slow_read(self) -> TierRead | None:
@@ -137,94 +138,19 @@ class Sampler:
     def slow_cycle(self) -> tuple[SourceResult, ...]:
         """ECC, remaps, limits, thresholds and job attribution; kept until the next slow cycle."""
         with self._slow_lock:
-            return self._slow_cycle()
-
-    def _slow_cycle(self) -> tuple[SourceResult, ...]:
-        reads: list[TierRead] = []
-
-        def slow() -> list[Series]:
-            read = self._session.read("slow")
-            self._slow_read = read
-            reads.append(read)
-            with self._withheld_lock:
-                self._withheld = _down(read, self._session.identities)
-            self._session.discover_mig()  # MIG can be reconfigured at any time; enumerating is cheap
-            if self._record_identities is not None:
-                self._record_identities(self._session.identities)
-            return gpu_series.tier_series(read, with_up=False)
-
-        results = [run_source("nvml_slow", slow, self._timer)]
-        pods: dict[str, tuple[PodRef, ...]] | None = None
-        if self._pods is not None:
-            found: list[dict[str, tuple[PodRef, ...]]] = []
-            results.append(run_source("pod_resources", lambda: self._pod_check(found), self._timer))
-            pods = found[0] if found else None
-        if self._dcgm is not None:
-            # After the pod check, so this cycle's slow DCGM series already carry this cycle's pods; the fast
-            # cycle's reuse them until the next slow cycle (the kubelet is never called from here).
-            self._dcgm.set_pods(pods)
-            if reads:
-                try:
-                    extra = self._dcgm.tier_series(reads[0], self._session.driver_version)
-                except Exception as e:  # isolated like any source: the slow tier fails, the scrape does not
-                    log.warning("collector failed", extra={"collector": "nvml_slow", "error": repr(e)})
-                    results[0] = replace(results[0], ok=False, error=repr(e))
-                else:
-                    results[0] = replace(results[0], series=results[0].series + tuple(extra))
-        if self._jobs is not None:
-            jobs = self._jobs
-
-            def attribution() -> list[Series]:
-                return self._attribution(jobs, pods)
-
-            results.append(run_source("jobs", attribution, self._timer))
-        self._slow = tuple(results)
-        return self._slow
-
-    def _pod_check(self, found: list[dict[str, tuple[PodRef, ...]]]) -> list[Series]:
-        """The kubelet's last answer mapped to this node's GPU and MIG UUIDs; fails when there is none."""
-        assert self._pods is not None
-        snap = self._pods.snapshot()
-        if snap is None:
-            raise PartialFailure(self._pods.error or "no pod-resources answer yet", ())
-        idents = self._idents()
-        uuids = [i.uuid for i in idents.values()] + [m.uuid for m in self._session.mig_identities]
-        found.append(pods_by_device(snap.allocations, uuids, {str(i): g.uuid for i, g in idents.items()}))
-        return []
-
-    def _attribution(self, jobs: JobLookup, pods: dict[str, tuple[PodRef, ...]] | None) -> list[Series]:
-        idents = self._idents()
-        pids = self._session.compute_pids()
-        migs = self._session.mig_identities
-        # Every known GPU, not only those whose processes NVML listed: the kubelet may name its pod anyway.
-        devices = [(ident.uuid, pids.get(index, ())) for index, ident in sorted(idents.items())]
-        if migs:
-            mig_pids = self._session.mig_compute_pids()
-            devices += [(m.uuid, mig_pids.get(m.uuid, ())) for m in migs]
-        found = attribute(devices, jobs, pods)
-        self._workloads = workloads(found, idents.values(), migs)
-        return gpu_series.job_series(found, idents, migs)
+            self._slow = tuple(run_sources(self._slow_sources, Cycle(), self._timer))
+            return self._slow
 
     def fast_cycle(self) -> Rendered:
         """Temperatures, power, clocks, utilization, XIDs, host; then render everything once."""
-        reads: list[TierRead] = []
-        results = [run_source("nvml_fast", lambda: self._fast_nvml(reads), self._timer)]
-        if reads and self._refresh_due(reads[0]):
+        cycle = Cycle()
+        results = run_sources(self._fast_sources[:1], cycle, self._timer)  # NVML first: the others use its read
+        if cycle.read is not None and self._refresh_due(cycle.read):
             self.slow_cycle()
-        if self._policy is not None and reads and reads[0].nvml_up:
-            policy, views = self._policy, build_views(reads[0], self._slow_read, self._workloads)
-            xids = self._xid.counts() if self._xid is not None else {}
-            results.append(run_source("policy", lambda: policy.cycle(views, xids), self._timer))
-        if self._session.mig_identities and reads and reads[0].nvml_up:
-            results.append(run_source("nvml_mig", self._mig_series, self._timer))
-        if self._xid is not None:
-            results.append(run_source("xid", self._xid_series, self._timer))
-        if self._host is not None:
-            host = self._host
-            results.append(run_source("host", lambda: host_series(host.read()), self._timer))
-        if reads:
+        results += run_sources(self._fast_sources[1:], cycle, self._timer)
+        if cycle.read is not None:
             with self._withheld_lock:
-                self._withheld |= _down(reads[0], self._session.identities)
+                self._withheld |= _down(cycle.read, self._session.identities)
         results.extend(_without(self._slow, self._withheld))
         snapshot = Snapshot(self._clock(), tuple(results))
         extra = self_series(results)
@@ -235,6 +161,81 @@ class Sampler:
         self.last_snapshot = snapshot
         self.cycles += 1
         return self.latest
+
+    # ----- the sources, in the order they run ----------------------------------------------------------
+    def _register(self) -> None:
+        """The fast and slow tiers' sources; an optional one is registered only when it was given."""
+        fast = [Source("nvml_fast", self._fast_nvml)]
+        slow = [Source("nvml_slow", self._slow_nvml)]
+        if self._pods is not None:
+            slow.append(Source("pod_resources", self._pod_check))
+        if self._dcgm is not None:
+            # After the pod check, so this cycle's slow DCGM series already carry this cycle's pods; the fast
+            # tier's reuse them until the next slow cycle (the kubelet is never called from the fast tier).
+            fast.append(Source("dcgm_compat_fast", self._dcgm_fast, lambda c: c.read is not None))
+            slow.append(Source("dcgm_compat_slow", self._dcgm_slow))
+        if self._policy is not None:
+            fast.append(Source("policy", self._policy_cycle, lambda c: c.nvml_up))
+        fast.append(Source("nvml_mig", self._mig_series, lambda c: c.nvml_up and bool(self._session.mig_identities)))
+        if self._xid is not None:
+            fast.append(Source("xid", self._xid_series))
+        if self._host is not None:
+            host = self._host
+            fast.append(Source("host", lambda c: host_series(host.read())))
+        if self._jobs is not None:
+            slow.append(Source("jobs", self._attribution))
+        self._fast_sources, self._slow_sources = tuple(fast), tuple(slow)
+
+    def _slow_nvml(self, cycle: Cycle) -> list[Series]:
+        read = cycle.read = self._slow_read = self._session.read("slow")
+        with self._withheld_lock:
+            self._withheld = _down(read, self._session.identities)
+        self._session.discover_mig()  # MIG can be reconfigured at any time; enumerating is cheap
+        if self._record_identities is not None:
+            self._record_identities(self._session.identities)
+        return gpu_series.tier_series(read, with_up=False)
+
+    def _pod_check(self, cycle: Cycle) -> list[Series]:
+        """The kubelet's last answer mapped to this node's GPU and MIG UUIDs; fails when there is none."""
+        assert self._pods is not None
+        snap = self._pods.snapshot()
+        if snap is None:
+            raise PartialFailure(self._pods.error or "no pod-resources answer yet", ())
+        idents = self._idents()
+        uuids = [i.uuid for i in idents.values()] + [m.uuid for m in self._session.mig_identities]
+        cycle.pods = pods_by_device(snap.allocations, uuids, {str(i): g.uuid for i, g in idents.items()})
+        return []
+
+    def _dcgm_slow(self, cycle: Cycle) -> list[Series]:
+        assert self._dcgm is not None
+        self._dcgm.set_pods(cycle.pods)
+        return [] if cycle.read is None else self._dcgm.tier_series(cycle.read, self._session.driver_version)
+
+    def _dcgm_fast(self, cycle: Cycle) -> list[Series]:
+        assert self._dcgm is not None and cycle.read is not None
+        out = self._dcgm.tier_series(cycle.read, self._session.driver_version)
+        if self._xid is not None:
+            out += self._dcgm.xid_series(self._xid.last(), self._idents().values(), self._session.driver_version)
+        return out
+
+    def _attribution(self, cycle: Cycle) -> list[Series]:
+        assert self._jobs is not None
+        idents = self._idents()
+        pids = self._session.compute_pids()
+        migs = self._session.mig_identities
+        # Every known GPU, not only those whose processes NVML listed: the kubelet may name its pod anyway.
+        devices = [(ident.uuid, pids.get(index, ())) for index, ident in sorted(idents.items())]
+        if migs:
+            mig_pids = self._session.mig_compute_pids()
+            devices += [(m.uuid, mig_pids.get(m.uuid, ())) for m in migs]
+        found = attribute(devices, self._jobs, cycle.pods)
+        self._workloads = workloads(found, idents.values(), migs)
+        return gpu_series.job_series(found, idents, migs)
+
+    def _policy_cycle(self, cycle: Cycle) -> Iterable[Series]:
+        assert self._policy is not None and cycle.read is not None
+        views = build_views(cycle.read, self._slow_read, self._workloads)
+        return self._policy.cycle(views, self._xid.counts() if self._xid is not None else {})
 
     def _refresh_due(self, fast: TierRead) -> bool:
         """Whether a GPU answers that the last slow read did not (back from lost, NVML back, or never read).
@@ -257,31 +258,25 @@ class Sampler:
         self._refreshed |= missing
         return True
 
-    def _fast_nvml(self, reads: list[TierRead]) -> list[Series]:
-        read = self._session.read("fast")
-        reads.append(read)
+    def _fast_nvml(self, cycle: Cycle) -> list[Series]:
+        read = cycle.read = self._session.read("fast")
         idents = self._idents()
         out = gpu_series.tier_series(read, with_up=True)
         out.extend(gpu_series.info_series(idents.values(), self._hostname))
         out.extend(gpu_series.error_series(self._session.errors_total, idents))
-        if self._dcgm is not None:
-            out.extend(self._dcgm.tier_series(read, self._session.driver_version))
         if not read.nvml_up:
             # NVML unusable is this collector failing, even though it still reports up=0 per GPU.
             raise PartialFailure(read.error or "nvml unavailable", out)
         return out
 
-    def _mig_series(self) -> list[Series]:
+    def _mig_series(self, cycle: Cycle) -> list[Series]:
         """Each MIG device's identity and memory (what NVML answers per instance)."""
         migs = self._session.mig_identities
         return gpu_series.mig_info_series(migs) + gpu_series.mig_memory_series(migs, self._session.read_mig())
 
-    def _xid_series(self) -> list[Series]:
+    def _xid_series(self, cycle: Cycle) -> list[Series]:
         assert self._xid is not None
-        idents = self._idents()
-        out = gpu_series.xid_series(self._xid.counts(), idents)
-        if self._dcgm is not None:
-            out.extend(self._dcgm.xid_series(self._xid.last(), idents.values(), self._session.driver_version))
+        out = gpu_series.xid_series(self._xid.counts(), self._idents())
         if not self._xid.healthy:
             raise PartialFailure(self._xid.error or "xid watcher not running", out)
         return out

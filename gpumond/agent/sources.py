@@ -1,12 +1,21 @@
-"""Per-source isolation: run one source, time it, and turn any failure into a reported result."""
+"""The agent's collectors: how one is registered, and how each runs isolated, timed and counted.
+
+As node_exporter registers collectors, the sampler holds a list of `Source`s per tier and runs each through
+`run_source`, so a failing source fails only itself (`gpumond_collector_success{collector}`), never a scrape.
+A source that needs what an earlier one read this cycle (the NVML read, the kubelet's pods) finds it on the
+`Cycle`; adding a source is one `Source(name, collect)` in the sampler's list.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
+from gpumond.agent.podresources.assign import PodRef
 from gpumond.agent.readings import Series, SourceResult
+from gpumond.nvml.session import TierRead
 
 log = logging.getLogger("gpumond.agent")
 
@@ -17,6 +26,38 @@ class PartialFailure(RuntimeError):
     def __init__(self, message: str, series: Iterable[Series]) -> None:
         super().__init__(message)
         self.series = tuple(series)
+
+
+@dataclass(slots=True)
+class Cycle:
+    """What one cycle's earlier sources read for the later ones."""
+
+    read: TierRead | None = None  # this tier's NVML read (the nvml source runs first)
+    pods: Mapping[str, tuple[PodRef, ...]] | None = None  # device UUID → containers (slow tier; None: unknown)
+
+    @property
+    def nvml_up(self) -> bool:
+        """Whether this cycle's NVML read answered."""
+        return self.read is not None and self.read.nvml_up
+
+
+def _always(cycle: Cycle) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One collector: its name (the `collector` label), what it emits, and whether it runs this cycle."""
+
+    name: str
+    collect: Callable[[Cycle], Iterable[Series]]
+    runs: Callable[[Cycle], bool] = _always
+
+
+def run_sources(sources: Iterable[Source], cycle: Cycle,
+                timer: Callable[[], float] = time.perf_counter) -> list[SourceResult]:
+    """Each source that runs this cycle, in order, isolated by `run_source`."""
+    return [run_source(s.name, lambda s=s: s.collect(cycle), timer) for s in sources if s.runs(cycle)]
 
 
 def run_source(name: str, produce: Callable[[], Iterable[Series]],

@@ -152,3 +152,24 @@ def test_without_pod_resources_nothing_changes(node) -> None:
     by_gpu = dcgm_series(sampler)
     assert sorted(by_gpu) == ["0", "1", "2", "3"]
     assert all(pods_of(series) == {("", "", "")} for series in by_gpu.values())
+
+
+class BrokenDcgm(DcgmCompat):
+    """A compatibility layer whose conversion raises, as a bug in it would."""
+
+    def tier_series(self, read, driver_version):
+        raise RuntimeError("bug in the dcgm catalogue")
+
+
+def test_a_failing_dcgm_layer_fails_only_itself(node) -> None:
+    _, session, _, xid = node
+    sampler = Sampler(session, hostname="n", xid=xid, dcgm=BrokenDcgm(hostname="n"))
+    sampler.slow_cycle()
+    sampler.fast_cycle()
+    assert sampler.last_snapshot is not None
+    ok = {r.source: r.ok for r in sampler.last_snapshot.results}
+    assert ok == {"nvml_fast": True, "dcgm_compat_fast": False, "nvml_mig": True, "xid": True, "nvml_slow": True,
+                  "dcgm_compat_slow": False}
+    names = {s.name for r in sampler.last_snapshot.results for s in r.series}
+    assert "gpumond_gpu_temperature_celsius" in names and "gpumond_gpu_power_limit_watts" in names
+    assert not any(n.startswith("DCGM_FI_") for n in names)
