@@ -1,6 +1,6 @@
 """Before/after harness for detector changes: the same fault scenarios and fault-free runs, one summary.
 
-    PYTHONPATH=/path/to/patched-copy:/work/main python benchmarks/detection/experiment.py NAME 0,1
+    PYTHONPATH=/path/to/patched-copy:/path/to/this/repo python benchmarks/detection/experiment.py NAME 0,1
 
 Run it as a script (not `-m` from the repo root, where the repo's own gpumond would shadow the copy).
 Seeds are comma-separated; each seed runs every fault scenario on a 32-node job and the seven negative

@@ -37,6 +37,12 @@ SCALING_FULL = (128, 512, 2048, 8192, 32768, 131072)
 SCALING_QUICK = (128, 512, 2048)
 
 
+
+def _where(path: Path) -> str:
+    """`path` relative to the repository when it is inside it (a result file names no machine's paths)."""
+    root = Path(__file__).resolve().parents[2]
+    return path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else path.name
+
 def plan(quick: bool, seeds: int) -> list[Scenario]:
     """Every scenario of the run, longest first (so the pool finishes together)."""
     out: list[Scenario] = []
@@ -129,7 +135,7 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
     ]
     n_runs = len(results)
     lines += [f"# Detection benchmark{' (quick: a smoke test, numbers not to be quoted)' if args.quick else ''}", "",
-              _bench.machine_block({"detectors": f"`{Path(engine.__file__).parent}`"
+              _bench.machine_block({"detectors": f"`{_where(Path(engine.__file__).parent)}`"
                                                  + ("; ranks push no comm_wait_s (telemetry only)"
                                                     if _CLUSTER_KW.get("comm_wait") is False
                                                     else "; ranks push comm_wait_s"),

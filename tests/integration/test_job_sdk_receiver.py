@@ -37,7 +37,7 @@ GPU = "GPU-00000000-0000-4000-8000-000000000007"
 
 
 def contract_errors(payload: object) -> list[str]:
-    """Everything about a push body that the DESIGN.md contract does not allow, by field."""
+    """Everything about a push body that the push API (docs/rules-api.md) does not allow, by field."""
     if not isinstance(payload, dict):
         return ["body: not an object"]
     errors = [f"{k}: unexpected or missing" for k in set(TOP_KEYS) ^ set(payload)]

@@ -14,7 +14,7 @@ from tests.unit.test_gpu_series import by_name, read_of
 G0 = GpuIdentity(0, "GPU-aaa", "NVIDIA H100 80GB HBM3", "00000000:18:00.0", minor=2)
 G1 = GpuIdentity(1, "GPU-bbb", "NVIDIA H100 80GB HBM3", "00000000:2A:00.0")
 
-# dcgm-exporter's default-counters.csv (the fields NVML can give; REFERENCES.md, dcgm-exporter section).
+# dcgm-exporter's default-counters.csv (etc/default-counters.csv in NVIDIA/dcgm-exporter): the fields NVML can give.
 DCGM_DEFAULT_NVML_FIELDS = {
     "DCGM_FI_DEV_SM_CLOCK": "gauge", "DCGM_FI_DEV_MEM_CLOCK": "gauge",
     "DCGM_FI_DEV_GPU_TEMP": "gauge", "DCGM_FI_DEV_MEMORY_TEMP": "gauge",

@@ -47,7 +47,7 @@ def resolve_persistent_limit(view: GpuView, cfg: PowerLimitConfig) -> LimitResol
         asked = f"{watts:g} W"
     low, high = view.limit_min_w, view.limit_max_w
     if low is None or high is None:
-        # Setting a limit we cannot bound is exactly the unsafe actuation DESIGN.md forbids.
+        # A limit we cannot bound is never set: bounds come from NVML's constraints (docs/policy.md).
         return _error(source, f"{asked} cannot be checked: the GPU does not report its power-limit "
                               "constraints; not applied")
     bounds = f"(NVML constraints {low:g}–{high:g} W)"
