@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from gpumond.nvml.calls import READERS, Reader
+from gpumond.nvml.calls import READERS
 from gpumond.types import Labels
 
 # Clock-event reason bits (nvmlClocksEventReason*), named as they are exported.
@@ -64,8 +64,3 @@ def load_catalogue(text: str | None = None) -> tuple[Field, ...]:
 
 
 CATALOGUE: tuple[Field, ...] = load_catalogue()
-
-
-def readers_for(tier: str) -> tuple[Reader, ...]:
-    """The readers of one sampling tier, in catalogue order."""
-    return tuple(r for r in READERS if r.tier == tier)

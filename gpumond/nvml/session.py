@@ -453,17 +453,6 @@ class NvmlSession:
                 raise SetFailed("not_applied", f"asked {milliwatts} mW, driver reports {back} mW")
             return back / 1000.0
 
-    def get_power_limit(self, index: int) -> float:
-        """The power management limit currently requested from the driver, in watts."""
-        with self._lock:
-            g = self._gpu(index)
-            try:
-                return pynvml.nvmlDeviceGetPowerManagementLimit(g.handle) / 1000.0
-            except pynvml.NVMLError as e:
-                if classify(e) is Disposition.GPU_LOST:
-                    self._mark_lost(g, "nvmlDeviceGetPowerManagementLimit")
-                raise SetFailed(_SET_KIND.get(classify(e), error_name(e)), str(e)) from None
-
     def _gpu(self, index: int) -> _GpuState:
         for g in self._gpus:
             if g.identity.index == index:

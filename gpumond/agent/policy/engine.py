@@ -38,10 +38,6 @@ class Actuator(Protocol):
     def set_power_limit(self, index: int, watts: float) -> float: ...
 
 
-class PolicyStartError(RuntimeError):
-    """The policy cannot start as configured (a limit outside this GPU's constraints); one line."""
-
-
 @dataclass(slots=True)
 class _Gpu:
     thermal: ThermalState = field(default_factory=ThermalState)

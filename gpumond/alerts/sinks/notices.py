@@ -83,11 +83,6 @@ class NoticeSink(WorkerSink):
     def depth(self) -> int:
         return self._depth
 
-    @property
-    def open_notices(self) -> dict[str, Alert]:
-        """Alerts this sink told people about and has not yet resolved."""
-        return dict(self._open)
-
     def step(self, snapshot: Snapshot, now: float) -> float | None:
         if now < self._retry_at:
             return self._retry_at
