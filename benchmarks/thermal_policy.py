@@ -53,7 +53,7 @@ import _bench  # noqa: E402
 from gpumond.agent.policy.audit import AuditLog  # noqa: E402
 from gpumond.agent.policy.engine import PolicyEngine  # noqa: E402
 from gpumond.agent.policy.state_file import StateFile  # noqa: E402
-from gpumond.agent.policy.views import build_views  # noqa: E402
+from gpumond.agent.policy.view import build_views  # noqa: E402
 from gpumond.config import PolicyConfig  # noqa: E402
 from gpumond.nvml.session import NvmlSession  # noqa: E402
 from gpumond.nvml.sim import ManualClock, SimulatedNvml  # noqa: E402

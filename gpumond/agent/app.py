@@ -26,7 +26,7 @@ from gpumond.agent.metrics import metric_types
 from gpumond.agent.policy.audit import AuditLog
 from gpumond.agent.policy.engine import PolicyEngine
 from gpumond.agent.policy.state_file import StateFile
-from gpumond.agent.policy.views import build_views
+from gpumond.agent.policy.view import build_views
 from gpumond.agent.sampler import Sampler
 from gpumond.agent.server import AgentApp
 from gpumond.alerts.pipeline import AlertPipeline

@@ -18,8 +18,7 @@ from gpumond.agent.dcgm import DcgmCompat
 from gpumond.agent.exposition import Rendered, Renderer
 from gpumond.agent.readings import HostReading, Series, Snapshot, SourceResult
 from gpumond.agent.sources import Cycle, PartialFailure, Source, run_sources, self_series
-from gpumond.agent.policy.view import GpuView
-from gpumond.agent.policy.views import build_views
+from gpumond.agent.policy.view import GpuView, build_views
 from gpumond.nvml.session import GpuIdentity, NvmlSession, TierRead
 
 log = logging.getLogger("gpumond.agent")

@@ -9,7 +9,7 @@ import pytest
 from gpumond.agent.policy.audit import AuditLog
 from gpumond.agent.policy.engine import PolicyEngine
 from gpumond.agent.policy.state_file import StateFile
-from gpumond.agent.policy.views import build_views
+from gpumond.agent.policy.view import build_views
 from gpumond.config import PolicyConfig
 from gpumond.nvml.session import NvmlSession
 from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml
