@@ -104,9 +104,9 @@ class RankStore:
     # ----- writing ---------------------------------------------------------------------------------
     def add(self, info: RankInfo, steps: Sequence[StepRecord], now: float) -> int:
         """Record a push; return how many steps were new and kept. Raises CapExceeded (nothing stored)."""
-        return self.store(info, steps, now).accepted
+        return self.record(info, steps, now).accepted
 
-    def store(self, info: RankInfo, steps: Sequence[StepRecord], now: float) -> Stored:
+    def record(self, info: RankInfo, steps: Sequence[StepRecord], now: float) -> Stored:
         """Record a push; say what was kept and what was not, and why. Raises CapExceeded (nothing stored)."""
         cutoff = now - self.window_s
         with self._lock:

@@ -55,7 +55,7 @@ def test_a_valid_push_is_stored_and_counted() -> None:
     assert reply == Reply(202, {"accepted": 3})
     assert ingest.accept(CLIENT, body(count=3)) == Reply(202, {"accepted": 0})  # idempotent
     assert ingest.stats.requests(202) == 2
-    assert [r.step for r in ingest.store.jobs(NOW)["j"][0].steps] == [0, 1, 2]
+    assert [r.step for r in ingest.ranks.jobs(NOW)["j"][0].steps] == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_a_cap_refusal_is_429_with_retry_after_and_names_the_cap() -> None:
     assert reply.status == 429 and reply.body["cap"] == "jobs" and dict(reply.headers) == {"Retry-After": "30"}
     assert str(reply.body["error"]).startswith("jobs cap reached: 1 jobs held (limits.max_jobs); new job 'b' refused")
     assert ingest.accept(CLIENT, body(job="a", first=5)).status == 202
-    assert ingest.store.counts().refused["jobs"] == 1
+    assert ingest.ranks.counts().refused["jobs"] == 1
 
 
 def test_limits_come_from_the_config() -> None:
@@ -145,7 +145,7 @@ def test_limits_come_from_the_config() -> None:
 def test_stats_series_cover_requests_steps_caps_and_sizes() -> None:
     ingest, _ = make(max_jobs=1)
     gpus = GpuStore(window_s=60, expire_after_s=120, max_gpus=8, max_samples=4)
-    stats = IngestStats(ingest.store, gpus)
+    stats = IngestStats(ingest.ranks, gpus)
     ingest.stats = stats
     ingest.accept(CLIENT, body(job="a", count=4))
     ingest.accept(CLIENT, body(job="a", count=4))

@@ -101,18 +101,18 @@ def test_the_global_step_cap_makes_full_ranks_roll_their_own_window() -> None:
 
 def test_a_push_longer_than_a_rank_window_names_the_steps_it_cannot_keep() -> None:
     s = store(max_steps_per_rank=10)
-    stored = s.store(info(), steps(0, 25), NOW)
+    stored = s.record(info(), steps(0, 25), NOW)
     assert (stored.accepted, stored.dropped()) == (10, {"per_rank_window": 15})
     assert held(s) == list(range(15, 25))
     c = s.counts()
     assert c.steps_per_rank_window == 15 and c.steps_refused == 0  # not "no room under max_steps_held"
-    assert s.store(info(), steps(25, 3, end=NOW + 1), NOW + 1).dropped() == {}  # an ordinary push rolls
+    assert s.record(info(), steps(25, 3, end=NOW + 1), NOW + 1).dropped() == {}  # an ordinary push rolls
 
 
 def test_the_global_cap_names_the_new_steps_it_had_no_room_for() -> None:
     s = store(max_steps_held=20, max_steps_per_rank=100)
     s.add(info(rank=0), steps(0, 15), NOW)
-    stored = s.store(info(rank=1), steps(0, 15), NOW)
+    stored = s.record(info(rank=1), steps(0, 15), NOW)
     assert (stored.accepted, stored.dropped()) == (5, {"steps_held": 10})
 
 

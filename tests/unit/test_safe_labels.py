@@ -39,7 +39,7 @@ def test_the_push_api_refuses_an_unsafe_label_naming_field_and_character(field: 
     assert message.startswith(f"{field}: must not contain control characters, line separators or bidirectional "
                               f"controls (found U+{ord(char):04X})"), message
     assert UNSAFE.search(message) is None  # the refusal itself quotes the value escaped
-    assert ingest.store.counts().ranks == 0
+    assert ingest.ranks.counts().ranks == 0
 
 
 def test_ordinary_unicode_labels_are_accepted() -> None:

@@ -96,7 +96,7 @@ def test_a_misrouted_push_is_refused_before_anything_is_stored_and_counted_by_ow
         "error": f"job {job!r} belongs to shard 3 of 4 (crc32(job) mod 4), not this replica (1/4): push to "
                  f"shard 3; the job SDK routes by itself with GPUMOND_SHARDS=4 and {{shard}} in GPUMOND_ENDPOINT",
         "shard": 3, "shards": 4}
-    assert ingest.store.counts().jobs == 0 and ingest.store.counts().steps_accepted == 0
+    assert ingest.ranks.counts().jobs == 0 and ingest.ranks.counts().steps_accepted == 0
     series = {(s.name, s.labels): s.value for s in ingest.stats.series()}
     assert series[("gpumond_rules_push_requests_total", (("code", "421"),))] == 1
     assert series[("gpumond_rules_push_misrouted_total", (("shard", "3"),))] == 1

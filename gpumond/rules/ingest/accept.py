@@ -55,7 +55,7 @@ class Ingest:
     def __init__(self, *, config: RulesConfig, store: RankStore, clock: Callable[[], float],
                  stats: IngestStats | None = None) -> None:
         limits = config.limits
-        self.store = store
+        self.ranks = store
         self.stats = stats or IngestStats(store)
         self.max_body_bytes = limits.max_body_bytes
         self.model = push_model(limits.max_string_len, limits.max_steps_per_push)
@@ -112,7 +112,7 @@ class Ingest:
                                         f"{push.node!r}")
         info = push.rank_info()
         try:
-            stored = self.store.store(info, records, now)
+            stored = self.ranks.record(info, records, now)
         except CapExceeded as err:
             self._warn(f"cap:{err.cap}", "push refused: cap reached", cap=err.cap, job=info.job, client=client.identity)
             self.stats.count(CAP_STATUS)
