@@ -6,10 +6,10 @@ nothing, or half a request line, or a body byte a minute, is held forever, and ~
 does not help: it answers 503 to *requests* once that many connections exist, so idle attackers would get
 real scrapes refused. What is added here:
 
-- a **head timeout**: a request's head (request line and headers) must be complete within `head_timeout_s`
+- a **head timeout**: a request's head (request line and headers) must be complete within `header_timeout_s`
   of the connection opening, or of the request's first byte on a kept-alive connection;
 - a **body timeout**: the body must be complete within `body_timeout_s` of the head;
-- the **keep-alive idle timeout** is uvicorn's (`keep_alive_s`), closing with `abort()` when the client
+- the **keep-alive idle timeout** is uvicorn's (`keepalive_timeout_s`), closing with `abort()` when the client
   has not read our response, since `close()` would wait for it forever;
 - a **write timeout**: a connection whose writes the transport has paused (the client does not read what
   we send, e.g. it pipelines requests and never reads) for `write_timeout_s` is aborted. uvicorn waits on
@@ -46,10 +46,10 @@ _UNLIMITED_CAP = 65_536
 class ConnectionLimits:
     """Timeouts and the connection cap of one server (config: the `http:` section of either daemon)."""
 
-    head_timeout_s: float = 10.0
+    header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     # Above the job SDK's 5 s push interval and usual scrape intervals, so clients reuse their connection.
-    keep_alive_s: float = 75.0
+    keepalive_timeout_s: float = 75.0
     # Long enough for a slow but reading client to take a large /metrics; a client that reads nothing for
     # this long is not a scraper.
     write_timeout_s: float = 30.0
@@ -167,7 +167,7 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
                     "cap": guard.cap, "closed": kind, "total": guard.stats.evicted})
                 victim._close("evicted")
             guard.waiting[self] = None
-            self._arm("head", guard.limits.head_timeout_s)
+            self._arm("head", guard.limits.header_timeout_s)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
@@ -184,7 +184,7 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
             guard.forget(self)
             if self.conn.trailing_data[0]:  # part of the next request already arrived: its head is due
                 guard.waiting[self] = None
-                self._arm("head", guard.limits.head_timeout_s)
+                self._arm("head", guard.limits.header_timeout_s)
             else:  # uvicorn's keep-alive timer runs now
                 guard.kept[self] = None
 
@@ -235,7 +235,7 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
                 if self._phase is None:  # the first bytes of a request on a kept-alive connection
                     guard.kept.pop(self, None)
                     guard.waiting[self] = None
-                    self._arm("head", guard.limits.head_timeout_s)
+                    self._arm("head", guard.limits.header_timeout_s)
                 return
             guard.forget(self)  # a request head arrived: busy until its response is complete
             if state is h11.SEND_BODY:
@@ -261,7 +261,7 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
             if phase == "head":
                 guard.stats.head_timeouts += 1
                 log.warning("connection closed: request head not complete in time", extra={
-                    "timeout_s": guard.limits.head_timeout_s, "total": guard.stats.head_timeouts,
+                    "timeout_s": guard.limits.header_timeout_s, "total": guard.stats.head_timeouts,
                     "client": _peer(self)})
             else:
                 guard.stats.body_timeouts += 1

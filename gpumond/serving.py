@@ -63,7 +63,7 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
     # httptools protocol, so gpumond does not depend on httptools (it would halve CPU per push and per scrape:
     # benchmarks/RESULTS.md), and does not use it when it happens to be installed.
     cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False,
-                         http=protocol, timeout_keep_alive=limits.keep_alive_s,
+                         http=protocol, timeout_keep_alive=limits.keepalive_timeout_s,
                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     try:
         _Server(cfg).run(sockets=[sock])

@@ -21,7 +21,7 @@ from gpumond.serving import bind
 
 pytestmark = pytest.mark.integration
 
-LIMITS = ConnectionLimits(head_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=0.5, max_connections=4)
+LIMITS = ConnectionLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=0.5, max_connections=4)
 WAIT_S = 10.0
 
 
@@ -46,7 +46,7 @@ def serving(limits: ConnectionLimits = LIMITS) -> Iterator[tuple[int, Connection
     port = sock.getsockname()[1]
     protocol, stats = guarded_protocol(limits)
     server = uvicorn.Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
-                                           http=protocol, timeout_keep_alive=limits.keep_alive_s))
+                                           http=protocol, timeout_keep_alive=limits.keepalive_timeout_s))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     deadline = time.monotonic() + WAIT_S
@@ -147,7 +147,7 @@ def test_a_body_that_never_completes_is_closed_after_the_body_timeout() -> None:
 
 
 def test_past_the_cap_the_longest_waiting_idle_connection_makes_room() -> None:
-    with serving(ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, max_connections=4)) \
+    with serving(ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=4)) \
             as (port, stats):
         idle = [connect(port) for _ in range(4)]
         time.sleep(0.2)  # the server has accepted them all
@@ -159,7 +159,7 @@ def test_past_the_cap_the_longest_waiting_idle_connection_makes_room() -> None:
 
 
 def test_past_the_cap_with_every_connection_busy_the_newest_is_shed() -> None:
-    with serving(ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, max_connections=2)) \
+    with serving(ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=2)) \
             as (port, stats):
         # two requests whose bodies are still arriving: busy, not idle
         busy = [connect(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab") for _ in range(2)]
@@ -174,7 +174,7 @@ def test_past_the_cap_with_every_connection_busy_the_newest_is_shed() -> None:
 
 
 def test_a_client_that_pipelines_and_never_reads_is_closed_after_the_write_timeout() -> None:
-    with serving(ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, write_timeout_s=0.5,
+    with serving(ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, write_timeout_s=0.5,
                                   max_connections=4)) as (port, stats):
         s = never_reading(port)
         # the request is complete and its answer is being written: only the write timeout can end it
@@ -186,7 +186,7 @@ def test_a_client_that_pipelines_and_never_reads_is_closed_after_the_write_timeo
 
 
 def test_past_the_cap_a_connection_whose_client_does_not_read_makes_room() -> None:
-    with serving(ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, write_timeout_s=30,
+    with serving(ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, write_timeout_s=30,
                                   max_connections=2)) as (port, stats):
         stuck = [never_reading(port) for _ in range(2)]
         time.sleep(0.5)  # both answers are written until the transport pauses
@@ -220,7 +220,7 @@ def test_a_flood_of_one_kind_of_closing_does_not_hide_another_kinds_warning() ->
     logger = logging.getLogger("gpumond.serving")
     logger.addHandler(handler)
     try:
-        with serving(ConnectionLimits(head_timeout_s=0.2, body_timeout_s=30, keep_alive_s=30,
+        with serving(ConnectionLimits(header_timeout_s=0.2, body_timeout_s=30, keepalive_timeout_s=30,
                                       max_connections=2)) as (port, stats):
             for _ in range(6):  # more head timeouts than the burst lets through
                 with connect(port) as s:

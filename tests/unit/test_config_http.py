@@ -13,7 +13,7 @@ SET = {"max_connections": 100, "header_timeout_s": 1.5, "body_timeout_s": 2.5, "
 
 def test_every_key_reaches_the_guard() -> None:
     assert HttpConfig.model_validate(SET).limits() == ConnectionLimits(
-        head_timeout_s=1.5, body_timeout_s=2.5, keep_alive_s=3.5, write_timeout_s=4.5, max_connections=100)
+        header_timeout_s=1.5, body_timeout_s=2.5, keepalive_timeout_s=3.5, write_timeout_s=4.5, max_connections=100)
 
 
 def test_the_defaults_are_the_guards() -> None:
