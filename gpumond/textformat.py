@@ -8,6 +8,7 @@ thirds of the agent's sample cycle (benchmarks/results/agent_sample_cycle.md).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 
@@ -16,6 +17,7 @@ from prometheus_client.utils import floatToGoString
 from gpumond.safetext import UNSAFE
 from gpumond.types import Labels, Series
 
+log = logging.getLogger("gpumond")
 _MAX_CACHED = 100_000  # series identities; far above any node's, bounded so churn cannot grow memory
 
 
@@ -45,12 +47,21 @@ class Encoder:
         self._types = types
         self._prefixes: dict[tuple[str, Labels], str] = {}
         self._headers: dict[str, str] = {}
+        self.undeclared: set[str] = set()  # names seen without a declaration (logged once each, left out)
 
-    def _header(self, name: str) -> str:
+    def _header(self, name: str) -> str | None:
+        """The HELP and TYPE lines of a family; None for a name not declared in `types`."""
         h = self._headers.get(name)
         if h is None:
-            kind, help_ = self._types.get(name, ("gauge", ""))
-            h = f"# HELP {name} {_help_text(help_)}\n# TYPE {name} {kind}\n"
+            declared = self._types.get(name)
+            if declared is None:
+                # A bug (a source emitting a name nobody declared), not a reason to fail the scrape; but an
+                # untyped series with an empty HELP is not exported silently either.
+                if name not in self.undeclared:
+                    self.undeclared.add(name)
+                    log.error("series not exported: its metric is not declared", extra={"metric": name})
+                return None
+            h = f"# HELP {name} {_help_text(declared[1])}\n# TYPE {name} {declared[0]}\n"
             self._headers[name] = h
         return h
 
@@ -74,9 +85,13 @@ class Encoder:
         out: list[str] = []
         last = None
         prefix = self._prefix
+        header: str | None = None
         for s in ordered:
             if s.name != last:
-                out.append(self._header(s.name))
+                header = self._header(s.name)
+                if header is not None:
+                    out.append(header)
                 last = s.name
-            out.append(prefix(s.name, s.labels) + floatToGoString(s.value) + "\n")
+            if header is not None:
+                out.append(prefix(s.name, s.labels) + floatToGoString(s.value) + "\n")
         return "".join(out).encode("utf-8")

@@ -98,3 +98,16 @@ def test_encoder_is_byte_identical_to_prometheus_client(rows):
     r = Renderer()
     assert r.encode(series) == reference(series, metric_types())
     assert r.encode(series) == reference(series, metric_types())  # and again from the warm cache
+
+
+def test_an_undeclared_metric_is_left_out_and_logged_once(caplog) -> None:
+    from gpumond.textformat import Encoder
+
+    enc = Encoder({"declared": ("gauge", "A declared gauge.")})
+    series = [Series("declared", (), 1.0), Series("oops_undeclared", (("gpu", "0"),), 2.0),
+              Series("oops_undeclared", (("gpu", "1"),), 3.0)]
+    with caplog.at_level("ERROR", logger="gpumond"):
+        assert enc.encode(series) == b"# HELP declared A declared gauge.\n# TYPE declared gauge\ndeclared 1.0\n"
+        enc.encode(series)
+    assert enc.undeclared == {"oops_undeclared"}
+    assert [r.getMessage() for r in caplog.records].count("series not exported: its metric is not declared") == 1

@@ -85,7 +85,7 @@ def test_log_lines_escape_unsafe_characters_in_message_fields_and_exceptions(fmt
 
 
 def test_metrics_label_values_show_unsafe_characters_as_codes() -> None:
-    out = Encoder({}).encode([Series("gpumond_finding", (("job", "a\u2028b\u202ec\\u"), ("node", 'n"1\n')), 1.0)])
+    out = Encoder({"gpumond_finding": ("gauge", "A finding.")}).encode([Series("gpumond_finding", (("job", "a\u2028b\u202ec\\u"), ("node", 'n"1\n')), 1.0)])
     text = out.decode()
     assert text.count("\n") == 3  # HELP, TYPE, one sample: nothing split the sample line
     assert UNSAFE.search(text.replace("\n", "")) is None
