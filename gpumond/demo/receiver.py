@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from types import MappingProxyType
 from typing import Any, Literal
 
 import uvicorn
@@ -32,7 +31,6 @@ KINDS: tuple[Kind, ...] = ("slack", "pagerduty", "alertmanager")
 
 MAX_BODY_BYTES = 1 << 20
 MAX_RECORDS = 10_000
-MAX_HANG_S = 300.0
 
 # Slack's documented limits (Block Kit reference, incoming-webhook docs).
 SLACK_TEXT_MAX = 40_000
@@ -49,9 +47,9 @@ SLACK_BLOCK_TYPES = frozenset({
     "table", "video",
 })
 SLACK_TEXT_TYPES = frozenset({"plain_text", "mrkdwn"})
-# What Slack answers with each status when a script gives no body (its documented error strings).
-_SLACK_STATUS_BODY = {200: "ok", 400: "invalid_payload", 403: "action_prohibited", 404: "channel_not_found",
-                      410: "channel_is_archived", 429: "rate_limited", 500: "rollup_error"}
+# What Slack answers with each status (its documented error strings).
+SLACK_STATUS_BODY = {200: "ok", 400: "invalid_payload", 403: "action_prohibited", 404: "channel_not_found",
+                     410: "channel_is_archived", 429: "rate_limited", 500: "rollup_error"}
 
 # PagerDuty Events API v2 (developer docs: "Send an Alert Event", "Events API v2 Overview").
 PD_ROUTING_KEY_LEN = 32
@@ -61,35 +59,6 @@ PD_ACTIONS = ("trigger", "acknowledge", "resolve")
 PD_SEVERITIES = ("critical", "error", "warning", "info")
 
 AM_STATUSES = ("firing", "resolved")
-
-
-@dataclass(frozen=True)
-class Respond:
-    """A planned answer: this status, optional body (str, bytes or JSON-able mapping/list) and headers."""
-
-    status: int
-    body: str | bytes | Mapping[str, Any] | list[Any] | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not 100 <= self.status <= 599:
-            raise ValueError(f"Respond status must be an HTTP status 100-599 (got {self.status})")
-        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
-
-
-@dataclass(frozen=True)
-class Hang:
-    """A planned stall: wait `seconds` (ended early by stop()), then answer `then`, or normally if None."""
-
-    seconds: float
-    then: Respond | None = None
-
-    def __post_init__(self) -> None:
-        if not 0 < self.seconds <= MAX_HANG_S:
-            raise ValueError(f"Hang seconds must be in (0, {MAX_HANG_S:g}] (got {self.seconds})")
-
-
-Scripted = Respond | Hang
 
 
 @dataclass(frozen=True)
@@ -105,7 +74,7 @@ class Record:
     status: int
     error: str | None = None  # why the payload is invalid (Slack code / PagerDuty message); None when valid
     errors: tuple[str, ...] = ()  # every problem found, with where it is
-    scripted: bool = False  # the answer came from script(), not from validation
+    scripted: bool = False  # the answer was planned by a test (Receiver.planned), not found by validation
     dedup_key: str | None = None  # PagerDuty: the key answered (the sender's, or one we generated)
 
     @property
@@ -135,13 +104,16 @@ class Record:
 
 
 @dataclass(frozen=True)
-class _Verdict:
+class Verdict:
+    """How the receiver answers one request: what the real service would say about its body."""
+
     status: int
-    body: bytes
+    body: bytes | str
     media_type: str
     error: str | None = None
     errors: tuple[str, ...] = ()
     dedup_key: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def _reject_constant(name: str) -> Any:
@@ -244,9 +216,9 @@ def _slack_block(block: Any, where: str) -> list[str]:
     return errs
 
 
-def _slack(raw: bytes, content_type: str) -> _Verdict:
-    def bad(code: str, *why: str) -> _Verdict:
-        return _Verdict(400, code.encode(), "text/plain", code, why)
+def _slack(raw: bytes, content_type: str) -> Verdict:
+    def bad(code: str, *why: str) -> Verdict:
+        return Verdict(400, code.encode(), "text/plain", code, why)
 
     obj, why = _parse_object(raw, content_type)
     if obj is None:
@@ -277,7 +249,7 @@ def _slack(raw: bytes, content_type: str) -> _Verdict:
                 for e in _slack_block(b, f"attachments[{i}].blocks[{j}]")]
         if errs:
             return bad("invalid_attachments", *errs)
-    return _Verdict(200, b"ok", "text/plain")
+    return Verdict(200, b"ok", "text/plain")
 
 
 # --- PagerDuty Events API v2 ------------------------------------------------------------------------------
@@ -350,15 +322,15 @@ def _pagerduty_errors(ev: Mapping[str, Any]) -> list[str]:
     return errs
 
 
-def _pagerduty(raw: bytes, content_type: str, new_key: Callable[[], str]) -> _Verdict:
+def _pagerduty(raw: bytes, content_type: str, new_key: Callable[[], str]) -> Verdict:
     ev, why = _parse_object(raw, content_type)
     errs = _pagerduty_errors(ev) if ev is not None else [why or "unreadable body"]
     if ev is None or errs:
         body = {"status": "invalid event", "message": "Event object is invalid", "errors": errs}
-        return _Verdict(400, json.dumps(body).encode(), "application/json", "Event object is invalid", tuple(errs))
+        return Verdict(400, json.dumps(body).encode(), "application/json", "Event object is invalid", tuple(errs))
     dedup = ev.get("dedup_key") or new_key()
     body = {"status": "success", "message": "Event processed", "dedup_key": dedup}
-    return _Verdict(202, json.dumps(body).encode(), "application/json", dedup_key=dedup)
+    return Verdict(202, json.dumps(body).encode(), "application/json", dedup_key=dedup)
 
 
 # --- Alertmanager webhook_configs payload -----------------------------------------------------------------
@@ -408,13 +380,13 @@ def _alertmanager_errors(msg: Mapping[str, Any]) -> list[str]:
     return errs
 
 
-def _alertmanager(raw: bytes, content_type: str) -> _Verdict:
+def _alertmanager(raw: bytes, content_type: str) -> Verdict:
     msg, why = _parse_object(raw, content_type)
     errs = _alertmanager_errors(msg) if msg is not None else [why or "unreadable body"]
     if msg is None or errs:
-        return _Verdict(400, ("invalid webhook payload: " + "; ".join(errs)).encode(), "text/plain",
+        return Verdict(400, ("invalid webhook payload: " + "; ".join(errs)).encode(), "text/plain",
                         "invalid webhook payload", tuple(errs))
-    return _Verdict(200, b"ok", "text/plain")
+    return Verdict(200, b"ok", "text/plain")
 
 
 # --- rendering --------------------------------------------------------------------------------------------
@@ -494,11 +466,14 @@ def describe(record: Record) -> str:
 # --- the server -------------------------------------------------------------------------------------------
 
 class Receiver:
-    """Slack / PagerDuty / Alertmanager-webhook endpoints on 127.0.0.1, recording every request, scriptable."""
+    """Slack / PagerDuty / Alertmanager-webhook endpoints on 127.0.0.1, recording every request.
+
+    A test that needs a misbehaving service overrides `planned` (tests/scripted_receiver.py).
+    """
 
     # uvicorn + Starlette rather than http.server: the daemons' own HTTP stack (a real HTTP/1.1 server with
     # keep-alive, so senders' connection reuse is exercised as against the real
-    # services), and a Hang is an awaitable that stop() cancels, with no thread parked per stalled request.
+    # services), and a stalled answer is an awaitable that stop() cancels, with no thread parked per request.
 
     def __init__(self, port: int = 0, *, max_body: int = MAX_BODY_BYTES, max_records: int = MAX_RECORDS,
                  on_notification: Callable[[Record], None] | None = None,
@@ -513,7 +488,6 @@ class Receiver:
         self._records: deque[Record] = deque(maxlen=max_records)
         self._dropped = 0
         self._seq = 0
-        self._scripts: dict[Kind, deque[Scripted]] = {k: deque() for k in KINDS}
         self._thread: threading.Thread | None = None
         self._server: uvicorn.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -664,29 +638,14 @@ class Receiver:
                 f"within {timeout:g} s; received {seen}{last}")
 
     def clear(self) -> None:
-        """Forget every record, the dropped count and any scripted answers not yet used."""
+        """Forget every record and the dropped count."""
         with self._cond:
             self._records.clear()
             self._dropped = 0
-            for q in self._scripts.values():
-                q.clear()
 
-    def script(self, kind: Kind, *responses: Scripted) -> None:
-        """Queue planned answers for `kind`, used one per request in order; then normal behaviour resumes."""
-        _check_kind(kind)
-        if kind is None:
-            raise ValueError("script() needs a kind")
-        for r in responses:
-            if not isinstance(r, (Respond, Hang)):
-                raise TypeError(f"script() takes Respond or Hang values (got {type(r).__name__})")
-        with self._cond:
-            self._scripts[kind].extend(responses)
-
-    def pending_scripts(self, kind: Kind) -> int:
-        """How many scripted answers for `kind` are still queued."""
-        _check_kind(kind)
-        with self._cond:
-            return len(self._scripts[kind])
+    async def planned(self, kind: Kind, verdict: Verdict) -> Verdict | None:
+        """The answer a test planned instead of `verdict` (None: answer as the real service would)."""
+        return None
 
     # request handling (runs on the server thread)
 
@@ -714,7 +673,7 @@ class Receiver:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _handle(self, request: Request, kind: Kind, judge: Callable[[bytes, str], _Verdict]) -> Response:
+    async def _handle(self, request: Request, kind: Kind, judge: Callable[[bytes, str], Verdict]) -> Response:
         content_type = request.headers.get("content-type", "")
         path = request.url.path
         raw = await self._read_body(request)
@@ -722,35 +681,18 @@ class Receiver:
             msg = f"body over {self._max_body} bytes"
             self._record(kind, path, content_type, b"", 413, "request_too_large", (msg,), False, None)
             return Response(msg, 413, media_type="text/plain")
-        with self._cond:
-            planned = self._scripts[kind].popleft() if self._scripts[kind] else None
         verdict = judge(raw, content_type)
-        if isinstance(planned, Hang):
-            try:
-                await asyncio.wait_for(self._stopping().wait(), planned.seconds)
-                self._record(kind, path, content_type, raw, 503, verdict.error, verdict.errors, True, None)
-                return Response("receiver stopping", 503, media_type="text/plain")
-            except asyncio.TimeoutError:
-                planned = planned.then
-            if planned is None:
-                return self._answer(kind, path, content_type, raw, verdict, scripted=True)
-        if isinstance(planned, Respond):
-            response = _scripted_response(kind, planned)
-            self._record(kind, path, content_type, raw, planned.status, verdict.error, verdict.errors, True,
-                         verdict.dedup_key if 200 <= planned.status < 300 else None)
-            return response
-        return self._answer(kind, path, content_type, raw, verdict, scripted=False)
+        planned = await self.planned(kind, verdict)
+        answer = planned or verdict
+        self._record(kind, path, content_type, raw, answer.status, verdict.error, verdict.errors,
+                     planned is not None, answer.dedup_key)
+        return Response(answer.body, answer.status, headers=dict(answer.headers), media_type=answer.media_type)
 
-    def _stopping(self) -> asyncio.Event:
+    def stopping(self) -> asyncio.Event:
+        """Set when stop() begins (on the server's loop): what a stalled answer waits on."""
         if self._stop_evt is None:  # only None if a request were served outside start(); be safe anyway
             self._stop_evt = asyncio.Event()
         return self._stop_evt
-
-    def _answer(self, kind: Kind, path: str, content_type: str, raw: bytes, verdict: _Verdict, *,
-                scripted: bool) -> Response:
-        self._record(kind, path, content_type, raw, verdict.status, verdict.error, verdict.errors, scripted,
-                     verdict.dedup_key)
-        return Response(verdict.body, verdict.status, media_type=verdict.media_type)
 
     def _record(self, kind: Kind, path: str, content_type: str, raw: bytes, status: int, error: str | None,
                 errors: tuple[str, ...], scripted: bool, dedup_key: str | None) -> None:
@@ -774,18 +716,3 @@ class Receiver:
 def _check_kind(kind: str | None) -> None:
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)} (got {kind!r})")
-
-
-def _scripted_response(kind: Kind, planned: Respond) -> Response:
-    body = planned.body
-    media_type = "text/plain"
-    if body is None:
-        if kind == "slack":
-            body = _SLACK_STATUS_BODY.get(planned.status, "")
-        elif kind == "pagerduty" and planned.status == 400:
-            body = {"status": "invalid event", "message": "Event object is invalid", "errors": ["scripted"]}
-        else:
-            body = ""
-    if isinstance(body, (Mapping, list)):
-        body, media_type = json.dumps(dict(body) if isinstance(body, Mapping) else body), "application/json"
-    return Response(body, planned.status, headers=dict(planned.headers), media_type=media_type)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumond.demo.receiver import Receiver
 from tests.integration import helpers
 from tests.integration.helpers import REGISTRY, AgentProcess, PrometheusServer
+from tests.scripted_receiver import ScriptedReceiver
 
 _FIRST_PROC = pytest.StashKey[int]()
 
@@ -89,9 +89,10 @@ def promtool() -> str:
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    """The local Slack / PagerDuty / Alertmanager-webhook receiver (gpumond.demo.receiver) on 127.0.0.1."""
-    r = Receiver().start()
+def receiver() -> Iterator[ScriptedReceiver]:
+    """The local Slack / PagerDuty / Alertmanager-webhook receiver (gpumond.demo.receiver) on 127.0.0.1,
+    scriptable to misbehave (tests/scripted_receiver.py)."""
+    r = ScriptedReceiver().start()
     try:
         yield r
     finally:

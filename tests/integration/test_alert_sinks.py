@@ -11,10 +11,11 @@ import pytest
 from gpumond.alerts.model import Condition
 from gpumond.alerts.pipeline import AlertPipeline
 from gpumond.alerts.sinks import LogSink, PagerDutySink, SlackSink
-from gpumond.retry import Backoff
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.alerting import AlertingConfig, PagerDutyConfig, SlackConfig
-from gpumond.demo.receiver import Hang, Receiver, Respond
+from gpumond.demo.receiver import Receiver
+from gpumond.retry import Backoff
+from tests.scripted_receiver import Hang, Respond
 
 KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
 

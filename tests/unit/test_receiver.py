@@ -12,15 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumond.demo.receiver import Hang, Receiver, Record, Respond, describe
+from gpumond.demo.receiver import Receiver, Record, describe
 from gpumond.serving import ListenError
+from tests.scripted_receiver import Hang, Respond, ScriptedReceiver
 
 KEY = "0123456789abcdef0123456789abcdef"  # 32 characters, like a real integration key
 
 
 @pytest.fixture(scope="module")
 def shared():
-    with Receiver() as r:
+    with ScriptedReceiver() as r:
         yield r
 
 
@@ -300,7 +301,7 @@ def test_a_hang_past_the_client_timeout_is_a_timeout(rx):
 
 
 def test_a_hung_request_ends_when_the_receiver_stops():
-    rx = Receiver().start()
+    rx = ScriptedReceiver().start()
     rx.script("slack", Hang(60))
     answer: dict[str, object] = {}
 
