@@ -27,55 +27,53 @@ from tests.integration.helpers import (
 TOKEN = "alert-test-token-0123456789"
 
 
-class AlertmanagerReplica(ManagedProcess):
-    """`prometheus-alertmanager` on loopback, in a gossip cluster with its peers, routing to one webhook."""
+class Alertmanager(ManagedProcess):
+    """`prometheus-alertmanager` on loopback with `config`: alone (gossip off), or gossiping with `peers`."""
 
     label = "alertmanager"
+    ready_path = "/-/ready"
 
-    def __init__(self, workdir: Path, webhook_url: str, *, cluster_port: int, peers: Sequence[int]) -> None:
+    def __init__(self, workdir: Path, config: Path, *, cluster_port: int | None = None,
+                 peers: Sequence[int] = ()) -> None:
         self.port = free_port()
-        config = write_yaml(workdir / "alertmanager.yml", {
-            "route": {"receiver": "hook", "group_by": ["alertname", "node", "job"], "group_wait": "1s",
-                      "group_interval": "2s", "repeat_interval": "1h"},
-            "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
-        })
         argv = [require_binary("prometheus-alertmanager"), f"--config.file={config}",
                 f"--storage.path={workdir / 'data'}", f"--web.listen-address={LOOPBACK}:{self.port}",
-                f"--web.external-url=http://{LOOPBACK}:{self.port}",
-                f"--cluster.listen-address={LOOPBACK}:{cluster_port}",
-                f"--cluster.advertise-address={LOOPBACK}:{cluster_port}",
-                "--cluster.peer-timeout=3s", "--cluster.gossip-interval=100ms", "--cluster.pushpull-interval=1s",
-                "--log.level=warn"]
-        argv += [f"--cluster.peer={LOOPBACK}:{p}" for p in peers]
+                f"--web.external-url=http://{LOOPBACK}:{self.port}", "--log.level=warn"]
+        if cluster_port is None:
+            argv.append("--cluster.listen-address=")
+        else:
+            argv += [f"--cluster.listen-address={LOOPBACK}:{cluster_port}",
+                     f"--cluster.advertise-address={LOOPBACK}:{cluster_port}", "--cluster.peer-timeout=3s",
+                     "--cluster.gossip-interval=100ms", "--cluster.pushpull-interval=1s",
+                     *(f"--cluster.peer={LOOPBACK}:{p}" for p in peers)]
         super().__init__(argv, workdir)
 
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def start(self) -> AlertmanagerReplica:
-        self.spawn()
-
-        def ready() -> bool:
-            self._fail_if_exited("/-/ready")
-            return http_get(f"{self.url}/-/ready", timeout=1.0)[0] == 200
-
-        wait_until(ready, timeout=START_TIMEOUT_S, what=f"alertmanager {self.url} ready")
-        return self
+    def get(self, path: str) -> Any:
+        status, _, body = http_get(f"{self.url}{path}")
+        assert status == 200, body[:500]
+        return json.loads(body)
 
     def alerts(self) -> list[dict[str, Any]]:
-        return httpx.get(f"{self.url}/api/v2/alerts", timeout=5.0).json()
+        return self.get("/api/v2/alerts")
+
+    def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
+        r = httpx.post(f"{self.url}/api/v2/alerts", json=alerts, timeout=5.0, trust_env=False)
+        assert r.status_code == 200, r.status_code
 
     def peers(self) -> int:
-        status = httpx.get(f"{self.url}/api/v2/status", timeout=5.0).json()
-        return len(status.get("cluster", {}).get("peers") or [])
+        return len(self.get("/api/v2/status").get("cluster", {}).get("peers") or [])
 
 
-def alertmanager_cluster(workdir: Path, webhook_url: str, replicas: int = 2) -> list[AlertmanagerReplica]:
+def alertmanager_cluster(workdir: Path, webhook_url: str, replicas: int = 2) -> list[Alertmanager]:
     """Replicas that gossip with each other (so a group is notified once, by one of them)."""
+    config = write_yaml(workdir / "alertmanager.yml", {
+        "route": {"receiver": "hook", "group_by": ["alertname", "node", "job"], "group_wait": "1s",
+                  "group_interval": "2s", "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+    })
     ports = [free_port() for _ in range(replicas)]
-    ams = [AlertmanagerReplica(workdir / f"am{i}", webhook_url, cluster_port=ports[i],
-                               peers=[p for j, p in enumerate(ports) if j != i]) for i in range(replicas)]
+    ams = [Alertmanager(workdir / f"am{i}", config, cluster_port=ports[i],
+                        peers=[p for j, p in enumerate(ports) if j != i]) for i in range(replicas)]
     for am in ams:
         am.start()
     wait_until(lambda: all(am.peers() == replicas for am in ams), timeout=20, what="alertmanager cluster formed")
@@ -93,20 +91,6 @@ class RulesDaemon(ManagedProcess):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("GPUMOND_RULES_TOKENS", None)
         super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(path)], workdir, env=env)
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def start(self) -> RulesDaemon:
-        self.spawn()
-
-        def up() -> bool:
-            self._fail_if_exited("/healthz")
-            return http_get(f"{self.url}/healthz", timeout=1.0)[0] == 200
-
-        wait_until(up, timeout=START_TIMEOUT_S, what="rules service up", describe=self.describe)
-        return self
 
 
 class RulesProcess(RulesDaemon):

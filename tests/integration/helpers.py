@@ -170,9 +170,15 @@ def promtool_check_metrics(text: str | bytes, timeout: float = 30.0) -> tuple[in
 
 # ----- processes ------------------------------------------------------------------------------
 class ManagedProcess:
-    """A child process with stdout/stderr in files, always terminated: SIGTERM, bounded wait, SIGKILL."""
+    """A child process with stdout/stderr in files, always terminated: SIGTERM, bounded wait, SIGKILL.
+
+    A server subclass sets `port` and `ready_path`: `start()` spawns it and waits (bounded) until GET
+    `ready_path` answers 200, failing with its logs (and stopping it) if it exits or never does.
+    """
 
     label = "process"
+    ready_path = "/healthz"
+    port: int
 
     def __init__(self, argv: Sequence[str], workdir: Path, *, env: Mapping[str, str] | None = None) -> None:
         self.argv = [str(a) for a in argv]
@@ -184,7 +190,40 @@ class ManagedProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
 
+    @property
+    def address(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.address}"
+
+    url = base_url
+
     # lifecycle
+    def start(self: T, timeout: float = START_TIMEOUT_S) -> T:
+        """Spawn and wait (bounded) until it is ready; stopped again if it never is."""
+        self.spawn()
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def ready(self) -> bool:
+        """Whether it serves yet (GET `ready_path` answers 200)."""
+        return http_get(f"{self.base_url}{self.ready_path}", timeout=1.0)[0] == 200
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        what = f"{self.label}: GET {self.base_url}{self.ready_path} to answer 200"
+
+        def probe() -> bool:
+            self._fail_if_exited(what)
+            return self.ready()
+
+        wait_until(probe, timeout=timeout, what=what, describe=self.describe)
+
     def spawn(self) -> None:
         assert self.proc is None, f"{self.label} already started"
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
@@ -225,6 +264,8 @@ class ManagedProcess:
         return self.returncode
 
     def __enter__(self: T) -> T:
+        if self.proc is None:
+            self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -276,38 +317,6 @@ class AgentProcess(ManagedProcess):
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         super().__init__([sys.executable, "-m", "gpumond.cli", "agent", *args], workdir, env=full_env)
 
-    @property
-    def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.address}"
-
-    def start(self, timeout: float = START_TIMEOUT_S) -> AgentProcess:
-        """Spawn and wait (bounded) until GET /healthz answers 200 (stopped again if it never does)."""
-        self.spawn()
-        try:
-            self.wait_healthy(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __enter__(self) -> AgentProcess:
-        if self.proc is None:
-            self.start()
-        return self
-
-    def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
-        def healthy() -> bool:
-            self._fail_if_exited(f"GET {self.base_url}/healthz to answer 200")
-            status, _, _ = http_get(f"{self.base_url}/healthz", timeout=1.0)
-            return status == 200
-
-        wait_until(healthy, timeout=timeout, what=f"GET {self.base_url}/healthz to answer 200",
-                   describe=self.describe)
-
     def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         return http_get(f"{self.base_url}{path}", headers)
 
@@ -348,6 +357,7 @@ class PrometheusServer(ManagedProcess):
     """
 
     label = "prometheus"
+    ready_path = "/-/ready"
 
     def __init__(self, targets: Sequence[str], workdir: Path, *, job: str = "gpumond",
                  port: int | None = None, scrape_interval: str = "1s",
@@ -369,32 +379,6 @@ class PrometheusServer(ManagedProcess):
                           f"--storage.tsdb.path={workdir / 'data'}",
                           f"--web.listen-address={LOOPBACK}:{self.port}",
                           "--web.enable-lifecycle", "--log.level=warn"], workdir)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def start(self, timeout: float = START_TIMEOUT_S) -> PrometheusServer:
-        """Spawn and wait (bounded) until /-/ready answers 200."""
-        self.spawn()
-
-        def ready() -> bool:
-            self._fail_if_exited("/-/ready")
-            status, _, _ = http_get(f"{self.base_url}/-/ready", timeout=1.0)
-            return status == 200
-
-        try:
-            wait_until(ready, timeout=timeout, what=f"Prometheus {self.base_url}/-/ready to answer 200",
-                       describe=self.describe)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __enter__(self) -> PrometheusServer:
-        if self.proc is None:
-            self.start()
-        return self
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """Instant query via /api/v1/query → the result list (vector results; scalars as one element)."""

@@ -42,7 +42,7 @@ def running_agents(gpus_by_node: Mapping[str, int], workdir: Path, extra_args: S
         for agent in agents.values():
             agent.spawn()  # start them all before waiting: startup overlaps
         for agent in agents.values():
-            agent.wait_healthy(timeout)
+            agent.wait_ready(timeout)
         yield agents
     finally:
         for agent in agents.values():
@@ -54,6 +54,7 @@ class VictoriaMetricsServer(ManagedProcess):
     """Single-node VictoriaMetrics on 127.0.0.1:<free port> scraping `targets` every `scrape_interval`."""
 
     label = "victoria-metrics"
+    ready_path = "/health"
 
     def __init__(self, targets: Sequence[str], workdir: Path, *, job: str = "gpumond",
                  port: int | None = None, scrape_interval: str = "1s") -> None:
@@ -73,32 +74,6 @@ class VictoriaMetricsServer(ManagedProcess):
         super().__init__([binary, f"-httpListenAddr={LOOPBACK}:{self.port}",
                           f"-storageDataPath={workdir / 'data'}",
                           f"-promscrape.config={self.config_path}"], workdir)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def start(self, timeout: float = START_TIMEOUT_S) -> VictoriaMetricsServer:
-        """Spawn and wait (bounded) until /health answers 200."""
-        self.spawn()
-
-        def healthy() -> bool:
-            self._fail_if_exited("/health")
-            status, _, _ = http_get(f"{self.base_url}/health", timeout=1.0)
-            return status == 200
-
-        try:
-            wait_until(healthy, timeout=timeout, what=f"VictoriaMetrics {self.base_url}/health to answer 200",
-                       describe=self.describe)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __enter__(self) -> VictoriaMetricsServer:
-        if self.proc is None:
-            self.start()
-        return self
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """Instant query at now → the result list (nocache=1, or VictoriaMetrics answers for 30 s ago)."""

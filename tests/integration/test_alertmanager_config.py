@@ -17,7 +17,6 @@ import json
 import shutil
 import subprocess
 import threading
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,17 +28,8 @@ import yaml
 
 from gpumond.agent.policy.xid_table import XID_TABLE
 from gpumond.alerts.catalogue import ALERTS, runbook_url
-from tests.integration.helpers import (
-    LOOPBACK,
-    REPO_ROOT,
-    START_TIMEOUT_S,
-    ManagedProcess,
-    free_port,
-    http_get,
-    require_binary,
-    wait_until,
-    write_yaml,
-)
+from tests.integration.alert_helpers import Alertmanager
+from tests.integration.helpers import LOOPBACK, REPO_ROOT, free_port, require_binary, wait_until, write_yaml
 
 pytestmark = pytest.mark.integration
 
@@ -153,47 +143,6 @@ class Receiver:
         self.server.server_close()
 
 
-class AlertmanagerProcess(ManagedProcess):
-    """`prometheus-alertmanager` on 127.0.0.1:<free port>, gossip off, its storage under `workdir`."""
-
-    label = "alertmanager"
-
-    def __init__(self, config: Path, workdir: Path) -> None:
-        self.port = free_port()
-        self.base_url = f"http://{LOOPBACK}:{self.port}"
-        super().__init__([require_binary("prometheus-alertmanager"), f"--config.file={config}",
-                          f"--storage.path={Path(workdir) / 'data'}",
-                          f"--web.listen-address={LOOPBACK}:{self.port}", "--cluster.listen-address=",
-                          f"--web.external-url={self.base_url}", "--log.level=warn"], workdir)
-
-    def start(self) -> AlertmanagerProcess:
-        self.spawn()
-
-        def ready() -> bool:
-            self._fail_if_exited("/-/ready")
-            return http_get(f"{self.base_url}/-/ready", timeout=1.0)[0] == 200
-
-        try:
-            wait_until(ready, timeout=START_TIMEOUT_S, what=f"Alertmanager {self.base_url}/-/ready",
-                       describe=self.describe)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
-        req = urllib.request.Request(f"{self.base_url}/api/v2/alerts", data=json.dumps(alerts).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(req, timeout=5) as resp:
-            assert resp.status == 200, resp.status
-
-    def get(self, path: str) -> Any:
-        status, _, body = http_get(f"{self.base_url}{path}")
-        assert status == 200, body[:500]
-        return json.loads(body)
-
-
 def _live_config(workdir: Path, receiver: Receiver) -> Path:
     """The example with its receivers pointed at `receiver` and notifications sent at once; nothing else changed."""
     config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
@@ -272,14 +221,14 @@ INHIBITED = {
 
 
 @pytest.fixture(scope="module")
-def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AlertmanagerProcess, Receiver]]:
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Alertmanager, Receiver]]:
     work = tmp_path_factory.mktemp("alertmanager")
     receiver = Receiver()
     try:
         config = _live_config(work, receiver)
         rc, out = _amtool("check-config", config)
         assert rc == 0, f"the test's copy of the config is invalid: {out}"
-        with AlertmanagerProcess(config, work).start() as am:
+        with Alertmanager(work, config).start() as am:
             # Inhibiting alerts first, and held, before the alerts they hide: posted together, a group may
             # flush before Alertmanager has marked its inhibited members (seen on a loaded machine).
             sources = [a for a in ALERTS_SENT if _key(a["labels"]) not in INHIBITED]

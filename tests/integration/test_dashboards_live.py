@@ -105,7 +105,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for a in agents.values():
             a.spawn()
         for a in agents.values():
-            a.wait_healthy()
+            a.wait_ready()
         token = secrets.token_hex(16)
         rules = RulesProcess(list(agents.values()), token, work)  # type: ignore[arg-type]
         rules.wait_ready(time.monotonic() + 30)

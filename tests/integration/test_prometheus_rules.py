@@ -19,7 +19,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,18 +31,8 @@ import yaml
 from gpumond.agent.policy.xid_table import XID_TABLE, xid_info
 from gpumond.alerts.catalogue import ALERTS, runbook_url
 from gpumond.config.rules import RulesConfig
-from tests.integration.helpers import (
-    LOOPBACK,
-    REPO_ROOT,
-    START_TIMEOUT_S,
-    AgentProcess,
-    ManagedProcess,
-    PrometheusServer,
-    free_port,
-    http_get,
-    wait_until,
-    write_yaml,
-)
+from tests.integration.alert_helpers import RulesDaemon
+from tests.integration.helpers import REPO_ROOT, AgentProcess, PrometheusServer, http_get, wait_until, write_yaml
 
 pytestmark = pytest.mark.integration
 
@@ -274,40 +263,15 @@ SCENARIO = {
 }
 
 
-class RulesProcess(ManagedProcess):
-    """`python -m gpumond.cli rules --config FILE --listen 127.0.0.1:<port>`, waited on until /healthz is 200."""
+class RulesProcess(RulesDaemon):
+    """The rules service, ready once it has said where it serves and /healthz answers."""
 
-    label = "rules"
-
-    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
-        self.port = free_port()
-        path = write_yaml(Path(workdir) / "rules.yaml", config)
-        super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(path),
-                          "--listen", f"{LOOPBACK}:{self.port}"], workdir)
-
-    @property
-    def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
-
-    def start(self) -> RulesProcess:
-        self.spawn()
-
-        def healthy() -> bool:
-            self._fail_if_exited("GET /healthz")
-            # Its own "serving" line first: a 200 from a process that won the race for the port is not ours.
-            return f"http://{self.address}/" in self.stderr() and \
-                http_get(f"http://{self.address}/healthz", timeout=1.0)[0] == 200
-
-        try:
-            wait_until(healthy, timeout=START_TIMEOUT_S, what=f"rules service {self.address}/healthz",
-                       describe=self.describe)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def ready(self) -> bool:
+        # Its own "serving" line first: a 200 from a process that won the race for the port is not ours.
+        return f"{self.base_url}/" in self.stderr() and super().ready()
 
     def push(self, body: dict[str, Any]) -> int:
-        req = urllib.request.Request(f"http://{self.address}/api/v1/push", data=json.dumps(body).encode(),
+        req = urllib.request.Request(f"{self.base_url}/api/v1/push", data=json.dumps(body).encode(),
                                      method="POST", headers={"Authorization": f"Bearer {TOKEN}",
                                                              "Content-Type": "application/json"})
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -347,11 +311,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         rules_cfg["state_dir"] = str(work / "rules-state")
     if "findings" in RulesConfig.model_fields:  # fire within seconds, as before durations were wall time
         rules_cfg["findings"] = {"min_duration_s": 1, "resolve_after_s": 3}
-    rules = RulesProcess(rules_cfg, work / "rules")
+    rules = RulesProcess(work / "rules", rules_cfg)
     agent.spawn()
     try:
         rules.start()
-        agent.wait_healthy()
+        agent.wait_ready()
         prom = PrometheusWithRules([agent.address], work / "prometheus", job="gpumond-agent",
                                    extra_scrape_configs=[{"job_name": "gpumond-rules",
                                                           "static_configs": [{"targets": [rules.address]}]}],
