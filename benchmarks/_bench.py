@@ -10,7 +10,6 @@ import datetime as _dt
 import importlib.metadata
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,6 +17,11 @@ import time
 import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+# The repository root, so the helpers shared with the tests import however the script was started.
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from tests.ports import free_port  # noqa: E402, F401 - the benchmarks call _bench.free_port()
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -174,13 +178,6 @@ def proc_status_kib(pid: int, key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     raise KeyError(key)
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (racy, good enough on a quiet machine)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+if str(REPO) not in sys.path:  # run as a script: the helpers shared with the tests live under the repository
+    sys.path.insert(1, str(REPO))
+from tests.ports import free_port  # noqa: E402
 TOKEN = "e2e-token-0123456789abcdef"
 NODE = "e2e-node-0"
 JOB = "ddp-e2e"
@@ -69,12 +71,6 @@ class Outcome:
 
     def all_fired(self) -> bool:
         return all((kind, rank, "firing") in self.seen for kind, rank in self.expected)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> bytes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ import pytest
 
 from gpumond.alerts_cli import COLUMNS, table
 from gpumond.cli import main
+from tests.ports import free_port
 
 JSON = "application/json"
 NOW = 1_763_760_000.0  # 2025-11-21T21:20:00Z
@@ -70,10 +70,7 @@ def alerts_route(alerts: list[dict]) -> dict[str, tuple[int, str, bytes]]:
     return {"/api/v1/alerts": (200, JSON, json.dumps({"alerts": alerts}).encode())}
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+closed_port = free_port  # nothing listens there a moment later
 
 
 def test_the_table_lists_firing_first_with_the_documented_columns(capsys) -> None:

@@ -1,6 +1,5 @@
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import gpumond
 from gpumond.cli import build_parser, main
 from gpumond.config.rules import TOKENS_ENV, RulesConfig, load_rules_config
 from gpumond.nvml.sim import load_scenario
+from tests.ports import free_port
 
 
 def run(*args):
@@ -120,9 +120,7 @@ def test_the_help_sim_scenario_example_works_from_any_directory(tmp_path, monkey
 
 
 def test_the_agent_runs_a_shipped_scenario_from_a_temp_directory(tmp_path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     (tmp_path / "agent.yaml").write_text(f"state_dir: {tmp_path / 'state'}\n")
     log = tmp_path / "agent.log"
     with log.open("w") as err:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from gpumond.demo.receiver import Receiver, Record, describe
 from gpumond.serving import ListenError
+from tests.ports import free_port
 from tests.scripted_receiver import Hang, Respond, ScriptedReceiver
 
 KEY = "0123456789abcdef0123456789abcdef"  # 32 characters, like a real integration key
@@ -435,9 +436,7 @@ def test_a_declared_oversized_body_is_refused_before_it_is_sent():
 
 
 def test_given_port_lifecycle_and_port_in_use():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     rx = Receiver(port=port)
     with pytest.raises(RuntimeError):
         rx.url

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumond.rules.telemetry import ScrapeSource, read_agent
 from gpumond.rules.telemetry.scrape import wanted_lines
+from tests.ports import free_port
 from tests.unit.test_telemetry_mapping import GOLDEN, U0, U1, U2
 
 TIMEOUT_S = 0.5
@@ -115,9 +115,7 @@ def _source(sources: list[ScrapeSource], *args: object, **kw: object) -> ScrapeS
 
 
 def _refused_address() -> str:
-    with socket.socket() as s:  # bound then released: nothing listens there a moment later
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"  # nothing listens there a moment later
 
 
 def _file_sd(path: Path, groups: list[dict[str, object]]) -> Path:
