@@ -9,7 +9,7 @@ from gpumond.agent.dcgm import DCGM_CATALOGUE, DcgmCompat, dcgm_labels, dcgm_typ
 from gpumond.config import AgentConfig
 from gpumond.config.errors import validation_problem
 from gpumond.nvml.session import GpuIdentity, GpuRead, TierRead
-from tests.unit.test_gpu_series import by_name, read_of
+from tests.unit.series_helpers import by_name, read_of
 
 G0 = GpuIdentity(0, "GPU-aaa", "NVIDIA H100 80GB HBM3", "00000000:18:00.0", minor=2)
 G1 = GpuIdentity(1, "GPU-bbb", "NVIDIA H100 80GB HBM3", "00000000:2A:00.0")

@@ -1,24 +1,10 @@
 from gpumond.agent.attribution import DeviceJob
 from gpumond.agent.gpu_series import error_series, info_series, job_series, tier_series, xid_series
 from gpumond.nvml.session import GpuIdentity, GpuRead, TierRead
+from tests.unit.series_helpers import by_name, read_of
 
 G0 = GpuIdentity(0, "GPU-aaa", "Sim H100", "00000000:18:00.0")
 G1 = GpuIdentity(1, "GPU-bbb", "Sim H100", "00000000:2A:00.0")
-
-
-def read_of(*triples):
-    """GpuRead values from (reader, key, value) triples."""
-    grouped = {}
-    for r, k, v in triples:
-        grouped.setdefault(r, {})[k] = v
-    return tuple(grouped.items())
-
-
-def by_name(series):
-    out = {}
-    for s in series:
-        out.setdefault(s.name, []).append((dict(s.labels), s.value))
-    return out
 
 
 def test_units_are_converted_to_base_units():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.accept import Client, Ingest, Reply
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
+from gpumond.safetext import UNSAFE
 
 TOKEN = "push-token-0123456789"
 NOW = 1_763_760_000.0
@@ -180,3 +182,33 @@ def test_a_rank_made_by_a_heartbeat_gets_the_cap_refusal_once_steps_are_full() -
     assert ingest.accept(CLIENT, body(rank=0, count=4)).status == 202
     reply = ingest.accept(CLIENT, body(rank=1, count=2))
     assert reply.status == 429 and reply.body["cap"] == "steps", reply
+
+
+SAFETEXT_UNSAFE_SAMPLES = ["\x85", "\u2028", "\u2029", "\u202e", "\u202a", "\u2066", "\u2069", "\u200f", "\x9b", "\x1b"]
+
+
+# ----- labels: what safetext refuses is refused here, with the field and the character named ----------
+@pytest.mark.parametrize("char", SAFETEXT_UNSAFE_SAMPLES)
+@pytest.mark.parametrize("field", ["job", "node", "group"])
+def test_the_push_api_refuses_an_unsafe_label_naming_field_and_character(field: str, char: str) -> None:
+    ingest, _ = make()
+    reply = ingest.accept(CLIENT, body(**{field: f"job{char}x"}))
+    assert reply.status == 422
+    message = str(reply.body["error"])
+    assert message.startswith(f"{field}: must not contain control characters, line separators or bidirectional "
+                              f"controls (found U+{ord(char):04X})"), message
+    assert UNSAFE.search(message) is None  # the refusal itself quotes the value escaped
+    assert ingest.ranks.counts().ranks == 0
+
+
+def test_ordinary_unicode_labels_are_accepted() -> None:
+    ingest, _ = make()
+    assert ingest.accept(CLIENT, body(job="Lama-70b-日本語-é", node="nœud-3")) == Reply(202, {"accepted": 2})
+
+
+def test_the_openapi_pattern_excludes_the_same_characters() -> None:
+    ingest, _ = make()
+    pattern = ingest.model.model_json_schema()["properties"]["job"]["pattern"]
+    for char in SAFETEXT_UNSAFE_SAMPLES:
+        assert re.fullmatch(pattern, f"a{char}b") is None
+    assert re.fullmatch(pattern, "Lama-日本語")

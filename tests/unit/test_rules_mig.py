@@ -14,7 +14,7 @@ from gpumond.identity import legacy_mig_uuid
 from gpumond.rules.telemetry.mig import mig_row
 from gpumond.rules.telemetry.promql_join import IDENTITY
 from gpumond.rules.types import GpuSample
-from tests.unit.test_detectors import build
+from tests.unit.detector_inputs import build
 
 P0 = "GPU-a8c57d47-7419-54ce-a816-ce1029736ad6"
 M0 = "MIG-373a625b-4063-5299-8c5c-731cb05a0928"

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumond.rules.telemetry import ScrapeSource, read_agent
 from gpumond.rules.telemetry.scrape import wanted_lines
 from tests.ports import free_port
-from tests.unit.test_telemetry_mapping import GOLDEN, U0, U1, U2
+from tests.unit.agent_exposition import GOLDEN, U0, U1, U2
 
 TIMEOUT_S = 0.5
 # Anything a fake agent does slowly ends when the test ends, so teardown is bounded too.
