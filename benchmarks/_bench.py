@@ -154,10 +154,11 @@ def _hypervisor() -> bool:
         return False
 
 
-def write_result(name: str, text: str) -> Path:
-    """Print the Markdown and write it to benchmarks/results/<name>.md."""
+def write_result(name: str, text: str, *, quick: bool = False) -> Path:
+    """Print the Markdown and write it to benchmarks/results/<name>.md (<name>_quick.md for a --quick run,
+    which git ignores: a smoke run never overwrites a committed result)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.md"
+    path = RESULTS / f"{name}{'_quick' if quick else ''}.md"
     path.write_text(text.rstrip() + "\n")
     print(text)
     print(f"\n(written to {path.relative_to(REPO)})")

@@ -218,7 +218,7 @@ def report(args: argparse.Namespace, samples: list[tuple[float, int]], bursts: l
         "Memory depends on cycles run (allocations per cycle) and on simulated time (counters, XID/ECC "
         "history, job caches); the run covers both.",
     ]
-    _bench.write_result("agent_rss" + ("_quick" if args.quick else ""), "\n".join(parts))
+    _bench.write_result("agent_rss", "\n".join(parts), quick=args.quick)
 
 
 def _median(xs: list[float]) -> float:

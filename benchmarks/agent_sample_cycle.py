@@ -496,7 +496,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "```",
         "</details>",
     ]
-    _bench.write_result("agent_sample_cycle" + ("_quick" if args.quick else ""), "\n".join(parts))
+    _bench.write_result("agent_sample_cycle", "\n".join(parts), quick=args.quick)
     return 0
 
 

@@ -368,7 +368,7 @@ def run(args: argparse.Namespace, servers: list[Server], rounds: int, seconds: i
         "host. The naive servers' per-scrape cost includes NVML reads through the simulator's Python "
         "callbacks (a real driver's calls cost CPU too, partly in the kernel).",
     ]
-    _bench.write_result(args.name + ("_quick" if args.quick else ""), "\n".join(parts))
+    _bench.write_result(args.name, "\n".join(parts), quick=args.quick)
     return 0
 
 

@@ -1429,7 +1429,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short run for a smoke test (~55 s)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs) and print it")
-    ap.add_argument("--name", help="result file name (default alert_delivery, quick alert_delivery_quick)")
+    ap.add_argument("--name", help="result file name (default alert_delivery; _quick is added with --quick)")
     args = ap.parse_args(argv)
     if not shutil.which(ALERTMANAGER):
         raise SystemExit(f"{ALERTMANAGER} is not installed: apt-get install -y prometheus-alertmanager")
@@ -1441,8 +1441,7 @@ def main(argv: list[str] | None = None) -> int:
         a1 = analyse(p1)
         p3 = run_part3(args, work)
         load1 = os.getloadavg()
-        name = args.name or ("alert_delivery_quick" if args.quick else "alert_delivery")
-        _bench.write_result(name, report(args, p1, a1, p3, (load0, load1)))
+        _bench.write_result(args.name or "alert_delivery", report(args, p1, a1, p3, (load0, load1)), quick=args.quick)
         print(f"(took {time.monotonic() - t0:.0f} s)", file=sys.stderr)
     finally:
         if args.keep:

@@ -168,7 +168,7 @@ def main() -> int:
         "every second over HTTP to a receiver on 127.0.0.1 (both instrumented models push through it). "
         "via=\"hook\": the same with `instrument(model, via=\"hook\")` (a comm hook timing every bucket).",
     ])
-    _bench.write_result("ddp_overhead_quick" if a.quick else "ddp_overhead", text)
+    _bench.write_result("ddp_overhead", text, quick=a.quick)
     return 0
 
 

@@ -135,7 +135,7 @@ def main() -> int:
         "(positive: the faulty rank waits least). *exposed*: last bucket's launch → last completion, "
         "what gpumond pushes. *Σ bucket waits*: each bucket's launch → completion, summed (overlapping).",
     ])
-    _bench.write_result("ddp_signal_quick" if a.quick else "ddp_signal", text)
+    _bench.write_result("ddp_signal", text, quick=a.quick)
     return 0
 
 

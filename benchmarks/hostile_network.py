@@ -158,7 +158,7 @@ def main() -> None:
         parts = [slow_loris(seconds, work), hostile_input(floods, work)]
     text = "\n".join([f"# Hostile network{' (quick)' if args.quick else ''}\n", _bench.machine_block({
         "note": "a shared 2-CPU machine with other work running: latencies are indicative"}), "", *parts])
-    _bench.write_result("hostile_network_quick" if args.quick else "hostile_network", text)
+    _bench.write_result("hostile_network", text, quick=args.quick)
 
 
 if __name__ == "__main__":

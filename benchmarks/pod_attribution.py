@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, rounds: int, sim: SimulatedNvml, session: Nvml
         "A real kubelet answers in Go. A slow or absent kubelet costs the poller its `timeout_s`, never a "
         "sample (tests/contract/test_pod_attribution.py holds a call open while the slow cycle runs).",
     ]
-    _bench.write_result("pod_attribution" + ("_quick" if args.quick else ""), "\n".join(parts))
+    _bench.write_result("pod_attribution", "\n".join(parts), quick=args.quick)
     return 0
 
 

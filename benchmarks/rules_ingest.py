@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, ranks, checked in (("small", small, True), ("large", large, False)):
             servers, fills, snaps = scenario(name, ranks, args, logdir, script, checked)
             results.append((name, ranks, servers, fills, snaps))
-        _bench.write_result(args.name, report(results, args))
+        _bench.write_result(args.name, report(results, args), quick=args.quick)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     return 0

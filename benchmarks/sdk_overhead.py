@@ -261,7 +261,7 @@ def report(per_step: dict[str, list[float]], rep: Reporter, received: dict, step
         "with nothing in the loop body the training thread records ~10⁶ steps/s into a 10,000-step queue "
         "that is pushed once a second; a real step (milliseconds or more) leaves the queue nearly empty.",
     ]
-    _bench.write_result("sdk_overhead", "\n".join(parts))
+    _bench.write_result("sdk_overhead", "\n".join(parts), quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -351,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if suffix and not args.quick:
         for name in ("recall_slowdown", "recall_wait", "eval_time"):
             text = text.replace(f"(detection_{name}.png)", f"(detection_{name}{suffix}.png)")
-    _bench.write_result(args.out or ("detection_quick" if args.quick else "detection"), text)
+    _bench.write_result(args.out or "detection", text, quick=args.quick)
     return 0
 
 
