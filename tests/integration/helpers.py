@@ -15,26 +15,31 @@ teardown (and the failure report, see conftest.py) can find it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import uvicorn
 import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
 from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -159,6 +164,25 @@ def promtool_check_metrics(text: str | bytes, timeout: float = 30.0) -> tuple[in
     r = subprocess.run([promtool, "check", "metrics"], input=data, capture_output=True, timeout=timeout,
                        check=False)
     return r.returncode, (r.stdout + r.stderr).decode(errors="replace")
+
+
+@contextlib.contextmanager
+def served(app: object, timeout: float = START_TIMEOUT_S) -> Iterator[str]:
+    """An ASGI app under a real uvicorn in a thread on 127.0.0.1 (a socket bound to port 0 first): its URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           log_config=None))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), timeout=timeout, what="uvicorn to start")
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://{LOOPBACK}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "uvicorn did not stop within 10 s"
 
 
 # ----- processes ------------------------------------------------------------------------------

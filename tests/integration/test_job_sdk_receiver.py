@@ -18,12 +18,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import uvicorn
 
 from gpumond.config.rules import RulesConfig
 from gpumond.job import Reporter, pusher
 from gpumond.rules.http import build_app
 from gpumond.rules.store import RankStore
+from tests.integration.helpers import served
 
 pytestmark = pytest.mark.integration
 
@@ -426,18 +426,8 @@ def rules_service() -> Iterator[tuple[str, RankStore]]:
     store = RankStore.from_config(config)
     app = build_app(config=config, rank_store=store, findings=lambda: [], metrics=lambda: b"",
                     ready=lambda: (True, "ready"), clock=time.time)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", log_config=None))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started or not thread.is_alive(), "uvicorn to start")
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}", store
-    server.should_exit = True
-    thread.join(timeout=10)
-    assert not thread.is_alive(), "uvicorn did not stop within 10 s"
+    with served(app) as url:
+        yield url, store
 
 
 def test_comm_waits_reach_the_rules_service_store(rules_service: tuple[str, RankStore]) -> None:

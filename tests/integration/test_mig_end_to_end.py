@@ -3,22 +3,16 @@ unix socket naming the pods, and the rules service scraping that agent and accep
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 pytest.importorskip("grpc", reason="pod-resources needs the k8s extra (grpcio), installed with .[test]")
 
 from gpumond.config.rules import RulesConfig  # noqa: E402
 from gpumond.rules.service import RulesService  # noqa: E402
-from tests.integration.helpers import AgentProcess, samples, write_yaml  # noqa: E402
+from tests.integration.helpers import AgentProcess, samples, served, write_yaml  # noqa: E402
 from tests.podresources_server import PodResourcesServer, pod  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -26,25 +20,6 @@ pytestmark = pytest.mark.integration
 PROFILES = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
 TOKEN = "push-token-mig-0123456789"
 WAIT_S = 20.0
-
-
-@contextlib.contextmanager
-def served(app: object) -> Iterator[str]:
-    """The app under a real uvicorn on 127.0.0.1 (a socket bound to port 0), for the test's duration."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", log_config=None))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def push(uuid: str, rank: int) -> dict:
