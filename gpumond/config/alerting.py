@@ -32,7 +32,12 @@ class AlertmanagerConfig(ConfigModel):
 class _PagingConfig(ConfigModel):
     """A paging service whose secret (`SECRET`) is given inline, as `<SECRET>_file`, or by the environment."""
 
-    SECRET: ClassVar[str]
+    SECRET: ClassVar[str]  # the key holding the secret
+    ENV: ClassVar[str]  # the environment variable that may hold it instead
+
+    def refusal(self, secret: str) -> str | None:
+        """Why `secret` cannot be this service's (None: it may be)."""
+        return None
 
     @model_validator(mode="after")
     def _inline_or_file(self) -> Self:
@@ -44,22 +49,29 @@ class _PagingConfig(ConfigModel):
 class SlackConfig(_PagingConfig):
     """A Slack incoming webhook: inline, in a file, or from GPUMOND_SLACK_WEBHOOK_URL (it is a secret)."""
 
-    SECRET = "webhook_url"
+    SECRET, ENV = "webhook_url", SLACK_ENV
     webhook_url: SecretText | None = Field(None, repr=False)
     webhook_url_file: AbsolutePath | None = None
     min_severity: Severity = "warning"
     timeout_s: float = Field(10.0, gt=0, le=120)
 
+    def refusal(self, secret: str) -> str | None:
+        return None if secret.startswith(("https://", "http://")) else "must be an http:// or https:// URL"
+
 
 class PagerDutyConfig(_PagingConfig):
     """PagerDuty Events API v2: routing key inline, in a file, or from GPUMOND_PAGERDUTY_ROUTING_KEY."""
 
-    SECRET = "routing_key"
+    SECRET, ENV = "routing_key", PAGERDUTY_ENV
     routing_key: SecretText | None = Field(None, repr=False)
     routing_key_file: AbsolutePath | None = None
     url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
     min_severity: Severity = "warning"
     timeout_s: float = Field(10.0, gt=0, le=120)
+
+    def refusal(self, secret: str) -> str | None:
+        return None if _ROUTING_KEY.fullmatch(secret) else ("must be the 32-character integration key of an "
+                                                             "Events API v2 integration")
 
 
 class AlertingConfig(ConfigModel):
@@ -87,30 +99,22 @@ def resolve_alerting(cfg: AlertingConfig, source: str, env: Mapping[str, str] | 
     """
     env = os.environ if env is None else env
     update: dict[str, object] = {}
-    slack = cfg.slack
-    if slack is None and env.get(SLACK_ENV, "").strip():
-        slack = SlackConfig()
-    if slack is not None:
-        url = _secret(slack.webhook_url, slack.webhook_url_file, env.get(SLACK_ENV), source, "alerting.slack",
-                      "webhook_url", SLACK_ENV)
-        if not url.startswith(("https://", "http://")):
-            raise ConfigError(source, "alerting.slack.webhook_url: must be an http:// or https:// URL")
-        update["slack"] = slack.model_copy(update={"webhook_url": url})
-    pd = cfg.pagerduty
-    if pd is None and env.get(PAGERDUTY_ENV, "").strip():
-        pd = PagerDutyConfig()
-    if pd is not None:
-        key = _secret(pd.routing_key, pd.routing_key_file, env.get(PAGERDUTY_ENV), source, "alerting.pagerduty",
-                      "routing_key", PAGERDUTY_ENV)
-        if not _ROUTING_KEY.fullmatch(key):
-            raise ConfigError(source, "alerting.pagerduty.routing_key: must be the 32-character integration key "
-                                      "of an Events API v2 integration")
-        update["pagerduty"] = pd.model_copy(update={"routing_key": key})
+    for name, kind in (("slack", SlackConfig), ("pagerduty", PagerDutyConfig)):
+        sink: _PagingConfig | None = getattr(cfg, name)
+        if sink is None and env.get(kind.ENV, "").strip():
+            sink = kind()
+        if sink is not None:
+            secret = _secret(sink, env.get(kind.ENV), source, f"alerting.{name}")
+            problem = sink.refusal(secret)
+            if problem:
+                raise ConfigError(source, f"alerting.{name}.{kind.SECRET}: {problem}")
+            update[name] = sink.model_copy(update={kind.SECRET: secret})
     return cfg.model_copy(update=update)
 
 
-def _secret(inline: str | None, file: Path | None, from_env: str | None, source: str, section: str, key: str,
-            env_name: str) -> str:
+def _secret(sink: _PagingConfig, from_env: str | None, source: str, section: str) -> str:
+    key = sink.SECRET
+    inline, file = getattr(sink, key), getattr(sink, f"{key}_file")
     if inline:
         return inline
     if file is not None:
@@ -124,4 +128,4 @@ def _secret(inline: str | None, file: Path | None, from_env: str | None, source:
         return text
     if from_env and from_env.strip():
         return from_env.strip()
-    raise ConfigError(source, f"{section}: set {key}, {key}_file or the environment variable {env_name}")
+    raise ConfigError(source, f"{section}: set {key}, {key}_file or the environment variable {sink.ENV}")
