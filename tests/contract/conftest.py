@@ -1,3 +1,4 @@
+import pynvml
 import pytest
 
 from gpumond.nvml.session import NvmlSession
@@ -20,4 +21,23 @@ def make_session():
     yield make
     for sim, session in made:
         session.close()
+        sim.uninstall()
+
+
+@pytest.fixture
+def make_sim():
+    """Factory: a simulated NVML (3 GPUs, a manual clock unless given) under pynvml, initialised unless
+    init=False; uninstalled after the test."""
+    installed = []
+
+    def make(gpus=3, init=True, **sim_kwargs):
+        sim_kwargs.setdefault("clock", ManualClock())
+        sim = SimulatedNvml(gpu_count=gpus, **sim_kwargs).install()
+        installed.append(sim)
+        if init:
+            pynvml.nvmlInit()
+        return sim
+
+    yield make
+    for sim in installed:
         sim.uninstall()

@@ -10,25 +10,14 @@ import time
 import pynvml
 import pytest
 
-from gpumond.nvml.sim import Fault, ManualClock, Scenario, SimClock, SimulatedNvml
+from gpumond.nvml.sim import Fault, ManualClock, Scenario, SimClock
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 
 
 @pytest.fixture
-def make():
-    installed = []
-
-    def make(**kwargs):
-        kwargs.setdefault("clock", ManualClock())
-        sim = SimulatedNvml(gpu_count=3, **kwargs).install()
-        installed.append(sim)
-        pynvml.nvmlInit()
-        return sim
-
-    yield make
-    for sim in installed:
-        sim.uninstall()
+def make(make_sim):
+    return make_sim
 
 
 def address(handle):

@@ -9,7 +9,7 @@ import logging
 import pynvml
 import pytest
 
-from gpumond.nvml.sim import Fault, LoadPattern, ManualClock, Scenario, SimulatedNvml
+from gpumond.nvml.sim import Fault, LoadPattern, Scenario, SimulatedNvml
 from gpumond.nvml.sim.scenario import GpuEntry
 
 MIXED = Scenario(gpus=[GpuEntry(index=1, model="v100-sxm2")],
@@ -17,20 +17,8 @@ MIXED = Scenario(gpus=[GpuEntry(index=1, model="v100-sxm2")],
 
 
 @pytest.fixture
-def make():
-    installed = []
-
-    def make(scenario=MIXED, init=True, **kwargs):
-        kwargs.setdefault("clock", ManualClock())
-        sim = SimulatedNvml(gpu_count=3, scenario=scenario, **kwargs).install()
-        installed.append(sim)
-        if init:
-            pynvml.nvmlInit()
-        return sim
-
-    yield make
-    for sim in installed:
-        sim.uninstall()
+def make(make_sim):
+    return lambda scenario=MIXED, **kwargs: make_sim(scenario=scenario, **kwargs)
 
 
 def handle(i):

@@ -8,7 +8,7 @@ import math
 import pynvml
 import pytest
 
-from gpumond.nvml.sim import Fault, InletProfile, LoadPattern, ManualClock, Scenario, SimulatedNvml
+from gpumond.nvml.sim import Fault, InletProfile, LoadPattern, ManualClock, Scenario
 from gpumond.nvml.sim.models import H100_SXM
 
 IDLE = Scenario(default_load=LoadPattern(pattern="idle"), inlet=InletProfile(base_c=30.0))
@@ -22,19 +22,13 @@ GPU_IDLE = pynvml.nvmlClocksEventReasonGpuIdle
 
 
 @pytest.fixture
-def make():
-    installed = []
-
+def make(make_sim):
     def make(scenario, **kwargs):
         clock = ManualClock()
-        sim = SimulatedNvml(gpu_count=2, scenario=scenario, clock=clock, **kwargs).install()
-        installed.append(sim)
-        pynvml.nvmlInit()
+        sim = make_sim(gpus=2, scenario=scenario, clock=clock, **kwargs)
         return sim, clock, pynvml.nvmlDeviceGetHandleByIndex(0)
 
-    yield make
-    for sim in installed:
-        sim.uninstall()
+    return make
 
 
 def temp(h):

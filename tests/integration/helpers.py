@@ -418,7 +418,7 @@ class PrometheusServer(ManagedProcess):
             return (result,) if predicate(result) else None  # a 1-tuple: an empty result can satisfy
 
         return wait_until(probe, timeout=timeout, interval=0.25,
-                          what=what or f"Prometheus query {promql!r} to satisfy the predicate",
+                          what=what or f"{self.label} query {promql!r} to satisfy the predicate",
                           describe=lambda: self.describe() + "\n" + self._targets_summary())[0]
 
     def targets(self) -> list[dict[str, Any]]:

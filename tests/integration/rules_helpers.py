@@ -14,7 +14,7 @@ import contextlib
 import json
 import shutil
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,9 @@ from tests.integration.helpers import (
     START_TIMEOUT_S,
     AgentProcess,
     ManagedProcess,
+    PrometheusServer,
     free_port,
     http_get,
-    wait_until,
     write_yaml,
 )
 
@@ -84,14 +84,4 @@ class VictoriaMetricsServer(ManagedProcess):
             f"query {promql!r} failed ({status}): {body[:500]!r}"
         return list(payload["data"]["result"])
 
-    def wait_for(self, promql: str, predicate: Callable[[list[dict[str, Any]]], Any] = bool, *,
-                 timeout: float = 30.0, what: str | None = None) -> list[dict[str, Any]]:
-        """Poll `promql` until `predicate(result)` is truthy; returns the result."""
-        def probe() -> tuple[list[dict[str, Any]]] | None:
-            self._fail_if_exited(f"query {promql!r}")
-            result = self.query(promql)
-            return (result,) if predicate(result) else None
-
-        return wait_until(probe, timeout=timeout, interval=0.25,
-                          what=what or f"VictoriaMetrics query {promql!r} to satisfy the predicate",
-                          describe=self.describe)[0]
+    wait_for = PrometheusServer.wait_for  # the same polling over this server's query()
