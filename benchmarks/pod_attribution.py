@@ -36,6 +36,7 @@ import _bench  # noqa: E402
 from gpumond.agent.jobs import JobAttributor  # noqa: E402
 from gpumond.agent.podresources.client import PodResourcesClient  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
+from gpumond.agent.sources import Cycle, run_sources  # noqa: E402
 from gpumond.nvml.session import NvmlSession  # noqa: E402
 from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml  # noqa: E402
 from tests.podresources_server import PodResourcesServer, pod  # noqa: E402
@@ -127,21 +128,16 @@ def run(args: argparse.Namespace, rounds: int, sim: SimulatedNvml, session: Nvml
     assert labelled == GPUS - MIG_GPUS + MIG_GPUS * SLICES, f"only {labelled} devices got their pod"
 
     def sources(sampler: Sampler) -> Callable[[], object]:
-        pods = sampler._pods  # noqa: SLF001 - the two sources of the slow cycle, without the NVML read
-
-        def attribute() -> object:
-            found: list = []
-            if pods is not None:
-                sampler._pod_check(found)  # noqa: SLF001
-            return sampler._attribution(sampler._jobs, found[0] if found else None)  # noqa: SLF001
-        return attribute
+        # The slow cycle's registered sources after the NVML read: pod_resources (when given), then jobs.
+        after_nvml = [s for s in sampler._slow_sources if s.name in ("pod_resources", "jobs")]  # noqa: SLF001
+        return lambda: run_sources(after_nvml, Cycle())
 
     variants: dict[str, Callable[[], object]] = {
         "attribution, processes only": sources(without),
         "attribution, processes + pod-resources": sources(with_pods),
         "slow cycle, processes only": without.slow_cycle,
         "slow cycle, processes + pod-resources": with_pods.slow_cycle,
-        "fast cycle MIG source (28 instances)": with_pods._mig_series,  # noqa: SLF001
+        "fast cycle MIG source (28 instances)": lambda: with_pods._mig_series(Cycle()),  # noqa: SLF001
     }
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     wall: dict[str, list[float]] = {k: [] for k in variants}
