@@ -201,11 +201,11 @@ def main() -> None:
         received = json.loads(_bench.fetch(f"http://127.0.0.1:{port}/"))
     finally:
         _bench.stop(proc)
-    report(per_step, rep, received, steps, rounds, wall, args.push_interval, load, per_step_encode)
+    report(per_step, rep, received, steps, rounds, wall, args.push_interval, load, per_step_encode, args.quick)
 
 
 def report(per_step: dict[str, list[float]], rep: Reporter, received: dict, steps: int, rounds: int,
-           wall: float, interval: float, load: tuple[float, float], per_step_encode: float) -> None:
+           wall: float, interval: float, load: tuple[float, float], per_step_encode: float, quick: bool) -> None:
     """Write the Markdown result."""
     bare = per_step["bare loop (the floor)"]
     rows = []
@@ -261,7 +261,7 @@ def report(per_step: dict[str, list[float]], rep: Reporter, received: dict, step
         "with nothing in the loop body the training thread records ~10⁶ steps/s into a 10,000-step queue "
         "that is pushed once a second; a real step (milliseconds or more) leaves the queue nearly empty.",
     ]
-    _bench.write_result("sdk_overhead", "\n".join(parts), quick=args.quick)
+    _bench.write_result("sdk_overhead", "\n".join(parts), quick=quick)
 
 
 if __name__ == "__main__":
