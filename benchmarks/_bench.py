@@ -18,11 +18,6 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-# The repository root, so the helpers shared with the tests import however the script was started.
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-from tests.ports import free_port  # noqa: E402, F401 - the benchmarks call _bench.free_port()
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
@@ -166,6 +161,19 @@ def write_result(name: str, text: str, *, quick: bool = False) -> Path:
 
 
 # ----- processes ---------------------------------------------------------------------------------
+def free_port() -> int:
+    """A free loopback TCP port: tests/ports.py's, the one definition the tests and benchmarks share.
+
+    Imported on first use, with the repository appended (not prepended) to sys.path: a process that only
+    imports this module (a benchmark's shimmed daemon) keeps its import path as it was.
+    """
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+    from tests.ports import free_port as shared
+
+    return shared()
+
+
 def proc_cpu_s(pid: int) -> float:
     """utime + stime of a whole process (all threads), in seconds, from /proc/PID/stat."""
     raw = Path(f"/proc/{pid}/stat").read_text()

@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 if str(REPO) not in sys.path:  # run as a script: the helpers shared with the tests live under the repository
-    sys.path.insert(1, str(REPO))
+    sys.path.append(str(REPO))
 from tests.ports import free_port  # noqa: E402
 TOKEN = "e2e-token-0123456789abcdef"
 NODE = "e2e-node-0"
