@@ -50,6 +50,15 @@ def agent_faults(alerts: Iterable[AgentAlert]) -> list[NodeFault]:
     return list(out.values())
 
 
+def unreadable_gpus(down: Mapping[str, Iterable[str]], held: Iterable[str]) -> list[NodeFault]:
+    """A node gpumond holds is not clear while its agent cannot read one of its GPUs (gpumond_gpu_up 0), even
+    once the XID that drained it expired. Only for held nodes: one failed read is no reason to drain
+    (the agent's GpuLost alert waits 15 s for that)."""
+    held = set(held)
+    return [NodeFault(node, "gpu_lost", f"GPU {gpu} not readable", True, "gpumond_gpu_up")
+            for node, gpus in sorted(down.items()) if node in held for gpu in gpus]
+
+
 def straggler_faults(findings: Iterable[Finding], since: Mapping[str, float], now: float,
                      for_s: float) -> tuple[list[NodeFault], dict[str, float]]:
     """Nodes with a firing straggler_node finding, once it has persisted `for_s` (in any of the node's jobs).

@@ -16,7 +16,7 @@ from gpumond.alerts.model import Condition, rfc3339
 from gpumond.auditlog import AuditLog
 from gpumond.config.remediation import RemediationConfig
 from gpumond.rules.remediation.backends import Backend, BackendError, NotOurs
-from gpumond.rules.remediation.faults import agent_faults, by_node, straggler_faults
+from gpumond.rules.remediation.faults import agent_faults, by_node, straggler_faults, unreadable_gpus
 from gpumond.rules.remediation.plan import Action, NodeStatus, State, confirm, plan
 from gpumond.rules.remediation.requests import read_requests
 from gpumond.rules.remediation.state import FILE_NAME, StateFile
@@ -53,6 +53,7 @@ class Remediator:
         self._lock = threading.Lock()
         self.state: State = self._file.load()
         self._alerts: dict[str, tuple[AgentAlert, ...]] = {}  # node → what its agent has firing
+        self._down: dict[str, tuple[str, ...]] = {}  # node → indices of the GPUs its agent cannot read now
         self._seen: set[str] = set()  # nodes telemetry has shown (the fleet, when there is no backend)
         self.counts: dict[tuple[str, str], int] = {}
         self.backend_ok: bool | None = None
@@ -69,6 +70,10 @@ class Remediator:
         """Take what each reachable agent has firing; an unreachable agent's last word stands (a node is
         neither drained nor returned on missing data)."""
         answered: dict[str, list[AgentAlert]] = {g.node: [] for g in batch.gpus}
+        down: dict[str, list[str]] = {}
+        for g in batch.gpus:
+            if not g.up and g.parent_uuid is None:
+                down.setdefault(g.node, []).append(g.gpu)
         for h in batch.hosts:
             answered.setdefault(h.node, [])
         for a in batch.alerts:
@@ -77,6 +82,7 @@ class Remediator:
             for node, alerts in answered.items():
                 if node not in batch.absent_nodes:
                     self._alerts[node] = tuple(alerts)
+                    self._down[node] = tuple(down.get(node, ()))
             self._seen |= set(answered)
 
     # ----- the step -------------------------------------------------------------------------------------
@@ -90,6 +96,7 @@ class Remediator:
             if status is None:
                 return []  # never act blind: the scheduler could not be read
             faults = agent_faults(a for alerts in self._alerts.values() for a in alerts)
+            faults += unreadable_gpus(self._down, self.state.records)
             stragglers, since = straggler_faults(findings, self.state.straggler_since, now, self.cfg.straggler_for_s)
             requests, problems = (read_requests(self.state_dir) if self.state_dir is not None
                                   else (None, []))
