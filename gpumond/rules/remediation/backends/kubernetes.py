@@ -8,6 +8,7 @@ merges `conditions` by type. Only nodes carrying gpumond's annotation are ever u
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -141,9 +142,20 @@ class KubernetesBackend:
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - ApiException, urllib3 and socket errors: one line each
-            status = getattr(e, "status", None)
-            body = getattr(e, "reason", None) or str(e).splitlines()[0] if str(e) else type(e).__name__
-            hint = {403: " (RBAC: the service account needs nodes get/list/patch and nodes/status patch)",
-                    409: " (the node changed meanwhile; retried next evaluation)",
-                    422: " (the node changed meanwhile; retried next evaluation)"}.get(status or 0, "")
-            raise BackendError(f"kubernetes: {what} failed: {status or ''} {body}{hint}".replace("  ", " ")) from None
+            raise BackendError(f"kubernetes: {what} failed: {_one_line(e)}") from None
+
+
+def _one_line(e: Exception) -> str:
+    """An API error as `422 Invalid: <the server's message>`, with what to check for the usual ones."""
+    status = getattr(e, "status", None)
+    if status is None:
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    message = getattr(e, "reason", "") or ""
+    try:
+        body = json.loads(getattr(e, "body", None) or "{}")
+        message = body.get("message") or message
+    except (ValueError, AttributeError):
+        pass
+    hint = {403: " (RBAC: the service account needs nodes get/list/patch and nodes/status patch)",
+            409: " (the node changed meanwhile; retried next evaluation)"}.get(status, "")
+    return f"{status} {' '.join(str(message).split())[:300]}{hint}"
