@@ -52,11 +52,11 @@ def fresh(slurm: SlurmCluster) -> SlurmCluster:
     return slurm
 
 
-def _agent_args(work: Path, faults: list[dict[str, object]]) -> list[str | Path]:
+def _agent_args(work: Path, faults: list[dict[str, object]], event_hold_s: float = 2) -> list[str | Path]:
     scenario = write_yaml(work / "scenario.yaml", {"faults": faults})
     # XID 79's alert stays event_hold_s after the event; short here so the node can return within the test.
     config = write_yaml(work / "agent.yaml", {"sampling": {"fast_interval_s": 1, "slow_interval_s": 1},
-                                               "policy": {"alerts": {"event_hold_s": 2}},
+                                               "policy": {"alerts": {"event_hold_s": event_hold_s}},
                                                "state_dir": str(work / "state")})
     return ["--sim-scenario", scenario, "--config", config]
 
@@ -194,3 +194,33 @@ def _get(url: str) -> bytes:
 
 def rules_metrics(rules: RulesDaemon) -> str:
     return _get(f"{rules.url}/metrics").decode()
+
+
+def _health_check(slurm: SlurmCluster, agent: AgentProcess, node: str, work: Path, *mode: str) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-m", "gpumond.cli", "health-check", "--agent", agent.base_url,
+                           "--node", node, "--state-dir", str(work / "hc"), "--hold-down-s", "0", *mode],
+                          capture_output=True, text=True, timeout=60, env=slurm.env)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_health_check_program_drains_its_own_node_dry_run_first(fresh: SlurmCluster, tmp_path: Path) -> None:
+    slurm = fresh
+    slurm.scontrol("update", "NodeName=node-c", "State=DRAIN", f"Reason={PERSON_REASON}")
+    agent = AgentProcess(["--sim", "2", "--node-name", "node-b",
+                          *_agent_args(tmp_path / "agent", [{"gpu": 0, "kind": "lost", "at_s": 1.0}], 300)],
+                         tmp_path / "agent")
+    with agent:
+        wait_until(lambda: any(s.labels.get("alertname") == "GpuXidCritical"
+                               for s in samples(agent.metrics(), "gpumond_alert_active")),
+                   timeout=30, what="XID 79 alert on the agent")
+        rc, out = _health_check(slurm, agent, "node-b", tmp_path)  # dry run: the default
+        assert rc == 0 and "node-b: would drain: gpumond: GPU 0 lost (XID 79)" in out, out
+        assert slurm.node("node-b")["state"] == "idle"
+        rc, out = _health_check(slurm, agent, "node-b", tmp_path, "--mode", "enforce")
+        assert rc == 0 and "node-b: drain: gpumond: GPU 0 lost (XID 79)" in out, out
+        assert slurm.node("node-b")["state"].startswith("drain")
+        assert slurm.node("node-b")["reason"] == "gpumond: GPU 0 lost (XID 79)"
+        # The same agent read as node-c, which a person drained: left alone, and said so.
+        rc, out = _health_check(slurm, agent, "node-c", tmp_path / "c", "--mode", "enforce")
+        assert rc == 1 and "drained by someone else" in out, out
+        assert slurm.node("node-c")["reason"] == PERSON_REASON

@@ -154,3 +154,11 @@ def test_undo_returns_the_node_and_leaves_it_alone_until_its_faults_clear() -> N
 def test_enforce_without_a_backend_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="mode enforce needs a backend"):
         RemediationConfig(mode="enforce")
+
+
+def test_nodes_drained_by_gpumond_elsewhere_count_against_the_guard() -> None:
+    cfg = ENFORCE.model_copy(update={"guard": ENFORCE.guard.model_copy(update={"max_nodes": 1,
+                                                                                 "max_pool_fraction": 1.0})})
+    status = _status("n1", "n2", drained={"n2": "gpumond: GPU 0 lost"})  # the health-check of n2 drained it
+    state, acts = _run(State(), {"n1": _lost("n1")}, status, 0.0, cfg)
+    assert acts == [("refuse", "n1")]

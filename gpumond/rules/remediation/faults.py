@@ -50,13 +50,15 @@ def agent_faults(alerts: Iterable[AgentAlert]) -> list[NodeFault]:
     return list(out.values())
 
 
-def unreadable_gpus(down: Mapping[str, Iterable[str]], held: Iterable[str]) -> list[NodeFault]:
+def unreadable_gpus(down: Mapping[str, Iterable[str]], held: Iterable[str],
+                    known: Iterable[NodeFault] = ()) -> list[NodeFault]:
     """A node gpumond holds is not clear while its agent cannot read one of its GPUs (gpumond_gpu_up 0), even
     once the XID that drained it expired. Only for held nodes: one failed read is no reason to drain
     (the agent's GpuLost alert waits 15 s for that)."""
     held = set(held)
+    lost = {(f.node, f.detail.split()[1]) for f in known if f.condition == "gpu_lost"}  # "GPU 3 lost …"
     return [NodeFault(node, "gpu_lost", f"GPU {gpu} not readable", True, "gpumond_gpu_up")
-            for node, gpus in sorted(down.items()) if node in held for gpu in gpus]
+            for node, gpus in sorted(down.items()) if node in held for gpu in gpus if (node, gpu) not in lost]
 
 
 def straggler_faults(findings: Iterable[Finding], since: Mapping[str, float], now: float,

@@ -83,13 +83,17 @@ class Action:
 
 
 def guard_refusal(node: str, pool: str, records: Mapping[str, Record], drains: tuple[float, ...],
-                  pool_sizes: Mapping[str, int], cfg: RemediationConfig) -> str | None:
-    """Why draining `node` now would exceed the blast radius, or None when it may go ahead."""
+                  pool_sizes: Mapping[str, int], cfg: RemediationConfig,
+                  elsewhere: Mapping[str, str] | None = None) -> str | None:
+    """Why draining `node` now would exceed the blast radius, or None when it may go ahead. `elsewhere` are
+    nodes (→ pool) the scheduler shows drained by gpumond that this state does not hold (the health-check
+    on each node, another service): they count against the limits too."""
     g = cfg.guard
-    count = len(records) + 1
+    pools = [r.pool for r in records.values()] + [p for n, p in (elsewhere or {}).items() if n not in records]
+    count = len(pools) + 1
     if count > g.max_nodes:
         return f"would make {count} nodes drained by gpumond, over guard.max_nodes {g.max_nodes}"
-    in_pool = sum(1 for r in records.values() if r.pool == pool) + 1
+    in_pool = sum(1 for p in pools if p == pool) + 1
     size = max(pool_sizes.get(pool, 0), 1)
     # At least one node of any pool may go: a fraction of a small pool would otherwise forbid every drain.
     allowed = max(1, int(g.max_pool_fraction * size))
@@ -164,6 +168,7 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
     pool_sizes: dict[str, int] = {}
     for st in status.values():
         pool_sizes[st.pool] = pool_sizes.get(st.pool, 0) + 1
+    elsewhere = {n: st.pool for n, st in status.items() if st.drained and st.ours and n not in faults}
     for node, node_faults in sorted(faults.items()):
         if node in records or node in undone:
             continue
@@ -192,7 +197,7 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
                 actions.append(Action("refuse", node, f"circuit breaker open ({breaker.why}): {reason}", st.pool,
                                       conditions, dry))
             continue
-        why = guard_refusal(node, st.pool, records, drains, pool_sizes, cfg)
+        why = guard_refusal(node, st.pool, records, drains, pool_sizes, cfg, elsewhere)
         if why is not None:
             breaker = Breaker(now, f"{node}: {why}")
             noted.add(node)

@@ -96,7 +96,7 @@ class Remediator:
             if status is None:
                 return []  # never act blind: the scheduler could not be read
             faults = agent_faults(a for alerts in self._alerts.values() for a in alerts)
-            faults += unreadable_gpus(self._down, self.state.records)
+            faults += unreadable_gpus(self._down, self.state.records, faults)
             stragglers, since = straggler_faults(findings, self.state.straggler_since, now, self.cfg.straggler_for_s)
             requests, problems = (read_requests(self.state_dir) if self.state_dir is not None
                                   else (None, []))
