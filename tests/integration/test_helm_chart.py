@@ -42,6 +42,8 @@ EXPECTED_KINDS = {
     "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
                             "PodMonitor": 2},
     "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
+    "remediation-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+                           "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 }
 
 

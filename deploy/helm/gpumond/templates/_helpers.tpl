@@ -124,3 +124,11 @@ app.kubernetes.io/part-of: gpumond
 {{- fail "monitoring: enable serviceMonitor or podMonitor, not both (every target would be scraped twice)" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Fleet remediation through the Kubernetes API: rules.config.remediation.backend is kubernetes. */}}
+{{- define "gpumond.remediatesNodes" -}}
+{{- $rem := get (.Values.rules.config | default dict) "remediation" | default dict -}}
+{{- if and .Values.rules.enabled (eq (get $rem "backend" | default "none") "kubernetes") (ne (get $rem "mode" | default "dry_run") "off") -}}
+true
+{{- end -}}
+{{- end -}}
