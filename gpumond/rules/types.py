@@ -210,6 +210,7 @@ class TelemetryBatch:
     errors: tuple[str, ...] = ()  # one line per failed target/query, for logs and /readyz
     # What each reachable agent has firing (GpuLost, GpuXidCritical, …): what remediation acts on.
     alerts: tuple[AgentAlert, ...] = ()
+    alerts_known: bool = True  # False when the alerts could not be read (their query failed): keep the last
 
 
 class TelemetrySource(Protocol):

@@ -144,3 +144,14 @@ def test_the_guard_refusal_is_audited_exported_and_pages(tmp_path: Path) -> None
     assert names == ["GpumondNodeDrained", "GpumondRemediationHalted"]
     series = {(s.name, s.labels): s.value for s in rem.series()}
     assert series[("gpumond_remediation_breaker_open", ())] == 1.0
+
+
+def test_unreadable_alerts_keep_the_last_word(tmp_path: Path) -> None:
+    sched, now = Scheduler(["n1", "n2", "n3"]), [0.0]
+    rem = Remediator.build(ENFORCE.model_copy(update={"hold_down_s": 0}), tmp_path, sched, clock=lambda: now[0])
+    rem.observe(_batch(0.0, "n1"))
+    rem.step([])
+    now[0] = 100.0
+    unknown = _batch(100.0)
+    rem.observe(TelemetryBatch(t=100.0, gpus=unknown.gpus, alerts_known=False))  # the alerts query failed
+    assert rem.step([]) == [] and "n1" in rem.state.records

@@ -68,7 +68,7 @@ class Remediator:
     # ----- inputs -----------------------------------------------------------------------------------------
     def observe(self, batch: TelemetryBatch) -> None:
         """Take what each reachable agent has firing; an unreachable agent's last word stands (a node is
-        neither drained nor returned on missing data)."""
+        neither drained nor returned on missing data), and so does everyone's when the alerts were unreadable."""
         answered: dict[str, list[AgentAlert]] = {g.node: [] for g in batch.gpus}
         down: dict[str, list[str]] = {}
         for g in batch.gpus:
@@ -80,7 +80,7 @@ class Remediator:
             answered.setdefault(a.node, []).append(a)
         with self._lock:
             for node, alerts in answered.items():
-                if node not in batch.absent_nodes:
+                if node not in batch.absent_nodes and batch.alerts_known:
                     self._alerts[node] = tuple(alerts)
                     self._down[node] = tuple(down.get(node, ()))
             self._seen |= set(answered)
