@@ -63,6 +63,8 @@ class Remediator:
               clock: Callable[[], float] = time.time) -> Remediator:
         """The component as the service runs it: audit log at `audit_log` or in the state directory."""
         path = cfg.audit_log or (state_dir / AUDIT_FILE if state_dir is not None else None)
+        if cfg.mode == "off":
+            path = None  # nothing to audit; leave no file behind
         return cls(cfg, backend=backend, state_dir=state_dir, audit=AuditLog(path) if path else None, clock=clock)
 
     # ----- inputs -----------------------------------------------------------------------------------------
