@@ -94,18 +94,22 @@ class Remediator:
             return []
         with self._lock:
             now = self._clock()
-            status = self._status()
-            if status is None:
-                return []  # never act blind: the scheduler could not be read
             faults = agent_faults(a for alerts in self._alerts.values() for a in alerts)
             faults += unreadable_gpus(self._down, self.state.records, faults)
             stragglers, since = straggler_faults(findings, self.state.straggler_since, now, self.cfg.straggler_for_s)
+            wanted = by_node(faults + stragglers, self.cfg.conditions)
             requests, problems = (read_requests(self.state_dir) if self.state_dir is not None
                                   else (None, []))
             for p in problems:
                 log.warning(p)
-            state, actions = plan(replace(self.state, straggler_since=since),
-                                  by_node(faults + stragglers, self.cfg.conditions), status, self.cfg, now,
+            if not wanted and not self.state.records and not (requests and requests.files):
+                # Nothing to decide: the scheduler is not asked (a node list every step adds up on a big cluster).
+                self._save(replace(self.state, straggler_since=since, noted=()))
+                return []
+            status = self._status()
+            if status is None:
+                return []  # never act blind: the scheduler could not be read
+            state, actions = plan(replace(self.state, straggler_since=since), wanted, status, self.cfg, now,
                                   undo=requests.undo if requests else (),
                                   reset_breaker=requests.reset_breaker if requests else False)
             self._save(state)  # decided before done: a crash now re-drives the decision, never forgets it
