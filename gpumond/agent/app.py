@@ -37,7 +37,7 @@ from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
-from gpumond.connections import ConnectionStats
+from gpumond.connections import ConnectionStats, connection_cap
 from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
 
 __all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
@@ -115,7 +115,8 @@ class Agent:
         compat = config.exposition.dcgm_compat
         dcgm = DcgmCompat(hostname=config.node_name, hostname_label=compat.hostname_label) if compat.enabled else None
         renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
-        self.http_stats = ConnectionStats()  # filled by the HTTP server (serve()), exported each fast cycle
+        # Filled by the HTTP server (serve()), exported each fast cycle; the cap is known now, for the first one.
+        self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=renderer, xid=self.xid,
                                jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
                                policy=self.policy, dcgm=dcgm, identities=self._identities.save,
@@ -171,6 +172,12 @@ class Agent:
             shutil.rmtree(self._state_dir, ignore_errors=True)
         log.info("agent stopped")
 
+    def discard(self) -> None:
+        """Undo what constructing the agent did, for an agent that will never start (its port is taken)."""
+        self._audit.close()
+        if self._own_state_dir:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
+
     def latest(self) -> Rendered | None:
         """What /metrics serves."""
         return self.sampler.latest
@@ -222,7 +229,11 @@ def _alert_pipeline(config: AgentConfig, state_dir: Path) -> AlertPipeline:
 
 def serve(agent: Agent) -> None:
     """Run the agent until SIGTERM/SIGINT, then stop it cleanly (restoring limits; exit status 0)."""
-    sock = bind(agent.config.listen.host, agent.config.listen.port)
+    try:
+        sock = bind(agent.config.listen.host, agent.config.listen.port)
+    except ListenError:
+        agent.discard()  # e.g. a --sim run's own state directory, which would otherwise stay in /tmp
+        raise
     agent.start()
     log.info("serving", extra={"url": f"http://{agent.config.listen}/metrics"})
     run_until_signalled(agent.app(), sock, on_stop=agent.stop, limits=agent.config.http.limits(),

@@ -30,7 +30,7 @@ from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
-from gpumond.connections import CONNECTION_METRICS, ConnectionStats
+from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
 from gpumond.textformat import Encoder
 from gpumond.types import Series
@@ -84,7 +84,7 @@ class RulesService:
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
                                    shard=shard, clock=clock)
         self.stats = IngestStats(self.ranks, self.gpus)
-        self.http_stats = ConnectionStats()  # filled by the HTTP server (serve())
+        self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
                              alerts=self.alerts.api_json)
