@@ -213,9 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 2 invalid)",
                        description="Validate an agent or rules config file (the kind is recognised from its "
                                    "keys, else its file name, or given with --kind); prints one line naming the "
-                                   "first bad field.")
+                                   "first bad field. By default it checks as the daemon will start: it reads the "
+                                   "secret files the config names (tokens_file, *_file) and the GPUMOND_* "
+                                   "environment. --shape-only checks keys, types and bounds alone, for a machine "
+                                   "that does not hold the secrets (CI). The ok line says which check ran.",
+                       epilog=("examples:\n"
+                               "  gpumond check-config /etc/gpumond/agent.yaml          # as the daemon will start\n"
+                               "  gpumond check-config --shape-only deploy/rules.yaml   # in CI, without the secrets\n"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("file", metavar="FILE", type=Path)
     c.add_argument("--kind", choices=["agent", "rules"], help="which config this is (default: recognise it)")
+    c.add_argument("--shape-only", action="store_true",
+                   help="check keys, types and bounds only: read no secret file and no GPUMOND_* variable, and "
+                        "do not require a push token (they exist only where the daemon runs)")
     return p
 
 
@@ -223,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gpumond` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "check-config":
-        return _check_config(args.file, args.kind)
+        return _check_config(args.file, args.kind, shape_only=args.shape_only)
     if args.command == "agent":
         return _agent(args)
     if args.command == "rules":
@@ -257,30 +267,34 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
     return cfg.model_copy(update=update)  # every value above is already validated
 
 
-def _check_config(path: Path, kind: str | None) -> int:
-    from gpumond.config import ConfigError, load_agent_config, read_yaml_mapping
+def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> int:
+    from gpumond.config import AgentConfig, ConfigError, load_agent_config, load_config, read_yaml_mapping
     from gpumond.config.kind import guess_kind
-    from gpumond.config.rules import load_rules_config
+    from gpumond.config.rules import RulesConfig, load_rules_config
 
     how = "given"
+    # Said on the ok line: a shape-only pass has not proven the daemon can read its secrets.
+    mode = "shape only: no secret file or environment read" if shape_only else \
+        "full check: secret files and environment read"
     try:
         if kind is None:
             kind, how = guess_kind(path, read_yaml_mapping(path))
         if kind == "rules":
-            rules = load_rules_config(path)
+            rules = load_config(path, RulesConfig) if shape_only else load_rules_config(path)
             source = "prometheus" if rules.telemetry.prometheus else "scrape" if rules.telemetry.scrape.enabled \
                 else "none"
-            print(f"{path}: ok (rules config{_told(how)}; listen {rules.listen}, {len(rules.tokens)} token(s), "
-                  f"telemetry {source}, alerts to {_sinks(rules.alerting)})")
+            tokens = f"{len(rules.tokens)} inline token(s)" if shape_only else f"{len(rules.tokens)} token(s)"
+            print(f"{path}: ok (rules config{_told(how)}; listen {rules.listen}, {tokens}, "
+                  f"telemetry {source}, alerts to {_sinks(rules.alerting)}; {mode})")
             return 0
-        cfg = load_agent_config(path)
+        cfg = load_config(path, AgentConfig) if shape_only else load_agent_config(path)
     except ConfigError as e:
         hint = f" (checked as {'a rules' if kind == 'rules' else 'an agent'} config, told by {how}; " \
                f"pass --kind to choose)" if how == "its file name" else ""
         print(f"gpumond: {e}{hint}", file=sys.stderr)
         return EXIT_USAGE
     print(f"{path}: ok (agent config{_told(how)}; listen {cfg.listen}, node {cfg.node_name}, "
-          f"alerts to {_sinks(cfg.alerting)})")
+          f"alerts to {_sinks(cfg.alerting)}; {mode})")
     return 0
 
 

@@ -52,6 +52,36 @@ def test_check_config_accepts_a_good_file(tmp_path, capsys):
     assert "ok" in capsys.readouterr().out
 
 
+def test_check_config_shape_only_lints_without_the_secret_files_and_says_which_check_ran(tmp_path, capsys,
+                                                                                      monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("GPUMOND_"):
+            monkeypatch.delenv(name)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("tokens_file: /etc/gpumond/no-such-rules-tokens\n"
+                     "alerting:\n  slack: {webhook_url_file: /etc/gpumond/no-such-webhook}\n")
+    agent = tmp_path / "agent.yaml"
+    agent.write_text("alerting:\n  pagerduty: {routing_key_file: /etc/gpumond/no-such-key}\n")
+    # The full check reads the secrets as the daemon will, and fails where they are absent (a CI runner).
+    assert main(["check-config", str(rules)]) == 2
+    assert "tokens_file: cannot read /etc/gpumond/no-such-rules-tokens" in capsys.readouterr().err
+    assert main(["check-config", str(agent)]) == 2
+    assert "routing_key_file: cannot read /etc/gpumond/no-such-key" in capsys.readouterr().err
+    assert main(["check-config", "--shape-only", str(rules)]) == 0
+    out = capsys.readouterr().out
+    assert "ok (rules config" in out and "shape only: no secret file or environment read" in out, out
+    assert "alerts to log, slack" in out, out
+    assert main(["check-config", "--shape-only", str(agent)]) == 0
+    assert "shape only: no secret file or environment read" in capsys.readouterr().out
+    # Shape still means shape: a typo fails either way.
+    agent.write_text("sampling: {fast_intervall_s: 2}\n")
+    assert main(["check-config", "--shape-only", str(agent)]) == 2
+    assert "sampling.fast_intervall_s: unknown key" in capsys.readouterr().err
+    agent.write_text("listen: 127.0.0.1:9999\n")
+    assert main(["check-config", str(agent)]) == 0
+    assert "full check: secret files and environment read" in capsys.readouterr().out
+
+
 def test_bad_scenario_file_is_one_clear_line(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text("faults:\n  - {gpu: 0, kind: coolng, at_s: 1}\n")
