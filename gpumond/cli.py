@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--config", metavar="FILE", type=Path, help="agent YAML config (every key optional)")
     a.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9480)")
     a.add_argument("--node-name", metavar="NAME", help="override `node_name` (default: hostname)")
+    a.add_argument("--state-dir", metavar="DIR", help="override `state_dir` (default /var/lib/gpumond; with --sim, a "
+                                                      "directory of the run's own); one live agent per directory")
     a.add_argument("--sim", metavar="GPUS", type=_positive_int,
                    help="run on N simulated GPUs instead of the NVIDIA driver (explicit, never a fallback)")
     a.add_argument("--sim-scenario", metavar="FILE", type=_scenario,
@@ -127,11 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ingest job pushes, read GPU telemetry from agents or Prometheus, and serve findings "
                     "on /api/v1/findings (default port 9481).",
         epilog=("examples:\n"
+                "  gpumond rules --config deploy/examples/rules.yaml  # on this machine, next to gpumond agent --sim 8\n"
                 "  gpumond rules --config /etc/gpumond/rules.yaml\n"
-                "  gpumond rules --config rules.yaml --shard 0/4      # the first of four replicas\n"),
+                "  gpumond rules --config rules.yaml --shard 0/4 --state-dir /var/lib/gpumond-rules-0   # a replica\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--config", metavar="FILE", type=Path, help="rules YAML config (see deploy/examples/rules.yaml)")
     r.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9481)")
+    r.add_argument("--state-dir", metavar="DIR",
+                   help="override `state_dir`, where alert state is kept (default /var/lib/gpumond-rules); one live "
+                        "rules service per directory: a second one is refused")
     r.add_argument("--shard", metavar="I/N", help="evaluate only jobs whose id hashes to I modulo N (crc32) and refuse "
                                                   "pushes for other jobs with 421; jobs route with "
                                                   "GPUMOND_SHARDS=N and {shard} in GPUMOND_ENDPOINT")
@@ -267,6 +273,14 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
     return cfg.model_copy(update=update)  # every value above is already validated
 
 
+def _directory(text: str) -> Path:
+    """--state-dir: made absolute here, from the directory the command runs in (the config wants it absolute
+    because a daemon's working directory under systemd is /)."""
+    if not text.strip():
+        raise ValueError("must be a directory path")
+    return Path(text).expanduser().absolute()
+
+
 def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> int:
     from gpumond.config import AgentConfig, ConfigError, load_agent_config, load_config, read_yaml_mapping
     from gpumond.config.kind import guess_kind
@@ -325,7 +339,8 @@ def _rules(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         cfg = _with_flags(cfg, "rules", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
-                                               ("--shard", args.shard, Shard.parse, "shard")))
+                                               ("--shard", args.shard, Shard.parse, "shard"),
+                                               ("--state-dir", args.state_dir, _directory, "state_dir")))
     except _FlagError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
@@ -426,7 +441,8 @@ def _agent(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         cfg = _with_flags(cfg, "agent", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
-                                               ("--node-name", args.node_name, str, "node_name")))
+                                               ("--node-name", args.node_name, str, "node_name"),
+                                               ("--state-dir", args.state_dir, _directory, "state_dir")))
     except _FlagError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE

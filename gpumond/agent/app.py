@@ -39,6 +39,7 @@ from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
 from gpumond.connections import ConnectionStats, connection_cap
 from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
+from gpumond.statedir_lock import StateDirBusy, StateDirLock
 
 __all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
 
@@ -86,6 +87,13 @@ class Agent:
         self.backend = backend
         state_dir, self._own_state_dir = state_dir_for(config, backend)
         self._state_dir = state_dir
+        try:  # before anything reads the state: another live agent's limits are not ours to restore
+            self._lock = StateDirLock.acquire(state_dir, "agent")
+        except StateDirBusy as e:
+            raise AgentStartError(str(e)) from None
+        except OSError as e:
+            raise AgentStartError(f"state_dir {state_dir}: {e.strerror or e} (set state_dir in the config, or run "
+                                  f"under systemd's StateDirectory=)") from None
         self._identities = IdentityFile(state_dir / IDENTITY_FILE)
         self.session = NvmlSession(install=backend.install, clock=backend.clock,
                                    retry_max_s=config.sampling.nvml_retry_max_s,
@@ -168,6 +176,7 @@ class Agent:
         self._audit.close()
         self.session.close()
         self.backend.uninstall()
+        self._lock.release()
         if self._own_state_dir:
             shutil.rmtree(self._state_dir, ignore_errors=True)
         log.info("agent stopped")
@@ -175,6 +184,7 @@ class Agent:
     def discard(self) -> None:
         """Undo what constructing the agent did, for an agent that will never start (its port is taken)."""
         self._audit.close()
+        self._lock.release()
         if self._own_state_dir:
             shutil.rmtree(self._state_dir, ignore_errors=True)
 

@@ -123,12 +123,18 @@ def test_check_config_passes_on_the_shipped_example(example: Path) -> None:
     assert p.stdout.startswith(f"{example}: ok ({example.stem} config;")
 
 
-def test_the_rules_example_runs_as_the_readme_says_and_is_the_defaults_but_its_demo_token() -> None:
+def test_the_rules_example_runs_as_the_readme_says_and_is_the_defaults_but_its_dev_keys() -> None:
     example = REPO / "deploy" / "examples" / "rules.yaml"
     assert "gpumond rules --config deploy/examples/rules.yaml" in (REPO / "README.md").read_text()
     config = load_rules_config(example, env={})
     assert len(config.tokens) == 1 and "demo" in config.tokens[0]
-    assert config.model_copy(update={"tokens": ()}) == RulesConfig.default()
+    # What makes it run on a developer machine as it is: this machine only (the token is public), the agent
+    # that `gpumond agent --sim 8` starts here, and the default state_dir left unset (in memory when unwritable).
+    assert str(config.listen) == "127.0.0.1:9481" and config.telemetry.scrape.targets == ("127.0.0.1:9480",)
+    assert "state_dir" not in config.model_fields_set
+    default = RulesConfig.default()
+    dev = {"tokens": (), "listen": default.listen, "telemetry": default.telemetry}
+    assert config.model_copy(update=dev) == default
     assert "tokens_file: /etc/gpumond/" in example.read_text()  # the production way is shown
 
 
