@@ -401,14 +401,24 @@ def _flag_words(problem: str) -> str:
 def _findings(args: argparse.Namespace) -> int:
     import json
 
-    from gpumond.findings_cli import FetchError, fetch, table
+    from gpumond.findings_cli import FetchError, fetch, known, table
 
+    filters = {"job": args.job, "kind": args.kind, "state": args.state}
     try:
-        found = fetch(args.url, {"job": args.job, "kind": args.kind, "state": args.state})
+        found = fetch(args.url, filters)
     except FetchError as e:
         print(f"gpumond findings: {e}", file=sys.stderr)
         return 1
-    print(json.dumps({"findings": found}, indent=1) if args.json else table(found))
+    if args.json:
+        print(json.dumps({"findings": found}, indent=1))
+        return 0
+    empty = "no findings" + "".join(f" for {k} {v}" for k, v in filters.items() if v)
+    if not found:  # "none" means something only when the service has anything to judge: say what it holds
+        try:
+            empty += f": {known(args.url)}"
+        except FetchError as e:
+            empty += f" (what the service holds is unknown: {e})"
+    print(table(found, empty=empty))
     return 0
 
 
