@@ -138,7 +138,7 @@ class Agent:
     def start(self) -> None:
         """Open NVML, take one full sample synchronously (so the first scrape has data), then schedule."""
         log.info("agent starting", extra={"backend": self.backend.name, "node": self.config.node_name,
-                                          "listen": str(self.config.listen)})
+                                          "listen": str(self.config.listen), "policy": self.config.policy.mode})
         self.alerts.start(self.backend.clock())
         if self.pods is not None:
             self.pods.start()  # its own thread: the first slow cycle may not have its answer yet
