@@ -83,6 +83,8 @@ def test_the_first_scrape_has_the_connection_cap_and_the_log_names_the_alert_sin
     agent: AgentProcess = start_agent("--sim", "2", "--config", config)
     fams = agent.metrics()
     assert fams["gpumond_http_connections_limit"].samples[0].value == 100
+    starting = next(line for line in _lines(agent.stderr()) if 'msg="agent starting"' in line)
+    assert "policy=dry_run" in starting, starting  # the default: no power limit is changed
     start = next(line for line in _lines(agent.stderr()) if 'msg="alert sinks on"' in line)
     assert f'sinks="log, alertmanager({am.removeprefix("http://")})"' in start, start
 
