@@ -12,9 +12,13 @@
 #                         localhost/gpumond-base:bookworm; reused when it exists (--rebuild-base remakes it)
 #   --tag NAME            the image name (default ghcr.io/gpumond/gpumond:VERSION, the chart's default)
 #   --wheel FILE          install this gpumond wheel (default: build one from this checkout)
-#   --arch LIST           architectures the wheelhouse holds, comma-separated (default: this machine's);
-#                         the release workflow passes amd64,arm64 for a multi-arch build
+#   --arch LIST           the architectures to build, comma-separated (default: this machine's); with two
+#                         (the release: amd64,arm64) the tag names a manifest list, and the other architecture's
+#                         build runs under emulation (qemu-user-static); not with --local-base
 #   --oci-archive FILE    also save the image as an OCI archive (load it with `skopeo copy oci-archive:FILE ...`)
+#   --push REF            also push it (every architecture) to REF, e.g. ghcr.io/gpumond/gpumond:0.1.0; log in
+#                         first (buildah login REGISTRY)
+#   --digest-file FILE    with --push: write the pushed image's digest (what to pin) to FILE
 #   --context DIR         where the build context (its wheelhouse/, remade each time) is made (default build/image)
 #
 # Storage and isolation are buildah's: STORAGE_DRIVER, CONTAINERS_STORAGE_CONF and BUILDAH_ISOLATION are honoured
@@ -27,6 +31,7 @@ die() { echo "build-image: $*" >&2; exit 2; }
 
 base="docker.io/library/python:3.11-slim-bookworm"
 local_base=0 rebuild_base=0 tag="" wheel="" oci_archive="" arches="" context="build/image"
+push_to="" digest_file=""
 while (($#)); do
     case "$1" in
         --base) base="${2:?--base needs an image}"; shift 2 ;;
@@ -36,6 +41,8 @@ while (($#)); do
         --wheel) wheel="${2:?--wheel needs a file}"; shift 2 ;;
         --arch) arches="${2:?--arch needs a list, e.g. amd64,arm64}"; shift 2 ;;
         --oci-archive) oci_archive="${2:?--oci-archive needs a file}"; shift 2 ;;
+        --push) push_to="${2:?--push needs an image reference}"; shift 2 ;;
+        --digest-file) digest_file="${2:?--digest-file needs a file}"; shift 2 ;;
         --context) context="${2:?--context needs a directory}"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
@@ -54,6 +61,9 @@ created="$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ
 
 host_arch() { case "$(uname -m)" in x86_64) echo amd64 ;; aarch64|arm64) echo arm64 ;; *) uname -m ;; esac; }
 arches="${arches:-$(host_arch)}"
+if ((local_base)) && [ "$arches" != "$(host_arch)" ]; then
+    die "--local-base makes a base for this machine's architecture ($(host_arch)) only; leave out --arch"
+fi
 
 # ---- the wheelhouse: gpumond's wheel, every dependency (with the k8s extra) for each architecture, and pip ----
 rm -rf "$context/wheelhouse" && mkdir -p "$context/wheelhouse"
@@ -84,6 +94,7 @@ if ((local_base)); then
         rootfs="$(mktemp -d)/rootfs.tar"
         echo "build-image: making $base with mmdebstrap (Debian bookworm, minbase + python3)" >&2
         # Documentation and translations are left out (copyright files kept): the image has no man or locale.
+        # shellcheck disable=SC2016  # the hook's $1 (the root being made) is mmdebstrap's to expand
         mmdebstrap --quiet --variant=minbase --include=python3 \
             --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
             --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
@@ -98,15 +109,29 @@ if ((local_base)); then
     fi
 fi
 
-# ---- the image ----
+# ---- the image: one, or with several --arch a manifest list of one image per architecture ----
+# (building another architecture's image runs its RUN step under emulation: qemu-user-static with binfmt_misc)
 started=$SECONDS
-buildah build --quiet --layers --file Containerfile --tag "$tag" \
-    --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg REVISION="$revision" \
-    --build-arg CREATED="$created" "$context" >/dev/null
-echo "build-image: built $tag from $base in $((SECONDS - started)) s" >&2
+build_args=(--build-arg BASE="$base" --build-arg VERSION="$version" --build-arg REVISION="$revision"
+            --build-arg CREATED="$created")
+if [[ "$arches" == *,* ]]; then
+    build_platforms="linux/${arches//,/,linux/}"
+    buildah manifest rm "$tag" >/dev/null 2>&1 || true
+    buildah build --quiet --layers --file Containerfile --platform "$build_platforms" --manifest "$tag" \
+        "${build_args[@]}" "$context" >/dev/null
+    push=(buildah manifest push --quiet --all "$tag")
+else
+    buildah build --quiet --layers --file Containerfile --tag "$tag" "${build_args[@]}" "$context" >/dev/null
+    push=(buildah push --quiet "$tag")
+fi
+echo "build-image: built $tag ($arches) from $base in $((SECONDS - started)) s" >&2
 if [ -n "$oci_archive" ]; then
     mkdir -p "$(dirname "$oci_archive")" && rm -f "$oci_archive"
-    buildah push --quiet "$tag" "oci-archive:$oci_archive:$tag"
+    "${push[@]}" "oci-archive:$oci_archive:$tag"
     echo "build-image: saved $oci_archive" >&2
+fi
+if [ -n "$push_to" ]; then
+    "${push[@]}" ${digest_file:+--digestfile "$digest_file"} "docker://$push_to"
+    echo "build-image: pushed $push_to${digest_file:+ (digest in $digest_file)}" >&2
 fi
 echo "$tag"

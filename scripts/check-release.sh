@@ -29,7 +29,7 @@ mkdir -p "$dist"
 rm -f "$dist/gpumond-$version.tar.gz" "$dist/gpumond-$version-py3-none-any.whl"
 python3 -m build --outdir "$dist" . >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log" >&2; die "python -m build failed"; }
 sdist="$dist/gpumond-$version.tar.gz" wheel="$dist/gpumond-$version-py3-none-any.whl"
-[ -f "$sdist" ] && [ -f "$wheel" ] || die "python -m build made no $sdist and $wheel"
+if [ ! -f "$sdist" ] || [ ! -f "$wheel" ]; then die "python -m build made no $sdist and $wheel"; fi
 echo "check-release: built $sdist and $wheel (the wheel from the sdist)"
 
 python3 -m twine check --strict "$sdist" "$wheel"
