@@ -65,7 +65,40 @@ if ((local_base)) && [ "$arches" != "$(host_arch)" ]; then
     die "--local-base makes a base for this machine's architecture ($(host_arch)) only; leave out --arch"
 fi
 
+# ---- the base (made while the wheelhouse downloads: both wait on the network) ----
+make_base() {
+    local t0=$SECONDS rootfs
+    rootfs="$(mktemp -d)/rootfs.tar"
+    # Documentation and translations are left out (copyright files kept): the image has no man or locale.
+    # shellcheck disable=SC2016  # the hook's $1 (the root being made) is mmdebstrap's to expand
+    mmdebstrap --quiet --variant=minbase --include=python3 \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
+        bookworm "$rootfs" http://deb.debian.org/debian \
+        "deb http://deb.debian.org/debian-security bookworm-security main"
+    ctr="$(buildah from scratch)"
+    buildah add --quiet "$ctr" "$rootfs" / >/dev/null
+    buildah config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
+    buildah commit --quiet --rm "$ctr" "$base" >/dev/null
+    rm -rf "$(dirname "$rootfs")"
+    echo "build-image: made $base in $((SECONDS - t0)) s" >&2
+}
+base_pid=""
+# Never leave the base's build running behind a failed wheelhouse step.
+trap 'if [ -n "$base_pid" ]; then wait "$base_pid" 2>/dev/null || true; fi' EXIT
+if ((local_base)); then
+    base="localhost/gpumond-base:bookworm"
+    if ((rebuild_base)) || ! buildah inspect --type image "$base" >/dev/null 2>&1; then
+        command -v mmdebstrap >/dev/null || die "--local-base needs mmdebstrap: apt-get install mmdebstrap"
+        echo "build-image: making $base with mmdebstrap (Debian bookworm, minbase + python3)" >&2
+        make_base &
+        base_pid=$!
+    fi
+fi
+
 # ---- the wheelhouse: gpumond's wheel, every dependency (with the k8s extra) for each architecture, and pip ----
+started=$SECONDS
 rm -rf "$context/wheelhouse" && mkdir -p "$context/wheelhouse"
 if [ -z "$wheel" ]; then
     python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$context/wheelhouse" .
@@ -85,29 +118,8 @@ for arch in ${arches//,/ }; do
         --python-version 3.11 --implementation cp "${platforms[@]}" \
         --dest "$context/wheelhouse" "gpumond[k8s] @ file://$wheel_abs" pip
 done
-
-# ---- the base ----
-if ((local_base)); then
-    base="localhost/gpumond-base:bookworm"
-    if ((rebuild_base)) || ! buildah inspect --type image "$base" >/dev/null 2>&1; then
-        command -v mmdebstrap >/dev/null || die "--local-base needs mmdebstrap: apt-get install mmdebstrap"
-        rootfs="$(mktemp -d)/rootfs.tar"
-        echo "build-image: making $base with mmdebstrap (Debian bookworm, minbase + python3)" >&2
-        # Documentation and translations are left out (copyright files kept): the image has no man or locale.
-        # shellcheck disable=SC2016  # the hook's $1 (the root being made) is mmdebstrap's to expand
-        mmdebstrap --quiet --variant=minbase --include=python3 \
-            --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-            --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
-            --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
-            bookworm "$rootfs" http://deb.debian.org/debian \
-            "deb http://deb.debian.org/debian-security bookworm-security main"
-        ctr="$(buildah from scratch)"
-        buildah add --quiet "$ctr" "$rootfs" / >/dev/null
-        buildah config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
-        buildah commit --quiet --rm "$ctr" "$base" >/dev/null
-        rm -rf "$(dirname "$rootfs")"
-    fi
-fi
+echo "build-image: wheelhouse ($arches) in $((SECONDS - started)) s" >&2
+if [ -n "$base_pid" ]; then wait "$base_pid" || die "making the base with mmdebstrap failed (above)"; fi
 
 # ---- the image: one, or with several --arch a manifest list of one image per architecture ----
 # (building another architecture's image runs its RUN step under emulation: qemu-user-static with binfmt_misc)
@@ -134,4 +146,5 @@ if [ -n "$push_to" ]; then
     "${push[@]}" ${digest_file:+--digestfile "$digest_file"} "docker://$push_to"
     echo "build-image: pushed $push_to${digest_file:+ (digest in $digest_file)}" >&2
 fi
+echo "build-image: done in $SECONDS s" >&2
 echo "$tag"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -66,11 +67,12 @@ class ContainerProcess(ManagedProcess):
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> BuiltImage:
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltImage]:
     for tool in ("buildah", "mmdebstrap", "skopeo"):
         require_binary(tool)
     work = tmp_path_factory.mktemp("image")
-    storage = Path(os.environ.get("GPUMOND_TEST_BUILDAH_STORAGE") or work / "storage")
+    kept = os.environ.get("GPUMOND_TEST_BUILDAH_STORAGE")
+    storage = Path(kept or work / "storage")
     storage.mkdir(parents=True, exist_ok=True)
     conf = work / "storage.conf"
     conf.write_text(f'[storage]\ndriver = "{os.environ.get("STORAGE_DRIVER", "overlay")}"\n'
@@ -87,7 +89,11 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> BuiltImage:
         pytest.fail(f"scripts/build-image.sh took over {BUILD_TIMEOUT_S} s:\n{(e.stderr or b'')[-3000:]!r}")
     assert p.returncode == 0, f"scripts/build-image.sh exited {p.returncode}:\n{p.stderr[-5000:]}"
     tag = p.stdout.strip().splitlines()[-1]
-    return BuiltImage(tag=tag, env=env, archive=archive, build_s=time.monotonic() - t0)
+    yield BuiltImage(tag=tag, env=env, archive=archive, build_s=time.monotonic() - t0)
+    if not kept:  # a temporary storage holds ~700 MB (base, layers, image): not left for pytest's tmp retention
+        subprocess.run(["buildah", "rm", "--all"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(storage, ignore_errors=True)
+        archive.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
