@@ -89,6 +89,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltImage]:
         pytest.fail(f"scripts/build-image.sh took over {BUILD_TIMEOUT_S} s:\n{(e.stderr or b'')[-3000:]!r}")
     assert p.returncode == 0, f"scripts/build-image.sh exited {p.returncode}:\n{p.stderr[-5000:]}"
     tag = p.stdout.strip().splitlines()[-1]
+    print("\n" + "\n".join(line for line in p.stderr.splitlines() if line.startswith("build-image:")))
     yield BuiltImage(tag=tag, env=env, archive=archive, build_s=time.monotonic() - t0)
     if not kept:  # a temporary storage holds ~700 MB (base, layers, image): not left for pytest's tmp retention
         subprocess.run(["buildah", "rm", "--all"], env=env, capture_output=True, timeout=120)
