@@ -40,6 +40,7 @@ class BuiltImage:
     env: Mapping[str, str]  # the buildah storage and isolation every command against this image uses
     archive: Path
     build_s: float
+    revision: str  # the commit checked out when the build started
 
     def buildah(self, *args: str, timeout: float = 120) -> str:
         p = subprocess.run(["buildah", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -80,6 +81,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltImage]:
     env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf), "BUILDAH_ISOLATION": "chroot"}
     env.pop("STORAGE_DRIVER", None)
     archive = work / "gpumond.oci.tar"
+    revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
     t0 = time.monotonic()
     try:
         p = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "build-image.sh"), "--local-base",
@@ -90,7 +93,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltImage]:
     assert p.returncode == 0, f"scripts/build-image.sh exited {p.returncode}:\n{p.stderr[-5000:]}"
     tag = p.stdout.strip().splitlines()[-1]
     print("\n" + "\n".join(line for line in p.stderr.splitlines() if line.startswith("build-image:")))
-    yield BuiltImage(tag=tag, env=env, archive=archive, build_s=time.monotonic() - t0)
+    yield BuiltImage(tag=tag, env=env, archive=archive, build_s=time.monotonic() - t0, revision=revision)
     if not kept:  # a temporary storage holds ~700 MB (base, layers, image): not left for pytest's tmp retention
         subprocess.run(["buildah", "rm", "--all"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(storage, ignore_errors=True)
@@ -120,9 +123,8 @@ def test_the_image_is_named_as_the_chart_expects_and_labelled(image: BuiltImage)
     assert config["Entrypoint"] == ["gpumond"]
     assert config["User"] == f"{NOBODY}:{NOBODY}"
     labels = config["Labels"]
-    revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
     assert labels["org.opencontainers.image.version"] == __version__
-    assert labels["org.opencontainers.image.revision"] == revision.strip()
+    assert labels["org.opencontainers.image.revision"] == image.revision
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
     assert labels["org.opencontainers.image.source"].startswith("https://")
 
