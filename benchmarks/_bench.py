@@ -161,14 +161,19 @@ def write_result(name: str, text: str, *, quick: bool = False) -> Path:
 
 
 # ----- processes ---------------------------------------------------------------------------------
-def free_port() -> int:
-    """A free loopback TCP port: tests/ports.py's, the one definition the tests and benchmarks share.
+def use_test_helpers() -> None:
+    """Make the helpers shared with the tests (`tests/…`) importable: the repository appended to sys.path.
 
-    Imported on first use, with the repository appended (not prepended) to sys.path: a process that only
-    imports this module (a benchmark's shimmed daemon) keeps its import path as it was.
+    Called when needed, not at import: a process that only imports this module (a benchmark's shimmed
+    daemon) keeps its import path as it was.
     """
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
+
+
+def free_port() -> int:
+    """A free loopback TCP port: tests/ports.py's, the one definition the tests and benchmarks share."""
+    use_test_helpers()
     from tests.ports import free_port as shared
 
     return shared()

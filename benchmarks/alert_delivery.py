@@ -839,6 +839,7 @@ def _metric(text: str, name: str, **labels: str) -> float | None:
 
 
 def run_part3(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    _bench.use_test_helpers()
     from tests.scripted_receiver import Hang, ScriptedReceiver as Receiver
 
     window_s = 10.0 if args.quick else 75.0
@@ -944,6 +945,7 @@ def run_part3(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def stop_with_requests_in_flight(work: Path, scen: Path) -> dict[str, float | None]:
     """SIGTERM an agent and a rules service whose Slack and PagerDuty requests are both hanging right now."""
+    _bench.use_test_helpers()
     from tests.scripted_receiver import Hang, ScriptedReceiver as Receiver
 
     rxs = {"agent": Receiver().start(), "rules": Receiver().start()}

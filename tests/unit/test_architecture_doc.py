@@ -51,6 +51,8 @@ def test_nothing_cites_a_file_outside_the_repository(top: str) -> None:
     bad = []
     for name in files.stdout.split():
         path = ROOT / name
+        if path == Path(__file__).resolve():
+            continue  # this file spells the patterns out
         if path.suffix in (".py", ".md", ".yaml", ".yml", ".txt", ".sh", ".toml", ".json") and path.is_file():
             for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
                 if OUTSIDE.search(line):
