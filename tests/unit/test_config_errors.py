@@ -50,7 +50,7 @@ def line(model: type[ConfigModel], data: dict, **kwargs) -> str:
         ({"http": {"max_connections": 8}}, "http.max_connections: must be at least 16 (got 8)"),
         ({"http": {"write_timeout_s": 0}}, "http.write_timeout_s: must be greater than 0 (got 0)"),
         ({"http": {"keepalive_timeout_s": "75"}}, "http.keepalive_timeout_s: must be a valid number (got '75')"),
-        ({"http": {"keepalive_timeout_s": 5}}, "http.keepalive_timeout_s: unknown key (did you mean 'keepalive_timeout_s'?)"),
+        ({"http": {"keep_alive_s": 5}}, "http.keep_alive_s: unknown key (did you mean 'keepalive_timeout_s'?)"),
     ],
 )
 def test_agent_messages(data: dict, expected: str) -> None:
