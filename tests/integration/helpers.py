@@ -281,7 +281,7 @@ class ManagedProcess:
         return self.returncode
 
     def __enter__(self: T) -> T:
-        if self.proc is None:
+        if self.proc is None and "port" in vars(self):  # a server: started (and waited for) on entry
             self.start()
         return self
 
