@@ -176,8 +176,9 @@ class StepTiming:
     `poll()`; on the host it is read at once, while the step is still open.
     """
 
-    def __init__(self, report: _Report, new_event: Callable[[], Event], *, deferred: bool, max_lag: int = 8) -> None:
-        self.report = report
+    def __init__(self, reporter: Reporter, new_event: Callable[[], Event], *, deferred: bool,
+                 on_step: Callable[[StepWait], None] | None = None, max_lag: int = 8) -> None:
+        self.report = _Report(reporter, on_step)
         self.deferred = deferred
         self.intervals = Intervals(new_event, self._read, max_lag=max_lag)
 
@@ -441,12 +442,11 @@ def instrument(model: torch.nn.Module, reporter: Reporter | None = None, *, proc
         log.warning("gpumond: this torch lacks the autograd hooks of via='backward'; timing with a comm hook "
                     "instead (via='hook', a little more overhead)")
         via = "hook"
-    report = _Report(rep, on_step)
     if via == "hook":
         state, hook = comm_hook(rep, process_group=process_group, on_step=on_step)
         model.register_comm_hook(state, hook)
         return Instrumented(rep, state)
-    timing = StepTiming(report, CudaEvent if cuda else HostEvent, deferred=cuda, max_lag=max_lag)
+    timing = StepTiming(rep, CudaEvent if cuda else HostEvent, deferred=cuda, on_step=on_step, max_lag=max_lag)
     timer: BackwardTimer | FsdpTimer = (FsdpTimer(model, timing) if fsdp
                                         else BackwardTimer(model, timing))  # type: ignore[arg-type]
     return Instrumented(rep, timer)
