@@ -165,6 +165,19 @@ class Reporter:
         except Exception as exc:
             self._fail(exc)
 
+    def fetched(self, wait_s: float) -> None:
+        """A batch has just arrived after `wait_s` seconds of waiting for it, fetched by a loop that is not
+        wrap()'s (a framework's): counted as wrap() counts its own fetches (it ends the step before it, if
+        one is open from a fetch, and opens the next with this data wait)."""
+        if self._off:
+            return
+        try:
+            now = self._clock()
+            waited = _as_seconds(wait_s)
+            self._fetched(now - (waited or 0.0), now)
+        except Exception as exc:
+            self._fail(exc)
+
     def step(self, samples: int | None = None) -> _StepBlock:
         """`with reporter.step():` — the block is one step; fetches inside it add to its data wait."""
         if self._depth == 0:
