@@ -1,21 +1,26 @@
-"""PyTorch DDP integration: each step's wait for the other ranks, with DDP's own all-reduce untouched.
+"""PyTorch integration: each step's wait for the other ranks, with DDP's own all-reduce untouched.
 
     import gpumond.job.torch
     model = DistributedDataParallel(net)
-    reporter = gpumond.job.torch.instrument(model)     # one line
-    for x, y in reporter.wrap(loader):                 # data wait, as without torch
+    handle = gpumond.job.torch.instrument(model)       # one line; handle.remove() undoes it
+    for x, y in handle.wrap(loader):                   # the reporter's wrap(): data wait, as without torch
         loss_fn(model(x), y).backward(); opt.step()
 
-What a step reports as `comm_wait_s` is the **exposed wait**: from the moment DDP launches the
+What a DDP step reports as `comm_wait_s` is the **exposed wait**: from the moment DDP launches the
 step's last bucket (when backward has produced this rank's last gradient) to the end of the wait for
 the last bucket. That is the time backward() is blocked waiting for the slowest rank; earlier buckets
 wait overlapped with this rank's own backward compute. By default (BackwardTimer) no comm hook is
 registered: a post-accumulate-grad hook marks the last gradient and an autograd final callback queued
 behind DDP's finalisation marks the end, so DDP's C++ all-reduce runs as without gpumond. With
-`via="hook"` (BucketTimer) a comm hook runs DDP's default all-reduce (bitwise the same arithmetic) and
-times each bucket from its launch to the completion of its future; it also gives the sum of
-per-bucket waits (`StepWait.buckets_s`, for comparison; benchmarks/ddp_signal.py measures both), at
-the cost of a Python call per bucket.
+`via="hook"` (BucketTimer, CPU only) a comm hook runs DDP's default all-reduce (bitwise the same
+arithmetic) and times each bucket from its launch to the completion of its future; it also gives the
+sum of per-bucket waits (`StepWait.buckets_s`, for comparison; benchmarks/ddp_signal.py measures
+both), at the cost of a Python call per bucket.
+
+The two marks are events (gpumond.job.intervals): host clock readings on CPU; on CUDA, CUDA events on
+the current stream, read back with `query()` a step or more later and never synchronised, so the
+training thread never waits for the GPU. An FSDP2 (`fully_shard`) model is timed the same way around
+each sharded module's forward all-gather (FsdpTimer).
 
 Importing this module imports torch; `gpumond.job` itself never does.
 """
