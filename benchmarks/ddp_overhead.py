@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 VARIANTS = ("plain", "python hook", "gpumond", "gpumond via hook")
 
 
-def worker(out: Path, rounds: int, steps: int, device_ms: float, variants: list[str]) -> None:
+def worker(out: Path, rounds: int, steps: int, device_ms: float, variants: list[str], budget_s: float) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -72,7 +72,13 @@ def worker(out: Path, rounds: int, steps: int, device_ms: float, variants: list[
     opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
     order = random.Random(7)  # the same order on every rank: they must run the same model at the same time
     times: dict[str, list[float]] = {name: [] for name in models}
+    began = time.monotonic()
     for _ in range(rounds):
+        # On a loaded machine a round can take many times longer: stop at the budget, every rank at the same round.
+        stop = torch.tensor([1.0 if rank == 0 and time.monotonic() - began > budget_s else 0.0])
+        dist.broadcast(stop, 0)
+        if stop.item():
+            break
         names = list(models)
         order.shuffle(names)
         for name in names:
@@ -91,7 +97,8 @@ def worker(out: Path, rounds: int, steps: int, device_ms: float, variants: list[
     stats = rep.stats
     rep.close()
     if rank == 0:
-        out.write_text(json.dumps({"times": times, "pushed": stats.pushed_steps, "dropped": stats.dropped_steps}))
+        out.write_text(json.dumps({"times": times, "pushed": stats.pushed_steps, "dropped": stats.dropped_steps,
+                                   "rounds": len(times["plain"])}))
     dist.destroy_process_group()
 
 
@@ -115,7 +122,8 @@ class _Accept(BaseHTTPRequestHandler):
         pass
 
 
-def drive(world: int, rounds: int, steps: int, device_ms: float, variants: list[str]) -> dict[str, object]:
+def drive(world: int, rounds: int, steps: int, device_ms: float, variants: list[str],
+          budget_s: float) -> dict[str, object]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -125,8 +133,9 @@ def drive(world: int, rounds: int, steps: int, device_ms: float, variants: list[
                    "GPUMOND_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "GPUMOND_TOKEN": "bench"}
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                             str(Path(__file__).resolve()), "--worker", str(out), "--rounds", str(rounds),
-                            "--steps", str(steps), "--device-ms", str(device_ms), "--variants", ",".join(variants)],
-                           check=True, timeout=1800, env=env, capture_output=True)
+                            "--steps", str(steps), "--device-ms", str(device_ms), "--variants", ",".join(variants),
+                            "--budget-s", str(budget_s)],
+                           check=True, timeout=budget_s + 1800, env=env, capture_output=True)
             return json.loads(out.read_text())
     finally:
         server.shutdown()
@@ -142,11 +151,13 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="which of plain, 'python hook', gpumond, 'gpumond via hook' to run (plain always)")
     ap.add_argument("--name", default="ddp_overhead", help="result file name in benchmarks/results/")
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="stop each world size's rounds after this many seconds (the rounds done are stated)")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     variants = ["plain"] + [v for v in a.variants.split(",") if v in VARIANTS and v != "plain"]
     if a.worker is not None:
-        worker(a.worker, a.rounds, a.steps, a.device_ms, variants)
+        worker(a.worker, a.rounds, a.steps, a.device_ms, variants, a.budget_s)
         return 0
     sys.path.insert(0, str(HERE))
     import _bench
@@ -156,7 +167,7 @@ def main() -> int:
     others = variants[1:]
     for world in (int(w) for w in a.world.split(",")):
         print(f"… {world} rank(s)", file=sys.stderr, flush=True)
-        got = drive(world, rounds, steps, a.device_ms, variants)
+        got = drive(world, rounds, steps, a.device_ms, variants, a.budget_s)
         t = got["times"]
 
         def ratio(a: str, b: str) -> str:
@@ -166,16 +177,17 @@ def main() -> int:
             return (f"{(med - 1) * 100:+.2f} % [{(clo - 1) * 100:+.2f}, {(chi - 1) * 100:+.2f}] "
                     f"({(lo - 1) * 100:+.2f} … {(hi - 1) * 100:+.2f})")
 
-        rows.append([world, *(f"{statistics.median(t[k]) * 1e3:.3f}" for k in variants),  # type: ignore[index]
+        rows.append([world, got["rounds"], *(f"{statistics.median(t[k]) * 1e3:.3f}" for k in variants),  # type: ignore[index]
                      *(ratio(k, "plain") for k in others), got["pushed"], got["dropped"]])
     text = "\n\n".join([
         "# gpumond.job.torch overhead on real DDP steps" + (" (quick: not for quoting)" if a.quick else ""),
         _bench.machine_block({"torch": _bench._version("torch"),
                               "job": f"torchrun, gloo on CPU, one intra-op thread per rank; MLP 64→128×3→10, "
                                      f"batch 32, {a.device_ms:g} ms emulated device time per step, 3 buckets; "
-                                     f"{rounds} interleaved rounds × {steps} steps per variant",
+                                     f"up to {rounds} interleaved rounds × {steps} steps per variant"
+                                     + (f", at most {a.budget_s:g} s per world size" if a.budget_s < float("inf") else ""),
                               "note": "a shared 2-core VM with other work running"}),
-        _bench.md_table(["ranks", *(f"{k} step ms" for k in variants), *(f"{k} vs plain" for k in others),
+        _bench.md_table(["ranks", "rounds", *(f"{k} step ms" for k in variants), *(f"{k} vs plain" for k in others),
                          "steps pushed (rank 0)", "dropped"], rows),
         "Step times are medians of per-round medians; the comparisons are per-round ratios − 1: median "
         "[95 % confidence interval of the median, from the order statistics: distribution-free] "

@@ -134,8 +134,8 @@ class CudaEvent:
 
     __slots__ = ("_ev",)
 
-    def __init__(self) -> None:
-        self._ev = torch.cuda.Event(enable_timing=True)
+    def __init__(self, event: Any = None) -> None:
+        self._ev = event if event is not None else torch.cuda.Event(enable_timing=True)
 
     def record(self) -> None:
         self._ev.record()

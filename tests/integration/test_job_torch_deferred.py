@@ -20,7 +20,7 @@ from torch import nn  # noqa: E402
 
 import gpumond.job.torch  # noqa: E402
 from gpumond.job import Reporter  # noqa: E402
-from gpumond.job.torch import BackwardTimer, FsdpTimer, StepTiming, StepWait  # noqa: E402
+from gpumond.job.torch import BackwardTimer, CudaEvent, FsdpTimer, StepTiming, StepWait  # noqa: E402
 from tests.integration.test_job_torch import Keep  # noqa: E402
 from tests.unit.fake_gpu import FakeStream  # noqa: E402
 
@@ -175,3 +175,36 @@ def test_fsdp2_on_the_deferred_path_sums_one_interval_per_sharded_module(group) 
 def test_instrument_refuses_via_hook_for_fsdp2(group) -> None:
     with pytest.raises(ValueError, match="for DDP"):
         gpumond.job.torch.instrument(_fsdp(), _reporter(), via="hook")
+
+
+class _SpyCudaEvent:
+    """torch.cuda.Event's surface, logging what is called; waiting on it fails the test."""
+
+    def __init__(self, log: list[str], done: bool) -> None:
+        self.log, self.done = log, done
+
+    def record(self, stream: object = None) -> None:
+        self.log.append("record")
+
+    def query(self) -> bool:
+        self.log.append("query")
+        return self.done
+
+    def elapsed_time(self, end: _SpyCudaEvent) -> float:
+        self.log.append("elapsed_time")
+        return 250.0  # milliseconds, as torch gives them
+
+    def synchronize(self) -> None:
+        raise AssertionError("the training thread must never wait for the GPU")
+
+    wait = synchronize
+
+
+def test_the_cuda_event_records_queries_and_reads_milliseconds_as_seconds_and_never_waits() -> None:
+    log: list[str] = []
+    start, end = CudaEvent(_SpyCudaEvent(log, True)), CudaEvent(_SpyCudaEvent(log, True))
+    start.record()
+    end.record()
+    assert start.query() and end.query()
+    assert start.elapsed_s(end) == 0.25
+    assert log == ["record", "record", "query", "query", "elapsed_time"]
