@@ -191,12 +191,14 @@ def main() -> int:
                          "steps pushed (rank 0)", "dropped"], rows),
         "Step times are medians of per-round medians; the comparisons are per-round ratios − 1: median "
         "[95 % confidence interval of the median, from the order statistics: distribution-free] "
-        "(p10 … p90 of the rounds). *Python hook*: torch's `default_hooks.allreduce_hook`, untimed — what registering any "
-        "Python comm hook costs, whoever's.",
+        "(p10 … p90 of the rounds)."
+        + (" *Python hook*: torch's `default_hooks.allreduce_hook`, untimed — what registering any "
+           "Python comm hook costs, whoever's." if "python hook" in variants else ""),
         "gpumond = `gpumond.job.torch.instrument(model)` (default: no comm hook; one post-accumulate-grad "
         "hook and two autograd final callbacks per step) + `reporter.wrap(loader)` + the push thread sending "
-        "every second over HTTP to a receiver on 127.0.0.1 (both instrumented models push through it). "
-        "via=\"hook\": the same with `instrument(model, via=\"hook\")` (a comm hook timing every bucket).",
+        "every second over HTTP to a receiver on 127.0.0.1 (every instrumented model pushes through it)."
+        + (" via=\"hook\": the same with `instrument(model, via=\"hook\")` (a comm hook timing every bucket)."
+           if "gpumond via hook" in variants else ""),
     ])
     _bench.write_result(f"{a.name}_quick" if a.quick else a.name, text)
     return 0
