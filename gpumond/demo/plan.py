@@ -43,6 +43,9 @@ class DemoPlan:
     xid_at_s: float = 40.0
     event_hold_s: float = 30.0
     step_s: float = 0.25  # one training step's compute time at full clock
+    # The demo's story is the cap acting on the hot GPU, so its agents enforce (on simulated GPUs only); an
+    # installed agent defaults to dry_run.
+    policy_mode: str = "enforce"
 
     def node_name(self, i: int) -> str:
         """Node names as the agents and the job report them."""
@@ -75,9 +78,13 @@ class DemoPlan:
 
     def agent_config(self, state_dir: Path) -> dict[str, object]:
         """The agents' config: fast sampling, a short event hold, and a thermal cap that gives back in big steps
-        (once the controller's minute of headroom has passed) so the cap clears within the demo."""
+        (once the controller's minute of headroom has passed) so the cap clears within the demo.
+
+        The policy enforces: the demo's GPUs are simulated, and the story is the cap acting on the hot GPU. A
+        real agent defaults to dry_run; this `mode: enforce` is the one line an operator writes to let it act.
+        """
         return {"state_dir": str(state_dir), "sampling": {"fast_interval_s": 1, "slow_interval_s": 5},
-                "policy": {"alerts": {"event_hold_s": self.event_hold_s},
+                "policy": {"mode": self.policy_mode, "alerts": {"event_hold_s": self.event_hold_s},
                            "thermal": {"step_w": 100, "interval_s": 2}}}
 
     def data_wait_s(self) -> float:
@@ -105,8 +112,11 @@ class DemoPlan:
                          "cause should read: no CPU or disk contention on the host"),
             Planted("xid", f"XID 48 + 1 uncorrected ECC error at {self.xid_at_s:.0f} s",
                     self.place(self.xid_node, self.xid_gpu), self.xid_at_s, self.xid_at_s,
-                    expect=("alert:GpuXidCritical", "alert:GpuEccUncorrectedIncreasing"),
+                    expect=("alert:GpuXidCritical", "alert:GpuEccUncorrectedIncreasing", "action:drain"),
+                    related=("alert:GpumondNodeDrained",),
                     lasting={"alert:GpuRowRemapPending": "until an operator resets the GPU"},
                     hint=f"agent alerts GpuXidCritical and GpuEccUncorrectedIncreasing at once, held "
-                         f"{self.event_hold_s:g} simulated s; GpuRowRemapPending stays until the GPU is reset"),
+                         f"{self.event_hold_s:g} simulated s; GpuRowRemapPending stays until the GPU is reset; "
+                         f"the rules service would drain the node (remediation is dry run by default) and "
+                         f"return it 10 s after the XID alert clears"),
         )

@@ -27,11 +27,14 @@ from gpumond.rules.evaluator import Evaluator
 from gpumond.rules.findings import findings_persistence
 from gpumond.rules.http import build_app
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
+from gpumond.rules.remediation.backends import Backend, build_backend
+from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
-from gpumond.connections import CONNECTION_METRICS, ConnectionStats
+from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
+from gpumond.statedir_lock import StateDirBusy, StateDirLock
 from gpumond.textformat import Encoder
 from gpumond.types import Series
 
@@ -54,6 +57,7 @@ _HELP = {
     **CONNECTION_METRICS,
     **ALERT_METRICS,
     **SINK_METRICS,
+    **REMEDIATION_METRICS,
 }
 
 
@@ -73,18 +77,27 @@ class RulesService:
 
     def __init__(self, config: RulesConfig, *, source: TelemetrySource | None = None,
                  detectors: DetectorConfig = DetectorConfig(), clock: Callable[[], float] = time.time,
-                 alerts: AlertPipeline | None = None) -> None:
+                 alerts: AlertPipeline | None = None, remediation_backend: Backend | None = None) -> None:
         self.config = config
         self.ranks = RankStore.from_config(config)
         self.gpus = GpuStore.from_config(config)
         self.source = source if source is not None else build_source(config.telemetry)
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
-        self.alerts = alerts if alerts is not None else _alert_pipeline(config)
+        self._lock: StateDirLock | None = None
+        state: Path | None = None
+        if alerts is None:
+            state, self._lock = _state_path(config)
+            alerts = _alert_pipeline(config, state)
+        self.alerts = alerts
+        self.remediator = Remediator.build(
+            config.remediation, _remediation_dir(config, state),
+            remediation_backend if remediation_backend is not None else build_backend(config.remediation), clock)
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
-                                   shard=shard, clock=clock)
+                                   shard=shard, clock=clock, on_batch=self.remediator.observe,
+                                   extra_conditions=self.remediator.conditions)
         self.stats = IngestStats(self.ranks, self.gpus)
-        self.http_stats = ConnectionStats()  # filled by the HTTP server (serve())
+        self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
                              alerts=self.alerts.api_json)
@@ -97,6 +110,7 @@ class RulesService:
         series += self.http_stats.series()
         series += self.alerts.series()
         series += self.alerts.active_series(RULES_ALERT_LABELS)
+        series += self.remediator.series()
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         return render(series)
 
@@ -110,6 +124,10 @@ class RulesService:
                                     id="telemetry", max_instances=1, coalesce=True, next_run_time=now)
         self._scheduler.add_job(self._evaluate, IntervalTrigger(seconds=self.config.evaluation_interval_s),
                                 id="evaluate", max_instances=1, coalesce=True, next_run_time=now)
+        # Sharded replicas all see every agent: only the first acts, so a node is never drained twice.
+        if self.config.remediation.mode != "off" and (self.config.shard is None or self.config.shard.index == 0):
+            self._scheduler.add_job(self._remediate, IntervalTrigger(seconds=self.config.remediation.interval_s),
+                                    id="remediate", max_instances=1, coalesce=True)
         self._scheduler.start()
         log.info("rules service started", extra={
             "telemetry": self.source.name if self.source else None,
@@ -125,21 +143,30 @@ class RulesService:
         except Exception:  # an evaluation bug must not kill the schedule; it is logged and retried
             log.exception("evaluation failed")
 
+    def _remediate(self) -> None:
+        try:
+            self.remediator.step(self.evaluator.findings())
+        except Exception:  # a remediation bug must not kill the schedule; logged, state on disk, retried
+            log.exception("remediation step failed")
+
     def stop(self) -> None:
         """Stop the schedule, the alert sinks and the telemetry source."""
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
+        self.remediator.close()
         self.alerts.stop()
         if self.source is not None:
             self.source.close()
+        if self._lock is not None:
+            self._lock.release()
         log.info("rules service stopped")
 
 
-def _alert_pipeline(config: RulesConfig) -> AlertPipeline:
-    """The service's alerts: sinks from `alerting:`, state in `state_dir`, links to the finding in the API."""
+def _alert_pipeline(config: RulesConfig, state_path: Path | None) -> AlertPipeline:
+    """The service's alerts: sinks from `alerting:`, state in `state_path`, links to the finding in the API."""
     a = config.alerting
     base = a.external_url or default_external_url(config.listen, socket.gethostname())
-    state = AlertStateFile(_state_path(config))
+    state = AlertStateFile(state_path)
     sinks = build_sinks(a, state, evaluation_interval_s=config.evaluation_interval_s)
 
     def generator_url(alert: Alert) -> str | None:
@@ -150,20 +177,34 @@ def _alert_pipeline(config: RulesConfig) -> AlertPipeline:
     return AlertPipeline(a, sinks=sinks, state=state, persistence=persistence, generator_url=generator_url)
 
 
-def _state_path(config: RulesConfig) -> Path | None:
-    """Where alert state lives; the default directory unwritable (a dev run as a user) keeps it in memory."""
+def _state_path(config: RulesConfig) -> tuple[Path | None, StateDirLock | None]:
+    """Where alert state lives, locked for this service; the default directory unwritable (a dev run as a user)
+    keeps it in memory (nothing shared, nothing to lock). RulesStartError when another live service holds it."""
     path = config.state_dir / ALERT_STATE_FILE
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         if os.access(config.state_dir, os.W_OK):
-            return path
+            return path, StateDirLock.acquire(config.state_dir, "rules")
+    except StateDirBusy as e:
+        raise RulesStartError(str(e)) from None
     except OSError:
         pass
     if "state_dir" in config.model_fields_set:
         raise RulesStartError(f"state_dir {config.state_dir}: not writable (set state_dir to a writable directory, "
                               f"or run under systemd's StateDirectory=)")
     log.warning("state_dir is not writable: alert state is kept in memory, so a restart may notify again "
-                "(set state_dir)", extra={"state_dir": str(config.state_dir)})
+                "(set state_dir or --state-dir)", extra={"state_dir": str(config.state_dir)})
+    return None, None
+
+
+def _remediation_dir(config: RulesConfig, alert_state: Path | None) -> Path | None:
+    """Remediation keeps its state and operator requests next to the alert state (in the locked state_dir);
+    with an injected alert pipeline, in state_dir only when the caller set it (else in memory)."""
+    if alert_state is not None:
+        return alert_state.parent
+    if "state_dir" in config.model_fields_set:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        return config.state_dir
     return None
 
 

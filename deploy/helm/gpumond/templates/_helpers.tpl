@@ -42,8 +42,10 @@ app.kubernetes.io/part-of: gpumond
 {{- end }}
 {{- end -}}
 
+{{/* repository:tag, and @digest when one is pinned (the runtime pulls by digest; the tag stays for people). */}}
 {{- define "gpumond.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- with .Values.image.digest }}@{{ . }}{{ end -}}
 {{- end -}}
 
 {{- define "gpumond.secretName" -}}
@@ -96,7 +98,8 @@ app.kubernetes.io/part-of: gpumond
 {{- fail "agent.config.policy.mode: enforce needs CAP_SYS_ADMIN, which agent.readOnly: true drops; set it to dry_run or off, or agent.readOnly: false" -}}
 {{- end -}}
 {{- end -}}
-{{- if not $policy.mode -}}{{- $_ := set $policy "mode" (ternary "dry_run" "enforce" .Values.agent.readOnly) -}}{{- end -}}
+{{- /* dry_run unless the operator writes agent.config.policy.mode: enforce: nothing acts on a GPU until then. */ -}}
+{{- if not $policy.mode -}}{{- $_ := set $policy "mode" "dry_run" -}}{{- end -}}
 {{- $_ := set $cfg "policy" $policy -}}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.agent.port)) -}}
 {{- $_ := set $cfg "state_dir" "/var/lib/gpumond" -}}
@@ -122,5 +125,13 @@ app.kubernetes.io/part-of: gpumond
 {{- define "gpumond.checkMonitors" -}}
 {{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled -}}
 {{- fail "monitoring: enable serviceMonitor or podMonitor, not both (every target would be scraped twice)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fleet remediation through the Kubernetes API: rules.config.remediation.backend is kubernetes. */}}
+{{- define "gpumond.remediatesNodes" -}}
+{{- $rem := get (.Values.rules.config | default dict) "remediation" | default dict -}}
+{{- if and .Values.rules.enabled (eq (get $rem "backend" | default "none") "kubernetes") (ne (get $rem "mode" | default "dry_run") "off") -}}
+true
 {{- end -}}
 {{- end -}}
