@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run simulated time X times faster than wall time (default 1)")
     a.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     a.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
+    _web_flag(a)
 
     r = sub.add_parser(
         "rules", help="run the central rules service (job pushes, telemetry, findings)",
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "GPUMOND_SHARDS=N and {shard} in GPUMOND_ENDPOINT")
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     r.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
+    _web_flag(r)
 
     d = sub.add_parser(
         "demo", help="run a whole simulated cluster here: agents, a training job with planted faults, findings",
@@ -217,6 +219,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file", metavar="FILE", type=Path)
     c.add_argument("--kind", choices=["agent", "rules"], help="which config this is (default: recognise it)")
     return p
+
+
+def _web_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE", type=Path,
+                   help="TLS and read-side authentication, in Prometheus exporter-toolkit's web config format "
+                        "(tls_server_config, basic_auth_users); overrides `web_config_file`; default: plain HTTP "
+                        "(see docs/configuration.md#tls-and-authentication)")
+
+
+def _web(path: Path | None) -> Any:
+    """The daemon's web config (TLS, read auth), loaded now so that a bad certificate is one line, exit 2."""
+    from gpumond.web import load_web
+
+    if path is not None and not path.is_absolute():
+        path = path.resolve()
+    return load_web(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -315,11 +333,16 @@ def _rules(args: argparse.Namespace) -> int:
     except _FlagError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
+    try:
+        web = _web(args.web_config_file or cfg.web_config_file)
+    except ConfigError as e:
+        print(f"gpumond: {e}", file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(cfg.log.level, cfg.log.format)
     from gpumond.rules.service import RulesService, RulesStartError, serve
 
     try:
-        serve(RulesService(cfg))
+        serve(RulesService(cfg, web=web))
     except RulesStartError as e:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -416,6 +439,11 @@ def _agent(args: argparse.Namespace) -> int:
     except _FlagError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
+    try:
+        web = _web(args.web_config_file or cfg.web_config_file)
+    except ConfigError as e:
+        print(f"gpumond: {e}", file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(cfg.log.level, cfg.log.format)
     try:
         if args.sim or args.sim_scenario:
@@ -426,7 +454,7 @@ def _agent(args: argparse.Namespace) -> int:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        serve(Agent(cfg, backend))
+        serve(Agent(cfg, backend, web=web))
     except AgentStartError as e:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE

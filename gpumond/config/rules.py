@@ -210,6 +210,8 @@ class RulesConfig(ConfigModel):
     shard: Shard | None = None
     log: LogConfig = LogConfig()
     http: HttpConfig = HttpConfig()
+    # TLS and read-side auth (exporter-toolkit's web config file); None: plain HTTP. --web.config.file overrides.
+    web_config_file: AbsolutePath | None = None
 
 
     @field_validator("expire_after_s")

@@ -32,6 +32,7 @@ from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats
 from gpumond.serving import bind, default_external_url, run_until_signalled
+from gpumond.web import Web
 from gpumond.textformat import Encoder
 from gpumond.types import Series
 
@@ -73,14 +74,15 @@ class RulesService:
 
     def __init__(self, config: RulesConfig, *, source: TelemetrySource | None = None,
                  detectors: DetectorConfig = DetectorConfig(), clock: Callable[[], float] = time.time,
-                 alerts: AlertPipeline | None = None) -> None:
+                 alerts: AlertPipeline | None = None, web: Web | None = None) -> None:
         self.config = config
+        self.web = web if web is not None else Web()
         self.ranks = RankStore.from_config(config)
         self.gpus = GpuStore.from_config(config)
         self.source = source if source is not None else build_source(config.telemetry)
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
-        self.alerts = alerts if alerts is not None else _alert_pipeline(config)
+        self.alerts = alerts if alerts is not None else _alert_pipeline(config, self.web.scheme)
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
                                    shard=shard, clock=clock)
         self.stats = IngestStats(self.ranks, self.gpus)
@@ -135,10 +137,10 @@ class RulesService:
         log.info("rules service stopped")
 
 
-def _alert_pipeline(config: RulesConfig) -> AlertPipeline:
+def _alert_pipeline(config: RulesConfig, scheme: str = "http") -> AlertPipeline:
     """The service's alerts: sinks from `alerting:`, state in `state_dir`, links to the finding in the API."""
     a = config.alerting
-    base = a.external_url or default_external_url(config.listen, socket.gethostname())
+    base = a.external_url or default_external_url(config.listen, socket.gethostname(), scheme)
     state = AlertStateFile(_state_path(config))
     sinks = build_sinks(a, state, evaluation_interval_s=config.evaluation_interval_s)
 
@@ -185,6 +187,11 @@ def serve(service: RulesService) -> None:
     gc.set_threshold(100_000, 50, 1000)
     sock = bind(service.config.listen.host, service.config.listen.port)
     service.start()
-    log.info("serving", extra={"url": f"http://{service.config.listen}/api/v1/findings"})
-    run_until_signalled(service.app, sock, on_stop=service.stop, limits=service.config.http.limits(),
-                        stats=service.http_stats)
+    web = service.web
+    log.info("serving", extra={"url": f"{web.scheme}://{service.config.listen}/api/v1/findings",
+                               "client_auth": web.tls.settings.client_auth_type if web.tls else None,
+                               "read_auth": bool(web.users or web.tokens)})
+    # Probes carry no credentials; the push API has its own bearer tokens.
+    app = web.wrap(service.app, open_paths=("/healthz", "/readyz", "/api/v1/push"))
+    run_until_signalled(app, sock, on_stop=service.stop, limits=service.config.http.limits(),
+                        stats=service.http_stats, tls=web.tls)
