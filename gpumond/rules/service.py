@@ -29,6 +29,7 @@ from gpumond.rules.http import build_app
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
+from gpumond.rules.telemetry.access import AccessError
 from gpumond.rules.types import TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats
 from gpumond.serving import bind, default_external_url, run_until_signalled
@@ -79,7 +80,10 @@ class RulesService:
         self.web = web if web is not None else Web()
         self.ranks = RankStore.from_config(config)
         self.gpus = GpuStore.from_config(config)
-        self.source = source if source is not None else build_source(config.telemetry)
+        try:
+            self.source = source if source is not None else build_source(config.telemetry)
+        except AccessError as e:
+            raise RulesStartError(f"telemetry: {e}") from None
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
         self.alerts = alerts if alerts is not None else _alert_pipeline(config, self.web.scheme)

@@ -14,6 +14,7 @@ versions come from the web config file, read once at start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import ssl
@@ -168,5 +169,14 @@ def guarded_tls(server: ServerTLS, *, handshake_timeout_s: float,
         def connection_lost(self, exc: Exception | None) -> None:
             super().connection_lost(exc)
             self._guarded.tcp_lost()
+
+        def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
+            if handshake_exc is not None:
+                # asyncio drops the connection at once on a failed handshake, discarding the alert OpenSSL
+                # wrote (certificate required, unknown CA, protocol version): send it first, so the client
+                # says why ("tls: certificate required") instead of "connection reset".
+                with contextlib.suppress(Exception):
+                    self._process_outgoing()
+            super()._on_handshake_complete(handshake_exc)
 
     return GuardedTLS
