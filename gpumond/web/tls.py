@@ -30,6 +30,8 @@ log = logging.getLogger("gpumond.serving")
 VERIFY_MODES = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
                 "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
 VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+# How long a refused handshake's connection is held after its alert is sent, so the client can read it.
+LINGER_S = 1.0
 # How often a handshake may look at the files: a flood of handshakes costs one stat() round a second.
 CHECK_EVERY_S = 1.0
 
@@ -171,12 +173,34 @@ def guarded_tls(server: ServerTLS, *, handshake_timeout_s: float,
             self._guarded.tcp_lost()
 
         def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
-            if handshake_exc is not None:
-                # asyncio drops the connection at once on a failed handshake, discarding the alert OpenSSL
-                # wrote (certificate required, unknown CA, protocol version): send it first, so the client
-                # says why ("tls: certificate required") instead of "connection reset".
-                with contextlib.suppress(Exception):
-                    self._process_outgoing()
+            tcp = self._transport
+            if handshake_exc is None or tcp is None:
+                super()._on_handshake_complete(handshake_exc)
+                return
+            # asyncio drops the connection at once on a failed handshake, discarding the alert OpenSSL wrote
+            # (certificate required, unknown CA, protocol version). Under TLS 1.3 a client learns of a refused
+            # certificate only after it has sent its request: closing now would make its write or read fail
+            # with a bare "EOF" or "reset". So the alert is sent, and the connection is held (reading nothing,
+            # still counted by the guard) for LINGER_S before it is dropped: the client reads why.
+            log.info("TLS handshake refused", extra={"client": _peer(tcp), "error": _reason(handshake_exc)})
+            with contextlib.suppress(Exception):
+                if self._handshake_timeout_handle is not None:
+                    self._handshake_timeout_handle.cancel()
+                    self._handshake_timeout_handle = None
+                self._process_outgoing()
+                self._set_state(sslproto.SSLProtocolState.UNWRAPPED)
+                tcp.pause_reading()
+                self._loop.call_later(LINGER_S, tcp.abort)
+                return
             super()._on_handshake_complete(handshake_exc)
 
     return GuardedTLS
+
+
+def _peer(tcp: asyncio.BaseTransport) -> str:
+    peer = tcp.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else "unknown"
+
+
+def _reason(exc: BaseException) -> str:
+    return str(getattr(exc, "reason", None) or exc).lower().replace("_", " ")

@@ -221,8 +221,10 @@ def test_failed_handshakes_release_their_place(pki, tmp_path) -> None:
         with socket.create_connection(("127.0.0.1", port)) as plain:  # plain HTTP on the TLS port
             plain.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert closed_by_server(plain)
+        # each refused connection is held a moment for its alert to be read (more than the cap: the oldest
+        # make room), then released
         wait_for(lambda: stats.open == 0, "every failed connection released")
-        assert stats.evicted == 0 and stats.shed == 0
+        assert stats.shed == 0
         assert https_get(port, client(pki["ca"]))[0].startswith(b"HTTP/1.1 200")
 
 
