@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PlainValidator, field_validator, model_validator
 
 from gpumond.config.errors import ConfigError
 from gpumond.config.load import load_config
-from gpumond.config.types import AbsolutePath, ConfigModel
+from gpumond.config.types import AbsolutePath, ConfigModel, _Hidden
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _UNVERIFIED = ("RequestClientCert", "RequireAnyClientCert")
@@ -37,6 +37,22 @@ _UNSUPPORTED_TLS_KEYS = {
 }
 # bcrypt's modular crypt forms ($2a$, $2b$, $2y$), as `htpasswd -B` and exporter-toolkit's docs produce.
 _BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
+
+
+def _users(hidden: _Hidden) -> dict[str, str]:
+    value = hidden.value
+    if not isinstance(value, dict):
+        raise ValueError("must map user names to bcrypt hashes")
+    for user, hashed in value.items():
+        if not isinstance(user, str) or not user or ":" in user:
+            raise ValueError(f"user {user!r}: a user name must be a non-empty string without ':'")
+        if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
+            raise ValueError(f"user {user!r}: the value must be a bcrypt hash ($2y$10$…, e.g. from "
+                             "`htpasswd -nBC 10 \"\" | tr -d ':\\n'`), not a password")
+    return dict(value)
+
+
+Users = Annotated[dict[str, str], PlainValidator(_users), BeforeValidator(_Hidden)]
 
 
 class TlsServerConfig(ConfigModel):
@@ -89,8 +105,9 @@ class WebConfig(ConfigModel):
     """The whole web config file; an empty file means plain HTTP and no read-side authentication."""
 
     tls_server_config: TlsServerConfig | None = None
-    # user -> bcrypt hash (`htpasswd -nBC 10 "" | tr -d ':\\n'`); the hashes are not secret, the passwords are.
-    basic_auth_users: dict[str, str] = Field(default_factory=dict)
+    # user -> bcrypt hash (`htpasswd -nBC 10 "" | tr -d ':\\n'`). A wrong value may be a password pasted by
+    # mistake, so it is never echoed in an error.
+    basic_auth_users: Users = Field(default_factory=dict)
     bearer_tokens_file: Path | None = Field(None, strict=False)
 
     @model_validator(mode="before")
@@ -100,17 +117,6 @@ class WebConfig(ConfigModel):
             raise ValueError("http_server_config: not supported by gpumond (it serves HTTP/1.1 only and sets no "
                              "extra headers); remove it")
         return data
-
-    @field_validator("basic_auth_users")
-    @classmethod
-    def _bcrypt_hashes(cls, value: dict[str, str]) -> dict[str, str]:
-        for user, hashed in value.items():
-            if not user or ":" in user:
-                raise ValueError(f"user {user!r}: a user name must be non-empty and hold no ':'")
-            if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
-                raise ValueError(f"user {user!r}: the value must be a bcrypt hash ($2y$10$…, e.g. from "
-                                 "`htpasswd -nBC 10 \"\" | tr -d ':\\n'`), not a password")
-        return value
 
 
 def load_web_config(path: Path) -> WebConfig:
