@@ -172,7 +172,14 @@ _RELABELING = _closed({"action": {"enum": _RELABEL_ACTIONS}, "sourceLabels": {"t
     "type": "string", "pattern": _LABEL_NAME}}, "targetLabel": {"type": "string", "pattern": _LABEL_NAME},
     "replacement": {"type": "string"}, "regex": {"type": "string"}, "separator": {"type": "string"},
     "modulus": {"type": "integer"}})
+_KEY_SELECTOR = _closed({"name": {"type": "string", "minLength": 1}, "key": {"type": "string", "minLength": 1}},
+                        ["name", "key"])
+_SECRET_OR_CONFIGMAP = _closed({"secret": _KEY_SELECTOR, "configMap": _KEY_SELECTOR})
+# The operator's SafeTLSConfig (a PodMonitor's; a ServiceMonitor's tlsConfig extends it with file paths).
+_TLS_CONFIG = _closed({"ca": _SECRET_OR_CONFIGMAP, "cert": _SECRET_OR_CONFIGMAP, "keySecret": _KEY_SELECTOR,
+                       "serverName": {"type": "string"}, "insecureSkipVerify": {"type": "boolean"}})
 _ENDPOINT = _closed({"port": {"type": "string", "minLength": 1}, "path": {"type": "string", "pattern": "^/"},
+                     "scheme": {"enum": ["http", "https"]}, "tlsConfig": _TLS_CONFIG,
                      "interval": {"type": "string", "pattern": _DURATION},
                      "scrapeTimeout": {"type": "string", "pattern": _DURATION},
                      "honorLabels": {"type": "boolean"}, "relabelings": {"type": "array", "items": _RELABELING}},
