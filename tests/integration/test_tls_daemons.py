@@ -3,7 +3,8 @@
 - a real Prometheus, configured the way its docs say (`scheme: https`, `tls_config` with a client
   certificate, `basic_auth`), scrapes an agent that requires client certificates and a password;
 - the job SDK pushes to the rules service over mutual TLS, and refuses a server it cannot verify;
-- the rules service's scrape of agents works over mutual TLS with basic auth;
+- the rules service's scrape of agents works over mutual TLS with basic auth, and its Prometheus source reads
+  a Prometheus that serves TLS from the very same web config file (the format is exporter-toolkit's);
 - a bad or mismatched certificate stops a daemon at start with one line and exit status 2.
 """
 
@@ -20,6 +21,7 @@ import pytest
 from gpumond.job import Reporter
 from gpumond.job.tlsclient import ClientTLS
 from gpumond.rules.telemetry.factory import build_access
+from gpumond.rules.telemetry.promql import PrometheusSource
 from gpumond.rules.telemetry.scrape import ScrapeSource
 from tests.integration.alert_helpers import TOKEN, RulesDaemon
 from tests.integration.helpers import AgentProcess, PrometheusServer, http_get, wait_until, write_yaml
@@ -175,3 +177,37 @@ def test_a_bad_web_config_stops_the_rules_service_at_start_with_one_line(tmp_pat
     assert rules.wait_exit(30) == 2
     err = rules.stderr().strip()
     assert len(err.splitlines()) == 1 and "RequireAnyClientCert" in err and "not supported by gpumond" in err, err
+
+
+def test_one_web_config_file_serves_prometheus_itself_and_the_agent_and_the_rules_source_reads_both(
+        tmp_path, pki) -> None:
+    """The same web config file (TLS + basic_auth_users) given to a real Prometheus and to an agent: the format
+    is exporter-toolkit's. Prometheus scrapes the agent over TLS with basic auth, and the rules service's
+    Prometheus source reads Prometheus over TLS with basic auth."""
+    web = web_config(tmp_path, pki, mtls=False, users=True)
+    password_file = tmp_path / "password"
+    password_file.write_text(PASSWORD)
+    trust = ClientTLS(pki["ca"].path).context
+    with AgentProcess(["--sim", "2", "--web.config.file", web], tmp_path / "agent", tls=trust) as agent:
+        job = {"job_name": "gpumond-agent", "scheme": "https", "tls_config": {"ca_file": str(pki["ca"].path)},
+               "basic_auth": {"username": "prometheus", "password_file": str(password_file)},
+               "static_configs": [{"targets": [agent.address]}]}
+        prom = PrometheusServer([], tmp_path / "prometheus", extra_scrape_configs=[job])
+        prom.argv.append(f"--web.config.file={web}")
+        prom.spawn()  # not start(): its readiness check speaks plain HTTP
+        with prom:
+            auth = basic("prometheus", PASSWORD)
+            wait_until(lambda: http_get(f"https://127.0.0.1:{prom.port}/-/ready", auth, timeout=1.0,
+                                        context=trust)[0] == 200,
+                       timeout=30, what="Prometheus ready over TLS", describe=prom.describe)
+            assert http_get(f"https://127.0.0.1:{prom.port}/-/ready", timeout=1.0, context=trust)[0] == 401
+            spec = {"tls_config": {"ca_file": pki["ca"].path},
+                    "basic_auth": {"username": "prometheus", "password_file": password_file}}
+            source = PrometheusSource(f"https://127.0.0.1:{prom.port}", access=build_access(spec), lookback_s=30)
+            try:
+                batch = wait_until(lambda: (b := source.fetch()) and len(b.gpus) == 2 and (b,), timeout=40,
+                                   what="the rules' Prometheus source to read both GPUs over TLS",
+                                   describe=prom.describe)[0]
+                assert not [e for e in batch.errors if "TLS" in e or "401" in e], batch.errors
+            finally:
+                source.close()
