@@ -288,18 +288,29 @@ def _check_config(path: Path, kind: str | None) -> int:
             rules = load_rules_config(path)
             source = "prometheus" if rules.telemetry.prometheus else "scrape" if rules.telemetry.scrape.enabled \
                 else "none"
+            web = _served(_web(rules.web_config_file))  # its certificates are loaded, as at start
             print(f"{path}: ok (rules config{_told(how)}; listen {rules.listen}, {len(rules.tokens)} token(s), "
-                  f"telemetry {source}, alerts to {_sinks(rules.alerting)})")
+                  f"telemetry {source}, alerts to {_sinks(rules.alerting)}; serves {web})")
             return 0
         cfg = load_agent_config(path)
+        web = _served(_web(cfg.web_config_file))
     except ConfigError as e:
         hint = f" (checked as {'a rules' if kind == 'rules' else 'an agent'} config, told by {how}; " \
                f"pass --kind to choose)" if how == "its file name" else ""
         print(f"gpumond: {e}{hint}", file=sys.stderr)
         return EXIT_USAGE
     print(f"{path}: ok (agent config{_told(how)}; listen {cfg.listen}, node {cfg.node_name}, "
-          f"alerts to {_sinks(cfg.alerting)})")
+          f"alerts to {_sinks(cfg.alerting)}; serves {web})")
     return 0
+
+
+def _served(web: Any) -> str:
+    """How the daemon will serve, for the check-config line: plain HTTP, or TLS and who may connect and read."""
+    if web.tls is None:
+        served = "plain HTTP"
+    else:
+        served = f"TLS, {web.tls.settings.client_auth_type}"
+    return served + (", read auth" if web.users or web.tokens else "")
 
 
 def _told(how: str) -> str:

@@ -99,7 +99,19 @@ def check_config(objects: tuple[dict[str, Any], ...], component: str, tmp_path: 
                  existing: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
     """`gpumond check-config` on a rendered agent.yaml / rules.yaml, with the environment its Secret gives."""
     path = tmp_path / f"{component}.yaml"
-    path.write_text(_configmap(objects, component)["data"][f"{component}.yaml"])
+    data = _configmap(objects, component)["data"]
+    text = data[f"{component}.yaml"]
+    if "web.yml" in data:  # tls.enabled: the web config, reading a Secret's files made here (tests/pki.py)
+        from tests.pki import CA
+
+        ca = CA(tmp_path / f"{component}-tls", "ca")
+        issued = ca.issue("tls")
+        web = data["web.yml"]
+        for name, made in (("tls.crt", issued.cert), ("tls.key", issued.key), ("ca.crt", ca.path)):
+            web = web.replace(f"/etc/gpumond-tls/{name}", str(made))
+        (tmp_path / f"{component}-web.yml").write_text(web)
+        text = text.replace("/etc/gpumond/web.yml", str(tmp_path / f"{component}-web.yml"))
+    path.write_text(text)
     container = next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
                      and o["metadata"]["name"].endswith(f"-{component}"))["spec"]["template"]["spec"]["containers"][0]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), **secret_env(objects, container, existing)}

@@ -117,3 +117,26 @@ def test_the_sdk_reads_its_tls_files_from_the_environment_and_names_a_bad_one(tm
     other = ca.issue("other", client=True)
     with pytest.raises(SdkConfigError, match="the key .* does not belong to it"):
         resolve_tls(None, str(client.cert), str(other.key), {})
+
+
+def test_check_config_loads_the_web_config_and_its_certificates(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    ca = CA(tmp_path)
+    good, other = ca.issue("tls"), ca.issue("other")
+    web = write(tmp_path / "web.yml", {"tls_server_config": {"cert_file": str(good.cert), "key_file": str(good.key),
+                                                              "client_auth_type": "RequireAndVerifyClientCert",
+                                                              "client_ca_file": str(ca.path)}})
+    agent = write(tmp_path / "agent.yaml", {"web_config_file": str(web), "state_dir": str(tmp_path)})
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpumond.cli", "check-config", "--kind", "agent", str(agent)],
+                              capture_output=True, text=True, timeout=60)
+
+    ok = check()
+    assert ok.returncode == 0 and ok.stdout.rstrip().endswith("; serves TLS, RequireAndVerifyClientCert)"), ok
+    good.key.write_bytes(other.key.read_bytes())  # a key that is not the certificate's
+    bad = check()
+    assert bad.returncode == 2 and "does not belong to the certificate" in bad.stderr, bad
+    assert len(bad.stderr.strip().splitlines()) == 1
