@@ -191,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"only this kind: {', '.join(FINDING_KINDS)}")
     f.add_argument("--state", choices=["pending", "firing"], help="only this state")
     f.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
+    _tls_flags(f)
 
     al = sub.add_parser(
         "alerts", help="print an agent's or the rules service's alerts as a table",
@@ -211,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default %(default)s)")
     al.add_argument("--state", choices=["firing", "pending", "resolved"], help="only alerts in this state")
     al.add_argument("--json", action="store_true", help="print the JSON (after --state) instead of a table")
+    _tls_flags(al)
 
     c = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 2 invalid)",
                        description="Validate an agent or rules config file (the kind is recognised from its "
@@ -226,6 +228,26 @@ def _web_flag(p: argparse.ArgumentParser) -> None:
                    help="TLS and read-side authentication, in Prometheus exporter-toolkit's web config format "
                         "(tls_server_config, basic_auth_users); overrides `web_config_file`; default: plain HTTP "
                         "(see docs/configuration.md#tls-and-authentication)")
+
+
+def _tls_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ca-file", metavar="FILE", help="https: trust this CA (PEM) instead of the system bundle")
+    p.add_argument("--cert-file", metavar="FILE", help="https: present this client certificate (PEM), for a daemon "
+                                                        "that requires one; with --key-file")
+    p.add_argument("--key-file", metavar="FILE", help="the client certificate's key (PEM)")
+
+
+def _client_tls(args: argparse.Namespace, command: str) -> Any:
+    """The SSL context the TLS flags ask for (None: urllib's default, the system bundle); exits 2 when bad."""
+    if not (args.ca_file or args.cert_file or args.key_file):
+        return None
+    from gpumond.job.tlsclient import ClientTLS
+
+    try:
+        return ClientTLS(args.ca_file, args.cert_file, args.key_file).context
+    except ValueError as e:
+        print(f"gpumond {command}: {e} (see: gpumond {command} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
 
 
 def _web(path: Path | None) -> Any:
@@ -409,7 +431,8 @@ def _findings(args: argparse.Namespace) -> int:
     from gpumond.findings_cli import FetchError, fetch, table
 
     try:
-        found = fetch(args.url, {"job": args.job, "kind": args.kind, "state": args.state})
+        found = fetch(args.url, {"job": args.job, "kind": args.kind, "state": args.state},
+                      context=_client_tls(args, "findings"))
     except FetchError as e:
         print(f"gpumond findings: {e}", file=sys.stderr)
         return 1
@@ -424,7 +447,7 @@ def _alerts(args: argparse.Namespace) -> int:
     from gpumond.findings_cli import FetchError
 
     try:
-        alerts = fetch(args.url, args.state)
+        alerts = fetch(args.url, args.state, context=_client_tls(args, "alerts"))
     except FetchError as e:
         print(f"gpumond alerts: {e}", file=sys.stderr)
         return 1

@@ -211,3 +211,25 @@ def test_one_web_config_file_serves_prometheus_itself_and_the_agent_and_the_rule
                 assert not [e for e in batch.errors if "TLS" in e or "401" in e], batch.errors
             finally:
                 source.close()
+
+
+def test_the_alerts_and_findings_commands_read_over_mutual_tls(tmp_path, pki) -> None:
+    import subprocess
+    import sys
+
+    web = web_config(tmp_path, pki)
+    c = pki["client"]
+    with AgentProcess(["--sim", "1", "--web.config.file", web], tmp_path / "agent", tls=context(pki)) as agent:
+        def alerts(*flags: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "gpumond.cli", "alerts", "--url", agent.base_url, "--json",
+                                   *flags], capture_output=True, text=True, timeout=60)
+
+        ok = alerts("--ca-file", str(pki["ca"].path), "--cert-file", str(c.cert), "--key-file", str(c.key))
+        assert ok.returncode == 0 and '"alerts"' in ok.stdout, ok.stderr
+        no_ca = alerts()
+        assert no_ca.returncode == 1 and "cannot verify the server's certificate" in no_ca.stderr, no_ca.stderr
+        assert "--ca-file" in no_ca.stderr
+        no_cert = alerts("--ca-file", str(pki["ca"].path))
+        assert no_cert.returncode == 1 and "requires a client certificate" in no_cert.stderr, no_cert.stderr
+        half = alerts("--cert-file", str(c.cert))
+        assert half.returncode == 2 and len(half.stderr.strip().splitlines()) == 1, half.stderr
