@@ -19,6 +19,7 @@ from gpumond.config.alerting import AlertingConfig, resolve_alerting
 from gpumond.config.errors import ConfigError
 from gpumond.config.http import HttpConfig
 from gpumond.config.load import load_config
+from gpumond.config.remediation import RemediationConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
 from gpumond.config.web import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
 from gpumond.job.routing import MAX_SHARDS
@@ -221,6 +222,7 @@ class RulesConfig(ConfigModel):
     http: HttpConfig = HttpConfig()
     # TLS and read-side auth (exporter-toolkit's web config file); None: plain HTTP. --web.config.file overrides.
     web_config_file: AbsolutePath | None = None
+    remediation: RemediationConfig = RemediationConfig()
 
 
     @field_validator("expire_after_s")

@@ -43,6 +43,8 @@ EXPECTED_KINDS = {
                             "PodMonitor": 2},
     "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
     "tls-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1, "ServiceMonitor": 2},
+    "remediation-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+                           "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 }
 
 

@@ -187,3 +187,11 @@ tlsConfig:
   {{- toYaml (mergeOverwrite $default (deepCopy $given)) | nindent 2 }}
 {{- end -}}
 {{- end -}}
+
+{{/* Fleet remediation through the Kubernetes API: rules.config.remediation.backend is kubernetes. */}}
+{{- define "gpumond.remediatesNodes" -}}
+{{- $rem := get (.Values.rules.config | default dict) "remediation" | default dict -}}
+{{- if and .Values.rules.enabled (eq (get $rem "backend" | default "none") "kubernetes") (ne (get $rem "mode" | default "dry_run") "off") -}}
+true
+{{- end -}}
+{{- end -}}
