@@ -42,8 +42,10 @@ app.kubernetes.io/part-of: gpumond
 {{- end }}
 {{- end -}}
 
+{{/* repository:tag, and @digest when one is pinned (the runtime pulls by digest; the tag stays for people). */}}
 {{- define "gpumond.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- with .Values.image.digest }}@{{ . }}{{ end -}}
 {{- end -}}
 
 {{- define "gpumond.secretName" -}}
