@@ -48,6 +48,8 @@ _HELP = {
     "gpumond_rules_evaluations_total": ("counter", "Detector evaluations run."),
     "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
     "gpumond_rules_findings_resolved_total": ("counter", "Findings that fired and then resolved."),
+    "gpumond_rules_jobs_ended_total": ("counter", "Jobs released because every rank sent its final push "
+                                                  "(the job SDK's end of job)."),
     "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
     "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
     **INGEST_METRICS,

@@ -44,5 +44,8 @@ class DetectorConfig:
     hang_min_s: float = 10.0  # no step for max(this, hang_factor × baseline step time): stalled
     hang_factor: float = 3.0
     hang_busy_util: float = 0.5  # peers must look busy (spinning in a collective), else the job just ended
+    # …and its processes must be known alive: a heartbeat (the SDK's push without steps, every push interval,
+    # 5 s by default) at most this old, or the agents' job info on its GPUs. Else it ended or crashed.
+    hang_alive_s: float = 20.0
     cpu_busy: float = 0.9  # host evidence: CPU-bound data loader
     iowait_high: float = 0.15  # host evidence: storage-bound data loader

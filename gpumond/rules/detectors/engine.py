@@ -99,7 +99,8 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
             # a checkpoint (writers idle) and a hang (peers spin, the culprit idles) differ only there.
             stall_gpus = fns.gpus([r.gpu_uuid for r in reporting], inputs.gpu_windows, last + 1.0,
                                            strict=True)
-        stall = job_stall(job, feats, stall_gpus, baseline, inputs.now, cfg)
+        stall = job_stall(job, feats, stall_gpus, baseline, inputs.now, cfg, windows=ranks,
+                          gpu_windows=inputs.gpu_windows)
         if stall:
             out.extend(stall)
             continue  # a stalled job's windows say nothing about stragglers or starvation
