@@ -20,14 +20,19 @@ from gpumond.types import Series
 log = logging.getLogger("gpumond.rules")
 
 
+# Shares are absolute, 0–1 of the step. The detectors compare each rank's compute share with its step's
+# mean over the ranks; that deviation has its own name, so no reader takes it for a share.
 _RANK_SERIES = (("gpumond_job_rank_step_seconds", "step_time_s"),
                 ("gpumond_job_rank_data_wait_ratio", "wait_frac"),
-                ("gpumond_job_rank_compute_ratio", "share_recent"))
+                ("gpumond_job_rank_comm_wait_ratio", "comm_frac"),
+                ("gpumond_job_rank_compute_ratio", "compute_frac"),
+                ("gpumond_job_rank_compute_share_deviation", "share_recent"))
 
 
 def rank_series(features: Mapping[str, Sequence[RankFeatures]]) -> list[Series]:
-    """Per rank, what the detectors judged over the recent window: median step time, data-wait share and
-    compute share (only for ranks that push comm_wait_s); a value the window cannot give is left out."""
+    """Per rank, what the detectors judged over the recent window: median step time; median data-wait,
+    comm-wait and compute shares of the step (the last two and the deviation only for ranks that push
+    comm_wait_s); a value the window cannot give is left out."""
     out = []
     for job, feats in sorted(features.items()):
         for f in feats:
