@@ -138,6 +138,16 @@ def test_small_data_wait_is_not_a_finding():
     assert [x for x in run(build(wait={4: 0.02}))[1] if x.kind.startswith("io_")] == []
 
 
+def test_a_healthy_job_whose_ranks_wait_about_5_percent_on_data_is_not_starved():
+    # The reported page: median_data_wait_frac=0.0498. Five per cent of the step is the cost of an ordinary
+    # loader, not a pipeline to fix; the job finding needs its wait to cost at least job_min_cost_frac.
+    waits = {r: 0.0498 + 0.004 * ((r % 5) - 2) for r in range(32)}
+    assert [x for x in run(build(wait=waits))[1] if x.kind.startswith("io_")] == []
+    waits = {r: 0.12 + 0.004 * ((r % 5) - 2) for r in range(32)}
+    (job,) = [x for x in run(build(wait=waits))[1] if x.kind.startswith("io_")]
+    assert job.kind == "io_starved_job" and job.evidence["min_cost_frac"] == CFG.job_min_cost_frac
+
+
 def test_whole_job_starved_is_one_job_finding_not_many_rank_findings():
     _, c = run(build(wait={r: 0.2 + 0.01 * (r % 3) for r in range(32)}))
     assert [x.kind for x in c if x.kind.startswith("io_")] == ["io_starved_job"]

@@ -35,8 +35,14 @@ class DetectorConfig:
     structure_learn_s: float = 60.0  # nodes deviating together this long after a job is first judged: its structure
     throttle_frac_min: float = 0.3  # a GPU throttled in at least 30 % of its samples (18 s of the minute)…
     throttle_peer_max: float = 0.1  # …while its peers' median is below this
-    wait_min_frac: float = 0.04  # a rank must wait on data at least this fraction of its step
-    job_wait_rank_frac: float = 0.5  # at least this share of ranks starved: the job's pipeline is the cause
+    wait_min_frac: float = 0.04  # a rank must wait on data at least this fraction of its step (io_starved_rank)
+    # io_starved_job, the whole pipeline slow: at least job_wait_rank_frac of the ranks wait job_wait_min_frac or
+    # more, and the job's median wait — the share of its step time the data pipeline costs — is at least
+    # job_min_cost_frac. A healthy job's loader often shows ~5 %: not worth a page (benchmarks/results/
+    # detection_io_threshold.md).
+    job_wait_rank_frac: float = 0.5
+    job_wait_min_frac: float = 0.05
+    job_min_cost_frac: float = 0.08
     node_min_gpus: int = 2  # this many straggling GPUs of one node (and ≥ half of its GPUs): the node
     slowdown_ratio: float = 1.10  # job step time above baseline × this: job slowdown
     baseline_min_steps: int = 10
