@@ -160,6 +160,31 @@ def test_job_slowdown_against_its_own_baseline():
     assert [x.kind for x in c] == ["job_slowdown"] and c[0].score > 1.2
 
 
+def test_a_job_whose_first_seconds_ran_faster_than_its_steady_pace_is_not_a_slowdown():
+    # Issue 17: a fault-free DDP job on a loaded host went pending as job_slowdown (1.106). The baseline was
+    # learnt at the first evaluation that held 10 steps, a few seconds of the job's start, which ran faster
+    # than what followed. It is now learnt from a full minute of the job's steps.
+    def job(t_end, start=NOW - 200):
+        ranks = {}
+        for rank in range(8):
+            t, k, recs = start, 0, []
+            while True:
+                d = 0.1 if t - start < 8 else 0.115  # 8 s of fast start, then the steady pace
+                if t + d > t_end:
+                    break
+                t += d
+                recs.append(StepRecord(k, t, d * (1 + 0.002 * (rank % 3)), 0.001))
+                k += 1
+            ranks[rank] = RankWindow(RankInfo("job-a", rank, 8, f"node-{rank // 4}", f"GPU-{rank:04d}"),
+                                     tuple(r for r in recs if r.end >= t_end - 300), t_end)
+        return EvalInputs(t_end, {"job-a": ranks})
+    state, seen = DetectorState(), []
+    for t in range(10, 150, 10):
+        state, c = evaluate(job(NOW - 200 + t), state, CFG)
+        seen += [x.kind for x in c]
+    assert seen == [] and abs(state.baselines["job-a"].step_time_s - 0.115) < 0.002
+
+
 def test_hang_localised_to_the_idle_rank_and_silent_when_the_job_ended():
     state, _ = run(build())
     # Hung: no step for 60 s, but the processes live (the SDK's heartbeats keep coming).

@@ -46,6 +46,10 @@ class DetectorConfig:
     node_min_gpus: int = 2  # this many straggling GPUs of one node (and ≥ half of its GPUs): the node
     slowdown_ratio: float = 1.10  # job step time above baseline × this: job slowdown
     baseline_min_steps: int = 10
+    # …and the job's held steps must span this much wall time: a job's first seconds are not its normal pace
+    # (a full prefetch buffer draining, warm-up, a host whose load changes), and a baseline learnt from them
+    # made a fault-free job on a loaded host a "slowdown" (issue 17). A full recent window.
+    baseline_min_s: float = 60.0
     baseline_alpha: float = 0.05
     hang_min_s: float = 10.0  # no step for max(this, hang_factor × baseline step time): stalled
     hang_factor: float = 3.0

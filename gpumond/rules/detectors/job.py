@@ -21,13 +21,14 @@ class JobBaseline:
 
 
 def job_slowdown(job: str, step_times: Sequence[float], baseline: JobBaseline | None,
-                 cfg: DetectorConfig) -> tuple[JobBaseline | None, list[Candidate]]:
-    """Compare the recent median job step time with the baseline; learn the baseline only while healthy."""
+                 cfg: DetectorConfig, span_s: float = float("inf")) -> tuple[JobBaseline | None, list[Candidate]]:
+    """Compare the recent median job step time with the baseline; learn the baseline only while healthy, and
+    only once the job's steps span `cfg.baseline_min_s` (`span_s`: from its oldest held step to now)."""
     if len(step_times) < 3:
         return baseline, []
     recent = median(step_times)
     if baseline is None:
-        if len(step_times) >= cfg.baseline_min_steps:
+        if len(step_times) >= cfg.baseline_min_steps and span_s >= cfg.baseline_min_s:
             return JobBaseline(recent, len(step_times)), []
         return None, []
     ratio = recent / baseline.step_time_s if baseline.step_time_s > 0 else 1.0
