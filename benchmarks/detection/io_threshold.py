@@ -61,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ts = rows[(kind, level, which)]
                 if kind == "starved_job":
                     fired = sum(job for _, job, _, _ in ts)
-                    cells.append(f"{fired}/{len(ts)} `io_starved_job`")
+                    ranks = sum(rank for _, _, rank, _ in ts)
+                    cells.append(f"{fired}/{len(ts)} `io_starved_job`, {ranks}/{len(ts)} with an `io_starved_rank`")
                 else:
                     found = sum(d for d, _, _, _ in ts)
                     wrong = sum(job for _, job, _, _ in ts)
@@ -76,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "`gpumond.rules.detectors.engine.evaluate` and the findings lifecycle (2 of 3 evaluations, 10 s), the "
         "fault planted after a 120 s warm-up. `starved job f`: every rank waits f of its step on data, which "
         "at 5 % is what an ordinary, healthy data loader shows (the issue's page: `median_data_wait_frac=0.0498`). "
-        "A starved rank or node counts as found when `io_starved_rank` names it (a node's 8 ranks each count).", "",
+        "A starved rank or node counts as found when `io_starved_rank` names it (a node's 8 ranks each count). "
+        "The benchmark counts `starved job` runs as planted faults; at 3–7 % they are the case the new defaults "
+        "leave quiet on purpose.", "",
         "- **previous**: `io_starved_job` when half the ranks wait ≥ 4 % and the median wait ≥ 4 % "
         "(`wait_min_frac` for both).",
         f"- **current** (`DetectorConfig` defaults): half the ranks wait ≥ {NEW.job_wait_min_frac:.0%} "
