@@ -26,7 +26,9 @@ class Rig:
         self.session.open()
         self.tmp = tmp_path
         self.audit_path = tmp_path / "audit.jsonl"
-        self.engine = PolicyEngine(PolicyConfig.model_validate(policy or {}), self.session, node="policy-node",
+        # These scenarios are about acting: enforce unless the test names another mode (the default is dry_run).
+        config = PolicyConfig.model_validate({"mode": "enforce", **(policy or {})})
+        self.engine = PolicyEngine(config, self.session, node="policy-node",
                                    state_file=StateFile(tmp_path / "state.json"), audit=AuditLog(self.audit_path),
                                    clock=self.clock.now)
         self.slow = self.session.read("slow")
