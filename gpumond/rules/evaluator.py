@@ -14,7 +14,8 @@ from gpumond.alerts.pipeline import AlertPipeline, log_only
 from gpumond.job.routing import shard_of
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, conditions_of, findings_of
 from gpumond.rules.store import GpuStore, RankStore
-from gpumond.rules.types import Finding, TelemetrySource
+from gpumond.alerts.model import Condition
+from gpumond.rules.types import Finding, TelemetryBatch, TelemetrySource
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
@@ -48,7 +49,9 @@ class Evaluator:
     def __init__(self, ranks: RankStore, gpus: GpuStore, source: TelemetrySource | None, *,
                  detectors: DetectorConfig = DetectorConfig(), alerts: AlertPipeline | None = None,
                  shard: tuple[int, int] | None = None, clock: Callable[[], float] = time.time,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter,
+                 on_batch: Callable[[TelemetryBatch], None] | None = None,
+                 extra_conditions: Callable[[], list[Condition]] = list) -> None:
         self._ranks = ranks
         self._gpus = gpus
         self._source = source
@@ -59,6 +62,9 @@ class Evaluator:
         self._shard = shard
         self._clock = clock
         self._timer = timer
+        # Other consumers of what telemetry and the lifecycle carry (fleet remediation): fed, never consulted.
+        self._on_batch = on_batch
+        self._extra_conditions = extra_conditions
         self._lock = threading.Lock()
         self._state = DetectorState()
         self._findings: tuple[Finding, ...] = ()
@@ -84,6 +90,8 @@ class Evaluator:
             log.warning("telemetry fetch failed", extra={"source": self._source.name, "error": repr(e)})
             return
         self._gpus.add(batch)
+        if self._on_batch is not None:
+            self._on_batch(batch)
         self.telemetry_ok = bool(batch.gpus) or not batch.errors
         self.telemetry_error = "; ".join(batch.errors[:3]) if batch.errors else None
 
@@ -106,8 +114,8 @@ class Evaluator:
         with self._lock:
             self._state, candidates = evaluate(inputs, self._state, self._cfg)
             # A job whose ranks all said they ended has no findings left: they resolve now, not resolve_after_s later.
-            transitions = self.alerts.update(conditions_of(candidates, self._gpu_index), now,
-                                             ended=lambda labels: bool(ended) and dict(labels).get("job") in ended)
+            transitions = self.alerts.update(conditions_of(candidates, self._gpu_index) + self._extra_conditions(),
+                                             now, ended=lambda labels: bool(ended) and dict(labels).get("job") in ended)
             self._findings = tuple(findings_of(self.alerts.entries()))
             self.evaluations += 1
             self.jobs_ended_total += len(ended)
