@@ -12,6 +12,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
+import threading
 import time
 import weakref
 from collections import deque
@@ -24,7 +26,7 @@ from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
 from gpumond.job.routing import shard_endpoint
 from gpumond.job.settings import (ConfigError, Identity, resolve_endpoint, resolve_identity, resolve_shards,
-                                  resolve_token)
+                                  resolve_tls, resolve_token)
 from gpumond.job.stats import Stats
 from gpumond.job.transport import HttpTransport, Transport
 
@@ -35,6 +37,7 @@ T = TypeVar("T")
 _NONE = 0  # no step open: the next fetch opens one
 _FETCH = 1  # opened by a fetch; the next fetch ends it
 _BLOCK = 2  # inside `with step()`: fetches add their wait, only the block's end ends it
+SIGTERM_FLUSH_S = 2.0  # torchrun waits 30 s between its SIGTERM and SIGKILL; a final push takes milliseconds
 
 
 class Reporter:
@@ -43,10 +46,11 @@ class Reporter:
     def __init__(self, endpoint: str | None = None, token: str | None = None, job: str | None = None,
                  rank: int | None = None, world_size: int | None = None, node: str | None = None,
                  gpu_uuid: str | None = None, group: str | None = None, shards: int | None = None,
+                 ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
                  push_interval_s: float = 5.0,
                  max_queue: int = 10_000, max_steps_per_push: int = 512, timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, handle_sigterm: bool = True) -> None:
         # Hot-path state comes first, so a reporter whose setup fails below is still safe to call.
         self._off = True
         self._closed = False
@@ -61,6 +65,11 @@ class Reporter:
         self._block = _StepBlock(self)
         self._comm: float | None = None  # comm wait of the open (or next) step; None: not measured
         self._comm_block = _CommWait(self)
+        # Comm waits read after their step is recorded (GPU timing): index of the step's record → its tally,
+        # and the records held back until theirs arrives, in order (see defer_comm_wait()).
+        self._late: dict[int, _Late] = {}
+        self._held: deque[tuple[Record, _Late | None]] = deque()
+        self._late_lost = 0
         self._q: deque[Record] = deque(maxlen=1)
         self._pusher: Pusher | None = None
         self._identity: Identity | None = None
@@ -68,17 +77,19 @@ class Reporter:
         try:
             _check_numbers(push_interval_s, max_queue, max_steps_per_push, timeout_s)
             route: tuple[str, str, int | None] | None = None
+            tls = None
             if transport is None:
                 # Before the GPU lookup: without a place to send to there is no point running nvidia-smi.
                 url = resolve_endpoint(endpoint, os.environ)
                 route = (url, resolve_token(token, os.environ), resolve_shards(shards, url, os.environ))
+                tls = resolve_tls(ca_file, cert_file, key_file, os.environ)
             self._identity = resolve_identity(job=job, rank=rank, world_size=world_size, node=node,
                                               gpu_uuid=gpu_uuid, group=group, environ=os.environ,
                                               find_gpu=local_gpu_uuid)
             if route is not None:
                 # A job's shard is fixed for its run, so its address is chosen once, here.
                 url, secret, count = route
-                transport = HttpTransport(shard_endpoint(url, self._identity.job, count), secret)
+                transport = HttpTransport(shard_endpoint(url, self._identity.job, count), secret, tls)
             assert transport is not None  # route is set exactly when no transport was given
             self._q = deque(maxlen=max_queue)
             self._pusher = Pusher(self._q, self._identity.head(), transport, interval_s=push_interval_s,
@@ -92,6 +103,8 @@ class Reporter:
             self._disable(f"unexpected error while configuring: {exc!r}")
             return
         atexit.register(self.close)
+        if handle_sigterm:
+            _on_sigterm(self)
         # A forked child (a DataLoader worker) inherits this object but not the thread: make it inert.
         os.register_at_fork(after_in_child=_make_inert_in_child(weakref.ref(self)))
         self._off = False
@@ -115,12 +128,13 @@ class Reporter:
             return Stats(last_error=self._reason)
         # Read in this order so that racing with both threads can only under-count overflow drops.
         recorded = self._recorded
+        held = len(self._held)
         queued = len(self._q)
         taken = pusher.taken
-        overflow = max(0, recorded - queued - taken)
+        overflow = max(0, recorded - held - queued - taken)
         return Stats(pushed_steps=pusher.pushed, dropped_steps=pusher.dropped + overflow,
-                     failed_pushes=pusher.failed, queue_len=queued + pusher.pending_len,
-                     last_error=self._reason or pusher.last_error)
+                     failed_pushes=pusher.failed, queue_len=held + queued + pusher.pending_len,
+                     comm_waits_dropped=self._late_lost, last_error=self._reason or pusher.last_error)
 
     def _disable(self, reason: str) -> None:
         self._off = True
@@ -159,6 +173,19 @@ class Reporter:
         except Exception as exc:
             self._fail(exc)
 
+    def fetched(self, wait_s: float) -> None:
+        """A batch has just arrived after `wait_s` seconds of waiting for it, fetched by a loop that is not
+        wrap()'s (a framework's): counted as wrap() counts its own fetches (it ends the step before it, if
+        one is open from a fetch, and opens the next with this data wait)."""
+        if self._off:
+            return
+        try:
+            now = self._clock()
+            waited = _as_seconds(wait_s)
+            self._fetched(now - (waited or 0.0), now)
+        except Exception as exc:
+            self._fail(exc)
+
     def step(self, samples: int | None = None) -> _StepBlock:
         """`with reporter.step():` — the block is one step; fetches inside it add to its data wait."""
         if self._depth == 0:
@@ -185,20 +212,87 @@ class Reporter:
         except Exception as exc:
             self._fail(exc)
 
+    def defer_comm_wait(self) -> int | None:
+        """Say that the open step's comm wait will be known only later; returns the ticket to resolve it with.
+
+        For a timing read asynchronously (CUDA events, read steps later): the step's record is held back
+        (in order, with those after it) until `resolve_comm_wait(ticket, seconds)`, at most
+        `_MAX_HELD` records; past that the oldest goes out without it, counted in
+        `stats.comm_waits_dropped`. Same thread rule as add_comm_wait().
+        """
+        if self._off:
+            return None
+        try:
+            index = self._recorded  # the index the open step's record will have
+            late = self._late.get(index)
+            if late is None:
+                late = self._late[index] = _Late()
+            late.pending += 1
+            return index
+        except Exception as exc:
+            self._fail(exc)
+            return None
+
+    def resolve_comm_wait(self, ticket: int | None, seconds: float | None) -> None:
+        """The deferred comm wait of the step `ticket` names: `seconds`, or None when it was not measured."""
+        if self._off or ticket is None:
+            return
+        try:
+            late = self._late.get(ticket)
+            if late is None:
+                late = next((lt for rec, lt in self._held if lt is not None and lt.index == ticket), None)
+            if late is None or late.pending <= 0:
+                return  # already sent without it (counted then)
+            late.pending -= 1
+            waited = None if seconds is None else _as_seconds(seconds)
+            if waited is None:
+                late.lost = True
+            else:
+                late.seconds += waited
+            self._release()
+        except Exception as exc:
+            self._fail(exc)
+
     def _record(self, end: float, samples: int | None) -> None:
         step = self._next_step
         self._next_step = step + 1
-        self._recorded += 1
+        index = self._recorded
+        self._recorded = index + 1
         # deque(maxlen) drops the oldest itself when full; the stats derive how many from the counts.
         # Comm wait goes in only when measured (the push then omits it); the encoder fits it to the step.
         comm = self._comm
         if comm is None:
-            self._q.append((step, end, end - self._start, self._wait, samples))
+            record: Record = (step, end, end - self._start, self._wait, samples)
         else:
             self._comm = None
-            self._q.append((step, end, end - self._start, self._wait, samples, comm))
+            record = (step, end, end - self._start, self._wait, samples, comm)
+        if self._late or self._held:
+            late = self._late.pop(index, None)
+            if late is not None:
+                late.index = index
+            self._held.append((record, late))
+            self._release()
+        else:
+            self._q.append(record)
         self._last_end = end
         self._open = _NONE
+
+    def _release(self, everything: bool = False) -> None:
+        """Queue the held records whose late comm wait is in (all of them with `everything`), oldest first."""
+        held = self._held
+        while held:
+            record, late = held[0]
+            if late is not None and late.pending > 0 and not everything and len(held) <= _MAX_HELD:
+                return
+            held.popleft()
+            if late is not None:
+                if late.pending > 0 or late.lost:
+                    late.pending = 0  # a resolve that comes after this finds nothing to do
+                    self._late_lost += 1
+                else:
+                    comm = record[5] if len(record) > 5 else 0.0
+                    record = (*record[:5], comm + late.seconds)
+            self._q.append(record)
 
     def _fetched(self, t0: float, t1: float | None) -> None:
         """A fetch asked at t0 returned at t1 (None: the iterable is exhausted)."""
@@ -242,6 +336,9 @@ class Reporter:
             else:
                 # A step that raised did not complete; its time says nothing about training speed.
                 self._open, self._last_end, self._comm = _NONE, now, None
+                late = self._late.pop(self._recorded, None)
+                if late is not None:
+                    late.pending = 0  # its late reading, if one comes, belongs to no record
         except Exception as exc:
             self._fail(exc)
 
@@ -254,6 +351,11 @@ class Reporter:
         self._closed = True
         self._off = True
         atexit.unregister(self.close)
+        try:
+            self._release(everything=True)  # steps still waiting for a late comm wait go without it
+            self._late.clear()
+        except Exception as exc:
+            log.warning("gpumond: error while closing the reporter: %r", exc)
         if self._pusher is not None:
             try:
                 self._pusher.close(timeout_s)
@@ -265,6 +367,21 @@ class Reporter:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+_MAX_HELD = 64  # records held back for a late comm wait; GPU timing reads a step within a few
+
+
+class _Late:
+    """A step's comm wait still to come: how many readings are outstanding and what has come so far."""
+
+    __slots__ = ("index", "pending", "seconds", "lost")
+
+    def __init__(self) -> None:
+        self.index = -1  # the step's record index, once recorded
+        self.pending = 0
+        self.seconds = 0.0
+        self.lost = False
 
 
 class _Timed:
@@ -344,6 +461,39 @@ class _CommWait:
             rep._fail(exc)
 
 
+_live: weakref.WeakSet[Reporter] = weakref.WeakSet()
+_handler_lock = threading.Lock()
+
+
+def _on_sigterm(rep: Reporter) -> None:
+    """Close `rep` on SIGTERM (what torchrun sends the surviving workers when it tears a job down, and what
+    schedulers send at the end of a time limit), so its final push tells the rules service the job ended.
+
+    Only where SIGTERM still has its default action and from the main thread (Python's rule): a handler
+    the program set is never replaced. After closing, the default action is restored and the signal raised
+    again, so the process still dies of SIGTERM, with the exit status its launcher expects.
+    """
+    with _handler_lock:
+        _live.add(rep)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return  # the program's own handler, or ours already
+            signal.signal(signal.SIGTERM, _sigterm)
+        except (ValueError, OSError):  # no signals here (an embedded interpreter): atexit still closes
+            pass
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    try:
+        for rep in list(_live):
+            rep.close(SIGTERM_FLUSH_S)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _make_inert_in_child(ref: weakref.ref[Reporter]) -> Callable[[], None]:
     """An at-fork hook that silences the reporter in the child; a weak reference, so it keeps nothing alive."""
     def hook() -> None:
@@ -352,6 +502,7 @@ def _make_inert_in_child(ref: weakref.ref[Reporter]) -> Callable[[], None]:
             rep._off = True
             rep._closed = True
             rep._q.clear()  # the parent pushes these; the child must not hold them either
+            rep._held.clear()
     return hook
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpumond.identity import DEVICE_UUID, JOB_ENV_VARS, clean_label, first_env
 from gpumond.job.routing import MAX_SHARDS, PLACEHOLDER
+from gpumond.job.tlsclient import CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, ClientTLS
 from gpumond.safetext import UNSAFE
 
 # torchrun inside an sbatch allocation sets both; RANK is the global rank torchrun assigned,
@@ -116,6 +117,24 @@ def resolve_shards(shards: int | None, endpoint: str, environ: Mapping[str, str]
         raise ConfigError(f"the endpoint has {PLACEHOLDER}: pass shards= or set GPUMOND_SHARDS to the number of "
                           f"rules replicas (N of --shard I/N)")
     return count
+
+
+def resolve_tls(ca_file: str | None, cert_file: str | None, key_file: str | None,
+                environ: Mapping[str, str]) -> ClientTLS | None:
+    """The client TLS settings from the arguments, else GPUMOND_CA_FILE / _CLIENT_CERT_FILE / _CLIENT_KEY_FILE;
+    None when none is set (an https endpoint is then verified with the system CA bundle)."""
+    ca = ca_file or clean_label(environ.get(CA_FILE_ENV))
+    cert = cert_file or clean_label(environ.get(CERT_FILE_ENV))
+    key = key_file or clean_label(environ.get(KEY_FILE_ENV))
+    if ca is None and cert is None and key is None:
+        return None
+    if (cert is None) != (key is None):
+        raise ConfigError(f"a client certificate needs both {CERT_FILE_ENV} and {KEY_FILE_ENV} (or cert_file= and "
+                          f"key_file=)")
+    try:
+        return ClientTLS(ca, cert, key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def resolve_token(token: str | None, environ: Mapping[str, str]) -> str:

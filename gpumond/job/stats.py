@@ -13,4 +13,5 @@ class Stats:
     dropped_steps: int = 0  # queue overflow + batches the service rejected + left unsent at close
     failed_pushes: int = 0
     queue_len: int = 0
+    comm_waits_dropped: int = 0  # steps sent without their comm wait: its GPU timing was not read in time
     last_error: str | None = None

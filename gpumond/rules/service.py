@@ -31,10 +31,12 @@ from gpumond.rules.remediation.backends import Backend, build_backend
 from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
+from gpumond.rules.telemetry.access import AccessError
 from gpumond.rules.types import TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
 from gpumond.statedir_lock import StateDirBusy, StateDirLock
+from gpumond.web import Web
 from gpumond.textformat import Encoder
 from gpumond.types import Series
 
@@ -45,12 +47,20 @@ _HELP = {
     "gpumond_finding": ("gauge", "1 for each firing finding (straggler, io_starved_rank, io_starved_job, …)."),
     "gpumond_findings": ("gauge", "Current findings by kind and state (pending or firing)."),
     "gpumond_job_rank_step_seconds": ("gauge", "Median step time of the rank over the detectors' recent window."),
-    "gpumond_job_rank_data_wait_ratio": ("gauge", "Median share of the rank's step spent waiting on its data loader."),
-    "gpumond_job_rank_compute_ratio": ("gauge", "Median share of the rank's step not waiting on data or peers "
+    "gpumond_job_rank_data_wait_ratio": ("gauge", "Median share of the rank's step spent waiting on its data loader, "
+                                                  "0 to 1."),
+    "gpumond_job_rank_comm_wait_ratio": ("gauge", "Median share of the rank's step spent waiting for its peers in "
+                                                  "collectives, 0 to 1 (ranks that push comm_wait_s)."),
+    "gpumond_job_rank_compute_ratio": ("gauge", "Median share of the rank's step not waiting on data or peers, 0 to 1 "
                                                 "(ranks that push comm_wait_s)."),
+    "gpumond_job_rank_compute_share_deviation": ("gauge", "Median of the rank's compute share minus its step's mean "
+                                                          "over the job's ranks (-1 to 1; positive: computes longer "
+                                                          "than its peers, as a straggler does)."),
     "gpumond_rules_evaluations_total": ("counter", "Detector evaluations run."),
     "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
     "gpumond_rules_findings_resolved_total": ("counter", "Findings that fired and then resolved."),
+    "gpumond_rules_jobs_ended_total": ("counter", "Jobs released because every rank sent its final push "
+                                                  "(the job SDK's end of job)."),
     "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
     "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
     **INGEST_METRICS,
@@ -77,18 +87,23 @@ class RulesService:
 
     def __init__(self, config: RulesConfig, *, source: TelemetrySource | None = None,
                  detectors: DetectorConfig = DetectorConfig(), clock: Callable[[], float] = time.time,
-                 alerts: AlertPipeline | None = None, remediation_backend: Backend | None = None) -> None:
+                 alerts: AlertPipeline | None = None, remediation_backend: Backend | None = None,
+                 web: Web | None = None) -> None:
         self.config = config
+        self.web = web if web is not None else Web()
         self.ranks = RankStore.from_config(config)
         self.gpus = GpuStore.from_config(config)
-        self.source = source if source is not None else build_source(config.telemetry)
+        try:
+            self.source = source if source is not None else build_source(config.telemetry)
+        except AccessError as e:
+            raise RulesStartError(f"telemetry: {e}") from None
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
         self._lock: StateDirLock | None = None
         state: Path | None = None
         if alerts is None:
             state, self._lock = _state_path(config)
-            alerts = _alert_pipeline(config, state)
+            alerts = _alert_pipeline(config, state, self.web.scheme)
         self.alerts = alerts
         self.remediator = Remediator.build(
             config.remediation, _remediation_dir(config, state),
@@ -162,10 +177,10 @@ class RulesService:
         log.info("rules service stopped")
 
 
-def _alert_pipeline(config: RulesConfig, state_path: Path | None) -> AlertPipeline:
+def _alert_pipeline(config: RulesConfig, state_path: Path | None, scheme: str = "http") -> AlertPipeline:
     """The service's alerts: sinks from `alerting:`, state in `state_path`, links to the finding in the API."""
     a = config.alerting
-    base = a.external_url or default_external_url(config.listen, socket.gethostname())
+    base = a.external_url or default_external_url(config.listen, socket.gethostname(), scheme)
     state = AlertStateFile(state_path)
     sinks = build_sinks(a, state, evaluation_interval_s=config.evaluation_interval_s)
 
@@ -226,6 +241,11 @@ def serve(service: RulesService) -> None:
     gc.set_threshold(100_000, 50, 1000)
     sock = bind(service.config.listen.host, service.config.listen.port)
     service.start()
-    log.info("serving", extra={"url": f"http://{service.config.listen}/api/v1/findings"})
-    run_until_signalled(service.app, sock, on_stop=service.stop, limits=service.config.http.limits(),
-                        stats=service.http_stats)
+    web = service.web
+    log.info("serving", extra={"url": f"{web.scheme}://{service.config.listen}/api/v1/findings",
+                               "client_auth": web.tls.settings.client_auth_type if web.tls else None,
+                               "read_auth": bool(web.users or web.tokens)})
+    # Probes carry no credentials; the push API has its own bearer tokens.
+    app = web.wrap(service.app, open_paths=("/healthz", "/readyz", "/api/v1/push"))
+    run_until_signalled(app, sock, on_stop=service.stop, limits=service.config.http.limits(),
+                        stats=service.http_stats, tls=web.tls)

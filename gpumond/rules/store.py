@@ -64,7 +64,7 @@ class Stored:
 class _Rank:
     """One (job, rank): its latest RankInfo and its steps in arrival order."""
 
-    __slots__ = ("info", "steps", "cols", "last_push", "last_step", "view")
+    __slots__ = ("info", "steps", "cols", "last_push", "last_step", "view", "last_beat", "ended")
 
     def __init__(self, info: RankInfo) -> None:
         self.info = info
@@ -73,6 +73,8 @@ class _Rank:
         self.last_push = 0.0
         self.last_step = -1  # highest step number ever held: steps above it cannot be duplicates
         self.view: RankWindow | None = None  # the last snapshot, reused until something changes
+        self.last_beat: float | None = None  # the last push without steps (the SDK's heartbeat)
+        self.ended = False  # the rank's last push said `final`: its process is ending
 
 
 class RankStore:
@@ -92,6 +94,9 @@ class RankStore:
         self._accepted = self._duplicate = self._stale = self._refused_steps = self._past_window = 0
         self._refused = dict.fromkeys(CAPS, 0)
         self._expired = dict.fromkeys(("jobs", "ranks", "gpus"), 0)
+        # Jobs whose every rank said it ended, released since the evaluator last asked (take_ended()).
+        self._ended: set[str] = set()
+        self.ended_total = 0
 
     @classmethod
     def from_config(cls, config: RulesConfig) -> RankStore:
@@ -106,8 +111,12 @@ class RankStore:
         """Record a push; return how many steps were new and kept. Raises CapExceeded (nothing stored)."""
         return self.record(info, steps, now).accepted
 
-    def record(self, info: RankInfo, steps: Sequence[StepRecord], now: float) -> Stored:
-        """Record a push; say what was kept and what was not, and why. Raises CapExceeded (nothing stored)."""
+    def record(self, info: RankInfo, steps: Sequence[StepRecord], now: float, *, final: bool = False) -> Stored:
+        """Record a push; say what was kept and what was not, and why. Raises CapExceeded (nothing stored).
+
+        `final`: the rank's process is ending. Once every held rank of the job has said so, the job is
+        released at once (its steps, ranks and GPUs) and reported by take_ended(), so that its findings
+        resolve now rather than after expire_after_s."""
         cutoff = now - self.window_s
         with self._lock:
             job = self._jobs.get(info.job)
@@ -137,8 +146,29 @@ class RankStore:
             self._accepted += len(fresh)
             rank.last_step = max(rank.last_step, highest)
             rank.last_push = now
+            if not steps:
+                rank.last_beat = now
+            rank.ended = final  # a push without it after one with it: the rank was restarted
             rank.view = None
+            if final and all(r.ended for r in job.values()):
+                self._release(info.job)
             return Stored(len(fresh), past_window, no_room)
+
+    def _release(self, name: str) -> None:
+        """Drop a job whose ranks all ended (under the lock)."""
+        for rank in self._jobs.pop(name).values():
+            self._ranks -= 1
+            self._steps -= len(rank.steps)
+            self._release_gpu(rank.info.gpu_uuid)
+        if len(self._ended) < self.limits["jobs"]:  # bounded even if nobody ever asks
+            self._ended.add(name)
+        self.ended_total += 1
+
+    def take_ended(self) -> frozenset[str]:
+        """Jobs released because every rank ended, since the last call."""
+        with self._lock:
+            ended, self._ended = frozenset(self._ended), set()
+            return ended
 
     def _admit(self, info: RankInfo, job: dict[int, _Rank] | None, rank: _Rank | None, has_steps: bool) -> None:
         new_gpu = info.gpu_uuid not in self._gpus
@@ -280,7 +310,8 @@ class RankStore:
                     self._trim(rank, cutoff)
                     if rank.view is None:
                         steps = tuple(rank.steps)
-                        rank.view = RankWindow(rank.info, steps, rank.last_push, rank.cols.columns(steps))
+                        rank.view = RankWindow(rank.info, steps, rank.last_push, rank.cols.columns(steps),
+                                               rank.last_beat, rank.ended)
                     views[number] = rank.view
             out[name] = MappingProxyType(views)
         return MappingProxyType(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import time
 import uuid
@@ -85,12 +86,23 @@ class RulesDaemon(ManagedProcess):
 
     label = "rules"
 
-    def __init__(self, workdir: Path, config: dict[str, Any], *, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, config: dict[str, Any], *, port: int | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.port = port or free_port()
+        self.tls = tls  # how the test reaches a service serving https (its web_config_file)
         path = write_yaml(workdir / "rules.yaml", {"listen": f"{LOOPBACK}:{self.port}", **config})
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("GPUMOND_RULES_TOKENS", None)
         super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(path)], workdir, env=env)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{LOOPBACK}:{self.port}"
+
+    base_url = url
+
+    def ready(self) -> bool:
+        return http_get(f"{self.url}/healthz", timeout=1.0, context=self.tls)[0] == 200
 
 
 class RulesProcess(RulesDaemon):

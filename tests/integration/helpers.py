@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -100,13 +101,15 @@ def _short(v: object, limit: int = 600) -> str:
 
 
 def http_get(url: str, headers: Mapping[str, str] | None = None,
-             timeout: float = HTTP_TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
-    """GET `url` (loopback only) → (status, lower-cased headers, raw body); no automatic decompression."""
+             timeout: float = HTTP_TIMEOUT_S, context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], bytes]:
+    """GET `url` (loopback only) → (status, lower-cased headers, raw body); no automatic decompression.
+
+    An https URL is verified with `context` (CA, client certificate)."""
     host = urllib.parse.urlsplit(url).hostname
     assert host == LOOPBACK, f"integration tests talk to {LOOPBACK} only, not {host!r}"
     req = urllib.request.Request(url, headers=dict(headers or {}))
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
@@ -325,8 +328,10 @@ class AgentProcess(ManagedProcess):
     label = "agent"
 
     def __init__(self, args: Sequence[str | Path], workdir: Path, *, port: int | None = None,
-                 listen: bool = True, env: Mapping[str, str] | None = None) -> None:
+                 listen: bool = True, env: Mapping[str, str] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         args = [str(a) for a in args]
+        self.tls = tls  # set for an agent serving https (its --web.config.file): how the test reaches it
         self.port = port if port is not None else free_port()
         if listen and "--listen" not in args:
             args = [*args, "--listen", f"{LOOPBACK}:{self.port}"]
@@ -334,8 +339,20 @@ class AgentProcess(ManagedProcess):
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         super().__init__([sys.executable, "-m", "gpumond.cli", "agent", *args], workdir, env=full_env)
 
+    @property
+    def base_url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.address}"
+
+    url = base_url
+
+    def ready(self) -> bool:
+        return http_get(f"{self.base_url}/healthz", timeout=1.0, context=self.tls)[0] == 200
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
+        self.wait_ready(timeout)
+
     def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        return http_get(f"{self.base_url}{path}", headers)
+        return http_get(f"{self.base_url}{path}", headers, context=self.tls)
 
     def metrics_text(self) -> str:
         status, _, body = self.get("/metrics")

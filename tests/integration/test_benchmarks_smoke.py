@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["benchmarks/agent_rss.py", "--quick"], "Agent RSS over a long accelerated run"),
     (["benchmarks/agent_serving.py", "--quick"], "Serving /metrics for 8 GPUs"),
     (["benchmarks/hostile_network.py", "--quick"], "Hostile network (quick)"),
+    (["benchmarks/tls_cost.py", "--quick"], "scrape, new connection"),
     (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
 ])
 def test_benchmark_quick_mode_runs(argv, expect):

@@ -96,6 +96,8 @@ class PushBody(BaseModel):
     gpu_uuid: str
     group: str | None = None
     steps: list[Step]
+    # The rank's last push: its process is ending (the SDK sends it from close(), at exit and on SIGTERM).
+    final: bool = False
 
     def rank_info(self) -> RankInfo:
         """Who sent it, as the shared RankInfo."""
@@ -119,6 +121,9 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
                             AfterValidator(_gpu_uuid)]
         group: text | None = None  # type: ignore[valid-type]
         steps: list[Step] = Field(max_length=max_steps)
+        final: bool = Field(default=False, description="true on the rank's last push: its process is ending; "
+                                                       "when every held rank of the job has sent it, the job's "
+                                                       "findings resolve and its state is released")
 
         @field_validator("rank")
         @classmethod
