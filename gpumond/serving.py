@@ -66,8 +66,8 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
         from gpumond.web.tls import guarded_tls
 
         # A handshake is held to the head timeout by the guard; asyncio's own limits are only a backstop.
-        wrap = guarded_tls(tls, handshake_timeout_s=2 * limits.head_timeout_s,
-                           shutdown_timeout_s=min(limits.head_timeout_s, SHUTDOWN_GRACE_S))
+        wrap = guarded_tls(tls, handshake_timeout_s=2 * limits.header_timeout_s,
+                           shutdown_timeout_s=min(limits.header_timeout_s, SHUTDOWN_GRACE_S))
     protocol, _ = guarded_protocol(limits, stats=stats, tls=wrap)
     # log_config=None: uvicorn's loggers keep no handler of their own; gpumond.logs writes their lines.
     # The h11 protocol is always used (extended with the timeouts and cap): the guard does not cover uvicorn's

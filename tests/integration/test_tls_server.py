@@ -31,7 +31,7 @@ from tests.pki import CA
 pytestmark = pytest.mark.integration
 
 WAIT_S = 10.0
-LIMITS = ConnectionLimits(head_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=0.5, max_connections=4)
+LIMITS = ConnectionLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=0.5, max_connections=4)
 # The first bytes of a TLS ClientHello record that announces 512 bytes and never sends them.
 PARTIAL_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
 
@@ -52,10 +52,10 @@ def settings(pki: dict, auth: str = "NoClientCert") -> ServerTLSSettings:
 def serving(tls: ServerTLS, limits: ConnectionLimits = LIMITS) -> Iterator[tuple[int, ConnectionStats]]:
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    protocol, stats = guarded_protocol(limits, tls=guarded_tls(tls, handshake_timeout_s=2 * limits.head_timeout_s,
+    protocol, stats = guarded_protocol(limits, tls=guarded_tls(tls, handshake_timeout_s=2 * limits.header_timeout_s,
                                                                 shutdown_timeout_s=1.0))
     server = uvicorn.Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
-                                           http=protocol, timeout_keep_alive=limits.keep_alive_s))
+                                           http=protocol, timeout_keep_alive=limits.keepalive_timeout_s))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     deadline = time.monotonic() + WAIT_S
@@ -199,7 +199,7 @@ def test_a_head_that_never_completes_after_the_handshake_is_closed(pki) -> None:
 
 
 def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki) -> None:
-    limits = ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, max_connections=4)
+    limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=4)
     with serving(ServerTLS(settings(pki)), limits) as (port, stats):
         stuck = [socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) for _ in range(4)]
         for s in stuck:
@@ -213,7 +213,7 @@ def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki) -> Non
 
 
 def test_failed_handshakes_release_their_place(pki, tmp_path) -> None:
-    limits = ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, max_connections=16)
+    limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=16)
     with serving(ServerTLS(settings(pki)), limits) as (port, stats):
         stranger = client(CA(tmp_path / "other", "other-ca"))
         for _ in range(20):  # more refused clients than the cap: none of them may stay counted
