@@ -49,7 +49,7 @@ class Service:
             if int(self.t) % 5 == 0:
                 if pending or beats:
                     for r in range(WORLD):
-                        self.ranks.store(self.info(r), pending, self.t)
+                        self.ranks.record(self.info(r), pending, self.t)
                 pending = []
                 self.gpus.add(TelemetryBatch(self.t, tuple(
                     GpuSample(u, NODE, str(i), self.t, True, {"utilization": 0.99, "power_w": 600.0,
