@@ -57,11 +57,13 @@ class AgentAlertState:
 def agent_conditions(
     views: Sequence[GpuView], prev: AgentAlertState, new_xids: Sequence[tuple[int, int]], node: str,
     cfg: PolicyAlertsConfig, now: float, *, at_floor: Collection[str] = frozenset(),
+    not_recorded: str | None = None,
 ) -> tuple[AgentAlertState, list[Condition]]:
     """Conditions true now for this node's GPUs.
 
     `new_xids` are (gpu index, xid) events seen since the last call; `at_floor` holds the
-    UUIDs whose thermal controller is pinned at its floor (ThermalState.at_floor).
+    UUIDs whose thermal controller is pinned at its floor (ThermalState.at_floor);
+    `not_recorded` says why the policy cannot write its records now (None while it can).
     """
     state = _track_ecc(prev, views, now, cfg.event_hold_s)
     state = _track_xids(state, views, new_xids, now, cfg.event_hold_s)
@@ -81,6 +83,11 @@ def agent_conditions(
         if view.uuid in at_floor:
             conditions.append(_condition("GpuPowerCapAtFloor", view.index, view.uuid, node, cfg.floor_after_s,
                                          _values(view), workload=on))
+    if not_recorded is not None:
+        spec = ALERTS["GpumondPolicyNotRecorded"]
+        conditions.append(Condition.of(
+            {"alertname": "GpumondPolicyNotRecorded", "severity": spec.severity, "node": node},
+            {"summary": f"{node}: {spec.summary}", "description": f"{spec.meaning} {not_recorded}"}, 0.0))
     by_uuid = {v.uuid: v for v in views}
     for record in state.ecc_events:
         view = by_uuid.get(record.uuid)
