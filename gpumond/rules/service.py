@@ -49,6 +49,10 @@ _HELP = {
     "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
     "gpumond_rules_findings_resolved_total": ("counter", "Findings that fired and then resolved."),
     "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
+    "gpumond_rules_telemetry_errors_total": ("counter", "Telemetry fetches that failed or reported failed targets "
+                                                        "or queries."),
+    "gpumond_rules_telemetry_last_success_timestamp_seconds": ("gauge", "Unix time of the last telemetry fetch "
+                                                                        "that returned data."),
     "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
     **INGEST_METRICS,
     **CONNECTION_METRICS,
@@ -87,7 +91,7 @@ class RulesService:
         self.http_stats = ConnectionStats()  # filled by the HTTP server (serve())
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
-                             alerts=self.alerts.api_json)
+                             alerts=self.alerts.api_json, health=self.evaluator.health)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def metrics(self) -> bytes:
