@@ -483,10 +483,10 @@ def test_a_restarted_process_reusing_step_numbers_has_its_steps_stored(rules_ser
     url, store = rules_service
     first = _run(url, 200, 0.5, lambda: time.time() - 200.0)
     second = _run(url, 200, 0.25, lambda: time.time() - 100.0)
-    assert (second.stats.pushed_steps, second.stats.dropped_steps) == (200, 0), second.stats
-    assert first.incarnation != second.incarnation
     held = store.jobs(time.time())["job-8"][0].steps
     assert len(held) == 200 and {s.duration_s for s in held} == {0.25}  # the restarted process's steps
+    assert (second.stats.pushed_steps, second.stats.dropped_steps) == (200, 0), second.stats
+    assert first.incarnation != second.incarnation
 
 
 def test_a_rank_whose_clock_is_behind_the_window_is_told_and_counts_its_steps_dropped(
