@@ -117,3 +117,16 @@ def test_a_telemetry_outage_keeps_pushes_ready_and_is_reported(prometheus, tmp_p
         assert service.evaluator.telemetry_status() == "telemetry prometheus: ok"
     finally:
         service.stop()
+
+
+def test_sighup_stops_the_rules_service_cleanly_with_one_line(tmp_path) -> None:
+    import signal
+
+    from tests.integration.alert_helpers import RulesDaemon
+
+    daemon = RulesDaemon(tmp_path, {"tokens": [TOKEN], "state_dir": str(tmp_path / "state")})
+    with daemon:
+        daemon.start()
+        assert daemon.stop(sig=signal.SIGHUP) == 0
+    out = daemon.stderr() + daemon.stdout()
+    assert "signal=SIGHUP" in out and "rules service stopped" in out, out[-2000:]
