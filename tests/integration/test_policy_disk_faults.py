@@ -66,11 +66,12 @@ def _log(agent) -> list[dict]:
     return out
 
 
-def test_sigterm_on_a_full_state_dir_restores_every_gpu_and_says_what_was_not_recorded(tmp_path, small_disk,
-                                                                                      start_agent):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_on_a_full_state_dir_restores_every_gpu_and_says_what_was_not_recorded(tmp_path, small_disk,
+                                                                                     start_agent, sig):
     agent = _start(tmp_path, small_disk, start_agent)
     fill(small_disk)
-    assert agent.stop() == 0
+    assert agent.stop(sig=sig) == 0
     lines = _log(agent)
     restored = sorted(x["gpu"] for x in lines if x["msg"] == "power limit restored" and x["to_w"] == 700)
     assert restored == [0, 1], lines[-10:]
