@@ -12,6 +12,7 @@ command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exp
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 command -v victoria-metrics >/dev/null || need_apt+=(victoria-metrics)
 command -v prlimit >/dev/null || need_apt+=(util-linux)  # the slow-loris test runs a daemon under prlimit --nofile=1024
+command -v chattr >/dev/null || need_apt+=(e2fsprogs)  # the policy disk-fault tests make state_dir immutable (binds root)
 if ((${#need_apt[@]})); then
     echo "installing Debian packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
