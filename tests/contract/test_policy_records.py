@@ -17,7 +17,8 @@ import pytest
 from gpumond.atomicfile import replace_atomically
 from tests.contract.test_policy_scenarios import HOT, make, rigs  # noqa: F401 - rigs is a fixture
 
-EIGHTY = {"power_limit": {"default_w": "80%"}, "thermal": {"enabled": False}}
+ENFORCE = {"mode": "enforce"}  # explicit: these tests are about actuation, whatever the default mode
+EIGHTY = {**ENFORCE, "power_limit": {"default_w": "80%"}, "thermal": {"enabled": False}}
 
 
 class Disk:
@@ -83,7 +84,7 @@ def test_sigterm_on_a_full_disk_restores_every_gpu_and_says_what_was_not_recorde
 
 # ----- defect 2: no set without a record first --------------------------------------------------------------
 def test_a_full_disk_stops_actuation_and_pages_until_it_is_freed(tmp_path, rigs):  # noqa: F811
-    disk, r = disk_rig(rigs, tmp_path, scenario=HOT)
+    disk, r = disk_rig(rigs, tmp_path, scenario=HOT, policy=ENFORCE)
     r.run(5)
     disk.fill()
     r.run(600)  # GPU 0 overheats: the controller wants to cap it, but cannot record that first
@@ -103,7 +104,7 @@ def test_a_full_disk_stops_actuation_and_pages_until_it_is_freed(tmp_path, rigs)
 
 
 def test_a_cap_set_before_the_disk_filled_stays_restorable(tmp_path, rigs):  # noqa: F811
-    disk, r = disk_rig(rigs, tmp_path, scenario=HOT)
+    disk, r = disk_rig(rigs, tmp_path, scenario=HOT, policy=ENFORCE)
     r.run(600)
     capped = r.sim.gpus[0].power_limit_w
     assert capped < 700
@@ -122,7 +123,7 @@ def test_the_record_is_written_before_the_set(tmp_path, rigs):  # noqa: F811
         order.append(("record", json.loads(text)["gpus"]))
         replace_atomically(path, text)
 
-    r = make(rigs, tmp_path, policy={"power_limit": {"per_gpu": {"0": 500}}, "thermal": {"enabled": False}},
+    r = make(rigs, tmp_path, policy={**ENFORCE, "power_limit": {"per_gpu": {"0": 500}}, "thermal": {"enabled": False}},
              state_write=write)
     real_set = r.session.set_power_limit
 
@@ -163,7 +164,7 @@ def _capped_by_a_dead_run(rigs, tmp_path, body, **kw):  # noqa: F811
 
 @pytest.mark.parametrize("name", sorted(CORRUPT))
 def test_corrupt_state_falls_back_to_the_nvml_default_never_the_current_cap(tmp_path, rigs, name, caplog):  # noqa: F811
-    r = _capped_by_a_dead_run(rigs, tmp_path, CORRUPT[name], policy={"thermal": {"enabled": False}})
+    r = _capped_by_a_dead_run(rigs, tmp_path, CORRUPT[name], policy={**ENFORCE, "thermal": {"enabled": False}})
     r.run(2)
     state = json.loads((tmp_path / "state.json").read_text())["gpus"]
     assert {u: s["original_w"] for u, s in state.items()} == {g.uuid: 700 for g in r.sim.gpus}
@@ -179,7 +180,7 @@ def test_an_impossible_original_is_replaced_and_sigterm_still_restores(tmp_path,
         return (f'{{"version": 1, "gpus": {{"{uuids[0]}": {{"original_w": {value}, "last_set_w": 500}}}}}}'
                 .encode())
 
-    r = _capped_by_a_dead_run(rigs, tmp_path, body, policy={"thermal": {"enabled": False}})
+    r = _capped_by_a_dead_run(rigs, tmp_path, body, policy={**ENFORCE, "thermal": {"enabled": False}})
     r.run(3)
     r.engine.stop()
     assert r.sim.gpus[0].power_limit_w == 700
@@ -249,7 +250,7 @@ def test_fuzzed_state_files_never_crash_and_never_lose_the_default(tmp_path_fact
     def one(body: bytes) -> None:
         tmp = tmp_path_factory.mktemp("fuzz")
         (tmp / "state.json").write_bytes(body)
-        r = Rig(tmp, policy={"thermal": {"enabled": False}})
+        r = Rig(tmp, policy={**ENFORCE, "thermal": {"enabled": False}})
         try:
             pynvml.nvmlDeviceSetPowerManagementLimit(pynvml.nvmlDeviceGetHandleByIndex(0), 500_000)  # a dead run's cap
             r.run(2)
