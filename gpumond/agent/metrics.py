@@ -37,6 +37,8 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
                                                 "no_permission, set_failed, restore_failed, not_recorded: a change "
                                                 "withheld because its record could not be written first)."),
     "gpumond_policy_mode": ("gauge", "The configured policy mode; always 1."),
+    "gpumond_policy_record_failing": ("gauge", "1 while the policy cannot write its state file or audit log (file="
+                                               "state|audit): no power limit is changed until it can."),
     "gpumond_policy_dry_run_fallback": ("gauge", "1 when the GPU fell back to dry_run (NoPermission on a set)."),
     **CONNECTION_METRICS,
     **ALERT_METRICS,

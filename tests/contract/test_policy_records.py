@@ -92,6 +92,7 @@ def test_a_full_disk_stops_actuation_and_pages_until_it_is_freed(tmp_path, rigs)
     assert r.value("gpumond_policy_actions_total", action="not_recorded") >= 1
     assert r.value("gpumond_policy_actions_total", action="set_limit") is None
     assert "GpumondPolicyNotRecorded" in alert_names(r)
+    assert r.value("gpumond_policy_record_failing", file="state") == 1.0
     state = json.loads((tmp_path / "state.json").read_text())["gpus"][r.sim.gpus[0].uuid]
     assert state["last_set_w"] is None
     disk.free()
@@ -100,6 +101,7 @@ def test_a_full_disk_stops_actuation_and_pages_until_it_is_freed(tmp_path, rigs)
     state = json.loads((tmp_path / "state.json").read_text())["gpus"][r.sim.gpus[0].uuid]
     assert state["last_set_w"] == r.sim.gpus[0].power_limit_w  # the record matches the hardware
     assert "GpumondPolicyNotRecorded" not in alert_names(r)
+    assert r.value("gpumond_policy_record_failing", file="state") == 0.0
     assert any(e["action"] == "set_limit" for e in r.audit())
 
 

@@ -387,6 +387,8 @@ class PolicyEngine:
         out += [Series("gpumond_policy_actions_total", (("action", a),), float(n))
                 for a, n in sorted(self._actions.items())]
         out.append(Series("gpumond_policy_mode", (("mode", self.cfg.mode),), 1.0))
+        out += [Series("gpumond_policy_record_failing", (("file", f),), 1.0 if f in self._write_errors else 0.0)
+                for f in ("audit", "state")]
         for v in views:
             if v.uuid in self._gpus:
                 out.append(Series("gpumond_policy_dry_run_fallback", (("gpu", str(v.index)), ("uuid", v.uuid)),
