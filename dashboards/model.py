@@ -101,6 +101,8 @@ def variable(v: dict[str, Any]) -> dict[str, Any]:
     out["datasource"] = _datasource(out.get("datasource"))
     if out.get("includeAll"):
         out["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    elif out.get("type") == "datasource" and out.get("current"):
+        out["current"] = {k: out["current"][k] for k in ("selected", "text", "value")}  # the panels' data source
     elif out.get("type") == "constant":
         out["current"] = {"selected": False, "text": out["query"], "value": out["query"]}
         out.pop("datasource", None)

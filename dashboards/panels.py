@@ -14,6 +14,10 @@ import attr
 from grafanalib import core as g
 
 DATASOURCE = "${datasource}"
+# The provisioned data source (provisioning/datasources/gpumond.yaml): the `datasource` variable starts on it.
+# Its own name, not Grafana's default, so it never clashes with an existing "Prometheus" data source.
+DATASOURCE_UID = "gpumond-prometheus"
+DATASOURCE_NAME = "gpumond Prometheus"
 PROMETHEUS = {"type": "prometheus", "uid": DATASOURCE}
 # Reasons that say the clocks are low for a benign cause; the dashboards show the other ones.
 BENIGN_REASONS = "gpu_idle|applications_clocks_setting|display_clock_setting"
@@ -35,7 +39,11 @@ def steps(*pairs: tuple[float | None, str]) -> list[dict[str, Any]]:
 
 
 def datasource_variable() -> g.Template:
-    return g.Template(name="datasource", label="Data source", type="datasource", query="prometheus", default=None)
+    """The data source picker, starting on gpumond's provisioned one (any Prometheus data source can be picked)."""
+    variable = g.Template(name="datasource", label="Data source", type="datasource", query="prometheus",
+                          default=DATASOURCE_UID)
+    variable._current = {"selected": True, "text": DATASOURCE_NAME, "value": DATASOURCE_UID}  # name, not uid
+    return variable
 
 
 def query_variable(name: str, query: str, *, label: str, multi: bool = True, all_value: str | None = None,

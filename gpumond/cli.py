@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--config", metavar="FILE", type=Path, help="agent YAML config (every key optional)")
     a.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9480)")
     a.add_argument("--node-name", metavar="NAME", help="override `node_name` (default: hostname)")
+    a.add_argument("--state-dir", metavar="DIR", help="override `state_dir` (default /var/lib/gpumond; with --sim, a "
+                                                      "directory of the run's own); one live agent per directory")
     a.add_argument("--sim", metavar="GPUS", type=_positive_int,
                    help="run on N simulated GPUs instead of the NVIDIA driver (explicit, never a fallback)")
     a.add_argument("--sim-scenario", metavar="FILE", type=_scenario,
@@ -127,11 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ingest job pushes, read GPU telemetry from agents or Prometheus, and serve findings "
                     "on /api/v1/findings (default port 9481).",
         epilog=("examples:\n"
+                "  gpumond rules --config deploy/examples/rules.yaml  # on this machine, next to gpumond agent --sim 8\n"
                 "  gpumond rules --config /etc/gpumond/rules.yaml\n"
-                "  gpumond rules --config rules.yaml --shard 0/4      # the first of four replicas\n"),
+                "  gpumond rules --config rules.yaml --shard 0/4 --state-dir /var/lib/gpumond-rules-0   # a replica\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--config", metavar="FILE", type=Path, help="rules YAML config (see deploy/examples/rules.yaml)")
     r.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9481)")
+    r.add_argument("--state-dir", metavar="DIR",
+                   help="override `state_dir`, where alert state is kept (default /var/lib/gpumond-rules); one live "
+                        "rules service per directory: a second one is refused")
     r.add_argument("--shard", metavar="I/N", help="evaluate only jobs whose id hashes to I modulo N (crc32) and refuse "
                                                   "pushes for other jobs with 421; jobs route with "
                                                   "GPUMOND_SHARDS=N and {shard} in GPUMOND_ENDPOINT")
@@ -213,9 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 2 invalid)",
                        description="Validate an agent or rules config file (the kind is recognised from its "
                                    "keys, else its file name, or given with --kind); prints one line naming the "
-                                   "first bad field.")
+                                   "first bad field. By default it checks as the daemon will start: it reads the "
+                                   "secret files the config names (tokens_file, *_file) and the GPUMOND_* "
+                                   "environment. --shape-only checks keys, types and bounds alone, for a machine "
+                                   "that does not hold the secrets (CI). The ok line says which check ran.",
+                       epilog=("examples:\n"
+                               "  gpumond check-config /etc/gpumond/agent.yaml          # as the daemon will start\n"
+                               "  gpumond check-config --shape-only deploy/rules.yaml   # in CI, without the secrets\n"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("file", metavar="FILE", type=Path)
     c.add_argument("--kind", choices=["agent", "rules"], help="which config this is (default: recognise it)")
+    c.add_argument("--shape-only", action="store_true",
+                   help="check keys, types and bounds only: read no secret file and no GPUMOND_* variable, and "
+                        "do not require a push token (they exist only where the daemon runs)")
     return p
 
 
@@ -223,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gpumond` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "check-config":
-        return _check_config(args.file, args.kind)
+        return _check_config(args.file, args.kind, shape_only=args.shape_only)
     if args.command == "agent":
         return _agent(args)
     if args.command == "rules":
@@ -257,30 +273,42 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
     return cfg.model_copy(update=update)  # every value above is already validated
 
 
-def _check_config(path: Path, kind: str | None) -> int:
-    from gpumond.config import ConfigError, load_agent_config, read_yaml_mapping
+def _directory(text: str) -> Path:
+    """--state-dir: made absolute here, from the directory the command runs in (the config wants it absolute
+    because a daemon's working directory under systemd is /)."""
+    if not text.strip():
+        raise ValueError("must be a directory path")
+    return Path(text).expanduser().absolute()
+
+
+def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> int:
+    from gpumond.config import AgentConfig, ConfigError, load_agent_config, load_config, read_yaml_mapping
     from gpumond.config.kind import guess_kind
-    from gpumond.config.rules import load_rules_config
+    from gpumond.config.rules import RulesConfig, load_rules_config
 
     how = "given"
+    # Said on the ok line: a shape-only pass has not proven the daemon can read its secrets.
+    mode = "shape only: no secret file or environment read" if shape_only else \
+        "full check: secret files and environment read"
     try:
         if kind is None:
             kind, how = guess_kind(path, read_yaml_mapping(path))
         if kind == "rules":
-            rules = load_rules_config(path)
+            rules = load_config(path, RulesConfig) if shape_only else load_rules_config(path)
             source = "prometheus" if rules.telemetry.prometheus else "scrape" if rules.telemetry.scrape.enabled \
                 else "none"
-            print(f"{path}: ok (rules config{_told(how)}; listen {rules.listen}, {len(rules.tokens)} token(s), "
-                  f"telemetry {source}, alerts to {_sinks(rules.alerting)})")
+            tokens = f"{len(rules.tokens)} inline token(s)" if shape_only else f"{len(rules.tokens)} token(s)"
+            print(f"{path}: ok (rules config{_told(how)}; listen {rules.listen}, {tokens}, "
+                  f"telemetry {source}, alerts to {_sinks(rules.alerting)}; {mode})")
             return 0
-        cfg = load_agent_config(path)
+        cfg = load_config(path, AgentConfig) if shape_only else load_agent_config(path)
     except ConfigError as e:
         hint = f" (checked as {'a rules' if kind == 'rules' else 'an agent'} config, told by {how}; " \
                f"pass --kind to choose)" if how == "its file name" else ""
         print(f"gpumond: {e}{hint}", file=sys.stderr)
         return EXIT_USAGE
     print(f"{path}: ok (agent config{_told(how)}; listen {cfg.listen}, node {cfg.node_name}, "
-          f"alerts to {_sinks(cfg.alerting)})")
+          f"alerts to {_sinks(cfg.alerting)}; {mode})")
     return 0
 
 
@@ -311,7 +339,8 @@ def _rules(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         cfg = _with_flags(cfg, "rules", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
-                                               ("--shard", args.shard, Shard.parse, "shard")))
+                                               ("--shard", args.shard, Shard.parse, "shard"),
+                                               ("--state-dir", args.state_dir, _directory, "state_dir")))
     except _FlagError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
@@ -372,14 +401,24 @@ def _flag_words(problem: str) -> str:
 def _findings(args: argparse.Namespace) -> int:
     import json
 
-    from gpumond.findings_cli import FetchError, fetch, table
+    from gpumond.findings_cli import FetchError, fetch, known, table
 
+    filters = {"job": args.job, "kind": args.kind, "state": args.state}
     try:
-        found = fetch(args.url, {"job": args.job, "kind": args.kind, "state": args.state})
+        found = fetch(args.url, filters)
     except FetchError as e:
         print(f"gpumond findings: {e}", file=sys.stderr)
         return 1
-    print(json.dumps({"findings": found}, indent=1) if args.json else table(found))
+    if args.json:
+        print(json.dumps({"findings": found}, indent=1))
+        return 0
+    empty = "no findings" + "".join(f" for {k} {v}" for k, v in filters.items() if v)
+    if not found:  # "none" means something only when the service has anything to judge: say what it holds
+        try:
+            empty += f": {known(args.url)}"
+        except FetchError as e:
+            empty += f" (what the service holds is unknown: {e})"
+    print(table(found, empty=empty))
     return 0
 
 
@@ -412,7 +451,8 @@ def _agent(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         cfg = _with_flags(cfg, "agent", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
-                                               ("--node-name", args.node_name, str, "node_name")))
+                                               ("--node-name", args.node_name, str, "node_name"),
+                                               ("--state-dir", args.state_dir, _directory, "state_dir")))
     except _FlagError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE

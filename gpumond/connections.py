@@ -85,7 +85,9 @@ CLOSE_REASONS = ("head_timeout", "body_timeout", "write_timeout", "evicted", "sh
 class ConnectionStats:
     """What the guard holds and has closed, by reason; one per server, read by its /metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, cap: int = 0) -> None:
+        """`cap`: the connection cap the server will hold (connection_cap()), known before it starts, so a
+        sample taken before serving (the agent's first) already exports the real limit, never 0."""
         self.head_timeouts = 0
         self.body_timeouts = 0
         self.write_timeouts = 0
@@ -93,7 +95,7 @@ class ConnectionStats:
         self.shed = 0
         self.open = 0
         self.peak = 0
-        self.cap = 0
+        self.cap = cap
 
     def series(self) -> list[Series]:
         """The CONNECTION_METRICS series (counters as plain ints: one writer, the event loop's thread)."""

@@ -17,7 +17,9 @@ from typing import Any
 
 from gpumond.safetext import escape_unsafe
 
-COLUMNS = ("KIND", "STATE", "JOB", "NODE", "RANK", "GPU", "SCORE", "SINCE", "EVIDENCE")
+# MEASURE: what made the finding, with its unit: each kind's `score` is a different quantity (a z-score
+# against peers, a share of the step, a ratio to the job's baseline), so a bare number would not compare.
+COLUMNS = ("KIND", "STATE", "JOB", "NODE", "RANK", "GPU", "MEASURE", "SINCE", "EVIDENCE")
 RULES_URL = "http://127.0.0.1:9481"
 # An answer bigger than this is not a findings or alerts list a terminal can use.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
@@ -130,6 +132,46 @@ def fetch(url: str, filters: Mapping[str, str | None], timeout_s: float = 5.0) -
                     query=filters, timeout_s=timeout_s)
 
 
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _pct(value: Any) -> str:
+    v = _num(value)
+    return "?" if v is None else f"{v * 100:.0f}%"
+
+
+def measure(finding: Mapping[str, Any]) -> str:
+    """The finding's score in words with its unit, from the score and the evidence its kind carries."""
+    kind, ev = finding.get("kind"), finding.get("evidence") or {}
+    score = _num(finding.get("score"))
+    shown = "?" if score is None else f"{score:.1f}"
+    if kind in ("straggler", "straggler_node"):
+        threshold = _num(ev.get("threshold_z"))
+        text = f"z {shown} vs peers" + (f" (flags at {threshold:.1f})" if threshold is not None else "")
+        if kind == "straggler_node" and "gpus_flagged" in ev:
+            text += f", {ev.get('gpus_flagged')}/{ev.get('gpus_on_node', '?')} GPUs"
+        return text
+    if kind == "io_starved_rank":
+        return f"data wait {_pct(ev.get('data_wait_frac'))} of step (peers {_pct(ev.get('peer_median_data_wait_frac'))})"
+    if kind == "io_starved_job":
+        ranks = f", {ev.get('ranks_starved')}/{ev.get('ranks')} ranks" if "ranks_starved" in ev else ""
+        return f"data wait {_pct(ev.get('median_data_wait_frac', score))} of step (median){ranks}"
+    if kind == "job_slowdown":
+        return f"step time ×{_num(ev.get('slowdown')) or score or 0:.2f} of baseline"
+    if kind == "hung_rank":
+        stalled, limit = _num(ev.get("stalled_for_s")), _num(ev.get("limit_s"))
+        if stalled is not None:
+            return f"no step for {stalled:.0f} s" + (f" (limit {limit:.0f} s)" if limit is not None else "")
+        return f"stalled ×{shown} of its limit"
+    return f"score {shown}"
+
+
+# Evidence keys MEASURE already shows, left out of the EVIDENCE column.
+_IN_MEASURE = {"threshold_z", "gpus_flagged", "gpus_on_node", "data_wait_frac", "peer_median_data_wait_frac",
+               "median_data_wait_frac", "ranks_starved", "ranks", "slowdown", "stalled_for_s", "limit_s"}
+
+
 def _evidence(ev: Mapping[str, Any], width: int = 60) -> str:
     parts = []
     signals = ev.get("signals")
@@ -137,20 +179,58 @@ def _evidence(ev: Mapping[str, Any], width: int = 60) -> str:
         for name, sig in signals.items():
             if isinstance(sig, Mapping):
                 parts.append(f"{name} {sig.get('value')} vs {sig.get('peer_median')}")
-    for key in ("data_wait_frac", "likely_cause", "slowdown", "stalled_for_s", "median_data_wait_frac",
-                "gpus_flagged"):
-        if key in ev:
+    for key in ("likely_cause", "step_time_s", "baseline_step_time_s", "localised"):
+        if key in ev and key not in _IN_MEASURE:
             parts.append(f"{key}={ev[key]}")
     return short("; ".join(parts), width)
 
 
-def table(findings: Sequence[Mapping[str, Any]], now: float | None = None) -> str:
-    """Findings as aligned text columns, firing first."""
+def table(findings: Sequence[Mapping[str, Any]], now: float | None = None, empty: str = "no findings") -> str:
+    """Findings as aligned text columns: firing first, then by kind, the strongest of a kind first (scores of
+    different kinds are different quantities, so they are compared only within a kind)."""
     now = time.time() if now is None else now
     rows = []
-    for f in sorted(findings, key=lambda f: (f.get("state") != "firing", -float(f.get("score") or 0))):
+    for f in sorted(findings, key=lambda f: (f.get("state") != "firing", str(f.get("kind")),
+                                             -(_num(f.get("score")) or 0.0))):
         rows.append((str(f.get("kind")), str(f.get("state")), str(f.get("job")), f.get("node") or "-",
                      "-" if f.get("rank") is None else str(f.get("rank")), short(f.get("gpu_uuid") or "-", 16),
-                     f"{float(f.get('score') or 0):.2f}", ago(f.get("since"), now),
-                     _evidence(f.get("evidence") or {})))
-    return render(COLUMNS, rows, "no findings")
+                     measure(f), ago(f.get("since"), now), _evidence(f.get("evidence") or {})))
+    return render(COLUMNS, rows, empty)
+
+
+def known(url: str, timeout_s: float = 5.0) -> str:
+    """What the rules service holds, for a "no findings" line: jobs and ranks pushing, GPU telemetry.
+
+    Read from its /metrics (`gpumond_rules_held`, `gpumond_rules_telemetry_up`); FetchError if unreadable.
+    """
+    full = url.rstrip("/") + "/metrics"
+    try:
+        with urllib.request.urlopen(full, timeout=timeout_s) as resp:  # noqa: S310 - base_url() allows http(s)
+            text = resp.read(MAX_ANSWER_BYTES).decode("utf-8", "replace")
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+        raise FetchError(f"cannot read {full}: {getattr(e, 'reason', None) or e}") from None
+    from prometheus_client.parser import text_string_to_metric_families  # only for this line: keep start fast
+
+    held: dict[str, float] = {}
+    telemetry: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "gpumond_rules_held":
+                    held[s.labels.get("kind", "")] = s.value
+                elif s.name == "gpumond_rules_telemetry_up":
+                    telemetry[s.labels.get("source", "")] = s.value
+    except ValueError as e:
+        raise FetchError(f"{full}: not Prometheus text ({e})") from None
+    jobs, ranks = int(held.get("jobs", 0)), int(held.get("ranks", 0))
+    pushed = (f"{jobs} job(s) with {ranks} rank(s) pushing" if jobs else
+              "no job has pushed to it yet (check GPUMOND_ENDPOINT and GPUMOND_TOKEN in the training job)")
+    if not telemetry:
+        gpu = "no GPU telemetry source configured (telemetry: in rules.yaml)"
+    else:
+        source, up = next(iter(telemetry.items()))
+        gpus, nodes = int(held.get("telemetry_gpus", 0)), int(held.get("telemetry_nodes", 0))
+        gpu = (f"GPU telemetry ({source}) from {nodes} node(s), {gpus} GPU(s)" if up and gpus else
+               f"GPU telemetry ({source}) configured but {'no GPU seen yet' if up else 'its last fetch failed'}")
+    return f"{pushed}; {gpu}"
+

@@ -37,8 +37,9 @@ from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
-from gpumond.connections import ConnectionStats
+from gpumond.connections import ConnectionStats, connection_cap
 from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
+from gpumond.statedir_lock import StateDirBusy, StateDirLock
 
 __all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
 
@@ -86,6 +87,13 @@ class Agent:
         self.backend = backend
         state_dir, self._own_state_dir = state_dir_for(config, backend)
         self._state_dir = state_dir
+        try:  # before anything reads the state: another live agent's limits are not ours to restore
+            self._lock = StateDirLock.acquire(state_dir, "agent")
+        except StateDirBusy as e:
+            raise AgentStartError(str(e)) from None
+        except OSError as e:
+            raise AgentStartError(f"state_dir {state_dir}: {e.strerror or e} (set state_dir in the config, or run "
+                                  f"under systemd's StateDirectory=)") from None
         self._identities = IdentityFile(state_dir / IDENTITY_FILE)
         self.session = NvmlSession(install=backend.install, clock=backend.clock,
                                    retry_max_s=config.sampling.nvml_retry_max_s,
@@ -115,7 +123,8 @@ class Agent:
         compat = config.exposition.dcgm_compat
         dcgm = DcgmCompat(hostname=config.node_name, hostname_label=compat.hostname_label) if compat.enabled else None
         renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
-        self.http_stats = ConnectionStats()  # filled by the HTTP server (serve()), exported each fast cycle
+        # Filled by the HTTP server (serve()), exported each fast cycle; the cap is known now, for the first one.
+        self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=renderer, xid=self.xid,
                                jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
                                policy=self.policy, dcgm=dcgm, identities=self._identities.save,
@@ -129,7 +138,7 @@ class Agent:
     def start(self) -> None:
         """Open NVML, take one full sample synchronously (so the first scrape has data), then schedule."""
         log.info("agent starting", extra={"backend": self.backend.name, "node": self.config.node_name,
-                                          "listen": str(self.config.listen)})
+                                          "listen": str(self.config.listen), "policy": self.config.policy.mode})
         self.alerts.start(self.backend.clock())
         if self.pods is not None:
             self.pods.start()  # its own thread: the first slow cycle may not have its answer yet
@@ -163,7 +172,8 @@ class Agent:
         steps: list[tuple[str, Callable[[], object] | None]] = [
             ("policy restore", self.policy.stop), ("xid watcher", self.xid.stop if self.xid else None),
             ("pod-resources client", self.pods.stop if self.pods else None), ("alerts", self.alerts.stop),
-            ("audit log", self._audit.close), ("nvml", self.session.close), ("backend", self.backend.uninstall)]
+            ("audit log", self._audit.close), ("nvml", self.session.close), ("backend", self.backend.uninstall),
+            ("state_dir lock", self._lock.release)]
         for name, step in steps:
             if step is None:
                 continue
@@ -174,6 +184,13 @@ class Agent:
         if self._own_state_dir:
             shutil.rmtree(self._state_dir, ignore_errors=True)
         log.info("agent stopped")
+
+    def discard(self) -> None:
+        """Undo what constructing the agent did, for an agent that will never start (its port is taken)."""
+        self._audit.close()
+        self._lock.release()
+        if self._own_state_dir:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
 
     def latest(self) -> Rendered | None:
         """What /metrics serves."""
@@ -226,7 +243,11 @@ def _alert_pipeline(config: AgentConfig, state_dir: Path) -> AlertPipeline:
 
 def serve(agent: Agent) -> None:
     """Run the agent until SIGTERM/SIGINT, then stop it cleanly (restoring limits; exit status 0)."""
-    sock = bind(agent.config.listen.host, agent.config.listen.port)
+    try:
+        sock = bind(agent.config.listen.host, agent.config.listen.port)
+    except ListenError:
+        agent.discard()  # e.g. a --sim run's own state directory, which would otherwise stay in /tmp
+        raise
     agent.start()
     log.info("serving", extra={"url": f"http://{agent.config.listen}/metrics"})
     run_until_signalled(agent.app(), sock, on_stop=agent.stop, limits=agent.config.http.limits(),

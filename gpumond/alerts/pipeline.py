@@ -8,6 +8,7 @@ the new picture without waiting for any delivery.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,6 +28,14 @@ ALERT_METRICS: dict[str, tuple[str, str]] = {
                                 "announced)."),
 }
 GeneratorUrl = Callable[[Alert], str | None]
+
+log = logging.getLogger("gpumond.alerts")
+
+
+def describe_sinks(sinks: Sequence[Sink]) -> str:
+    """The sinks as one operator-readable phrase, e.g. `log, alertmanager(am-0:9093), slack(webhook)`; never a
+    secret (each sink's target is already redacted to a host or a word)."""
+    return ", ".join(s.name if s.target == s.name else f"{s.name}({s.target})" for s in sinks)
 
 
 class AlertPipeline:
@@ -65,6 +74,8 @@ class AlertPipeline:
         for s in self.sinks:
             s.start()
         self._started = True
+        # Said once at start: an operator who configured Slack and sees only "log" here knows before an alert.
+        log.info("alert sinks on", extra={"sinks": describe_sinks(self.sinks)})
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop every sink, all at once, within `timeout_s` in all. Open notices stay open: the next start

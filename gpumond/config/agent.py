@@ -161,7 +161,7 @@ class PowerSetting:
             lambda v: v if isinstance(v, cls) else cls.parse(v),
             serialization=core_schema.plain_serializer_function_ser_schema(cls._dump),
             json_schema_input_schema=core_schema.union_schema(
-                [core_schema.float_schema(gt=0), core_schema.str_schema(pattern=_PERCENT.pattern)]
+                [core_schema.float_schema(gt=0), core_schema.str_schema(pattern=f"^{_PERCENT.pattern}$")]
             ),
         )
 
@@ -269,7 +269,9 @@ class PolicyAlertsConfig(ConfigModel):
 class PolicyConfig(ConfigModel):
     """What the agent may do to the GPUs: persistent limits, thermal capping, local alerts."""
 
-    mode: Annotated[Literal["enforce", "dry_run", "off"], BeforeValidator(_lowercase)] = "enforce"
+    # dry_run by default: an agent installed across a fleet acts on no hardware until an operator writes
+    # `mode: enforce` (one line).
+    mode: Annotated[Literal["enforce", "dry_run", "off"], BeforeValidator(_lowercase)] = "dry_run"
     restore_on_exit: bool = True
     power_limit: PowerLimitConfig = PowerLimitConfig()
     thermal: ThermalConfig = ThermalConfig()

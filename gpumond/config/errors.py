@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from typing import Any
@@ -82,6 +83,9 @@ def _problem(error: ErrorDetails, model: type[BaseModel] | None) -> str:
         text = sentence.format(_number(ctx[key]))
     elif kind == "literal_error":
         text = f"must be one of {ctx['expected']}"
+        quoted = _unquoted_yaml_word(value, ctx["expected"])
+        if quoted:
+            return f"{text} (got {_show(value)}: YAML reads an unquoted {quoted} as {_show(value)}; quote it: \"{quoted}\")"
     elif kind.endswith(("too_short", "too_long")):
         text = _length(kind, ctx)
     elif kind in ("tuple_type", "list_type"):
@@ -93,6 +97,18 @@ def _problem(error: ErrorDetails, model: type[BaseModel] | None) -> str:
     else:
         text = _reword(error["msg"])
     return f"{text} (got {_show(value)})"
+
+
+# YAML 1.1 (PyYAML) turns these bare words into booleans, so `mode: off` arrives as false.
+_YAML_BOOL_WORDS = {False: ("off", "no"), True: ("on", "yes")}
+
+
+def _unquoted_yaml_word(value: Any, expected: str) -> str | None:
+    """The allowed word a boolean must have been written as, unquoted; None when it was not one."""
+    if not isinstance(value, bool):
+        return None
+    allowed = re.findall(r"'([^']*)'", expected)
+    return next((word for word in _YAML_BOOL_WORDS[value] if word in allowed), None)
 
 
 def _length(kind: str, ctx: dict[str, Any]) -> str:

@@ -43,6 +43,9 @@ class DemoPlan:
     xid_at_s: float = 40.0
     event_hold_s: float = 30.0
     step_s: float = 0.25  # one training step's compute time at full clock
+    # The demo's story is the cap acting on the hot GPU, so its agents enforce (on simulated GPUs only); an
+    # installed agent defaults to dry_run.
+    policy_mode: str = "enforce"
 
     def node_name(self, i: int) -> str:
         """Node names as the agents and the job report them."""
@@ -75,9 +78,13 @@ class DemoPlan:
 
     def agent_config(self, state_dir: Path) -> dict[str, object]:
         """The agents' config: fast sampling, a short event hold, and a thermal cap that gives back in big steps
-        (once the controller's minute of headroom has passed) so the cap clears within the demo."""
+        (once the controller's minute of headroom has passed) so the cap clears within the demo.
+
+        The policy enforces: the demo's GPUs are simulated, and the story is the cap acting on the hot GPU. A
+        real agent defaults to dry_run; this `mode: enforce` is the one line an operator writes to let it act.
+        """
         return {"state_dir": str(state_dir), "sampling": {"fast_interval_s": 1, "slow_interval_s": 5},
-                "policy": {"alerts": {"event_hold_s": self.event_hold_s},
+                "policy": {"mode": self.policy_mode, "alerts": {"event_hold_s": self.event_hold_s},
                            "thermal": {"step_w": 100, "interval_s": 2}}}
 
     def data_wait_s(self) -> float:

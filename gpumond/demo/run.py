@@ -123,6 +123,9 @@ def run_demo(plan: DemoPlan, *, duration_s: float, speed: float, say: Say = prin
                   f"the rules service, and a {plan.nodes * GPUS_PER_NODE}-rank training job {JOB}.")
         tell.line(f"It ends when every planted fault is found and resolved, or after {duration_s:.0f} s "
                   f"(--duration); Ctrl-C ends it early. Either way it closes with a summary.", stamp=False)
+        tell.line(f"The agents' power policy enforces here (policy: {{mode: {plan.policy_mode}}}: the GPUs are "
+                  "simulated); an agent you install defaults to dry_run and changes no limit until told so.",
+                  stamp=False)
         last = max(f.start_s for f in plan.faults())
         if duration_s < last + 30:
             tell.line(f"--duration {duration_s:.0f} s is short: the last fault is planted at {last:.0f} s and takes "

@@ -99,13 +99,16 @@ def cap_changes(node: str, before: Mapping[str, CapState], m: Metrics, roster: R
     """The thermal policy's power cap: `firing` when it cuts (and on each move of ≥ min_step_w while capped),
     `resolved` when the limit is back where it started."""
     temps = _by_gpu(m, "gpumond_gpu_temperature_celsius")
+    defaults = _by_gpu(m, "gpumond_gpu_power_limit_default_watts")
     state = dict(before)
     events = []
     for gpu, limit in sorted(_by_gpu(m, "gpumond_gpu_power_limit_watts").items()):
         old = state.get(gpu)
         if old is None:
-            state[gpu] = CapState(limit, limit)
-            continue
+            # The normal limit is the board's default (the demo sets no persistent limit), not the first reading:
+            # on a loaded machine the first look can come after the policy's first cut, which is then still told.
+            normal = defaults.get(gpu, limit)
+            old = state[gpu] = CapState(normal, normal)
         capped_before = old.shown_w < old.normal_w - 0.5
         back = limit >= old.normal_w - 0.5
         if back and not capped_before:

@@ -30,8 +30,9 @@ from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
-from gpumond.connections import CONNECTION_METRICS, ConnectionStats
+from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
+from gpumond.statedir_lock import StateDirBusy, StateDirLock
 from gpumond.textformat import Encoder
 from gpumond.types import Series
 
@@ -84,11 +85,15 @@ class RulesService:
         self.source = source if source is not None else build_source(config.telemetry)
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
-        self.alerts = alerts if alerts is not None else _alert_pipeline(config)
+        self._lock: StateDirLock | None = None
+        if alerts is None:
+            state, self._lock = _state_path(config)
+            alerts = _alert_pipeline(config, state)
+        self.alerts = alerts
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
                                    shard=shard, clock=clock)
         self.stats = IngestStats(self.ranks, self.gpus)
-        self.http_stats = ConnectionStats()  # filled by the HTTP server (serve())
+        self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
                              alerts=self.alerts.api_json, health=self.evaluator.health)
@@ -136,14 +141,16 @@ class RulesService:
         self.alerts.stop()
         if self.source is not None:
             self.source.close()
+        if self._lock is not None:
+            self._lock.release()
         log.info("rules service stopped")
 
 
-def _alert_pipeline(config: RulesConfig) -> AlertPipeline:
-    """The service's alerts: sinks from `alerting:`, state in `state_dir`, links to the finding in the API."""
+def _alert_pipeline(config: RulesConfig, state_path: Path | None) -> AlertPipeline:
+    """The service's alerts: sinks from `alerting:`, state in `state_path`, links to the finding in the API."""
     a = config.alerting
     base = a.external_url or default_external_url(config.listen, socket.gethostname())
-    state = AlertStateFile(_state_path(config))
+    state = AlertStateFile(state_path)
     sinks = build_sinks(a, state, evaluation_interval_s=config.evaluation_interval_s)
 
     def generator_url(alert: Alert) -> str | None:
@@ -154,21 +161,24 @@ def _alert_pipeline(config: RulesConfig) -> AlertPipeline:
     return AlertPipeline(a, sinks=sinks, state=state, persistence=persistence, generator_url=generator_url)
 
 
-def _state_path(config: RulesConfig) -> Path | None:
-    """Where alert state lives; the default directory unwritable (a dev run as a user) keeps it in memory."""
+def _state_path(config: RulesConfig) -> tuple[Path | None, StateDirLock | None]:
+    """Where alert state lives, locked for this service; the default directory unwritable (a dev run as a user)
+    keeps it in memory (nothing shared, nothing to lock). RulesStartError when another live service holds it."""
     path = config.state_dir / ALERT_STATE_FILE
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         if os.access(config.state_dir, os.W_OK):
-            return path
+            return path, StateDirLock.acquire(config.state_dir, "rules")
+    except StateDirBusy as e:
+        raise RulesStartError(str(e)) from None
     except OSError:
         pass
     if "state_dir" in config.model_fields_set:
         raise RulesStartError(f"state_dir {config.state_dir}: not writable (set state_dir to a writable directory, "
                               f"or run under systemd's StateDirectory=)")
     log.warning("state_dir is not writable: alert state is kept in memory, so a restart may notify again "
-                "(set state_dir)", extra={"state_dir": str(config.state_dir)})
-    return None
+                "(set state_dir or --state-dir)", extra={"state_dir": str(config.state_dir)})
+    return None, None
 
 
 class RulesStartError(RuntimeError):

@@ -29,8 +29,10 @@ class Rig:
         self.audit_path = tmp_path / "audit.jsonl"
         state_file = StateFile(tmp_path / "state.json", **({"write": state_write} if state_write else {}))
         audit = AuditLog(self.audit_path, **({"opener": audit_opener} if audit_opener else {}))
-        self.engine = PolicyEngine(PolicyConfig.model_validate(policy or {}), self.session, node="policy-node",
-                                   state_file=state_file, audit=audit, clock=self.clock.now)
+        # These scenarios are about acting: enforce unless the test names another mode (the default is dry_run).
+        config = PolicyConfig.model_validate({"mode": "enforce", **(policy or {})})
+        self.engine = PolicyEngine(config, self.session, node="policy-node", state_file=state_file, audit=audit,
+                                   clock=self.clock.now)
         self.slow = self.session.read("slow")
         self.t = 0
         self.series = []

@@ -333,9 +333,9 @@ class AgentProcess(ManagedProcess):
 
     @classmethod
     def run(cls, args: Sequence[str | Path], workdir: Path, *, timeout: float = 30.0,
-            listen: bool = True, port: int | None = None) -> AgentProcess:
+            listen: bool = True, port: int | None = None, env: Mapping[str, str] | None = None) -> AgentProcess:
         """Start an agent that is expected to exit by itself; wait (bounded) for the exit."""
-        agent = cls(args, workdir, listen=listen, port=port)
+        agent = cls(args, workdir, listen=listen, port=port, env=env)
         agent.spawn()
         agent.wait_exit(timeout)
         return agent

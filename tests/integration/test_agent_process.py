@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -55,11 +56,14 @@ def test_bad_config_exits_2_with_one_line_naming_the_field(tmp_path: Path, confi
 
 
 def test_port_in_use_exits_1_with_one_line_naming_the_address(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"  # where a --sim run without state_dir makes its own state directory
+    tmp.mkdir()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
         holder.bind((LOOPBACK, 0))
         holder.listen()  # a listening socket: SO_REUSEADDR cannot share it
         port = holder.getsockname()[1]
-        agent = AgentProcess.run(["--sim", "2"], tmp_path / "agent", port=port)
+        agent = AgentProcess.run(["--sim", "2"], tmp_path / "agent", port=port, env={**os.environ, "TMPDIR": str(tmp)})
+    assert list(tmp.iterdir()) == [], "a failed start left its gpumond-sim-* state directory behind"
     assert agent.returncode == 1, agent.describe()
     err = agent.stderr()
     assert "Traceback" not in err, agent.describe()
@@ -67,6 +71,28 @@ def test_port_in_use_exits_1_with_one_line_naming_the_address(tmp_path: Path) ->
     assert len(errors) == 1, f"expected one error line, got {len(errors)}:\n{agent.describe()}"
     assert f"{LOOPBACK}:{port}" in errors[0], errors[0]
     assert agent.stdout() == ""
+
+
+def test_the_first_scrape_has_the_connection_cap_and_the_log_names_the_alert_sinks(tmp_path: Path,
+                                                                                  start_agent) -> None:
+    # Slow tiers: the first scrape serves the sample taken in start(), before the HTTP server existed.
+    am = f"http://{LOOPBACK}:{_closed_port()}"
+    config = write_yaml(tmp_path / "agent.yaml", {
+        "sampling": {"fast_interval_s": 60, "slow_interval_s": 60}, "http": {"max_connections": 100},
+        "alerting": {"alertmanager": {"urls": [am]}}})
+    agent: AgentProcess = start_agent("--sim", "2", "--config", config)
+    fams = agent.metrics()
+    assert fams["gpumond_http_connections_limit"].samples[0].value == 100
+    starting = next(line for line in _lines(agent.stderr()) if 'msg="agent starting"' in line)
+    assert "policy=dry_run" in starting, starting  # the default: no power limit is changed
+    start = next(line for line in _lines(agent.stderr()) if 'msg="alert sinks on"' in line)
+    assert f'sinks="log, alertmanager({am.removeprefix("http://")})"' in start, start
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
 
 
 def test_missing_scenario_file_exits_2_with_one_line(tmp_path: Path) -> None:

@@ -92,7 +92,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                                                     "faults": FAULTS[node]})
         config = write_yaml(d / "agent.yaml", {"state_dir": str(d / "state"),
                                                "sampling": {"fast_interval_s": 1, "slow_interval_s": 2},
-                                               "policy": {"thermal": {"step_w": 100, "interval_s": 2}}})
+                                               "policy": {"mode": "enforce", "thermal": {"step_w": 100,
+                                                                                       "interval_s": 2}}})
         agents[node] = AgentProcess(["--sim", "8", "--node-name", node, "--sim-scenario", scenario,
                                      "--sim-speed", str(SPEED), "--config", config], d)
     rules = job = None

@@ -39,6 +39,8 @@ def test_demo_finds_every_planted_fault_where_it_was_planted_and_ends_when_all_r
     out = p.stdout
     assert p.returncode == 0, (out[-3000:], p.stderr[-2000:])
 
+    # The installed default is dry_run; the demo says that its simulated agents enforce, and they do (POLICY acts).
+    assert "The agents' power policy enforces here (policy: {mode: enforce}: the GPUs are simulated)" in out, out
     # The live story names node, GPU index and rank, and the fault each line belongs to.
     assert re.search(r"FINDING FIRING +straggler on demo-node-01 · GPU 3 · rank 11 +← planted: cooling", out), out
     assert re.search(r"FINDING FIRING +io_starved_rank on demo-node-02 · GPU 5 · rank 21 +← planted: loader",

@@ -221,6 +221,24 @@ def test_agent_security_by_mode() -> None:
     read_only = _workload(rendered("ci/readonly-values.yaml"), "agent")["spec"]["template"]["spec"]
     assert pod_security_violations(read_only) == []
     assert config_of(rendered("ci/readonly-values.yaml"), "agent")["policy"]["mode"] == "dry_run"
+
+
+def test_the_policy_is_dry_run_unless_enforce_is_written() -> None:
+    """A chart installed across a fleet changes no power limit until the operator writes one line."""
+    for values_file in VALUES_FILES:
+        assert config_of(rendered(values_file), "agent")["policy"]["mode"] == "dry_run", values_file
+    assert "policy dry_run: no power limit is changed; --set agent.config.policy.mode=enforce" in notes({})
+    enforcing = {"agent": {"config": {"policy": {"mode": "enforce"}}}}
+    assert config_of(tuple(render(enforcing)), "agent")["policy"]["mode"] == "enforce"
+    assert "CAP_SYS_ADMIN, policy enforce):" in notes(enforcing)
+
+
+def test_committed_values_schema_embeds_the_generated_config_schemas() -> None:
+    from gpumond.config.json_schema import render as render_schema
+
+    committed = (CHART / "values.schema.json").read_text(encoding="utf-8")
+    assert committed == render_schema(json.loads(committed)), (
+        "regenerate: python -m gpumond.config.json_schema deploy/helm/gpumond/values.schema.json")
     assert "baseline: hostPID" in pod_security_violations(
         _workload(rendered("ci/gpu-operator-values.yaml"), "agent")["spec"]["template"]["spec"])
 
@@ -248,8 +266,22 @@ def test_rules_service_meets_restricted(values_file: str | None) -> None:
      "at '/monitoring/dashboards/labelValue': got number, want string"),
     ({"monitoring": {"dashboards": {"namespace": "Monitoring"}}},
      "at '/monitoring/dashboards/namespace': 'Monitoring' does not match pattern"),
+    # Inside the embedded daemon configs (the schema generated from gpumond's config models):
+    ({"agent": {"config": {"sampling": {"fast_intervall_s": 2}}}},
+     "at '/agent/config/sampling': additional properties 'fast_intervall_s' not allowed"),
+    ({"agent": {"config": {"sampling": {"fast_interval_s": "1s"}}}},
+     "at '/agent/config/sampling/fast_interval_s': got string, want number"),
+    ({"agent": {"config": {"policy": {"thermal": {"margin_c": 50}}}}},
+     "at '/agent/config/policy/thermal/margin_c': maximum: got 50, want 40"),
+    ({"agent": {"config": {"policy": {"power_limit": {"default_w": "80 %"}}}}},
+     "at '/agent/config/policy/power_limit/default_w'"),
+    ({"rules": {"config": {"evaluation_intervall_s": 2}}},
+     "at '/rules/config': additional properties 'evaluation_intervall_s' not allowed"),
+    ({"rules": {"config": {"alerting": {"slack": {"webhook_url_fil": "/x"}}}}},
+     "at '/rules/config/alerting/slack': additional properties 'webhook_url_fil' not allowed"),
 ], ids=["port", "bool", "typo", "policy-mode", "token", "routing-key", "replicas", "interval", "dashboard-label",
-        "dashboard-label-value", "dashboard-namespace"])
+        "dashboard-label-value", "dashboard-namespace", "agent-config-typo", "agent-config-type",
+        "agent-config-bound", "agent-config-power", "rules-config-typo", "rules-config-nested-typo"])
 def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
     chart = helm_python.Chart.load(CHART)
     with pytest.raises(helm_python.HelmValuesError) as err:
@@ -289,10 +321,10 @@ def test_rendered_configs_pass_check_config(values_file: str | None, tmp_path: P
 
 
 def test_check_config_catches_a_bad_inner_config(tmp_path: Path) -> None:
-    """The chart passes agent.config through: gpumond's own validator is what refuses a bad value in it."""
-    objects = tuple(render({"agent": {"config": {"sampling": {"fast_interval_s": 0}}}}))
+    """What the values schema cannot say (one bound against another) gpumond's own validator refuses."""
+    objects = tuple(render({"agent": {"config": {"sampling": {"fast_interval_s": 5, "slow_interval_s": 2}}}}))
     result = check_config(objects, "agent", tmp_path, None)
-    assert result.returncode == 2 and "sampling.fast_interval_s" in result.stderr
+    assert result.returncode == 2 and "sampling.slow_interval_s: must be at least fast_interval_s" in result.stderr
 
 
 def test_existing_secret_without_its_keys_is_one_line(tmp_path: Path) -> None:

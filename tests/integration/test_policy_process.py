@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 def _setup(tmp_path):
     state = tmp_path / "state"
     cfg = helpers.write_yaml(tmp_path / "agent.yaml", {
-        "state_dir": str(state), "node_name": "policy-node",
+        "state_dir": str(state), "node_name": "policy-node", "policy": {"mode": "enforce"},
         "sampling": {"fast_interval_s": 1, "slow_interval_s": 5},
     })
     scenario = helpers.write_yaml(tmp_path / "hot.yaml", {

@@ -39,6 +39,7 @@ def test_sigterm_with_a_client_that_never_reads_still_restores_the_power_limit(t
     state = tmp_path / "state"
     cfg = helpers.write_yaml(tmp_path / "agent.yaml", {
         "state_dir": str(state), "node_name": "unread-node", "http": {"write_timeout_s": NEVER},
+        "policy": {"mode": "enforce"},
         "sampling": {"fast_interval_s": 1, "slow_interval_s": 5}})
     hot = helpers.write_yaml(tmp_path / "hot.yaml", {"faults": [{"gpu": 1, "kind": "cooling", "factor": 1.7,
                                                                  "at_s": 0}]})

@@ -132,3 +132,16 @@ def test_config_error_keeps_source_and_problem(write) -> None:
         load_agent_config(write("node_name: ''\n"))
     assert info.value.source == "agent.yaml"
     assert info.value.problem == "node_name: must not be empty (got '')"
+
+
+@pytest.mark.parametrize("word", ["off", "Off", "OFF", "no"])
+def test_an_unquoted_off_says_to_quote_it(write, word: str) -> None:
+    # YAML 1.1 reads a bare off / no as false; the line must say why and what to type.
+    assert error_of(write(f"policy:\n  mode: {word}\n")) == (
+        "agent.yaml: policy.mode: must be one of 'enforce', 'dry_run' or 'off' (got false: YAML reads an unquoted "
+        'off as false; quote it: "off")'
+    )
+
+
+def test_a_quoted_off_is_accepted(write) -> None:
+    assert load_agent_config(write('policy:\n  mode: "off"\n')).policy.mode == "off"

@@ -22,7 +22,7 @@ def error_line(policy: dict) -> str:
 
 def test_defaults() -> None:
     policy = validate({}).policy
-    assert policy.mode == "enforce" and policy.restore_on_exit is True
+    assert policy.mode == "dry_run" and policy.restore_on_exit is True
     assert policy.power_limit.default_w is None and len(policy.power_limit.per_gpu) == 0
     thermal = policy.thermal
     assert thermal.enabled and thermal.target_c is None and thermal.memory_target_c is None

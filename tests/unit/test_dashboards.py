@@ -120,8 +120,17 @@ def test_provisioning_points_grafana_at_the_committed_json() -> None:
     installed = Path(provider["options"]["path"]).relative_to("/etc/grafana/provisioning")
     assert PROVISIONING / installed == build.OUT
     assert provider["type"] == "file"
-    ds = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())["datasources"]
+    ds = yaml.safe_load((PROVISIONING / "datasources" / "gpumond.yaml").read_text())["datasources"]
     assert [d["type"] for d in ds] == ["prometheus"] and ds[0]["url"].startswith("http")
+
+
+def test_the_provisioned_data_source_is_gpumonds_own_and_every_dashboard_starts_on_it() -> None:
+    """Not named "Prometheus" nor made the default: it sits next to a Grafana's own data source."""
+    (ds,) = yaml.safe_load((PROVISIONING / "datasources" / "gpumond.yaml").read_text())["datasources"]
+    assert ds["name"] != "Prometheus" and "gpumond" in ds["name"] and ds["isDefault"] is False
+    for f in FILES:
+        (variable,) = [v for v in json.loads(f.read_text())["templating"]["list"] if v["type"] == "datasource"]
+        assert variable["current"] == {"selected": True, "text": ds["name"], "value": ds["uid"]}, f.name
 
 
 def test_the_model_pass_never_drops_an_unknown_option_silently() -> None:

@@ -264,6 +264,16 @@ def test_the_demo_plan_places_each_fault_on_its_node_gpu_and_rank_and_ends_it():
     assert plan.agent_config(__import__("pathlib").Path("/x"))["policy"]["alerts"]["event_hold_s"] < 900
 
 
+def test_the_demo_agents_enforce_explicitly_where_an_installed_agent_would_only_dry_run():
+    from pathlib import Path
+
+    from gpumond.config import AgentConfig
+
+    demo = AgentConfig.model_validate(DemoPlan().agent_config(Path("/x")))
+    assert demo.policy.mode == "enforce"  # the story is the cap acting on the hot (simulated) GPU
+    assert AgentConfig.model_validate({"state_dir": "/x"}).policy.mode == "dry_run"
+
+
 def test_a_fault_whose_signals_cleared_early_is_not_done_before_it_ends():
     only_loader = FAULTS[1:2]
     tl = Timeline(only_loader)

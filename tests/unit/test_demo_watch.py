@@ -67,6 +67,15 @@ def test_the_thermal_cap_fires_on_a_cut_moves_in_big_steps_and_resolves_back_at_
     ]
 
 
+def test_a_cut_made_before_the_first_look_is_still_told_against_the_boards_default_limit():
+    # Seen on a loaded machine: the agent capped the hot GPU before the demo's watcher first read it.
+    first = {**limits(588), "gpumond_gpu_power_limit_default_watts": [S("x", {"gpu": "3"}, 700.0)]}
+    state, events = cap_changes("n0", {}, first, ROSTER, 1.0)
+    assert [(e.state, e.detail[0]) for e in events] == [("firing", "power limit 700 W → 588 W, cut (temperature 86 °C)")]
+    _, events = cap_changes("n0", state, {**first, **limits(700)}, ROSTER, 2.0)
+    assert [e.state for e in events] == ["resolved"]
+
+
 def finding(kind, state, *, node=None, rank=None, uuid=None, **ev):
     return Finding(kind=kind, job="j", node=node, rank=rank, gpu_uuid=uuid, score=5.0, since=0.0, state=state,
                    evidence=ev)

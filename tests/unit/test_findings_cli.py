@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from gpumond.cli import main
-from gpumond.findings_cli import base_url, table
+from gpumond.findings_cli import base_url, measure, table
 from tests.unit.test_alerts_cli import JSON, serving
 
 FINDINGS = [
@@ -95,3 +96,92 @@ def test_an_answer_of_the_wrong_shape_is_one_line_exit_1(body: bytes, fragment: 
 def test_help_teaches_with_examples() -> None:
     p = run("findings", "--help")
     assert p.returncode == 0 and "gpumond findings --url http://rules:9481" in p.stdout
+
+
+# ----- units, and what "no findings" means ------------------------------------------------------------------
+@pytest.mark.parametrize("finding, expected", [
+    ({"kind": "straggler", "score": 7.46, "evidence": {"threshold_z": 3.9}}, "z 7.5 vs peers (flags at 3.9)"),
+    ({"kind": "straggler_node", "score": 5.0, "evidence": {"threshold_z": 3.5, "gpus_flagged": 3, "gpus_on_node": 8}},
+     "z 5.0 vs peers (flags at 3.5), 3/8 GPUs"),
+    # The score of an io_starved_rank is a z-score with enough peers and the wait share without: the column
+    # shows the share, which means the same either way.
+    ({"kind": "io_starved_rank", "score": 0.35,
+      "evidence": {"data_wait_frac": 0.3512, "peer_median_data_wait_frac": 0.021}},
+     "data wait 35% of step (peers 2%)"),
+    ({"kind": "io_starved_job", "score": 0.45, "evidence": {"median_data_wait_frac": 0.4512, "ranks_starved": 12,
+                                                             "ranks": 16}},
+     "data wait 45% of step (median), 12/16 ranks"),
+    ({"kind": "job_slowdown", "score": 1.106, "evidence": {"slowdown": 1.106}}, "step time ×1.11 of baseline"),
+    ({"kind": "hung_rank", "score": 2.32, "evidence": {"stalled_for_s": 23.2, "limit_s": 10.0}},
+     "no step for 23 s (limit 10 s)"),
+    ({"kind": "something_new", "score": 2.0, "evidence": {}}, "score 2.0"),
+], ids=lambda v: v["kind"] if isinstance(v, dict) else "")
+def test_measure_says_each_kinds_quantity_with_its_unit(finding: dict, expected: str) -> None:
+    assert measure(finding) == expected
+    header, row = table([{**finding, "state": "firing", "job": "j", "since": 0.0}], now=1.0).splitlines()
+    assert "MEASURE" in header and "SCORE" not in header and expected in row
+
+
+def _rules_metrics(tmp_path, *, pushed: bool, telemetry: bool) -> bytes:
+    """A real rules service's /metrics text, with or without a job's push and a telemetry target."""
+    import asyncio
+
+    import httpx
+
+    from gpumond.config.rules import RulesConfig
+    from gpumond.rules.service import RulesService
+
+    token = "t" * 32
+    scrape = {"targets": [f"127.0.0.1:{_closed_port()}"], "timeout_s": 0.5} if telemetry else {}
+    service = RulesService(RulesConfig.model_validate({"tokens": [token], "state_dir": str(tmp_path),
+                                                       "telemetry": {"scrape": scrape}}))
+    try:
+        if pushed:
+            body = {"job": "llama", "rank": 0, "world_size": 2, "node": "n0",
+                    "gpu_uuid": "GPU-5b0c3b0a-0000-4000-8000-000000000001",
+                    "steps": [{"step": 1, "end": time.time(), "duration_s": 0.5, "data_wait_s": 0.0}]}
+            async def push() -> httpx.Response:
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=service.app),
+                                             base_url="http://rules") as client:
+                    return await client.post("/api/v1/push", json=body, headers={"Authorization": f"Bearer {token}"})
+
+            r = asyncio.run(push())
+            assert r.status_code < 300, r.text
+        if telemetry:
+            service.evaluator.poll_telemetry()  # nothing listens there: the fetch fails
+        return service.metrics()
+    finally:
+        service.stop()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("pushed, telemetry, expected", [
+    (False, False, "no findings: no job has pushed to it yet (check GPUMOND_ENDPOINT and GPUMOND_TOKEN in the "
+                   "training job); no GPU telemetry source configured (telemetry: in rules.yaml)"),
+    (True, True, "no findings: 1 job(s) with 1 rank(s) pushing; GPU telemetry (scrape) configured but its last "
+                 "fetch failed"),
+], ids=["nothing-known", "a-job-and-a-failing-target"])
+def test_no_findings_says_whether_any_job_or_telemetry_is_known(tmp_path, capsys, pushed: bool, telemetry: bool,
+                                                                expected: str) -> None:
+    routes = {"/api/v1/findings": (200, JSON, b'{"findings": []}'),
+              "/metrics": (200, "text/plain", _rules_metrics(tmp_path, pushed=pushed, telemetry=telemetry))}
+    with serving(routes) as (url, _):
+        assert main(["findings", "--url", url]) == 0
+    assert capsys.readouterr().out.strip() == expected
+    with serving(routes) as (url, _):
+        assert main(["findings", "--url", url, "--job", "llama"]) == 0
+    assert capsys.readouterr().out.startswith("no findings for job llama: ")
+
+
+def test_no_findings_from_a_service_without_metrics_still_answers(capsys) -> None:
+    with serving({"/api/v1/findings": (200, JSON, b'{"findings": []}')}) as (url, _):
+        assert main(["findings", "--url", url]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("no findings (what the service holds is unknown: ") and "/metrics" in out, out

@@ -96,7 +96,8 @@ app.kubernetes.io/part-of: gpumond
 {{- fail "agent.config.policy.mode: enforce needs CAP_SYS_ADMIN, which agent.readOnly: true drops; set it to dry_run or off, or agent.readOnly: false" -}}
 {{- end -}}
 {{- end -}}
-{{- if not $policy.mode -}}{{- $_ := set $policy "mode" (ternary "dry_run" "enforce" .Values.agent.readOnly) -}}{{- end -}}
+{{- /* dry_run unless the operator writes agent.config.policy.mode: enforce: nothing acts on a GPU until then. */ -}}
+{{- if not $policy.mode -}}{{- $_ := set $policy "mode" "dry_run" -}}{{- end -}}
 {{- $_ := set $cfg "policy" $policy -}}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.agent.port)) -}}
 {{- $_ := set $cfg "state_dir" "/var/lib/gpumond" -}}
