@@ -20,6 +20,15 @@ def _stat(title: str, expr: str, x: int, thresholds: list, unit: str = "none", d
                   thresholds=thresholds, colorMode="background")
 
 
+def _breaker() -> g.Stat:
+    stat = _stat("Remediation breaker", f"max(gpumond_remediation_breaker_open{{{C}}}) or vector(0)", 4,
+                 steps((None, "green"), (1, "red")),
+                 description="Open: the blast-radius guard refused a drain and stopped every remediation action "
+                             "(runbook GpumondRemediationHalted).")
+    stat.gridPos = pos(4, 53, 4, 7)
+    return stat
+
+
 def build() -> g.Dashboard:
     panels = [
         _stat("GPUs up", f"count(gpumond_gpu_up{{{C}}} == 1) or vector(0)", 0, steps((None, "green"))),
@@ -110,6 +119,22 @@ def build() -> g.Dashboard:
                      targets=[target(f"max(scrape_duration_seconds{{{C}}})", "slowest scrape", "A"),
                               target(f"max by (collector) (gpumond_collector_duration_seconds{{{C}}})",
                                      "{{collector}} (slowest node)", "B")]),
+
+        # Fleet remediation (the rules service): what gpumond took out of service, and whether its guard stopped it.
+        g.Stat(title="Nodes drained by gpumond", dataSource=DATASOURCE, gridPos=pos(0, 53, 4, 7),
+               description="Nodes the rules service drained or cordoned (dry run: would have); runbook "
+                           "GpumondNodeDrained.", graphMode="none", reduceCalc="lastNotNull", colorMode="background",
+               targets=[target(f'count(gpumond_remediation_node_drained{{{C}, dry_run="false"}}) or vector(0)',
+                               "drained", "A"),
+                        target(f'count(gpumond_remediation_node_drained{{{C}, dry_run="true"}}) or vector(0)',
+                               "would drain (dry run)", "B")],
+               thresholds=steps((None, "green"), (1, "orange"))),
+        _breaker(),
+        g.Table(title="Nodes drained by gpumond", dataSource=DATASOURCE, gridPos=pos(8, 53, 16, 7),
+                description="Why each node is out of service (conditions); dry_run true: not drained, only what "
+                            "gpumond would do. Undo one: gpumond remediation undo NODE.",
+                targets=[target(f"gpumond_remediation_node_drained{{{C}}}", "", instant=True, table=True)],
+                transformations=[hide_columns("Time", "Value", "__name__", "job", "instance")]),
     ]
     return g.Dashboard(
         title="gpumond / Fleet", uid=UID, tags=["gpumond"], timezone="browser", refresh="30s", graphTooltip=1,

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpumond import __version__
+from gpumond import __version__, health_check, remediation_cli
 from gpumond.alerts_cli import AGENT_URL
 from gpumond.alerts.catalogue import FINDING_KINDS
 from gpumond.findings_cli import RULES_URL, base_url
@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     al.add_argument("--state", choices=["firing", "pending", "resolved"], help="only alerts in this state")
     al.add_argument("--json", action="store_true", help="print the JSON (after --state) instead of a table")
 
+    remediation_cli.add_parser(sub)
+    health_check.add_parser(sub)
+
     c = sub.add_parser("check-config", help="validate a config file and exit (0 valid, 2 invalid)",
                        description="Validate an agent or rules config file (the kind is recognised from its "
                                    "keys, else its file name, or given with --kind); prints one line naming the "
@@ -250,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _alerts(args)
     if args.command == "demo":
         return _demo(args)
+    if args.command == remediation_cli.COMMAND:
+        return remediation_cli.main(args)
+    if args.command == health_check.COMMAND:
+        return health_check.main(args)
     return EXIT_USAGE
 
 

@@ -11,8 +11,17 @@ command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmana
 command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 command -v victoria-metrics >/dev/null || need_apt+=(victoria-metrics)
+command -v slurmctld >/dev/null || need_apt+=(slurmctld)  # remediation tests drain nodes in a real Slurm
+command -v slurmd >/dev/null || need_apt+=(slurmd)
+command -v scontrol >/dev/null || need_apt+=(slurm-client)
+command -v munged >/dev/null || need_apt+=(munge)
 command -v prlimit >/dev/null || need_apt+=(util-linux)  # the slow-loris test runs a daemon under prlimit --nofile=1024
 command -v chattr >/dev/null || need_apt+=(e2fsprogs)  # the policy disk-fault tests make state_dir immutable (binds root)
+# The container image test builds the image with buildah from a Debian base made with mmdebstrap, and reads its
+# OCI archive with skopeo.
+command -v buildah >/dev/null || need_apt+=(buildah)
+command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
+command -v skopeo >/dev/null || need_apt+=(skopeo)
 if ((${#need_apt[@]})); then
     echo "installing Debian packages: ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -90,6 +90,16 @@ ALERTS: dict[str, AlertSpec] = {
         "rules", "critical", "rank or job hung",
         "A rank (or the whole job) stopped reporting steps while it should be training.",
         finding_kind="hung_rank"),
+    # ----- the rules service: fleet remediation (gpumond/rules/remediation) --------------------------
+    "GpumondNodeDrained": AlertSpec(
+        "rules", "warning", "node drained by gpumond",
+        "gpumond took this node out of service (or, in dry run, would have) for a confirmed fault: the "
+        "scheduler places no new work on it; it returns by itself once the fault has been clear for the "
+        "hold-down."),
+    "GpumondRemediationHalted": AlertSpec(
+        "rules", "critical", "gpumond remediation stopped by its blast-radius guard",
+        "A drain would have exceeded the blast-radius guard (nodes, share of a pool, or drains per hour): "
+        "the circuit breaker stopped every remediation action until an operator resets it."),
     # ----- both daemons: a dead-man's switch -----------------------------------------------------
     "Watchdog": AlertSpec(
         "rules", "info", "gpumond alerting pipeline is alive",

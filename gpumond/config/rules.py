@@ -19,6 +19,7 @@ from gpumond.config.alerting import AlertingConfig, resolve_alerting
 from gpumond.config.errors import ConfigError
 from gpumond.config.http import HttpConfig
 from gpumond.config.load import load_config
+from gpumond.config.remediation import RemediationConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
 from gpumond.job.routing import MAX_SHARDS
 
@@ -210,6 +211,7 @@ class RulesConfig(ConfigModel):
     shard: Shard | None = None
     log: LogConfig = LogConfig()
     http: HttpConfig = HttpConfig()
+    remediation: RemediationConfig = RemediationConfig()
 
 
     @field_validator("expire_after_s")

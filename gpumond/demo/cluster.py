@@ -108,7 +108,10 @@ class RulesProcess:
             "findings": {"min_duration_s": 2, "resolve_after_s": 6},
             "state_dir": str(workdir / "rules"),
             "telemetry": {"scrape": {"targets": [f"127.0.0.1:{a.port}" for a in agents], "interval_s": 2}},
-            "alerting": alerting or {}})
+            "alerting": alerting or {},
+            # Fleet remediation as installed (dry run, no scheduler), every 2 s and with a 10 s hold-down so the
+            # story shows the whole lifecycle: would drain, then would return once the XID has cleared.
+            "remediation": {"mode": "dry_run", "interval_s": 2, "hold_down_s": 10}})
         cfg = cfg.model_copy(update={"alerting": resolve_alerting(cfg.alerting, "demo rules config", {})})
         # A demo wants answers in tens of seconds: a 30 s feature window instead of 60, and a 20 s long look
         # at compute shares (10 evaluations, from 8 s on) instead of 5 minutes, so a healed straggler clears

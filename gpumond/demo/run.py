@@ -165,7 +165,8 @@ def run_demo(plan: DemoPlan, *, duration_s: float, speed: float, say: Say = prin
                       f"to {rules.url}; the demo ignores it")
 
         watch = Watch([(a.name, a.metrics) for a in agents], rules.service.evaluator.findings, JOB, roster,
-                      factors, timeline.record, on_foreign_job=foreign, speed=speed)
+                      factors, timeline.record, on_foreign_job=foreign, speed=speed,
+                      drains=lambda: rules.service.remediator.state.records)
         job = SimulatedJob(job=JOB, ranks=list(roster.ranks), endpoint=rules.url, token=token,
                            step_s=plan.step_s, clock_factors=factors, data_wait=data_wait)
         tell.line(f"agents up, rules service up; job {JOB} starts training: {len(roster.ranks)} ranks in lockstep, "

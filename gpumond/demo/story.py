@@ -5,7 +5,8 @@ Everything the demo observes is an `Event` of one kind:
 
 - `finding`: the rules service's finding (name = finding kind);
 - `alert`: an agent's alert (name = alertname);
-- `action`: the agent's policy acting (name = `thermal_cap`);
+- `action`: the agent's policy acting (name = `thermal_cap`), or the rules service's remediation draining a
+  node (name = `drain`; dry run in the demo);
 - `page`: a notification a sink delivered (name = alertname, `via` = the sink, e.g. `pagerduty`).
 
 An event's signal (`finding:straggler`, `alert:GpuXidCritical`) and place say which fault it belongs to; a
@@ -252,6 +253,8 @@ def _signal_words(signal: str) -> str:
     kind, _, name = signal.partition(":")
     if kind == "action" and name == "thermal_cap":
         return "thermal power cap"
+    if kind == "action" and name == "drain":
+        return "node drain"
     return f"{kind} {name}"
 
 

@@ -162,13 +162,35 @@ def finding_changes(before: Mapping[FindingKey, str], findings: Iterable[Finding
     return now, events
 
 
+# ----- the rules service's fleet remediation (dry run in the demo) -------------------------------------
+
+def drain_changes(before: Mapping[str, str], records: Mapping[str, Any], roster: Roster,
+                  t_s: float) -> tuple[dict[str, str], list[Event]]:
+    """Nodes remediation holds (node → reason): `firing` when it drains (or, dry run, would), `resolved` when it
+    returns the node."""
+    now = {node: r.reason for node, r in records.items()}
+    events = []
+    for node in sorted(set(now) - set(before)):
+        r = records[node]
+        verb = "would drain (dry run)" if r.dry_run else "drained"
+        events.append(Event(t_s, "action", "drain", "firing", roster.place(node=node),
+                            (f"{verb}: {r.reason}", f"conditions: {', '.join(r.conditions)}; "
+                             f"see: gpumond remediation list")))
+    for node in sorted(set(before) - set(now)):
+        events.append(Event(t_s, "action", "drain", "resolved", roster.place(node=node)))
+    return now, events
+
+
 class Watch:
     """Polls every source once per call and records what changed; remembers only what the next diff needs."""
 
     def __init__(self, agents: Sequence[tuple[str, Callable[[], Metrics]]], findings: Callable[[], Iterable[Finding]],
                  job: str, roster: Roster, factors: ClockFactors, record: Callable[[Event], object],
-                 on_foreign_job: Callable[[str], object] = lambda job: None, speed: float = 1.0) -> None:
+                 on_foreign_job: Callable[[str], object] = lambda job: None, speed: float = 1.0,
+                 drains: Callable[[], Mapping[str, Any]] = dict) -> None:
         self._agents = agents
+        self._drains = drains
+        self._drained: dict[str, str] = {}
         self._power = speed == 1.0  # see evidence.describe
         self._job = job
         self._on_foreign = on_foreign_job
@@ -201,5 +223,6 @@ class Watch:
                 self._foreign.add(f.job)
                 self._on_foreign(f.job)
         self._seen, found = finding_changes(self._seen, ours, self._roster, t_s, power=self._power)
-        for e in found:
+        self._drained, drained = drain_changes(self._drained, self._drains(), self._roster, t_s)
+        for e in found + drained:
             self._record(e)

@@ -14,7 +14,8 @@ from gpumond.alerts.pipeline import AlertPipeline, log_only
 from gpumond.job.routing import shard_of
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, conditions_of, findings_of
 from gpumond.rules.store import GpuStore, RankStore
-from gpumond.rules.types import Finding, TelemetrySource
+from gpumond.alerts.model import Condition
+from gpumond.rules.types import Finding, TelemetryBatch, TelemetrySource
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
@@ -47,7 +48,9 @@ class Evaluator:
     def __init__(self, ranks: RankStore, gpus: GpuStore, source: TelemetrySource | None, *,
                  detectors: DetectorConfig = DetectorConfig(), alerts: AlertPipeline | None = None,
                  shard: tuple[int, int] | None = None, clock: Callable[[], float] = time.time,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter,
+                 on_batch: Callable[[TelemetryBatch], None] | None = None,
+                 extra_conditions: Callable[[], list[Condition]] = list) -> None:
         self._ranks = ranks
         self._gpus = gpus
         self._source = source
@@ -58,6 +61,9 @@ class Evaluator:
         self._shard = shard
         self._clock = clock
         self._timer = timer
+        # Other consumers of what telemetry and the lifecycle carry (fleet remediation): fed, never consulted.
+        self._on_batch = on_batch
+        self._extra_conditions = extra_conditions
         self._lock = threading.Lock()
         self._state = DetectorState()
         self._findings: tuple[Finding, ...] = ()
@@ -87,6 +93,8 @@ class Evaluator:
             self._telemetry_outcome()
             return
         self._gpus.add(batch)
+        if self._on_batch is not None:
+            self._on_batch(batch)
         self.telemetry_ok = bool(batch.gpus) or not batch.errors
         self.telemetry_error = "; ".join(batch.errors[:3]) if batch.errors else None
         self._telemetry_outcome()
@@ -145,7 +153,8 @@ class Evaluator:
                             absent_nodes=self._gpus.absent_nodes())
         with self._lock:
             self._state, candidates = evaluate(inputs, self._state, self._cfg)
-            transitions = self.alerts.update(conditions_of(candidates, self._gpu_index), now)
+            transitions = self.alerts.update(conditions_of(candidates, self._gpu_index) + self._extra_conditions(),
+                                             now)
             self._findings = tuple(findings_of(self.alerts.entries()))
             self.evaluations += 1
             self.resolved_total += sum(1 for t in transitions if t.new == "resolved" and t.alert.alertname != "Watchdog")

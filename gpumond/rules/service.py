@@ -27,6 +27,8 @@ from gpumond.rules.evaluator import Evaluator
 from gpumond.rules.findings import findings_persistence
 from gpumond.rules.http import build_app
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
+from gpumond.rules.remediation.backends import Backend, build_backend
+from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.rules.types import TelemetrySource
@@ -59,6 +61,7 @@ _HELP = {
     **CONNECTION_METRICS,
     **ALERT_METRICS,
     **SINK_METRICS,
+    **REMEDIATION_METRICS,
 }
 
 
@@ -78,7 +81,7 @@ class RulesService:
 
     def __init__(self, config: RulesConfig, *, source: TelemetrySource | None = None,
                  detectors: DetectorConfig = DetectorConfig(), clock: Callable[[], float] = time.time,
-                 alerts: AlertPipeline | None = None) -> None:
+                 alerts: AlertPipeline | None = None, remediation_backend: Backend | None = None) -> None:
         self.config = config
         self.ranks = RankStore.from_config(config)
         self.gpus = GpuStore.from_config(config)
@@ -86,12 +89,17 @@ class RulesService:
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
         self._lock: StateDirLock | None = None
+        state: Path | None = None
         if alerts is None:
             state, self._lock = _state_path(config)
             alerts = _alert_pipeline(config, state)
         self.alerts = alerts
+        self.remediator = Remediator.build(
+            config.remediation, _remediation_dir(config, state),
+            remediation_backend if remediation_backend is not None else build_backend(config.remediation), clock)
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
-                                   shard=shard, clock=clock)
+                                   shard=shard, clock=clock, on_batch=self.remediator.observe,
+                                   extra_conditions=self.remediator.conditions)
         self.stats = IngestStats(self.ranks, self.gpus)
         self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
@@ -106,6 +114,7 @@ class RulesService:
         series += self.http_stats.series()
         series += self.alerts.series()
         series += self.alerts.active_series(RULES_ALERT_LABELS)
+        series += self.remediator.series()
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         return render(series)
 
@@ -119,6 +128,10 @@ class RulesService:
                                     id="telemetry", max_instances=1, coalesce=True, next_run_time=now)
         self._scheduler.add_job(self._evaluate, IntervalTrigger(seconds=self.config.evaluation_interval_s),
                                 id="evaluate", max_instances=1, coalesce=True, next_run_time=now)
+        # Sharded replicas all see every agent: only the first acts, so a node is never drained twice.
+        if self.config.remediation.mode != "off" and (self.config.shard is None or self.config.shard.index == 0):
+            self._scheduler.add_job(self._remediate, IntervalTrigger(seconds=self.config.remediation.interval_s),
+                                    id="remediate", max_instances=1, coalesce=True)
         self._scheduler.start()
         log.info("rules service started", extra={
             "telemetry": self.source.name if self.source else None,
@@ -134,10 +147,17 @@ class RulesService:
         except Exception:  # an evaluation bug must not kill the schedule; it is logged and retried
             log.exception("evaluation failed")
 
+    def _remediate(self) -> None:
+        try:
+            self.remediator.step(self.evaluator.findings())
+        except Exception:  # a remediation bug must not kill the schedule; logged, state on disk, retried
+            log.exception("remediation step failed")
+
     def stop(self) -> None:
         """Stop the schedule, the alert sinks and the telemetry source."""
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
+        self.remediator.close()
         self.alerts.stop()
         if self.source is not None:
             self.source.close()
@@ -179,6 +199,17 @@ def _state_path(config: RulesConfig) -> tuple[Path | None, StateDirLock | None]:
     log.warning("state_dir is not writable: alert state is kept in memory, so a restart may notify again "
                 "(set state_dir or --state-dir)", extra={"state_dir": str(config.state_dir)})
     return None, None
+
+
+def _remediation_dir(config: RulesConfig, alert_state: Path | None) -> Path | None:
+    """Remediation keeps its state and operator requests next to the alert state (in the locked state_dir);
+    with an injected alert pipeline, in state_dir only when the caller set it (else in memory)."""
+    if alert_state is not None:
+        return alert_state.parent
+    if "state_dir" in config.model_fields_set:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        return config.state_dir
+    return None
 
 
 class RulesStartError(RuntimeError):

@@ -188,6 +188,18 @@ class HostSample:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentAlert:
+    """One alert an agent has firing (its gpumond_alert_active series): the node it came from and its labels."""
+
+    node: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def label(self, name: str) -> str:
+        """The label's value, "" when absent."""
+        return self.labels.get(name, "")
+
+
+@dataclass(frozen=True, slots=True)
 class TelemetryBatch:
     """Everything one fetch returned. Nodes whose agent could not be reached are `absent` (never stragglers)."""
 
@@ -196,6 +208,9 @@ class TelemetryBatch:
     hosts: tuple[HostSample, ...] = ()
     absent_nodes: frozenset[str] = frozenset()
     errors: tuple[str, ...] = ()  # one line per failed target/query, for logs and /readyz
+    # What each reachable agent has firing (GpuLost, GpuXidCritical, …): what remediation acts on.
+    alerts: tuple[AgentAlert, ...] = ()
+    alerts_known: bool = True  # False when the alerts could not be read (their query failed): keep the last
 
 
 class TelemetrySource(Protocol):

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["benchmarks/thermal_policy.py", "--quick"], "gpumond"),
     (["-m", "benchmarks.detection.run", "--quick", "--no-scaling"], "straggler"),
     (["benchmarks/pod_attribution.py", "--quick"], "Pod-resources adds"),
+    (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
 ])
 def test_benchmark_quick_mode_runs(argv, expect):
     p = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=240)

@@ -20,6 +20,7 @@ import helm_python
 import pytest
 import yaml
 
+from gpumond import __version__
 from tests.integration.helm_helpers import (CHART, EXISTING_SECRET, NAMESPACE, RELEASE, check_config, config_of,
                                             crd_problems, expand_args, kinds, notes, one, pod_security_violations,
                                             render, render_chart, rendered, secret_env, validation_problems,
@@ -42,6 +43,8 @@ EXPECTED_KINDS = {
     "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
                             "PodMonitor": 2},
     "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
+    "remediation-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+                           "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 }
 
 
@@ -55,6 +58,23 @@ def _container(objects: tuple[dict[str, Any], ...], component: str) -> dict[str,
 
 
 # ----- the chart's own files -----------------------------------------------------------------------
+def test_default_image_is_the_one_the_containerfile_builds() -> None:
+    """`helm template` with default values names the image scripts/build-image.sh tags (test_container_image.py
+    checks that side): the release's, by the chart's appVersion."""
+    objects = rendered(None)
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert app_version == __version__
+    for component in ("agent", "rules"):
+        assert _container(objects, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}"
+    digest = "sha256:" + "0123456789abcdef" * 4
+    pinned = render({"image": {"digest": digest}})
+    for component in ("agent", "rules"):
+        assert _container(pinned, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}@{digest}"
+    with pytest.raises(helm_python.HelmValuesError) as err:  # a tag where the digest goes is refused
+        render({"image": {"digest": __version__}})
+    assert "at '/image/digest'" in str(err.value)
+
+
 def test_every_values_file_is_covered() -> None:
     assert sorted(VALUE_IDS) == sorted(EXPECTED_KINDS), "add the new ci/*-values.yaml to EXPECTED_KINDS"
 

@@ -390,7 +390,7 @@ def test_real_prometheus_evaluates_every_rule_without_error(stack: Stack) -> Non
 
     rules = wait_until(all_evaluated, timeout=20, what="every rule to have been evaluated once")
     groups = {g["name"] for g in stack.prom.api("/api/v1/rules")["groups"]}
-    assert groups == {"gpumond-gpu", "gpumond-training", "gpumond-self"}, groups
+    assert groups == {"gpumond-gpu", "gpumond-training", "gpumond-self", "gpumond-remediation"}, groups
     bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not bad, f"rules failing on real data: {bad}"
     # The recording rule found the node of every GPU.

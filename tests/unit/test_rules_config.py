@@ -61,8 +61,15 @@ def test_defaults_match_the_documented_values() -> None:
 
 def test_the_shipped_example_is_the_defaults() -> None:
     data = yaml.safe_load(EXAMPLE.read_text())
-    # Every key at its default, except the clearly marked demo token that makes the example runnable as written.
-    assert RulesConfig.model_validate(data).model_copy(update={"tokens": ()}) == RulesConfig.default()
+    # Every key at its default, except the ones marked DEV that make the example runnable as written on a
+    # developer machine: loopback only, the public demo token, and the local simulated agent as the target.
+    assert data["listen"] == "127.0.0.1:9481" and data["tokens"] == ["insecure-demo-token-replace-me"]
+    assert data["telemetry"]["scrape"]["targets"] == ["127.0.0.1:9480"] and "state_dir" not in data
+    default = RulesConfig.default()
+    example = RulesConfig.model_validate(data)
+    scrape = example.telemetry.scrape.model_copy(update={"targets": default.telemetry.scrape.targets})
+    telemetry = example.telemetry.model_copy(update={"scrape": scrape})
+    assert example.model_copy(update={"tokens": (), "listen": default.listen, "telemetry": telemetry}) == default
 
 
 def test_no_tokens_anywhere_is_refused_with_the_documented_line(write) -> None:

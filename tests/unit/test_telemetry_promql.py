@@ -110,7 +110,8 @@ def test_queries_are_one_per_metric_and_cover_every_signal() -> None:
     assert q[IDENTITY] == "last_over_time(gpumond_gpu_info[120s])"
     assert q[TARGETS] == "up and on (job, instance) last_over_time(gpumond_gpu_info[120s])"
     metrics = {m for m, _ in signals.GPU_SERIES.values()} | set(signals.HOST_SERIES.values())
-    assert metrics | {IDENTITY, TARGETS, signals.GPU_UP, signals.JOB_INFO, signals.MIG_INFO} == set(q)
+    assert metrics | {IDENTITY, TARGETS, signals.GPU_UP, signals.JOB_INFO, signals.MIG_INFO,
+                      signals.ALERT_ACTIVE} == set(q)
     reasons = {r for _, r in signals.GPU_SERIES.values() if r}
     assert all(r in q[signals.CLOCKS_EVENT] for r in reasons) and "gpu_idle" not in q[signals.CLOCKS_EVENT]
 
@@ -249,3 +250,14 @@ def test_an_unreachable_server_is_errors_not_an_exception() -> None:
         src.close()
     assert batch.gpus == () and len(batch.errors) == len(build_queries(300))
     assert all("ConnectError" in e for e in batch.errors)
+
+
+def test_agent_alerts_are_named_by_node_and_lose_target_labels() -> None:
+    from gpumond.rules.telemetry.promql_join import agent_alerts
+
+    rows = [Row({"__name__": "gpumond_alert_active", "job": "gpumond", "instance": "10.0.0.1:9480", "node": "node-a",
+                 "alertname": "GpuXidCritical", "gpu": "3", "xid": "79", "severity": "critical"}, 1.0),
+            Row({"job": "gpumond", "instance": "10.0.0.2:9480", "alertname": "GpuLost", "gpu": "0"}, 0.0)]
+    (a,) = agent_alerts(rows)
+    assert a.node == "node-a" and dict(a.labels) == {"node": "node-a", "alertname": "GpuXidCritical", "gpu": "3",
+                                                     "xid": "79", "severity": "critical"}

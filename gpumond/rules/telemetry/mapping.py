@@ -10,7 +10,7 @@ from prometheus_client.metrics_core import Metric
 
 from gpumond.rules.telemetry import signals
 from gpumond.rules.telemetry.mig import MigRow, mig_row, mig_samples
-from gpumond.rules.types import GpuSample, HostSample
+from gpumond.rules.types import AgentAlert, GpuSample, HostSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +21,7 @@ class AgentReading:
     gpus: tuple[GpuSample, ...]
     host: HostSample | None
     hostname: str | None  # the agent's own name for its node (gpumond_gpu_info{hostname})
+    alerts: tuple[AgentAlert, ...] = ()  # what the agent has firing (gpumond_alert_active)
 
 
 @dataclass(slots=True)
@@ -39,10 +40,15 @@ def read_agent(families: Iterable[Metric], *, t: float, fallback_node: str,
     hostname: str | None = None
     migs: list[MigRow] = []
     mig_jobs: dict[str, set[str]] = {}
+    firing: list[dict[str, str]] = []
     for family in families:
         # Match on sample names: the parser may or may not strip `_total` from a counter family's name.
         for s in family.samples:
             name, labels, value = s.name, s.labels, float(s.value)
+            if name == signals.ALERT_ACTIVE:
+                if value == 1 and labels.get("alertname"):
+                    firing.append(dict(labels))
+                continue
             host_key = signals.host_signal(name)
             if host_key is not None:
                 if math.isfinite(value):
@@ -84,7 +90,8 @@ def read_agent(families: Iterable[Metric], *, t: float, fallback_node: str,
     samples += tuple(mig_samples(samples, migs, mig_jobs))
     return AgentReading(node=node_name, gpus=samples,
                         host=HostSample(node=node_name, t=t, values=host) if host else None,
-                        hostname=hostname)
+                        hostname=hostname,
+                        alerts=tuple(AgentAlert(node=node_name, labels=labels) for labels in firing))
 
 
 def gpu_order(gpu: str) -> tuple[int, str]:

@@ -14,7 +14,7 @@ from gpumond import __version__
 from gpumond.rules.telemetry import signals
 from gpumond.rules.telemetry.errors import one_line
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
-from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, join
+from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, agent_alerts, join
 from gpumond.rules.types import TelemetryBatch
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -34,6 +34,8 @@ def build_queries(lookback_s: float) -> dict[str, str]:
         signals.GPU_UP: signals.GPU_UP,
         signals.JOB_INFO: signals.JOB_INFO,
         signals.MIG_INFO: signals.MIG_INFO,
+        # The agents' firing alerts (they carry `gpu`; the rules services' own do not): fleet remediation's input.
+        signals.ALERT_ACTIVE: f'{signals.ALERT_ACTIVE}{{gpu!=""}}',
         **signals.gpu_selectors(),
         **{metric: metric for metric in signals.HOST_SERIES.values()},
     }
@@ -78,7 +80,8 @@ class PrometheusSource:
             return TelemetryBatch(t=t, errors=tuple(errors))
         joined = join(results, t=t)
         return TelemetryBatch(t=t, gpus=joined.gpus, hosts=joined.hosts, absent_nodes=joined.absent_nodes,
-                              errors=tuple(errors))
+                              errors=tuple(errors), alerts=agent_alerts(results.get(signals.ALERT_ACTIVE, ())),
+                              alerts_known=signals.ALERT_ACTIVE in results)
 
     def close(self) -> None:
         """Stop the worker threads and close the HTTP client if we made it."""

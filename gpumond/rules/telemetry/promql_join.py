@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from gpumond.rules.telemetry import signals
 from gpumond.rules.telemetry.mapping import gpu_order
 from gpumond.rules.telemetry.mig import MigRow, mig_row, mig_samples
-from gpumond.rules.types import GpuSample, HostSample
+from gpumond.rules.types import AgentAlert, GpuSample, HostSample
 
 # Keys of the results mapping besides metric names.
 IDENTITY = "identity"  # last_over_time(gpumond_gpu_info[lookback]): remembers GPUs of targets gone stale
@@ -109,6 +109,13 @@ def _hosts(results: Mapping[str, Sequence[Row]], nodes: Mapping[TargetKey, str],
             if key in nodes and present(key):
                 by_target.setdefault(key, {})[signal] = row.value
     return tuple(HostSample(node=nodes[key], t=t, values=vals) for key, vals in sorted(by_target.items()))
+
+
+def agent_alerts(rows: Sequence[Row]) -> tuple[AgentAlert, ...]:
+    """What each agent has firing (rows of gpumond_alert_active), named by node as its GPUs are."""
+    return tuple(AgentAlert(node=_node(r.labels), labels={k: v for k, v in r.labels.items()
+                                                          if k not in ("job", "instance", "__name__")})
+                 for r in _sorted(rows) if r.value == 1 and r.labels.get("alertname"))
 
 
 def _target(labels: Mapping[str, str]) -> TargetKey:

@@ -17,7 +17,7 @@ from gpumond.rules.telemetry.file_sd import FileSD
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.mapping import AgentReading, read_agent
 from gpumond.rules.telemetry.targets import Target, parse_target
-from gpumond.rules.types import GpuSample, HostSample, TelemetryBatch
+from gpumond.rules.types import AgentAlert, GpuSample, HostSample, TelemetryBatch
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_WORKERS = 32
@@ -34,7 +34,7 @@ _HEADERS = {
 
 # Sample lines of the families we map start with one of these; the rest of the exposition is not parsed.
 _WANTED = tuple(f"{name}{sep}" for name in sorted({
-    signals.INFO, signals.GPU_UP, signals.JOB_INFO, signals.MIG_INFO,
+    signals.INFO, signals.GPU_UP, signals.JOB_INFO, signals.MIG_INFO, signals.ALERT_ACTIVE,
     *(metric for metric, _ in signals.GPU_SERIES.values()), *signals.HOST_SERIES.values(),
 }) for sep in ("{", " ", "\t"))
 
@@ -79,6 +79,7 @@ class ScrapeSource:
         outcomes = list(self._pool.map(self._scrape_safely, targets))
         gpus: dict[str, GpuSample] = {}
         hosts: list[HostSample] = []
+        alerts: list[AgentAlert] = []
         absent: set[str] = set()
         for target, outcome in zip(targets, outcomes, strict=True):
             if isinstance(outcome, str):
@@ -92,11 +93,13 @@ class ScrapeSource:
                     errors.append(f"scrape {target.address}: GPU {g.uuid} already reported by node {first.node}")
             if outcome.host is not None:
                 hosts.append(outcome.host)
+            alerts += outcome.alerts
         current = {tg.url for tg in targets}
         for url in [u for u in self._nodes if u not in current]:
             del self._nodes[url]  # forget targets that left file_sd
         return TelemetryBatch(t=t, gpus=tuple(gpus.values()), hosts=tuple(hosts),
-                              absent_nodes=frozenset(absent), errors=tuple(errors))
+                              absent_nodes=frozenset(absent), errors=tuple(errors),
+                              alerts=tuple(alerts))
 
     def close(self) -> None:
         """Stop the worker threads and close the HTTP client if we made it."""

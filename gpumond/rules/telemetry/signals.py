@@ -10,6 +10,7 @@ GPU_UP = "gpumond_gpu_up"
 JOB_INFO = "gpumond_gpu_job_info"
 MIG_INFO = "gpumond_gpu_mig_info"
 CLOCKS_EVENT = "gpumond_gpu_clocks_event_active"
+ALERT_ACTIVE = "gpumond_alert_active"  # what the agent has firing: remediation acts on it
 
 # signal → (metric, value of its `reason` label or None); keys are exactly types.GPU_SIGNALS.
 GPU_SERIES: Mapping[str, tuple[str, str | None]] = MappingProxyType({

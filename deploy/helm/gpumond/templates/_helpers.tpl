@@ -42,8 +42,10 @@ app.kubernetes.io/part-of: gpumond
 {{- end }}
 {{- end -}}
 
+{{/* repository:tag, and @digest when one is pinned (the runtime pulls by digest; the tag stays for people). */}}
 {{- define "gpumond.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- with .Values.image.digest }}@{{ . }}{{ end -}}
 {{- end -}}
 
 {{- define "gpumond.secretName" -}}
@@ -123,5 +125,13 @@ app.kubernetes.io/part-of: gpumond
 {{- define "gpumond.checkMonitors" -}}
 {{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled -}}
 {{- fail "monitoring: enable serviceMonitor or podMonitor, not both (every target would be scraped twice)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fleet remediation through the Kubernetes API: rules.config.remediation.backend is kubernetes. */}}
+{{- define "gpumond.remediatesNodes" -}}
+{{- $rem := get (.Values.rules.config | default dict) "remediation" | default dict -}}
+{{- if and .Values.rules.enabled (eq (get $rem "backend" | default "none") "kubernetes") (ne (get $rem "mode" | default "dry_run") "off") -}}
+true
 {{- end -}}
 {{- end -}}

@@ -1,0 +1,234 @@
+"""The remediation component of the rules service: one step per interval turns confirmed node faults into
+drains and returns to service (plan.py decides), carries them out through the backend, and records each
+action and refusal in the audit log, in /metrics and in the alerts it raises."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from gpumond.alerts.model import Condition, rfc3339
+from gpumond.auditlog import AuditLog
+from gpumond.config.remediation import RemediationConfig
+from gpumond.rules.remediation.backends import Backend, BackendError, NotOurs
+from gpumond.rules.remediation.faults import agent_faults, by_node, straggler_faults, unreadable_gpus
+from gpumond.rules.remediation.plan import Action, NodeStatus, State, confirm, plan
+from gpumond.rules.remediation.requests import read_requests
+from gpumond.rules.remediation.state import FILE_NAME, StateFile
+from gpumond.rules.types import AgentAlert, Finding, TelemetryBatch
+from gpumond.types import Series
+
+log = logging.getLogger("gpumond.rules.remediation")
+
+AUDIT_FILE = "remediation-audit.jsonl"
+
+REMEDIATION_METRICS = {
+    "gpumond_remediation_mode": ("gauge", "1 for the configured remediation mode (off, dry_run, enforce)."),
+    "gpumond_remediation_node_drained": ("gauge", "1 per node gpumond drained (dry_run=\"true\": would have "
+                                                  "drained); `conditions` says why."),
+    "gpumond_remediation_actions_total": ("counter", "Remediation actions and refusals by action and result."),
+    "gpumond_remediation_breaker_open": ("gauge", "1 while the blast-radius circuit breaker has stopped every "
+                                                  "remediation action."),
+    "gpumond_remediation_backend_up": ("gauge", "1 when the last read of the scheduler's nodes succeeded."),
+}
+
+
+class Remediator:
+    """Owns the remediation state; `observe` takes each telemetry batch, `step` runs one remediation step.
+    Both are safe to call from any thread."""
+
+    def __init__(self, cfg: RemediationConfig, *, backend: Backend | None, state_dir: Path | None,
+                 audit: AuditLog | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.state_dir = state_dir
+        self._file = StateFile(state_dir / FILE_NAME if state_dir is not None else None)
+        self._audit = audit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.state: State = self._file.load()
+        self._alerts: dict[str, tuple[AgentAlert, ...]] = {}  # node → what its agent has firing
+        self._down: dict[str, tuple[str, ...]] = {}  # node → indices of the GPUs its agent cannot read now
+        self._seen: set[str] = set()  # nodes telemetry has shown (the fleet, when there is no backend)
+        self.counts: dict[tuple[str, str], int] = {}
+        self.backend_ok: bool | None = None
+
+    @classmethod
+    def build(cls, cfg: RemediationConfig, state_dir: Path | None, backend: Backend | None,
+              clock: Callable[[], float] = time.time) -> Remediator:
+        """The component as the service runs it: audit log at `audit_log` or in the state directory."""
+        path = cfg.audit_log or (state_dir / AUDIT_FILE if state_dir is not None else None)
+        if cfg.mode == "off":
+            path = None  # nothing to audit; leave no file behind
+        return cls(cfg, backend=backend, state_dir=state_dir, audit=AuditLog(path) if path else None, clock=clock)
+
+    # ----- inputs -----------------------------------------------------------------------------------------
+    def observe(self, batch: TelemetryBatch) -> None:
+        """Take what each reachable agent has firing; an unreachable agent's last word stands (a node is
+        neither drained nor returned on missing data), and so does everyone's when the alerts were unreadable."""
+        answered: dict[str, list[AgentAlert]] = {g.node: [] for g in batch.gpus}
+        down: dict[str, list[str]] = {}
+        for g in batch.gpus:
+            if not g.up and g.parent_uuid is None:
+                down.setdefault(g.node, []).append(g.gpu)
+        for h in batch.hosts:
+            answered.setdefault(h.node, [])
+        for a in batch.alerts:
+            answered.setdefault(a.node, []).append(a)
+        with self._lock:
+            for node, alerts in answered.items():
+                if node not in batch.absent_nodes and batch.alerts_known:
+                    self._alerts[node] = tuple(alerts)
+                    self._down[node] = tuple(down.get(node, ()))
+            self._seen |= set(answered)
+
+    # ----- the step -------------------------------------------------------------------------------------
+    def step(self, findings: Sequence[Finding]) -> list[Action]:
+        """One remediation step; returns what was done (or would be, dry run) and refused."""
+        if self.cfg.mode == "off":
+            return []
+        with self._lock:
+            now = self._clock()
+            faults = agent_faults(a for alerts in self._alerts.values() for a in alerts)
+            faults += unreadable_gpus(self._down, self.state.records, faults)
+            stragglers, since = straggler_faults(findings, self.state.straggler_since, now, self.cfg.straggler_for_s)
+            wanted = by_node(faults + stragglers, self.cfg.conditions)
+            requests, problems = (read_requests(self.state_dir) if self.state_dir is not None
+                                  else (None, []))
+            for p in problems:
+                log.warning(p)
+            if not wanted and not self.state.records and not (requests and requests.files):
+                # Nothing to decide: the scheduler is not asked (a node list every step adds up on a big cluster).
+                self._save(replace(self.state, straggler_since=since, noted=()))
+                return []
+            status = self._status()
+            if status is None:
+                return []  # never act blind: the scheduler could not be read
+            state, actions = plan(replace(self.state, straggler_since=since), wanted, status, self.cfg, now,
+                                  undo=requests.undo if requests else (),
+                                  reset_breaker=requests.reset_breaker if requests else False)
+            self._save(state)  # decided before done: a crash now re-drives the decision, never forgets it
+            for action in actions:
+                self._carry_out(action)
+            for path in requests.files if requests else ():
+                path.unlink(missing_ok=True)
+            return actions
+
+    def _status(self) -> Mapping[str, NodeStatus] | None:
+        if self.backend is None:
+            return {n: NodeStatus(node=n, pool="", drained=False, ours=False) for n in self._seen}
+        try:
+            nodes = self.backend.nodes()
+        except BackendError as e:
+            if self.backend_ok is not False:
+                log.error("cannot read the scheduler's nodes; remediation paused", extra={"error": str(e)})
+            self.backend_ok = False
+            return None
+        self.backend_ok = True
+        return nodes
+
+    def _save(self, state: State) -> None:
+        if state != self.state:
+            self._file.save(state)
+            self.state = state
+
+    def _carry_out(self, action: Action) -> None:
+        result = "ok"
+        real = not action.dry_run and self.backend is not None
+        try:
+            if action.kind == "drain" and real:
+                self.backend.drain(action.node, action.why, action.fatal)  # type: ignore[union-attr]
+            elif action.kind in ("resume", "undo") and real:
+                self.backend.resume(action.node)  # type: ignore[union-attr]
+        except NotOurs as e:
+            result = f"not_ours: {e}"
+            records = {n: r for n, r in self.state.records.items() if n != action.node}
+            self._save(replace(self.state, records=records))
+        except BackendError as e:
+            result = f"error: {e}"  # the record stays as decided: the next step tries again
+        else:
+            if action.kind in ("drain", "resume"):
+                self._save(confirm(self.state, action))
+        self._record(action, result)
+
+    def _record(self, action: Action, result: str) -> None:
+        name = ("would_" + action.kind) if action.dry_run and action.kind in ("drain", "resume", "undo") else action.kind
+        short = result.split(":", 1)[0]
+        self.counts[(name, short)] = self.counts.get((name, short), 0) + 1
+        fields = {"node": action.node, "pool": action.pool, "conditions": list(action.conditions),
+                  "why": action.why, "mode": self.cfg.mode, "backend": self.backend.name if self.backend else "none",
+                  "result": result}
+        if action.retry:
+            fields["retry"] = True
+        if self._audit is not None:
+            self._audit.write(name, **fields)
+        level = logging.WARNING if action.kind == "refuse" or short == "error" else logging.INFO
+        log.log(level, f"remediation {name} {action.node}".rstrip(), extra={k: v for k, v in fields.items()
+                                                                            if k != "node"} | {"target": action.node})
+
+    # ----- outputs ----------------------------------------------------------------------------------------
+    def conditions(self) -> list[Condition]:
+        """Alert conditions: one GpumondNodeDrained per node held (saying what was done and why), and
+        GpumondRemediationHalted while the circuit breaker is open (critical: it pages)."""
+        state = self.state
+        out = []
+        for node, r in sorted(state.records.items()):
+            done = "would be drained (dry run)" if r.dry_run else "drained"
+            out.append(Condition.of(
+                {"alertname": "GpumondNodeDrained", "severity": "warning", "node": node},
+                {"summary": f"node {node} {done} by gpumond: {r.reason.removeprefix('gpumond: ')}",
+                 "description": (f"gpumond {'would have drained' if r.dry_run else 'drained'} {node} (pool "
+                                 f"{r.pool or '(all)'}) at {rfc3339(r.since)} for {', '.join(r.conditions)}; it "
+                                 f"returns to service {self.cfg.hold_down_s:g} s after every condition cleared. "
+                                 f"Undo: gpumond remediation undo {node}"),
+                 "action": "would_drain" if r.dry_run else "drain", "conditions": ",".join(r.conditions),
+                 "mode": self.cfg.mode},
+                immediate=True))
+        if state.breaker is not None:
+            out.append(Condition.of(
+                {"alertname": "GpumondRemediationHalted", "severity": "critical"},
+                {"summary": f"gpumond remediation stopped: {state.breaker.why}",
+                 "description": (f"The blast-radius guard refused a drain at {rfc3339(state.breaker.opened_at)} and "
+                                 f"opened the circuit breaker: no node is drained or returned until an operator "
+                                 f"runs gpumond remediation reset-breaker."),
+                 "action": "refuse"},
+                immediate=True))
+        return out
+
+    def series(self) -> list[Series]:
+        """The component's /metrics."""
+        out = [Series("gpumond_remediation_mode", (("mode", m),), 1.0 if m == self.cfg.mode else 0.0)
+               for m in ("off", "dry_run", "enforce")]
+        for node, r in sorted(self.state.records.items()):
+            out.append(Series("gpumond_remediation_node_drained", (
+                ("node", node), ("pool", r.pool), ("conditions", ",".join(r.conditions)),
+                ("dry_run", "true" if r.dry_run else "false")), 1.0))
+        out += [Series("gpumond_remediation_actions_total", (("action", a), ("result", res)), float(n))
+                for (a, res), n in sorted(self.counts.items())]
+        out.append(Series("gpumond_remediation_breaker_open", (), 1.0 if self.state.breaker else 0.0))
+        if self.backend is not None and self.backend_ok is not None:
+            out.append(Series("gpumond_remediation_backend_up", (("backend", self.backend.name),),
+                              1.0 if self.backend_ok else 0.0))
+        return out
+
+    def close(self) -> None:
+        if self._audit is not None:
+            self._audit.close()
+
+
+def records_of(state_dir: Path) -> State:
+    """The state a service keeps in `state_dir` (read-only; for `gpumond remediation list`)."""
+    return StateFile(state_dir / FILE_NAME).load() if (state_dir / FILE_NAME).exists() else State()
+
+
+def iter_audit(path: Path) -> Iterable[str]:
+    """The audit log's lines (for the CLI); an absent log is empty."""
+    if not os.path.exists(path):
+        return []
+    return path.read_text(encoding="utf-8").splitlines()
+

@@ -1,0 +1,144 @@
+"""A real Slurm cluster on 127.0.0.1: munged with its own socket, slurmctld, and one slurmd per node name.
+
+    with SlurmCluster(tmp_path, ["node-a", "node-b"]) as slurm:
+        slurm.scontrol("update", "NodeName=node-a", "State=DRAIN", "Reason=maintenance")
+        slurm.node("node-a")  # {"state": "drained", "reason": "maintenance", "partition": "gpu"}
+
+Needs root (slurmd runs jobs as any user) and Debian's slurmctld, slurmd, slurm-client and munge; every port is
+a free one, every file is under the work directory, and the daemons are stopped by pid at exit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import free_port, wait_until
+
+BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo")
+MUNGE_KEY = Path("/etc/munge/munge.key")
+
+
+def require_slurm() -> None:
+    """FAIL (never skip) when Slurm cannot run here: CI installs it (scripts/test.sh)."""
+    missing = [b for b in BINARIES if shutil.which(b) is None]
+    if missing:
+        pytest.fail(f"Slurm is not installed ({', '.join(missing)} not on PATH); run `bash scripts/test.sh` or "
+                    f"`apt-get install slurmctld slurmd slurm-client munge`", pytrace=False)
+    if os.geteuid() != 0:
+        pytest.fail("the Slurm tests run slurmctld and slurmd, which need root", pytrace=False)
+    if not MUNGE_KEY.exists():
+        pytest.fail(f"{MUNGE_KEY} is missing (the munge package creates it)", pytrace=False)
+
+
+class SlurmCluster:
+    """slurmctld + slurmd for `nodes` in one partition `gpu`, all NodeHostname=localhost."""
+
+    def __init__(self, workdir: Path, nodes: Sequence[str], partition: str = "gpu") -> None:
+        require_slurm()
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.nodes = list(nodes)
+        self.partition = partition
+        self.conf = self.dir / "slurm.conf"
+        self.socket = self.dir / "munge.sock"
+        self._pidfiles: list[Path] = []
+        d = self.dir
+        self.conf.write_text("\n".join([
+            "ClusterName=gpumondtest", "SlurmctldHost=localhost",
+            f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
+            "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", f"AuthInfo=socket={self.socket}",
+            f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool-%n'}",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={d / 'slurmctld.log'}", f"SlurmdLogFile={d / 'slurmd-%n.log'}",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
+            "SchedulerType=sched/builtin", "SelectType=select/linear", "ReturnToService=2",
+            # One slurmd per node name on one host: each needs its own port.
+            *(f"NodeName={n} NodeHostname=localhost Port={free_port()} CPUs=1 State=UNKNOWN" for n in self.nodes),
+            f"PartitionName={partition} Nodes={','.join(self.nodes)} Default=YES State=UP", ""]))
+        (d / "state").mkdir(exist_ok=True)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment that points Slurm's commands (and gpumond's backend) at this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def start(self) -> SlurmCluster:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        d = self.dir
+        self._daemon(["munged", "-f", f"--socket={self.socket}", f"--log-file={d / 'munged.log'}",
+                      f"--pid-file={d / 'munged.pid'}", f"--seed-file={d / 'munged.seed'}", "--num-threads=4"],
+                     d / "munged.pid")
+        self._daemon(["slurmctld", "-f", str(self.conf)], d / "slurmctld.pid")
+        for node in self.nodes:
+            self._daemon(["slurmd", "-f", str(self.conf), "-N", node], d / f"slurmd-{node}.pid")
+
+        def all_idle() -> bool:
+            return all(self.node(n)["state"].startswith("idle") for n in self.nodes)
+
+        wait_until(all_idle, timeout=30, what="slurm nodes idle", describe=self.describe)
+
+    def _daemon(self, argv: list[str], pidfile: Path) -> None:
+        self._pidfiles.append(pidfile)
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed to start: {done.stderr.strip()}\n{self.describe()}")
+        wait_until(pidfile.exists, timeout=10, what=f"{argv[0]} pid file {pidfile.name}")
+
+    def stop(self) -> None:
+        for pidfile in reversed(self._pidfiles):  # by pid, each daemon this cluster started
+            try:
+                pid = int(pidfile.read_text().strip())
+                os.kill(pid, signal.SIGTERM)
+            except (OSError, ValueError):
+                continue
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except OSError:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+
+    def __enter__(self) -> SlurmCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def scontrol(self, *args: str) -> str:
+        done = subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True, timeout=30,
+                              check=False)
+        assert done.returncode == 0, f"scontrol {' '.join(args)}: {done.stderr.strip()}"
+        return done.stdout
+
+    def node(self, name: str) -> dict[str, str]:
+        """The node's long state (idle, drained, draining, …), reason ("" when none) and partition."""
+        done = subprocess.run(["sinfo", "-N", "-h", "-n", name, "-o", "%T|%P|%E"], env=self.env,
+                              capture_output=True, text=True, timeout=30, check=False)
+        line = done.stdout.strip().splitlines()[0] if done.stdout.strip() else "unknown||"
+        state, partition, reason = line.split("|", 2)
+        return {"state": state, "partition": partition.rstrip("*"), "reason": "" if reason == "none" else reason}
+
+    def describe(self) -> str:
+        tail = []
+        for log in sorted(self.dir.glob("*.log")):
+            text = log.read_text(errors="replace")[-1500:]
+            tail.append(f"--- {log.name}\n{text}")
+        return "\n".join(tail)
