@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -32,7 +33,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def worker(out: Path, rounds: int, steps: int, device_ms: float) -> None:
+VARIANTS = ("plain", "python hook", "gpumond", "gpumond via hook")
+
+
+def worker(out: Path, rounds: int, steps: int, device_ms: float, variants: list[str], budget_s: float) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -54,19 +58,27 @@ def worker(out: Path, rounds: int, steps: int, device_ms: float) -> None:
 
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    plain, pyhook, inst, hooked = build(), build(), build(), build()
-    # torch's own Python all-reduce hook, untimed: what any Python comm hook costs, gpumond's or not.
-    pyhook.register_comm_hook(None, default_hooks.allreduce_hook)
+    models = {name: build() for name in variants}
+    if "python hook" in models:
+        # torch's own Python all-reduce hook, untimed: what any Python comm hook costs, gpumond's or not.
+        models["python hook"].register_comm_hook(None, default_hooks.allreduce_hook)
     rep = gpumond.job.init(job="overhead", gpu_uuid=f"GPU-00000000-0000-4000-8000-{rank:012d}", push_interval_s=1.0)
-    gpumond.job.torch.instrument(inst, rep)  # the default: no comm hook, DDP's C++ all-reduce
-    gpumond.job.torch.instrument(hooked, rep, via="hook")
+    if "gpumond" in models:
+        gpumond.job.torch.instrument(models["gpumond"], rep)  # the default: no comm hook, DDP's C++ all-reduce
+    if "gpumond via hook" in models:
+        gpumond.job.torch.instrument(models["gpumond via hook"], rep, via="hook")
     g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(steps)]
-    models = {"plain": plain, "python hook": pyhook, "gpumond": inst, "gpumond via hook": hooked}
     opts = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
     order = random.Random(7)  # the same order on every rank: they must run the same model at the same time
     times: dict[str, list[float]] = {name: [] for name in models}
+    began = time.monotonic()
     for _ in range(rounds):
+        # On a loaded machine a round can take many times longer: stop at the budget, every rank at the same round.
+        stop = torch.tensor([1.0 if rank == 0 and time.monotonic() - began > budget_s else 0.0])
+        dist.broadcast(stop, 0)
+        if stop.item():
+            break
         names = list(models)
         order.shuffle(names)
         for name in names:
@@ -85,8 +97,17 @@ def worker(out: Path, rounds: int, steps: int, device_ms: float) -> None:
     stats = rep.stats
     rep.close()
     if rank == 0:
-        out.write_text(json.dumps({"times": times, "pushed": stats.pushed_steps, "dropped": stats.dropped_steps}))
+        out.write_text(json.dumps({"times": times, "pushed": stats.pushed_steps, "dropped": stats.dropped_steps,
+                                   "rounds": len(times["plain"])}))
     dist.destroy_process_group()
+
+
+def median_ci(xs: list[float], z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free ~95 % confidence interval of the median of sorted `xs`: the order statistics
+    n/2 ∓ z·√n/2 (the binomial(n, ½) count below the median, normally approximated)."""
+    n = len(xs)
+    half = z * math.sqrt(n) / 2
+    return xs[max(0, math.floor(n / 2 - half))], xs[min(n - 1, math.ceil(n / 2 + half) - 1)]
 
 
 class _Accept(BaseHTTPRequestHandler):
@@ -101,7 +122,8 @@ class _Accept(BaseHTTPRequestHandler):
         pass
 
 
-def drive(world: int, rounds: int, steps: int, device_ms: float) -> dict[str, object]:
+def drive(world: int, rounds: int, steps: int, device_ms: float, variants: list[str],
+          budget_s: float) -> dict[str, object]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -111,8 +133,9 @@ def drive(world: int, rounds: int, steps: int, device_ms: float) -> dict[str, ob
                    "GPUMOND_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "GPUMOND_TOKEN": "bench"}
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                             str(Path(__file__).resolve()), "--worker", str(out), "--rounds", str(rounds),
-                            "--steps", str(steps), "--device-ms", str(device_ms)],
-                           check=True, timeout=1800, env=env, capture_output=True)
+                            "--steps", str(steps), "--device-ms", str(device_ms), "--variants", ",".join(variants),
+                            "--budget-s", str(budget_s)],
+                           check=True, timeout=budget_s + 1800, env=env, capture_output=True)
             return json.loads(out.read_text())
     finally:
         server.shutdown()
@@ -125,50 +148,59 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--device-ms", type=float, default=10.0)
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="which of plain, 'python hook', gpumond, 'gpumond via hook' to run (plain always)")
+    ap.add_argument("--name", default="ddp_overhead", help="result file name in benchmarks/results/")
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="stop each world size's rounds after this many seconds (the rounds done are stated)")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    variants = ["plain"] + [v for v in a.variants.split(",") if v in VARIANTS and v != "plain"]
     if a.worker is not None:
-        worker(a.worker, a.rounds, a.steps, a.device_ms)
+        worker(a.worker, a.rounds, a.steps, a.device_ms, variants, a.budget_s)
         return 0
     sys.path.insert(0, str(HERE))
     import _bench
 
     rounds, steps = (4, 20) if a.quick else (a.rounds, a.steps)
     rows = []
+    others = variants[1:]
     for world in (int(w) for w in a.world.split(",")):
         print(f"… {world} rank(s)", file=sys.stderr, flush=True)
-        got = drive(world, rounds, steps, a.device_ms)
+        got = drive(world, rounds, steps, a.device_ms, variants, a.budget_s)
         t = got["times"]
-        pm, hm, gm, vm = (statistics.median(t[k])  # type: ignore[index]
-                          for k in ("plain", "python hook", "gpumond", "gpumond via hook"))
 
         def ratio(a: str, b: str) -> str:
-            rs = [x / y for x, y in zip(t[a], t[b])]  # type: ignore[index]
+            rs = sorted(x / y for x, y in zip(t[a], t[b]))  # type: ignore[index]
             lo, med, hi = _bench.quantile(rs, 0.1), statistics.median(rs), _bench.quantile(rs, 0.9)
-            return f"{(med - 1) * 100:+.2f} % ({(lo - 1) * 100:+.2f} … {(hi - 1) * 100:+.2f})"
+            clo, chi = median_ci(rs)
+            return (f"{(med - 1) * 100:+.2f} % [{(clo - 1) * 100:+.2f}, {(chi - 1) * 100:+.2f}] "
+                    f"({(lo - 1) * 100:+.2f} … {(hi - 1) * 100:+.2f})")
 
-        rows.append([world, f"{pm * 1e3:.3f}", f"{gm * 1e3:.3f}", f"{vm * 1e3:.3f}", f"{hm * 1e3:.3f}",
-                     ratio("gpumond", "plain"), ratio("gpumond via hook", "plain"), ratio("python hook", "plain"),
-                     got["pushed"], got["dropped"]])
+        rows.append([world, got["rounds"], *(f"{statistics.median(t[k]) * 1e3:.3f}" for k in variants),  # type: ignore[index]
+                     *(ratio(k, "plain") for k in others), got["pushed"], got["dropped"]])
     text = "\n\n".join([
         "# gpumond.job.torch overhead on real DDP steps" + (" (quick: not for quoting)" if a.quick else ""),
         _bench.machine_block({"torch": _bench._version("torch"),
                               "job": f"torchrun, gloo on CPU, one intra-op thread per rank; MLP 64→128×3→10, "
                                      f"batch 32, {a.device_ms:g} ms emulated device time per step, 3 buckets; "
-                                     f"{rounds} interleaved rounds × {steps} steps per variant",
+                                     f"up to {rounds} interleaved rounds × {steps} steps per variant"
+                                     + (f", at most {a.budget_s:g} s per world size" if a.budget_s < float("inf") else ""),
                               "note": "a shared 2-core VM with other work running"}),
-        _bench.md_table(["ranks", "plain DDP step ms", "gpumond (default) step ms", "gpumond via=\"hook\" step ms",
-                         "torch's Python allreduce_hook step ms", "gpumond vs plain", "via=\"hook\" vs plain",
-                         "Python hook vs plain", "steps pushed (rank 0)", "dropped"], rows),
-        "Step times are medians of per-round medians; the comparisons are per-round ratios − 1, median "
-        "(p10 … p90). *Python hook*: torch's `default_hooks.allreduce_hook`, untimed — what registering any "
-        "Python comm hook costs, whoever's.",
+        _bench.md_table(["ranks", "rounds", *(f"{k} step ms" for k in variants), *(f"{k} vs plain" for k in others),
+                         "steps pushed (rank 0)", "dropped"], rows),
+        "Step times are medians of per-round medians; the comparisons are per-round ratios − 1: median "
+        "[95 % confidence interval of the median, from the order statistics: distribution-free] "
+        "(p10 … p90 of the rounds)."
+        + (" *Python hook*: torch's `default_hooks.allreduce_hook`, untimed — what registering any "
+           "Python comm hook costs, whoever's." if "python hook" in variants else ""),
         "gpumond = `gpumond.job.torch.instrument(model)` (default: no comm hook; one post-accumulate-grad "
         "hook and two autograd final callbacks per step) + `reporter.wrap(loader)` + the push thread sending "
-        "every second over HTTP to a receiver on 127.0.0.1 (both instrumented models push through it). "
-        "via=\"hook\": the same with `instrument(model, via=\"hook\")` (a comm hook timing every bucket).",
+        "every second over HTTP to a receiver on 127.0.0.1 (every instrumented model pushes through it)."
+        + (" via=\"hook\": the same with `instrument(model, via=\"hook\")` (a comm hook timing every bucket)."
+           if "gpumond via hook" in variants else ""),
     ])
-    _bench.write_result("ddp_overhead_quick" if a.quick else "ddp_overhead", text)
+    _bench.write_result(f"{a.name}_quick" if a.quick else a.name, text)
     return 0
 
 

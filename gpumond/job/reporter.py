@@ -62,6 +62,11 @@ class Reporter:
         self._block = _StepBlock(self)
         self._comm: float | None = None  # comm wait of the open (or next) step; None: not measured
         self._comm_block = _CommWait(self)
+        # Comm waits read after their step is recorded (GPU timing): index of the step's record → its tally,
+        # and the records held back until theirs arrives, in order (see defer_comm_wait()).
+        self._late: dict[int, _Late] = {}
+        self._held: deque[tuple[Record, _Late | None]] = deque()
+        self._late_lost = 0
         self._q: deque[Record] = deque(maxlen=1)
         self._pusher: Pusher | None = None
         self._identity: Identity | None = None
@@ -122,12 +127,14 @@ class Reporter:
             return Stats(last_error=self._reason)
         # Read in this order so that racing with both threads can only under-count overflow drops.
         recorded = self._recorded
+        held = len(self._held)
         queued = len(self._q)
         taken = pusher.taken
-        overflow = max(0, recorded - queued - taken)
+        overflow = max(0, recorded - held - queued - taken)
         return Stats(pushed_steps=pusher.pushed, dropped_steps=pusher.dropped + overflow,
-                     failed_pushes=pusher.failed, queue_len=queued + pusher.pending_len,
-                     last_error=self._reason or pusher.last_error, dropped_by_service=pusher.service_dropped)
+                     failed_pushes=pusher.failed, queue_len=held + queued + pusher.pending_len,
+                     comm_waits_dropped=self._late_lost, last_error=self._reason or pusher.last_error,
+                     dropped_by_service=pusher.service_dropped)
 
     def _disable(self, reason: str) -> None:
         self._off = True
@@ -166,6 +173,19 @@ class Reporter:
         except Exception as exc:
             self._fail(exc)
 
+    def fetched(self, wait_s: float) -> None:
+        """A batch has just arrived after `wait_s` seconds of waiting for it, fetched by a loop that is not
+        wrap()'s (a framework's): counted as wrap() counts its own fetches (it ends the step before it, if
+        one is open from a fetch, and opens the next with this data wait)."""
+        if self._off:
+            return
+        try:
+            now = self._clock()
+            waited = _as_seconds(wait_s)
+            self._fetched(now - (waited or 0.0), now)
+        except Exception as exc:
+            self._fail(exc)
+
     def step(self, samples: int | None = None) -> _StepBlock:
         """`with reporter.step():` — the block is one step; fetches inside it add to its data wait."""
         if self._depth == 0:
@@ -192,20 +212,87 @@ class Reporter:
         except Exception as exc:
             self._fail(exc)
 
+    def defer_comm_wait(self) -> int | None:
+        """Say that the open step's comm wait will be known only later; returns the ticket to resolve it with.
+
+        For a timing read asynchronously (CUDA events, read steps later): the step's record is held back
+        (in order, with those after it) until `resolve_comm_wait(ticket, seconds)`, at most
+        `_MAX_HELD` records; past that the oldest goes out without it, counted in
+        `stats.comm_waits_dropped`. Same thread rule as add_comm_wait().
+        """
+        if self._off:
+            return None
+        try:
+            index = self._recorded  # the index the open step's record will have
+            late = self._late.get(index)
+            if late is None:
+                late = self._late[index] = _Late()
+            late.pending += 1
+            return index
+        except Exception as exc:
+            self._fail(exc)
+            return None
+
+    def resolve_comm_wait(self, ticket: int | None, seconds: float | None) -> None:
+        """The deferred comm wait of the step `ticket` names: `seconds`, or None when it was not measured."""
+        if self._off or ticket is None:
+            return
+        try:
+            late = self._late.get(ticket)
+            if late is None:
+                late = next((lt for rec, lt in self._held if lt is not None and lt.index == ticket), None)
+            if late is None or late.pending <= 0:
+                return  # already sent without it (counted then)
+            late.pending -= 1
+            waited = None if seconds is None else _as_seconds(seconds)
+            if waited is None:
+                late.lost = True
+            else:
+                late.seconds += waited
+            self._release()
+        except Exception as exc:
+            self._fail(exc)
+
     def _record(self, end: float, samples: int | None) -> None:
         step = self._next_step
         self._next_step = step + 1
-        self._recorded += 1
+        index = self._recorded
+        self._recorded = index + 1
         # deque(maxlen) drops the oldest itself when full; the stats derive how many from the counts.
         # Comm wait goes in only when measured (the push then omits it); the encoder fits it to the step.
         comm = self._comm
         if comm is None:
-            self._q.append((step, end, end - self._start, self._wait, samples))
+            record: Record = (step, end, end - self._start, self._wait, samples)
         else:
             self._comm = None
-            self._q.append((step, end, end - self._start, self._wait, samples, comm))
+            record = (step, end, end - self._start, self._wait, samples, comm)
+        if self._late or self._held:
+            late = self._late.pop(index, None)
+            if late is not None:
+                late.index = index
+            self._held.append((record, late))
+            self._release()
+        else:
+            self._q.append(record)
         self._last_end = end
         self._open = _NONE
+
+    def _release(self, everything: bool = False) -> None:
+        """Queue the held records whose late comm wait is in (all of them with `everything`), oldest first."""
+        held = self._held
+        while held:
+            record, late = held[0]
+            if late is not None and late.pending > 0 and not everything and len(held) <= _MAX_HELD:
+                return
+            held.popleft()
+            if late is not None:
+                if late.pending > 0 or late.lost:
+                    late.pending = 0  # a resolve that comes after this finds nothing to do
+                    self._late_lost += 1
+                else:
+                    comm = record[5] if len(record) > 5 else 0.0
+                    record = (*record[:5], comm + late.seconds)
+            self._q.append(record)
 
     def _fetched(self, t0: float, t1: float | None) -> None:
         """A fetch asked at t0 returned at t1 (None: the iterable is exhausted)."""
@@ -249,6 +336,9 @@ class Reporter:
             else:
                 # A step that raised did not complete; its time says nothing about training speed.
                 self._open, self._last_end, self._comm = _NONE, now, None
+                late = self._late.pop(self._recorded, None)
+                if late is not None:
+                    late.pending = 0  # its late reading, if one comes, belongs to no record
         except Exception as exc:
             self._fail(exc)
 
@@ -261,6 +351,11 @@ class Reporter:
         self._closed = True
         self._off = True
         atexit.unregister(self.close)
+        try:
+            self._release(everything=True)  # steps still waiting for a late comm wait go without it
+            self._late.clear()
+        except Exception as exc:
+            log.warning("gpumond: error while closing the reporter: %r", exc)
         if self._pusher is not None:
             try:
                 self._pusher.close(timeout_s)
@@ -272,6 +367,21 @@ class Reporter:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+_MAX_HELD = 64  # records held back for a late comm wait; GPU timing reads a step within a few
+
+
+class _Late:
+    """A step's comm wait still to come: how many readings are outstanding and what has come so far."""
+
+    __slots__ = ("index", "pending", "seconds", "lost")
+
+    def __init__(self) -> None:
+        self.index = -1  # the step's record index, once recorded
+        self.pending = 0
+        self.seconds = 0.0
+        self.lost = False
 
 
 class _Timed:
@@ -359,6 +469,7 @@ def _make_inert_in_child(ref: weakref.ref[Reporter]) -> Callable[[], None]:
             rep._off = True
             rep._closed = True
             rep._q.clear()  # the parent pushes these; the child must not hold them either
+            rep._held.clear()
     return hook
 
 

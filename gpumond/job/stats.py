@@ -15,6 +15,7 @@ class Stats:
     dropped_steps: int = 0  # queue overflow + batches the service rejected + steps it did not store + left at close
     failed_pushes: int = 0
     queue_len: int = 0
+    comm_waits_dropped: int = 0  # steps sent without their comm wait: its GPU timing was not read in time
     last_error: str | None = None
     # Steps in accepted pushes that the service did not store, by its reason (stale, duplicate, …); in dropped_steps.
     dropped_by_service: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))

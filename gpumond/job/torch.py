@@ -1,21 +1,26 @@
-"""PyTorch DDP integration: each step's wait for the other ranks, with DDP's own all-reduce untouched.
+"""PyTorch integration: each step's wait for the other ranks, with DDP's own all-reduce untouched.
 
     import gpumond.job.torch
     model = DistributedDataParallel(net)
-    reporter = gpumond.job.torch.instrument(model)     # one line
-    for x, y in reporter.wrap(loader):                 # data wait, as without torch
+    handle = gpumond.job.torch.instrument(model)       # one line; handle.remove() undoes it
+    for x, y in handle.wrap(loader):                   # the reporter's wrap(): data wait, as without torch
         loss_fn(model(x), y).backward(); opt.step()
 
-What a step reports as `comm_wait_s` is the **exposed wait**: from the moment DDP launches the
+What a DDP step reports as `comm_wait_s` is the **exposed wait**: from the moment DDP launches the
 step's last bucket (when backward has produced this rank's last gradient) to the end of the wait for
 the last bucket. That is the time backward() is blocked waiting for the slowest rank; earlier buckets
 wait overlapped with this rank's own backward compute. By default (BackwardTimer) no comm hook is
 registered: a post-accumulate-grad hook marks the last gradient and an autograd final callback queued
 behind DDP's finalisation marks the end, so DDP's C++ all-reduce runs as without gpumond. With
-`via="hook"` (BucketTimer) a comm hook runs DDP's default all-reduce (bitwise the same arithmetic) and
-times each bucket from its launch to the completion of its future; it also gives the sum of
-per-bucket waits (`StepWait.buckets_s`, for comparison; benchmarks/ddp_signal.py measures both), at
-the cost of a Python call per bucket.
+`via="hook"` (BucketTimer, CPU only) a comm hook runs DDP's default all-reduce (bitwise the same
+arithmetic) and times each bucket from its launch to the completion of its future; it also gives the
+sum of per-bucket waits (`StepWait.buckets_s`, for comparison; benchmarks/ddp_signal.py measures
+both), at the cost of a Python call per bucket.
+
+The two marks are events (gpumond.job.intervals): host clock readings on CPU; on CUDA, CUDA events on
+the current stream, read back with `query()` a step or more later and never synchronised, so the
+training thread never waits for the GPU. An FSDP2 (`fully_shard`) model is timed the same way around
+each sharded module's forward all-gather (FsdpTimer).
 
 Importing this module imports torch; `gpumond.job` itself never does.
 """
@@ -25,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,11 +38,13 @@ import torch
 import torch.distributed as dist
 
 import gpumond.job
+from gpumond.job.intervals import Event, HostEvent, Intervals
 from gpumond.job.reporter import Reporter
 
 log = logging.getLogger("gpumond.job")
 
-__all__ = ["BackwardTimer", "BucketTimer", "StepWait", "comm_hook", "instrument", "timed_allreduce"]
+__all__ = ["BackwardTimer", "BucketTimer", "CudaEvent", "FsdpTimer", "Instrumented", "StepTiming", "StepWait",
+           "comm_hook", "instrument", "timed_allreduce"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +125,96 @@ class BucketTimer:
         log.warning("gpumond: comm wait timing disabled, training continues unaffected: %r", exc)
 
 
+class CudaEvent:
+    """A CUDA timing event on the current stream (the `Event` protocol of gpumond.job.intervals).
+
+    `record()` enqueues it, `query()` asks whether the stream has passed it; neither waits. Elapsed
+    times are read only after `query()` said so, so `elapsed_time` never blocks either.
+    """
+
+    __slots__ = ("_ev",)
+
+    def __init__(self, event: Any = None) -> None:
+        self._ev = event if event is not None else torch.cuda.Event(enable_timing=True)
+
+    def record(self) -> None:
+        self._ev.record()
+
+    def query(self) -> bool:
+        return bool(self._ev.query())
+
+    def elapsed_s(self, end: Event) -> float:
+        assert isinstance(end, CudaEvent)
+        return self._ev.elapsed_time(end._ev) / 1e3
+
+
+class _Report:
+    """Where a timer's readings go: the reporter (now, or late for a deferred step) and `on_step`."""
+
+    __slots__ = ("rep", "on_step")
+
+    def __init__(self, rep: Reporter, on_step: Callable[[StepWait], None] | None) -> None:
+        self.rep = rep
+        self.on_step = on_step
+
+    def wait(self, wait: StepWait) -> None:
+        """A step's wait, measured before the step ended: it goes to the open step."""
+        self.rep.add_comm_wait(wait.exposed_s)
+        if self.on_step is not None:
+            self.on_step(wait)
+
+    def late(self, ticket: Hashable, seconds: float | None) -> None:
+        """A step's wait read back from the `Intervals`: ticket None means the step is still open."""
+        if ticket is None:
+            if seconds is not None:
+                self.rep.add_comm_wait(seconds)
+        else:
+            self.rep.resolve_comm_wait(ticket, seconds)  # type: ignore[arg-type]
+        if seconds is not None and self.on_step is not None:
+            self.on_step(StepWait(seconds, float("nan"), 0))
+
+
+class StepTiming:
+    """A timer's per-step intervals and where they go: host clock read at once, or GPU events read later.
+
+    With `deferred` (CUDA events) a closed step gets a ticket from the reporter and is read by a later
+    `poll()`; on the host it is read at once, while the step is still open.
+    """
+
+    def __init__(self, reporter: Reporter, new_event: Callable[[], Event], *, deferred: bool,
+                 on_step: Callable[[StepWait], None] | None = None, max_lag: int = 8) -> None:
+        self.report = _Report(reporter, on_step)
+        self.deferred = deferred
+        self.intervals = Intervals(new_event, self._read, max_lag=max_lag)
+
+    def _read(self, ticket: Hashable, seconds: float | None) -> None:
+        try:
+            self.report.late(ticket, seconds)
+        except Exception as exc:  # never disturb training (this runs inside backward() or forward())
+            log.warning("gpumond: comm wait report failed, training continues unaffected: %r", exc)
+
+    def close_step(self) -> None:
+        """The step's intervals are marked: read them now (host) or once their events complete (GPU)."""
+        iv = self.intervals
+        if not self.deferred:
+            if iv.close_step(None):
+                iv.poll()
+            return
+        ticket = self.report.rep.defer_comm_wait()
+        if ticket is None:
+            iv.discard()
+        elif not iv.close_step(ticket):
+            self.report.rep.resolve_comm_wait(ticket, None)
+
+    def cancel(self) -> None:
+        self.intervals.cancel()
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured on this thread's current stream (its events would not replay)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class BackwardTimer:
     """Times each step's exposed wait without a comm hook: DDP's C++ all-reduce runs as without gpumond.
 
@@ -127,16 +224,18 @@ class BackwardTimer:
     then on only that parameter's hook runs (one Python call per step instead of one per bucket), and
     two autograd final callbacks: the first, queued by that hook, queues the second, which therefore
     runs after DDP's own finalisation callback (queued when its last bucket was ready).
+
+    Start and end are events of `timing`: host clock readings on CPU; on CUDA, events on the current
+    stream, where DDP's finalisation has made the stream wait for the all-reduce (so the end event
+    completes when the all-reduce has), read back steps later without a host synchronisation.
     """
 
-    def __init__(self, model: torch.nn.parallel.DistributedDataParallel, sink: Callable[[StepWait], None], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: torch.nn.parallel.DistributedDataParallel, timing: StepTiming) -> None:
         self._model = model
-        self._sink = sink
-        self._clock = clock
-        self._ready_at = 0.0
+        self._timing = timing
         self._last: torch.Tensor | None = None
         self._task = -1
+        self._on = False  # whether this backward is being timed
         self._learning = True
         params = [p for p in model.parameters() if p.requires_grad]
         self._handles = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
@@ -145,30 +244,97 @@ class BackwardTimer:
         # no_sync(): DDP does not all-reduce this backward, so there is no wait to report.
         if not self._model.require_backward_grad_sync:
             return
-        self._ready_at = self._clock()
         self._last = param
         # Once per backward (keyed by its graph task, not a flag: a backward that raised never runs its
         # callbacks, and a flag would then stay set for good).
         task = torch._C._current_graph_task_id()
         if task != self._task:
             self._task = task
+            iv = self._timing.intervals
+            iv.discard()  # what a backward that raised left behind
+            iv.poll()
+            # Under CUDA graph capture the events would be recorded once, not per replay: time nothing.
+            self._on = not (self._timing.deferred and _capturing())
+            if not self._on:
+                return
             torch.autograd.Variable._execution_engine.queue_callback(self._after_nodes)
+        if self._on:
+            self._timing.intervals.begin()
 
     def _after_nodes(self) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(self._finalised)
 
     def _finalised(self) -> None:
-        wait = max(self._clock() - self._ready_at, 0.0)
-        if self._learning and self._last is not None:
-            self._learning = False
-            keep = self._last
-            for h in self._handles:
-                h.remove()
-            self._handles = [keep.register_post_accumulate_grad_hook(self._ready)]
         try:
-            self._sink(StepWait(wait, float("nan"), 0))
+            self._timing.intervals.end()
+            if self._learning and self._last is not None:
+                self._learning = False
+                keep = self._last
+                for h in self._handles:
+                    h.remove()
+                self._handles = [keep.register_post_accumulate_grad_hook(self._ready)]
+            self._timing.close_step()
         except Exception as exc:  # never disturb training (an exception here would fail backward())
             log.warning("gpumond: comm wait report failed, training continues unaffected: %r", exc)
+
+    def remove(self) -> None:
+        """Unhook; steps still in flight are sent without their comm wait."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._timing.cancel()
+
+
+class FsdpTimer:
+    """Times an FSDP2 (`fully_shard`) model's exposed all-gather wait in the forward pass, per step.
+
+    Around every FSDP module's own pre-forward hook (which all-gathers the module's parameters and waits
+    for them) a hook before it (`prepend=True`, registered after fully_shard) begins an interval and a hook
+    after it ends it; the root module's forward end closes the step. On CPU the wait blocks the host; on
+    CUDA, FSDP makes the compute stream wait for the all-gather, and the events recorded on it measure
+    that wait on the GPU timeline. Forwards without autograd (evaluation) are not timed.
+    """
+
+    def __init__(self, root: torch.nn.Module, timing: StepTiming) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self._root = root
+        self._timing = timing
+        self._on = False
+        mods = [m for m in root.modules() if isinstance(m, FSDPModule)]
+        self._handles = []
+        for m in mods:
+            self._handles.append(m.register_forward_pre_hook(self._before, prepend=True))
+            self._handles.append(m.register_forward_pre_hook(self._after))
+        self._handles.append(root.register_forward_hook(self._done))
+
+    def _before(self, module: torch.nn.Module, args: Any) -> None:
+        if module is self._root:
+            iv = self._timing.intervals
+            iv.discard()  # a forward that raised
+            iv.poll()
+            self._on = torch.is_grad_enabled() and not (self._timing.deferred and _capturing())
+        if self._on:
+            self._timing.intervals.begin()
+
+    def _after(self, module: torch.nn.Module, args: Any) -> None:
+        if self._on:
+            self._timing.intervals.end()
+
+    def _done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._on:
+            self._on = False
+            try:
+                self._timing.close_step()
+            except Exception as exc:
+                log.warning("gpumond: comm wait report failed, training continues unaffected: %r", exc)
+
+    def remove(self) -> None:
+        """Unhook; steps still in flight are sent without their comm wait."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._timing.cancel()
 
 
 # No annotations: DDP checks a hook's annotations against the real types, and this module's are strings
@@ -187,13 +353,7 @@ def comm_hook(reporter: Reporter | None = None, *, process_group: Any = None,
     """(state, hook) for `ddp.register_comm_hook(state, hook)`, or a framework's equivalent (Lightning's
     `DDPStrategy(ddp_comm_state=state, ddp_comm_hook=hook)`), reporting each step's wait to `reporter`."""
     rep = reporter if reporter is not None else gpumond.job.get_reporter()
-
-    def sink(wait: StepWait) -> None:
-        rep.add_comm_wait(wait.exposed_s)
-        if on_step is not None:
-            on_step(wait)
-
-    return BucketTimer(sink, process_group=process_group), timed_allreduce
+    return BucketTimer(_Report(rep, on_step).wait, process_group=process_group), timed_allreduce
 
 
 def _backward_timing_available() -> bool:
@@ -203,44 +363,95 @@ def _backward_timing_available() -> bool:
             and hasattr(torch.autograd.Variable._execution_engine, "queue_callback"))
 
 
-def instrument(model: torch.nn.parallel.DistributedDataParallel, reporter: Reporter | None = None, *,
-               process_group: Any = None, on_step: Callable[[StepWait], None] | None = None,
-               via: str = "backward") -> Reporter:
-    """Time `model`'s exposed gradient all-reduce wait each step and report it as comm_wait_s; returns the reporter.
+class Instrumented:
+    """What `instrument()` returns: `.remove()` undoes it; anything else is the reporter's (`wrap`, `stats`, …)."""
 
-    `reporter` defaults to `gpumond.job.get_reporter()` (configured from the environment). `on_step`,
-    if given, also receives every step's StepWait. `via="backward"` (default) times from this rank's
-    last gradient to the end of DDP's backward, leaving DDP's C++ all-reduce alone (cheapest);
-    `via="hook"` registers a timing comm hook instead (costs a Python call per bucket, but also
-    measures each bucket: StepWait.buckets_s; `process_group` applies to it only).
-    Call before the first forward pass.
+    def __init__(self, reporter: Reporter, timer: BackwardTimer | FsdpTimer | BucketTimer | None) -> None:
+        self.reporter = reporter
+        self._timer = timer
+
+    @property
+    def timing(self) -> bool:
+        """Whether comm waits are being measured (False on the setups that report none, and after remove())."""
+        return self._timer is not None
+
+    def remove(self) -> None:
+        """Stop timing: hooks removed (a comm hook, which DDP cannot unregister, keeps reducing, untimed)."""
+        timer, self._timer = self._timer, None
+        if isinstance(timer, BucketTimer):
+            timer._on = False
+        elif timer is not None:
+            timer.remove()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reporter, name)
+
+
+def _fsdp_root(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def _devices(model: torch.nn.Module) -> set[torch.device]:
+    return {p.device for p in model.parameters()}
+
+
+def instrument(model: torch.nn.Module, reporter: Reporter | None = None, *, process_group: Any = None,
+               on_step: Callable[[StepWait], None] | None = None, via: str = "backward",
+               max_lag: int = 8) -> Instrumented:
+    """Time `model`'s exposed collective wait each step and report it as comm_wait_s; returns a handle.
+
+    `model` is a DistributedDataParallel model (the gradient all-reduce's wait at the end of backward)
+    or an FSDP2 `fully_shard` root (the forward all-gathers' wait). `reporter` defaults to
+    `gpumond.job.get_reporter()` (configured from the environment). `on_step`, if given, also receives
+    every step's StepWait. `via="backward"` (default) times from this rank's last gradient to the end of
+    DDP's backward, leaving DDP's C++ all-reduce alone (cheapest); `via="hook"` (DDP on CPU only)
+    registers a timing comm hook instead (a Python call per bucket, but also StepWait.buckets_s;
+    `process_group` applies to it only). On CUDA the waits are CUDA events read back without a host
+    synchronisation, up to `max_lag` steps later (then dropped, counted in `stats.comm_waits_dropped`).
+    Call before the first forward pass; `handle.remove()` undoes it. The handle passes any other
+    attribute to the reporter (`handle.wrap(loader)`, `handle.stats`).
     """
-    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise TypeError(f"instrument() takes a DistributedDataParallel model (got {type(model).__name__}); "
-                        "for FSDP see docs/job-sdk.md")
+    fsdp = _fsdp_root(model)
+    if not fsdp and not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise TypeError(f"instrument() takes a DistributedDataParallel model or an FSDP2 fully_shard() root "
+                        f"(got {type(model).__name__}); see docs/job-sdk.md")
     if via not in ("backward", "hook"):
         raise ValueError(f"instrument(via={via!r}): use via='backward' (default) or via='hook'")
+    if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 1:
+        raise ValueError(f"instrument(max_lag={max_lag!r}): give a number of steps, at least 1")
     rep = reporter if reporter is not None else gpumond.job.get_reporter()
-    if any(p.is_cuda for p in model.parameters()):
-        # NCCL completes a work's future when the all-reduce is enqueued on the GPU, not when it has run:
-        # host clocks would read ~0 for every rank. Timing it needs CUDA events, not implemented yet.
-        log.warning("gpumond: comm wait is timed only for CPU (gloo) DDP so far; on CUDA time the loss "
-                    "all-reduce with reporter.comm_wait() (docs/job-sdk.md)")
-        return rep
-    if via == "backward" and not _backward_timing_available():
+    devices = _devices(model)
+    cuda = any(d.type == "cuda" for d in devices)
+    if len(devices) > 1 or (cuda and len(getattr(model, "device_ids", None) or []) > 1):
+        # One process driving several devices: which device's timeline is the wait on? Report nothing
+        # rather than one device's view.
+        log.warning("gpumond: the model spans several devices in one process (%s): comm wait not timed; "
+                    "run one process per GPU", ", ".join(sorted(map(str, devices))))
+        return Instrumented(rep, None)
+    if cuda and via == "hook":
+        raise ValueError("instrument(via='hook') times on the host, which cannot see a NCCL all-reduce finish; "
+                         "use the default via='backward' on CUDA")
+    if fsdp and via == "hook":
+        raise ValueError("instrument(via='hook') is for DDP; an FSDP2 model is timed with the default")
+    if not fsdp and via == "backward" and not _backward_timing_available():
         # The private autograd hooks it needs are in the torch gpumond is tested on (2.13), not in every
         # release; missing inside backward() they would raise into training, so say so once and use the hook.
+        if cuda:
+            log.warning("gpumond: this torch lacks the autograd hooks gpumond times CUDA DDP with: "
+                        "comm wait not timed")
+            return Instrumented(rep, None)
         log.warning("gpumond: this torch lacks the autograd hooks of via='backward'; timing with a comm hook "
                     "instead (via='hook', a little more overhead)")
         via = "hook"
     if via == "hook":
-        model.register_comm_hook(*comm_hook(rep, process_group=process_group, on_step=on_step))
-        return rep
-
-    def sink(wait: StepWait) -> None:
-        rep.add_comm_wait(wait.exposed_s)
-        if on_step is not None:
-            on_step(wait)
-
-    BackwardTimer(model, sink)
-    return rep
+        state, hook = comm_hook(rep, process_group=process_group, on_step=on_step)
+        model.register_comm_hook(state, hook)
+        return Instrumented(rep, state)
+    timing = StepTiming(rep, CudaEvent if cuda else HostEvent, deferred=cuda, on_step=on_step, max_lag=max_lag)
+    timer: BackwardTimer | FsdpTimer = (FsdpTimer(model, timing) if fsdp
+                                        else BackwardTimer(model, timing))  # type: ignore[arg-type]
+    return Instrumented(rep, timer)

@@ -1,0 +1,132 @@
+"""Where a slow rank's skew shows up in FSDP2 (`fully_shard`) training, and what gpumond.job.torch measures of it.
+
+    python benchmarks/fsdp_signal.py [--quick] [--slow 1.0,2.0] [--steps 20] [--device-ms 200]
+
+Real FSDP2 over gloo on CPU processes under torchrun (2 ranks): an MLP of 4 sharded blocks + the
+sharded root, emulated device time per step (the host blocks in the layers' forward and backward
+hooks, one third forward, two thirds backward, as ddp_job.add_device_time does), rank 1's slowed by
+the factor given. Per rank it reports the medians of: gpumond's measured comm wait (the forward
+all-gather waits, `instrument(root, on_step=...)`), the whole forward, the whole backward, the step.
+The fast rank waiting more where the slow rank waits less is the signal; the expected skew per step is
+(factor − 1) × the device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    import gpumond.job.torch
+    from gpumond.job import Reporter
+    sys.path.insert(0, str(HERE))
+    from ddp_job import add_device_time
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = nn.Sequential(*[nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)) for _ in range(4)],
+                        nn.Linear(64, 10))
+    add_device_time(net, device_ms / 1e3 * (slow if rank == 1 else 1.0))
+    for block in list(net)[:4]:
+        fully_shard(block)
+    fully_shard(net)
+
+    class Keep:
+        def post(self, body: bytes, timeout_s: float):  # type: ignore[no-untyped-def]
+            from gpumond.job.transport import Reply
+            return Reply(202)
+
+        def close(self) -> None:
+            pass
+
+    waits: list[float] = []
+    rep = Reporter(transport=Keep(), job="fsdp", gpu_uuid=f"GPU-00000000-0000-4000-8000-{rank:012d}")
+    gpumond.job.torch.instrument(net, rep, on_step=lambda w: waits.append(w.exposed_s))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    rows = []
+    for _ in rep.wrap(range(steps)):
+        x = torch.randn(32, 64, generator=g)
+        t0 = time.monotonic()
+        out_ = net(x)
+        t1 = time.monotonic()
+        out_.sum().backward()
+        t2 = time.monotonic()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        rows.append((t1 - t0, t2 - t1, time.monotonic() - t0))
+    rep.close()
+    skip = 3  # warm-up: lazy init, first all-gathers
+    fw, bw, st = (statistics.median(c) for c in zip(*rows[skip:]))
+    (out / f"rank-{rank}.json").write_text(json.dumps({
+        "wait": statistics.median(waits[skip:]), "forward": fw, "backward": bw, "step": st}))
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few steps: a smoke test, numbers not meant to be quoted")
+    ap.add_argument("--slow", default="1.0,2.0", help="rank 1's device-time factors, one run each")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--device-ms", type=float, default=200.0)
+    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--factor", type=float, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    steps = 8 if a.quick else a.steps
+    if a.worker is not None:
+        worker(a.worker, steps, a.device_ms, a.factor)
+        return 0
+    sys.path.insert(0, str(HERE))
+    import _bench
+
+    rows = []
+    for factor in (float(f) for f in a.slow.split(",")):
+        print(f"… rank 1 at {factor:g}×", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                            str(Path(__file__).resolve()), "--worker", tmp, "--factor", str(factor),
+                            "--device-ms", str(a.device_ms)] + (["--quick"] if a.quick else ["--steps", str(steps)]),
+                           check=True, timeout=900, env=env, capture_output=True)
+            got = [json.loads((Path(tmp) / f"rank-{r}.json").read_text()) for r in (0, 1)]
+        for r, g in enumerate(got):
+            rows.append([f"{factor:g}×", r, "slow" if r == 1 and factor != 1 else "",
+                         *(f"{g[k] * 1e3:.1f}" for k in ("wait", "forward", "backward", "step"))])
+    text = "\n\n".join([
+        "# FSDP2: where a slow rank's skew shows, and gpumond's forward all-gather wait"
+        + (" (quick: not for quoting)" if a.quick else ""),
+        _bench.machine_block({"torch": _bench._version("torch"),
+                              "job": f"torchrun, 2 ranks, gloo on CPU, one intra-op thread per rank; FSDP2 "
+                                     f"fully_shard on 4 blocks (64→128→64) + root, batch 32; {a.device_ms:g} ms "
+                                     f"emulated device time per step (rank 1 × factor); {steps} steps, "
+                                     f"medians after 3 warm-up steps",
+                              "note": "a shared 2-core VM with other work running; one run per row"}),
+        _bench.md_table(["rank 1 factor", "rank", "", "gpumond comm wait ms (forward all-gathers)", "forward ms",
+                         "backward ms", "step ms"], rows),
+        "The expected skew per step is (factor − 1) × the device time, one third of it built "
+        "in forward, two thirds in backward. The forward includes the measured all-gather wait; backward "
+        "(reduce-scatters included) is not instrumented (docs/job-sdk.md, FSDP2).",
+    ])
+    _bench.write_result("fsdp_signal_quick" if a.quick else "fsdp_signal", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
