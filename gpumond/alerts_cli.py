@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -16,9 +17,10 @@ _SEVERITIES = ("critical", "error", "warning", "info")
 DAEMON = "a gpumond agent (:9480) or rules service (:9481)"
 
 
-def fetch(url: str, state: str | None = None, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+def fetch(url: str, state: str | None = None, timeout_s: float = 5.0,
+          context: ssl.SSLContext | None = None) -> list[dict[str, Any]]:
     """The alerts of the daemon at `url` (GET /api/v1/alerts), only `state` when given; raises FetchError."""
-    alerts = get_json(url, "/api/v1/alerts", "alerts", daemon=DAEMON, timeout_s=timeout_s)
+    alerts = get_json(url, "/api/v1/alerts", "alerts", daemon=DAEMON, timeout_s=timeout_s, context=context)
     return [a for a in alerts if state is None or a.get("state") == state]
 
 

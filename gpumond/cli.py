@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run simulated time X times faster than wall time (default 1)")
     a.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     a.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
+    _web_flag(a)
 
     r = sub.add_parser(
         "rules", help="run the central rules service (job pushes, telemetry, findings)",
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "GPUMOND_SHARDS=N and {shard} in GPUMOND_ENDPOINT")
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     r.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
+    _web_flag(r)
 
     d = sub.add_parser(
         "demo", help="run a whole simulated cluster here: agents, a training job with planted faults, findings",
@@ -195,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"only this kind: {', '.join(FINDING_KINDS)}")
     f.add_argument("--state", choices=["pending", "firing"], help="only this state")
     f.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
+    _tls_flags(f)
 
     al = sub.add_parser(
         "alerts", help="print an agent's or the rules service's alerts as a table",
@@ -215,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default %(default)s)")
     al.add_argument("--state", choices=["firing", "pending", "resolved"], help="only alerts in this state")
     al.add_argument("--json", action="store_true", help="print the JSON (after --state) instead of a table")
+    _tls_flags(al)
 
     remediation_cli.add_parser(sub)
     health_check.add_parser(sub)
@@ -236,6 +240,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check keys, types and bounds only: read no secret file and no GPUMOND_* variable, and "
                         "do not require a push token (they exist only where the daemon runs)")
     return p
+
+
+def _web_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE", type=Path,
+                   help="TLS and read-side authentication, in Prometheus exporter-toolkit's web config format "
+                        "(tls_server_config, basic_auth_users); overrides `web_config_file`; default: plain HTTP "
+                        "(see docs/configuration.md#tls-and-authentication)")
+
+
+def _tls_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ca-file", metavar="FILE", help="https: trust this CA (PEM) instead of the system bundle")
+    p.add_argument("--cert-file", metavar="FILE", help="https: present this client certificate (PEM), for a daemon "
+                                                        "that requires one; with --key-file")
+    p.add_argument("--key-file", metavar="FILE", help="the client certificate's key (PEM)")
+
+
+def _client_tls(args: argparse.Namespace, command: str) -> Any:
+    """The SSL context the TLS flags ask for (None: urllib's default, the system bundle); exits 2 when bad."""
+    if not (args.ca_file or args.cert_file or args.key_file):
+        return None
+    from gpumond.job.tlsclient import ClientTLS
+
+    try:
+        return ClientTLS(args.ca_file, args.cert_file, args.key_file).context
+    except ValueError as e:
+        print(f"gpumond {command}: {e} (see: gpumond {command} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def _web(path: Path | None) -> Any:
+    """The daemon's web config (TLS, read auth), loaded now so that a bad certificate is one line, exit 2."""
+    from gpumond.web import load_web
+
+    if path is not None and not path.is_absolute():
+        path = path.resolve()
+    return load_web(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -305,18 +345,30 @@ def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> 
             source = "prometheus" if rules.telemetry.prometheus else "scrape" if rules.telemetry.scrape.enabled \
                 else "none"
             tokens = f"{len(rules.tokens)} inline token(s)" if shape_only else f"{len(rules.tokens)} token(s)"
+            web = _served(rules.web_config_file, shape_only)  # a full check loads its certificates, as at start
             print(f"{path}: ok (rules config{_told(how)}; listen {rules.listen}, {tokens}, "
-                  f"telemetry {source}, alerts to {_sinks(rules.alerting)}; {mode})")
+                  f"telemetry {source}, alerts to {_sinks(rules.alerting)}{web}; {mode})")
             return 0
         cfg = load_config(path, AgentConfig) if shape_only else load_agent_config(path)
+        web = _served(cfg.web_config_file, shape_only)
     except ConfigError as e:
         hint = f" (checked as {'a rules' if kind == 'rules' else 'an agent'} config, told by {how}; " \
                f"pass --kind to choose)" if how == "its file name" else ""
         print(f"gpumond: {e}{hint}", file=sys.stderr)
         return EXIT_USAGE
     print(f"{path}: ok (agent config{_told(how)}; listen {cfg.listen}, node {cfg.node_name}, "
-          f"alerts to {_sinks(cfg.alerting)}; {mode})")
+          f"alerts to {_sinks(cfg.alerting)}{web}; {mode})")
     return 0
+
+
+def _served(path: Path | None, shape_only: bool) -> str:
+    """'; serves …' for the check-config line: plain HTTP, or TLS and who may connect and read. The web config
+    and its certificates are loaded (ConfigError) unless the check is shape-only, which reads no other file."""
+    if shape_only:
+        return ""
+    web = _web(path)
+    served = "plain HTTP" if web.tls is None else f"TLS, {web.tls.settings.client_auth_type}"
+    return f"; serves {served}" + (", read auth" if web.users or web.tokens else "")
 
 
 def _told(how: str) -> str:
@@ -351,11 +403,16 @@ def _rules(args: argparse.Namespace) -> int:
     except _FlagError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
+    try:
+        web = _web(args.web_config_file or cfg.web_config_file)
+    except ConfigError as e:
+        print(f"gpumond: {e}", file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(cfg.log.level, cfg.log.format)
     from gpumond.rules.service import RulesService, RulesStartError, serve
 
     try:
-        serve(RulesService(cfg))
+        serve(RulesService(cfg, web=web))
     except RulesStartError as e:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -412,7 +469,7 @@ def _findings(args: argparse.Namespace) -> int:
 
     filters = {"job": args.job, "kind": args.kind, "state": args.state}
     try:
-        found = fetch(args.url, filters)
+        found = fetch(args.url, filters, context=_client_tls(args, "findings"))
     except FetchError as e:
         print(f"gpumond findings: {e}", file=sys.stderr)
         return 1
@@ -436,7 +493,7 @@ def _alerts(args: argparse.Namespace) -> int:
     from gpumond.findings_cli import FetchError
 
     try:
-        alerts = fetch(args.url, args.state)
+        alerts = fetch(args.url, args.state, context=_client_tls(args, "alerts"))
     except FetchError as e:
         print(f"gpumond alerts: {e}", file=sys.stderr)
         return 1
@@ -463,6 +520,11 @@ def _agent(args: argparse.Namespace) -> int:
     except _FlagError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
+    try:
+        web = _web(args.web_config_file or cfg.web_config_file)
+    except ConfigError as e:
+        print(f"gpumond: {e}", file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(cfg.log.level, cfg.log.format)
     try:
         if args.sim or args.sim_scenario:
@@ -473,7 +535,7 @@ def _agent(args: argparse.Namespace) -> int:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        serve(Agent(cfg, backend))
+        serve(Agent(cfg, backend, web=web))
     except AgentStartError as e:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE

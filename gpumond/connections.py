@@ -20,22 +20,25 @@ real scrapes refused. What is added here:
   then the longest kept-alive idle one, then the longest write-paused one; only when every held connection
   is busy with a request it is reading or answering is the newest shed (closed at once).
 
+Over TLS (gpumond/web/tls.py) the guard takes a connection at its TCP accept, before the handshake: a
+client that never completes its handshake is held to the same head timeout, counts against the same cap and
+is the first evicted, exactly like one that never sends its request head.
+
 Each kind of closing has its own log call site, so that one flood's rate limit (gpumond.logs) never hides
 another kind's warning, and its own counter (`ConnectionStats`), exported on both daemons' /metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import resource
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpumond.types import Series
-
-if TYPE_CHECKING:
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("gpumond.serving")
 
@@ -117,6 +120,7 @@ class _Guard:
         self.waiting: OrderedDict[Any, None] = OrderedDict()  # no complete request head yet
         self.kept: OrderedDict[Any, None] = OrderedDict()  # kept alive between requests
         self.paused: OrderedDict[Any, None] = OrderedDict()  # writes paused: the client is not reading
+        self.held: set[Any] = set()  # every connection taken, including those still in their TLS handshake
         self.stats = stats
         stats.cap = cap
 
@@ -135,8 +139,12 @@ class _Guard:
 
 
 def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None = None,
-                     cap: int | None = None) -> tuple[type[H11Protocol], ConnectionStats]:
-    """An h11 protocol class for uvicorn.Config(http=...) enforcing `limits`, and its counters."""
+                     cap: int | None = None,
+                     tls: Callable[[Any], asyncio.BaseProtocol] | None = None) -> tuple[Any, ConnectionStats]:
+    """A protocol factory for uvicorn.Config(http=...) enforcing `limits`, and its counters.
+
+    `tls`, when given, wraps each connection's h11 protocol in a TLS protocol (gpumond/web/tls.py) that calls
+    its `tcp_opened(transport)` at accept and `tcp_lost()` when the TCP connection ends."""
     # Imported here: the config loader reads ConnectionLimits' defaults and need not load uvicorn (~160 ms).
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -149,10 +157,15 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
         _timer: Any = None
         _phase: str | None = None
         _write_timer: Any = None
+        _tcp: Any = None  # the TCP transport, under TLS; plain: the same as self.transport
+        _held = False
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            held = len(self.connections)
+        def tcp_opened(self, tcp: Any) -> None:
+            """Take the connection: count it, make room under the cap, start its head deadline."""
+            self._tcp = tcp
+            self._held = True
+            guard.held.add(self)
+            held = len(guard.held)
             guard.stats.open = held
             guard.stats.peak = max(guard.stats.peak, held)
             if held > guard.cap:
@@ -161,7 +174,7 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
                     guard.stats.shed += 1
                     log.warning("connection shed: every held connection is busy", extra={
                         "cap": guard.cap, "total": guard.stats.shed})
-                    self.transport.abort()
+                    tcp.abort()
                     return
                 victim, kind = found
                 guard.stats.evicted += 1
@@ -170,6 +183,21 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
                 victim._close("evicted")
             guard.waiting[self] = None
             self._arm("head", guard.limits.head_timeout_s)
+
+        def tcp_lost(self) -> None:
+            """The TCP connection ended (under TLS this may be before any request: a failed handshake)."""
+            self._disarm()
+            self._unpause()
+            guard.forget(self)
+            if self._held:
+                self._held = False
+                guard.held.discard(self)
+                guard.stats.open = len(guard.held)
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if self._tcp is None:  # plain HTTP: the TCP connection is this transport
+                self.tcp_opened(transport)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
@@ -195,7 +223,7 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
             self._unpause()
             guard.forget(self)
             super().connection_lost(exc)
-            guard.stats.open = len(self.connections)
+            self.tcp_lost()
 
         def pause_writing(self) -> None:
             super().pause_writing()
@@ -258,7 +286,7 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
 
         def _expired(self, phase: str) -> None:
             self._timer = None
-            if self.transport.is_closing():
+            if self._tcp.is_closing():
                 return
             if phase == "head":
                 guard.stats.head_timeouts += 1
@@ -276,12 +304,23 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
             self._disarm()
             self._unpause()
             guard.forget(self)
-            if not self.transport.is_closing() or self.transport.get_write_buffer_size():
-                self.transport.abort()  # never wait on a peer that does not read
+            tcp = self._tcp
+            if tcp is not self.transport:  # TLS: a close_notify would wait on the peer; drop the TCP connection
+                tcp.abort()
+            elif not tcp.is_closing() or tcp.get_write_buffer_size():
+                tcp.abort()  # never wait on a peer that does not read
 
-    return GuardedH11Protocol, guard.stats
+    if tls is None:
+        return GuardedH11Protocol, guard.stats
+
+    def over_tls(**kwargs: Any) -> asyncio.BaseProtocol:
+        return tls(GuardedH11Protocol(**kwargs))
+
+    return over_tls, guard.stats
 
 
 def _peer(conn: Any) -> str:
     client = getattr(conn, "client", None)
+    if client is None and conn._tcp is not None:  # still in its TLS handshake
+        client = conn._tcp.get_extra_info("peername")
     return f"{client[0]}:{client[1]}" if client else "unknown"

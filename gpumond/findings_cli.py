@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -15,6 +16,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpumond.job.tlsclient import explain
 from gpumond.safetext import escape_unsafe
 
 # MEASURE: what made the finding, with its unit: each kind's `score` is a different quantity (a z-score
@@ -60,15 +62,16 @@ def base_url(text: str, default_port: int) -> str:
 
 
 def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str, str | None] | None = None,
-             timeout_s: float = 5.0) -> list[dict[str, Any]]:
+             timeout_s: float = 5.0, context: ssl.SSLContext | None = None) -> list[dict[str, Any]]:
     """GET {base}{path}?{query} and return the list under `key`; raises FetchError with one line.
 
-    `daemon` names what should answer there (for the hint), e.g. "the rules service (`gpumond rules`)".
+    `daemon` names what should answer there (for the hint), e.g. "the rules service (`gpumond rules`)";
+    `context` verifies an https daemon (--ca-file) and presents a client certificate (--cert-file).
     """
     encoded = urllib.parse.urlencode({k: v for k, v in (query or {}).items() if v})
     full = base.rstrip("/") + path + (f"?{encoded}" if encoded else "")
     try:
-        with urllib.request.urlopen(full, timeout=timeout_s) as resp:  # noqa: S310 - base_url() allows http(s) only
+        with urllib.request.urlopen(full, timeout=timeout_s, context=context) as resp:  # noqa: S310 - http(s) only
             raw = resp.read(MAX_ANSWER_BYTES + 1)
     except urllib.error.HTTPError as e:
         raise FetchError(f"{full}: HTTP {e.code} {e.reason}{_error_detail(e)}"
@@ -76,6 +79,11 @@ def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str,
                             if e.code == 404 else "")) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
         reason = getattr(e, "reason", None) or e or type(e).__name__
+        # a handshake failure arrives inside URLError; a refusal read after it (TLS 1.3) as the SSLError itself
+        tls = explain(e) or (explain(reason) if isinstance(reason, BaseException) else None)
+        if tls is not None:
+            raise FetchError(f"cannot reach {full}: {tls.replace('GPUMOND_CA_FILE for the job SDK', '--ca-file')}"
+                             ) from None
         raise FetchError(f"cannot reach {full}: {reason} (is {daemon} running there? set --url)") from None
     except ValueError as e:  # a URL urllib still refuses (base_url() catches the usual mistakes first)
         raise FetchError(f"{full}: {e}") from None
@@ -126,10 +134,11 @@ def short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def fetch(url: str, filters: Mapping[str, str | None], timeout_s: float = 5.0) -> list[dict[str, Any]]:
+def fetch(url: str, filters: Mapping[str, str | None], timeout_s: float = 5.0,
+          context: ssl.SSLContext | None = None) -> list[dict[str, Any]]:
     """The findings of the rules service at `url`, filtered there; raises FetchError with one line."""
     return get_json(url, "/api/v1/findings", "findings", daemon="the rules service (`gpumond rules`)",
-                    query=filters, timeout_s=timeout_s)
+                    query=filters, timeout_s=timeout_s, context=context)
 
 
 def _num(value: Any) -> float | None:

@@ -8,7 +8,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumond.config.types import ListenAddress
 from gpumond.connections import ConnectionLimits, ConnectionStats, guarded_protocol
@@ -21,6 +21,9 @@ log = logging.getLogger("gpumond.serving")
 # (state file: resume). The hazard SIGHUP brought was its default action: a hang-up (an agent started by hand
 # in a terminal that closes) killed the process without restoring the limits it had set.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+if TYPE_CHECKING:
+    from gpumond.web.tls import ServerTLS
 
 # How long SIGTERM waits for responses in flight before cancelling them. Well inside systemd's
 # TimeoutStopSec=30s and Kubernetes' 30 s grace period, so on_stop (the policy's restore) always runs.
@@ -49,10 +52,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], None] = lambda: None,
-                        limits: ConnectionLimits = ConnectionLimits(), stats: ConnectionStats | None = None) -> None:
+                        limits: ConnectionLimits = ConnectionLimits(), stats: ConnectionStats | None = None,
+                        tls: ServerTLS | None = None) -> None:
     """Serve `app` on `sock` until SIGTERM/SIGINT/SIGHUP; then `on_stop()`; the process exits normally (status 0).
 
-    `stats` receives the connection guard's counters (for the daemon's /metrics)."""
+    `stats` receives the connection guard's counters (for the daemon's /metrics); `tls` serves HTTPS."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -74,7 +78,14 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    protocol, _ = guarded_protocol(limits, stats=stats)
+    wrap = None
+    if tls is not None:
+        from gpumond.web.tls import guarded_tls
+
+        # A handshake is held to the head timeout by the guard; asyncio's own limits are only a backstop.
+        wrap = guarded_tls(tls, handshake_timeout_s=2 * limits.head_timeout_s,
+                           shutdown_timeout_s=min(limits.head_timeout_s, SHUTDOWN_GRACE_S))
+    protocol, _ = guarded_protocol(limits, stats=stats, tls=wrap)
     # log_config=None: uvicorn's loggers keep no handler of their own; gpumond.logs writes their lines.
     # The h11 protocol is always used (extended with the timeouts and cap): the guard does not cover uvicorn's
     # httptools protocol, so gpumond does not depend on httptools (it would halve CPU per push and per scrape:
@@ -89,7 +100,7 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
         sock.close()
 
 
-def default_external_url(listen: ListenAddress, name: str) -> str:
+def default_external_url(listen: ListenAddress, name: str, scheme: str = "http") -> str:
     """How others reach a daemon listening on `listen`: by `name` when it listens on every address."""
     host = name if listen.host in ("0.0.0.0", "::", "") else str(listen).rsplit(":", 1)[0]
-    return f"http://{host}:{listen.port}"
+    return f"{scheme}://{host}:{listen.port}"

@@ -40,6 +40,7 @@ from gpumond.nvml.session import NvmlSession
 from gpumond.connections import ConnectionStats, connection_cap
 from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
 from gpumond.statedir_lock import StateDirBusy, StateDirLock
+from gpumond.web import Web
 
 __all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
 
@@ -82,9 +83,10 @@ def state_dir_for(config: AgentConfig, backend: Backend) -> tuple[Path, bool]:
 class Agent:
     """One node's agent: start() begins sampling, stop() ends it and releases NVML."""
 
-    def __init__(self, config: AgentConfig, backend: Backend) -> None:
+    def __init__(self, config: AgentConfig, backend: Backend, web: Web | None = None) -> None:
         self.config = config
         self.backend = backend
+        self.web = web if web is not None else Web()
         state_dir, self._own_state_dir = state_dir_for(config, backend)
         self._state_dir = state_dir
         try:  # before anything reads the state: another live agent's limits are not ours to restore
@@ -115,7 +117,7 @@ class Agent:
         except OSError as e:
             raise AgentStartError(f"state_dir {state_dir}: {e.strerror or e} (set state_dir in the config, or run "
                                   f"under systemd's StateDirectory=)") from None
-        self.alerts = _alert_pipeline(config, state_dir)
+        self.alerts = _alert_pipeline(config, state_dir, self.web.scheme)
         self.policy = PolicyEngine(config.policy, self.session, node=config.node_name,
                                    state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
                                    clock=backend.clock, alerts=self.alerts)
@@ -231,10 +233,10 @@ def pod_resources_client(cfg: PodResourcesConfig,
     return PodResourcesClient(cfg.socket, timeout_s=cfg.timeout_s, interval_s=cfg.interval_s, grpc_modules=loaded)
 
 
-def _alert_pipeline(config: AgentConfig, state_dir: Path) -> AlertPipeline:
+def _alert_pipeline(config: AgentConfig, state_dir: Path, scheme: str = "http") -> AlertPipeline:
     """The agent's alerts: sinks from `alerting:`; alerts link to this agent's /metrics."""
     a = config.alerting
-    base = a.external_url or default_external_url(config.listen, config.node_name)
+    base = a.external_url or default_external_url(config.listen, config.node_name, scheme)
     state = AlertStateFile(state_dir / ALERT_STATE_FILE)
     # The lease must outlast a fast cycle; the agent's alerts are evaluated every fast cycle.
     sinks = build_sinks(a, state, evaluation_interval_s=config.sampling.fast_interval_s)
@@ -249,6 +251,10 @@ def serve(agent: Agent) -> None:
         agent.discard()  # e.g. a --sim run's own state directory, which would otherwise stay in /tmp
         raise
     agent.start()
-    log.info("serving", extra={"url": f"http://{agent.config.listen}/metrics"})
-    run_until_signalled(agent.app(), sock, on_stop=agent.stop, limits=agent.config.http.limits(),
-                        stats=agent.http_stats)
+    web = agent.web
+    log.info("serving", extra={"url": f"{web.scheme}://{agent.config.listen}/metrics",
+                               "client_auth": web.tls.settings.client_auth_type if web.tls else None,
+                               "read_auth": bool(web.users or web.tokens)})
+    app = web.wrap(agent.app(), open_paths=("/healthz", "/readyz", "/"))  # probes carry no credentials
+    run_until_signalled(app, sock, on_stop=agent.stop, limits=agent.config.http.limits(),
+                        stats=agent.http_stats, tls=web.tls)

@@ -14,7 +14,7 @@ from pydantic_core import core_schema
 
 from gpumond.config.alerting import AlertingConfig
 from gpumond.config.http import HttpConfig
-from gpumond.config.types import ConfigModel, ListenAddress
+from gpumond.config.types import AbsolutePath, ConfigModel, ListenAddress
 
 # 9480 stays clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835) on shared nodes.
 DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9480)
@@ -291,6 +291,8 @@ class AgentConfig(ConfigModel):
     state_dir: Path = Field(Path("/var/lib/gpumond"), strict=False)
     log: LogConfig = LogConfig()
     http: HttpConfig = HttpConfig()
+    # TLS and read-side auth (exporter-toolkit's web config file); None: plain HTTP. --web.config.file overrides.
+    web_config_file: AbsolutePath | None = None
     policy: PolicyConfig = PolicyConfig()
     alerting: AlertingConfig = AlertingConfig()
 

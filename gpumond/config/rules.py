@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (AfterValidator, BeforeValidator, Field, GetCoreSchemaHandler, PlainSerializer, PlainValidator,
@@ -21,6 +21,7 @@ from gpumond.config.http import HttpConfig
 from gpumond.config.load import load_config
 from gpumond.config.remediation import RemediationConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
+from gpumond.config.web import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
 from gpumond.job.routing import MAX_SHARDS
 
 # 9481: next to the agent's 9480, clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
@@ -102,6 +103,11 @@ class ScrapeConfig(ConfigModel):
     file_sd: AbsolutePath | None = None
     interval_s: float = Field(5.0, gt=0, le=3600)
     timeout_s: float = Field(2.0, gt=0, le=600)
+    # For agents serving TLS (their --web.config.file): a file_sd `__scheme__` label overrides it per target.
+    scheme: Literal["http", "https"] = "http"
+    tls_config: TlsClientConfig | None = None
+    basic_auth: BasicAuthConfig | None = None
+    authorization: AuthorizationConfig | None = None
 
     @field_validator("targets")
     @classmethod
@@ -136,6 +142,9 @@ class PrometheusConfig(ConfigModel):
     url: HttpUrl
     interval_s: float = Field(15.0, gt=0, le=3600)
     timeout_s: float = Field(5.0, gt=0, le=600)
+    tls_config: TlsClientConfig | None = None
+    basic_auth: BasicAuthConfig | None = None
+    authorization: AuthorizationConfig | None = None
 
 
     @field_validator("timeout_s")
@@ -211,6 +220,8 @@ class RulesConfig(ConfigModel):
     shard: Shard | None = None
     log: LogConfig = LogConfig()
     http: HttpConfig = HttpConfig()
+    # TLS and read-side auth (exporter-toolkit's web config file); None: plain HTTP. --web.config.file overrides.
+    web_config_file: AbsolutePath | None = None
     remediation: RemediationConfig = RemediationConfig()
 
 

@@ -25,7 +25,7 @@ from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
 from gpumond.job.routing import shard_endpoint
 from gpumond.job.settings import (ConfigError, Identity, resolve_endpoint, resolve_identity, resolve_shards,
-                                  resolve_token)
+                                  resolve_tls, resolve_token)
 from gpumond.job.stats import Stats
 from gpumond.job.transport import HttpTransport, Transport
 
@@ -44,6 +44,7 @@ class Reporter:
     def __init__(self, endpoint: str | None = None, token: str | None = None, job: str | None = None,
                  rank: int | None = None, world_size: int | None = None, node: str | None = None,
                  gpu_uuid: str | None = None, group: str | None = None, shards: int | None = None,
+                 ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
                  push_interval_s: float = 5.0,
                  max_queue: int = 10_000, max_steps_per_push: int = 512, timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
@@ -75,17 +76,19 @@ class Reporter:
         try:
             _check_numbers(push_interval_s, max_queue, max_steps_per_push, timeout_s)
             route: tuple[str, str, int | None] | None = None
+            tls = None
             if transport is None:
                 # Before the GPU lookup: without a place to send to there is no point running nvidia-smi.
                 url = resolve_endpoint(endpoint, os.environ)
                 route = (url, resolve_token(token, os.environ), resolve_shards(shards, url, os.environ))
+                tls = resolve_tls(ca_file, cert_file, key_file, os.environ)
             self._identity = resolve_identity(job=job, rank=rank, world_size=world_size, node=node,
                                               gpu_uuid=gpu_uuid, group=group, environ=os.environ,
                                               find_gpu=local_gpu_uuid)
             if route is not None:
                 # A job's shard is fixed for its run, so its address is chosen once, here.
                 url, secret, count = route
-                transport = HttpTransport(shard_endpoint(url, self._identity.job, count), secret)
+                transport = HttpTransport(shard_endpoint(url, self._identity.job, count), secret, tls)
             assert transport is not None  # route is set exactly when no transport was given
             self._q = deque(maxlen=max_queue)
             # One id per process: a restarted process (same job and rank, step numbers reused from a

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpumond.job.routing import MAX_SHARDS, PLACEHOLDER
+from gpumond.job.tlsclient import CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, ClientTLS
 
 # First usable value wins. GPUMOND_JOB_ID lets a user override the scheduler's id.
 JOB_ENV = ("GPUMOND_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
@@ -145,6 +146,24 @@ def resolve_shards(shards: int | None, endpoint: str, environ: Mapping[str, str]
         raise ConfigError(f"the endpoint has {PLACEHOLDER}: pass shards= or set GPUMOND_SHARDS to the number of "
                           f"rules replicas (N of --shard I/N)")
     return count
+
+
+def resolve_tls(ca_file: str | None, cert_file: str | None, key_file: str | None,
+                environ: Mapping[str, str]) -> ClientTLS | None:
+    """The client TLS settings from the arguments, else GPUMOND_CA_FILE / _CLIENT_CERT_FILE / _CLIENT_KEY_FILE;
+    None when none is set (an https endpoint is then verified with the system CA bundle)."""
+    ca = ca_file or clean_label(environ.get(CA_FILE_ENV))
+    cert = cert_file or clean_label(environ.get(CERT_FILE_ENV))
+    key = key_file or clean_label(environ.get(KEY_FILE_ENV))
+    if ca is None and cert is None and key is None:
+        return None
+    if (cert is None) != (key is None):
+        raise ConfigError(f"a client certificate needs both {CERT_FILE_ENV} and {KEY_FILE_ENV} (or cert_file= and "
+                          f"key_file=)")
+    try:
+        return ClientTLS(ca, cert, key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def resolve_token(token: str | None, environ: Mapping[str, str]) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
+import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -12,6 +14,9 @@ from typing import Protocol
 from gpumond import __version__
 from gpumond.job.backoff import parse_retry_after
 from gpumond.job.settings import ConfigError
+from gpumond.job.tlsclient import ClientTLS, explain
+
+log = logging.getLogger("gpumond.job")
 
 PUSH_PATH = "/api/v1/push"
 _MAX_REPLY_BYTES = 64 * 1024  # the service answers in a few bytes; more is not worth reading
@@ -38,10 +43,16 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class HttpTransport:
-    """`POST <endpoint>/api/v1/push` with a bearer token, one connection kept open between pushes."""
+class TLSError(OSError):
+    """The TLS handshake with the rules service failed; the message says what to fix."""
 
-    def __init__(self, endpoint: str, token: str) -> None:
+
+class HttpTransport:
+    """`POST <endpoint>/api/v1/push` with a bearer token, one connection kept open between pushes.
+
+    Over https the server is verified with `tls` (the system CA bundle when None)."""
+
+    def __init__(self, endpoint: str, token: str, tls: ClientTLS | None = None) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(f"endpoint must be an http:// or https:// URL with a host (got {endpoint!r})")
@@ -50,6 +61,13 @@ class HttpTransport:
         except ValueError:
             raise ConfigError(f"endpoint has a bad port (got {endpoint!r})") from None
         self._https = url.scheme == "https"
+        if tls is not None and not self._https:
+            raise ConfigError(f"a CA file or client certificate is set but the endpoint is not https:// (got "
+                              f"{endpoint!r})")
+        try:
+            self._tls = tls if tls is not None or not self._https else ClientTLS()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self._host = url.hostname
         self.path = url.path.rstrip("/") + PUSH_PATH
         self._headers = {
@@ -69,7 +87,12 @@ class HttpTransport:
             self.close()
             if not reused:
                 raise
-        return self._exchange(body, timeout_s)
+        except ssl.SSLError as e:
+            raise TLSError(explain(e) or str(e)) from e
+        try:
+            return self._exchange(body, timeout_s)
+        except ssl.SSLError as e:
+            raise TLSError(explain(e) or str(e)) from e
 
     def _exchange(self, body: bytes, timeout_s: float) -> Reply:
         conn = self._connection(timeout_s)
@@ -89,8 +112,15 @@ class HttpTransport:
 
     def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=timeout_s)
+            if self._tls is not None:
+                problem = self._tls.refresh()  # a rotated client certificate is used from the next connection
+                if problem:
+                    log.warning("gpumond: the changed TLS files cannot be used; keeping the previous ones: %s",
+                                problem)
+                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s,
+                                                         context=self._tls.context)
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
             self.connections += 1
         else:
             self._conn.timeout = timeout_s  # used by the next connect

@@ -31,10 +31,12 @@ from gpumond.rules.remediation.backends import Backend, build_backend
 from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
+from gpumond.rules.telemetry.access import AccessError
 from gpumond.rules.types import TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
 from gpumond.statedir_lock import StateDirBusy, StateDirLock
+from gpumond.web import Web
 from gpumond.textformat import Encoder
 from gpumond.types import Series
 
@@ -81,18 +83,23 @@ class RulesService:
 
     def __init__(self, config: RulesConfig, *, source: TelemetrySource | None = None,
                  detectors: DetectorConfig = DetectorConfig(), clock: Callable[[], float] = time.time,
-                 alerts: AlertPipeline | None = None, remediation_backend: Backend | None = None) -> None:
+                 alerts: AlertPipeline | None = None, remediation_backend: Backend | None = None,
+                 web: Web | None = None) -> None:
         self.config = config
+        self.web = web if web is not None else Web()
         self.ranks = RankStore.from_config(config)
         self.gpus = GpuStore.from_config(config)
-        self.source = source if source is not None else build_source(config.telemetry)
+        try:
+            self.source = source if source is not None else build_source(config.telemetry)
+        except AccessError as e:
+            raise RulesStartError(f"telemetry: {e}") from None
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
         self._lock: StateDirLock | None = None
         state: Path | None = None
         if alerts is None:
             state, self._lock = _state_path(config)
-            alerts = _alert_pipeline(config, state)
+            alerts = _alert_pipeline(config, state, self.web.scheme)
         self.alerts = alerts
         self.remediator = Remediator.build(
             config.remediation, _remediation_dir(config, state),
@@ -166,10 +173,10 @@ class RulesService:
         log.info("rules service stopped")
 
 
-def _alert_pipeline(config: RulesConfig, state_path: Path | None) -> AlertPipeline:
+def _alert_pipeline(config: RulesConfig, state_path: Path | None, scheme: str = "http") -> AlertPipeline:
     """The service's alerts: sinks from `alerting:`, state in `state_path`, links to the finding in the API."""
     a = config.alerting
-    base = a.external_url or default_external_url(config.listen, socket.gethostname())
+    base = a.external_url or default_external_url(config.listen, socket.gethostname(), scheme)
     state = AlertStateFile(state_path)
     sinks = build_sinks(a, state, evaluation_interval_s=config.evaluation_interval_s)
 
@@ -230,6 +237,11 @@ def serve(service: RulesService) -> None:
     gc.set_threshold(100_000, 50, 1000)
     sock = bind(service.config.listen.host, service.config.listen.port)
     service.start()
-    log.info("serving", extra={"url": f"http://{service.config.listen}/api/v1/findings"})
-    run_until_signalled(service.app, sock, on_stop=service.stop, limits=service.config.http.limits(),
-                        stats=service.http_stats)
+    web = service.web
+    log.info("serving", extra={"url": f"{web.scheme}://{service.config.listen}/api/v1/findings",
+                               "client_auth": web.tls.settings.client_auth_type if web.tls else None,
+                               "read_auth": bool(web.users or web.tokens)})
+    # Probes carry no credentials; the push API has its own bearer tokens.
+    app = web.wrap(service.app, open_paths=("/healthz", "/readyz", "/api/v1/push"))
+    run_until_signalled(app, sock, on_stop=service.stop, limits=service.config.http.limits(),
+                        stats=service.http_stats, tls=web.tls)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import time
 import uuid
@@ -87,8 +88,10 @@ class RulesDaemon(ManagedProcess):
 
     label = "rules"
 
-    def __init__(self, workdir: Path, config: dict[str, Any], *, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, config: dict[str, Any], *, port: int | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.port = port or free_port()
+        self.tls = tls  # how the test reaches a service serving https (its web_config_file)
         path = write_yaml(workdir / "rules.yaml", {"listen": f"{LOOPBACK}:{self.port}", **config})
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("GPUMOND_RULES_TOKENS", None)
@@ -96,14 +99,14 @@ class RulesDaemon(ManagedProcess):
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{LOOPBACK}:{self.port}"
 
     def start(self) -> RulesDaemon:
         self.spawn()
 
         def up() -> bool:
             self._fail_if_exited("/healthz")
-            return http_get(f"{self.url}/healthz", timeout=1.0)[0] == 200
+            return http_get(f"{self.url}/healthz", timeout=1.0, context=self.tls)[0] == 200
 
         wait_until(up, timeout=START_TIMEOUT_S, what="rules service up", describe=self.describe)
         return self

@@ -99,7 +99,19 @@ def check_config(objects: tuple[dict[str, Any], ...], component: str, tmp_path: 
                  existing: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
     """`gpumond check-config` on a rendered agent.yaml / rules.yaml, with the environment its Secret gives."""
     path = tmp_path / f"{component}.yaml"
-    path.write_text(_configmap(objects, component)["data"][f"{component}.yaml"])
+    data = _configmap(objects, component)["data"]
+    text = data[f"{component}.yaml"]
+    if "web.yml" in data:  # tls.enabled: the web config, reading a Secret's files made here (tests/pki.py)
+        from tests.pki import CA
+
+        ca = CA(tmp_path / f"{component}-tls", "ca")
+        issued = ca.issue("tls")
+        web = data["web.yml"]
+        for name, made in (("tls.crt", issued.cert), ("tls.key", issued.key), ("ca.crt", ca.path)):
+            web = web.replace(f"/etc/gpumond-tls/{name}", str(made))
+        (tmp_path / f"{component}-web.yml").write_text(web)
+        text = text.replace("/etc/gpumond/web.yml", str(tmp_path / f"{component}-web.yml"))
+    path.write_text(text)
     container = next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
                      and o["metadata"]["name"].endswith(f"-{component}"))["spec"]["template"]["spec"]["containers"][0]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), **secret_env(objects, container, existing)}
@@ -172,7 +184,14 @@ _RELABELING = _closed({"action": {"enum": _RELABEL_ACTIONS}, "sourceLabels": {"t
     "type": "string", "pattern": _LABEL_NAME}}, "targetLabel": {"type": "string", "pattern": _LABEL_NAME},
     "replacement": {"type": "string"}, "regex": {"type": "string"}, "separator": {"type": "string"},
     "modulus": {"type": "integer"}})
+_KEY_SELECTOR = _closed({"name": {"type": "string", "minLength": 1}, "key": {"type": "string", "minLength": 1}},
+                        ["name", "key"])
+_SECRET_OR_CONFIGMAP = _closed({"secret": _KEY_SELECTOR, "configMap": _KEY_SELECTOR})
+# The operator's SafeTLSConfig (a PodMonitor's; a ServiceMonitor's tlsConfig extends it with file paths).
+_TLS_CONFIG = _closed({"ca": _SECRET_OR_CONFIGMAP, "cert": _SECRET_OR_CONFIGMAP, "keySecret": _KEY_SELECTOR,
+                       "serverName": {"type": "string"}, "insecureSkipVerify": {"type": "boolean"}})
 _ENDPOINT = _closed({"port": {"type": "string", "minLength": 1}, "path": {"type": "string", "pattern": "^/"},
+                     "scheme": {"enum": ["http", "https"]}, "tlsConfig": _TLS_CONFIG,
                      "interval": {"type": "string", "pattern": _DURATION},
                      "scrapeTimeout": {"type": "string", "pattern": _DURATION},
                      "honorLabels": {"type": "boolean"}, "relabelings": {"type": "array", "items": _RELABELING}},

@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -102,13 +103,15 @@ def _short(v: object, limit: int = 600) -> str:
 
 
 def http_get(url: str, headers: Mapping[str, str] | None = None,
-             timeout: float = HTTP_TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
-    """GET `url` (loopback only) → (status, lower-cased headers, raw body); no automatic decompression."""
+             timeout: float = HTTP_TIMEOUT_S, context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], bytes]:
+    """GET `url` (loopback only) → (status, lower-cased headers, raw body); no automatic decompression.
+
+    An https URL is verified with `context` (CA, client certificate)."""
     host = urllib.parse.urlsplit(url).hostname
     assert host == LOOPBACK, f"integration tests talk to {LOOPBACK} only, not {host!r}"
     req = urllib.request.Request(url, headers=dict(headers or {}))
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
@@ -267,8 +270,10 @@ class AgentProcess(ManagedProcess):
     label = "agent"
 
     def __init__(self, args: Sequence[str | Path], workdir: Path, *, port: int | None = None,
-                 listen: bool = True, env: Mapping[str, str] | None = None) -> None:
+                 listen: bool = True, env: Mapping[str, str] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         args = [str(a) for a in args]
+        self.tls = tls  # set for an agent serving https (its --web.config.file): how the test reaches it
         self.port = port if port is not None else free_port()
         if listen and "--listen" not in args:
             args = [*args, "--listen", f"{LOOPBACK}:{self.port}"]
@@ -282,7 +287,7 @@ class AgentProcess(ManagedProcess):
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.address}"
+        return f"{'https' if self.tls else 'http'}://{self.address}"
 
     def start(self, timeout: float = START_TIMEOUT_S) -> AgentProcess:
         """Spawn and wait (bounded) until GET /healthz answers 200 (stopped again if it never does)."""
@@ -302,14 +307,14 @@ class AgentProcess(ManagedProcess):
     def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
         def healthy() -> bool:
             self._fail_if_exited(f"GET {self.base_url}/healthz to answer 200")
-            status, _, _ = http_get(f"{self.base_url}/healthz", timeout=1.0)
+            status, _, _ = http_get(f"{self.base_url}/healthz", timeout=1.0, context=self.tls)
             return status == 200
 
         wait_until(healthy, timeout=timeout, what=f"GET {self.base_url}/healthz to answer 200",
                    describe=self.describe)
 
     def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        return http_get(f"{self.base_url}{path}", headers)
+        return http_get(f"{self.base_url}{path}", headers, context=self.tls)
 
     def metrics_text(self) -> str:
         status, _, body = self.get("/metrics")

@@ -145,14 +145,22 @@ def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | Non
                                                            first=i * 1000)).encode(), token), True
 
 
+# A TLS record header announcing a 512-byte ClientHello, and the first bytes of it: the rest never comes.
+TLS_PARTIAL_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+
+
 @dataclass
 class SlowLoris:
     """Holds `connections` connections open to 127.0.0.1:`port`, each sending a request head one byte every
-    `drip_s` that never completes (some send nothing at all); reopens those the server closes. Bounded: stop()."""
+    `drip_s` that never completes (some send nothing at all); reopens those the server closes. Bounded: stop().
+
+    `head` is what each starts with: half a request head, or against a TLS port the start of a ClientHello
+    (TLS_PARTIAL_HELLO), so the handshake itself never completes."""
 
     port: int
     connections: int
     drip_s: float = 1.0
+    head: bytes = b"GET /metrics HTTP/1.1\r\nX-a: "
     opened: int = 0
     closed_by_server: int = 0
     connect_failures: int = 0
@@ -177,7 +185,7 @@ class SlowLoris:
         self.opened += 1
         if i % 4:  # three in four start a request line; the rest never send a byte
             try:
-                s.send(b"GET /metrics HTTP/1.1\r\nX-a: ")
+                s.send(self.head)
             except OSError:
                 pass
         return s

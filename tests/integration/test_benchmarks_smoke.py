@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["benchmarks/thermal_policy.py", "--quick"], "gpumond"),
     (["-m", "benchmarks.detection.run", "--quick", "--no-scaling"], "straggler"),
     (["benchmarks/pod_attribution.py", "--quick"], "Pod-resources adds"),
+    (["benchmarks/tls_cost.py", "--quick"], "scrape, new connection"),
     (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
 ])
 def test_benchmark_quick_mode_runs(argv, expect):

@@ -43,6 +43,7 @@ EXPECTED_KINDS = {
     "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
                             "PodMonitor": 2},
     "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
+    "tls-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1, "ServiceMonitor": 2},
     "remediation-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
                            "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 }
@@ -321,8 +322,15 @@ def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None
      "monitoring: enable serviceMonitor or podMonitor, not both"),
     ({"monitoring": {"dashboards": {"enabled": True, "labels": {"grafana_dashboard": "0"}}}},
      "monitoring.dashboards.labels: grafana_dashboard is set by monitoring.dashboards.label / labelValue"),
+    ({"tls": {"enabled": True, "rulesSecret": "r"}}, "tls.agentSecret: name the Secret with the agent's certificate"),
+    ({"tls": {"enabled": True, "agentSecret": "a", "rulesSecret": "r", "clientAuthType": "RequireAndVerifyClientCert"},
+      "monitoring": {"podMonitor": {"enabled": True}}},
+     "monitoring.tlsConfig: tls.clientAuthType RequireAndVerifyClientCert refuses a Prometheus without a client "
+     "certificate"),
+    ({"tls": {"enabled": True, "agentSecret": "a", "rulesSecret": "r"},
+      "rules": {"config": {"web_config_file": "/x.yml"}}}, "rules.config.web_config_file: set by the chart"),
 ], ids=["readonly-enforce", "unsharded-replicas", "agent-listen", "rules-tokens", "both-monitors",
-        "dashboard-label-twice"])
+        "dashboard-label-twice", "tls-no-secret", "mtls-monitor-without-cert", "tls-web-config-twice"])
 def test_contradictory_values_fail_with_one_line(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmRenderError) as err:
         render(values)
@@ -459,3 +467,48 @@ def test_notes_tell_where_the_dashboards_are() -> None:
     assert "kubectl -n monitoring get configmaps" in notes({"monitoring": {"dashboards": {"enabled": True,
                                                                                           "namespace": "monitoring"}}})
     assert "Grafana dashboards" not in notes({})
+
+
+# ----- TLS ------------------------------------------------------------------------------------------------------
+def test_tls_mounts_the_cert_manager_secret_where_the_rendered_web_config_reads_it(tmp_path: Path) -> None:
+    """ci/tls-values.yaml: each daemon's web.yml, with the files its Secret volume would hold, loads in gpumond;
+    the monitors scrape https with the component's CA; probes over mTLS are TCP checks."""
+    from gpumond.web import load_web
+    from tests.pki import CA
+
+    objects = rendered("ci/tls-values.yaml")
+    for component, secret in (("agent", "gpumond-agent-tls"), ("rules", "gpumond-rules-tls")):
+        pod = _workload(objects, component)["spec"]["template"]["spec"]
+        assert {"name": "tls", "secret": {"secretName": secret}} in pod["volumes"]
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tls")
+        assert config_of(objects, component)["web_config_file"] == "/etc/gpumond/web.yml"
+        web_yml = _configmap_data(objects, component)["web.yml"]
+        # the Secret's files, as cert-manager writes them, where the volume would put them
+        ca = CA(tmp_path / component, "ca")
+        issued = ca.issue("tls")
+        files = {"tls.crt": issued.cert, "tls.key": issued.key, "ca.crt": ca.path}
+        for name, path in files.items():
+            web_yml = web_yml.replace(f"{mount['mountPath']}/{name}", str(path))
+        (tmp_path / f"{component}-web.yml").write_text(web_yml)
+        web = load_web(tmp_path / f"{component}-web.yml")
+        assert web.tls is not None and web.tls.settings.client_auth_type == "RequireAndVerifyClientCert"
+        probes = [pod["containers"][0][k] for k in ("livenessProbe", "readinessProbe")]
+        assert all("tcpSocket" in p and "httpGet" not in p for p in probes)
+    for monitor in (o for o in objects if o["kind"] == "ServiceMonitor"):
+        endpoint = monitor["spec"]["endpoints"][0]
+        component = monitor["metadata"]["name"].rsplit("-", 1)[1]
+        assert endpoint["scheme"] == "https"
+        assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": f"gpumond-{component}-tls", "key": "ca.crt"}}
+        assert endpoint["tlsConfig"]["serverName"] == monitor["metadata"]["name"]
+        assert endpoint["tlsConfig"]["keySecret"] == {"name": "prometheus-gpumond-client", "key": "tls.key"}
+
+
+def test_tls_without_client_certificates_keeps_http_probes_over_https() -> None:
+    objects = render({"tls": {"enabled": True, "agentSecret": "a", "rulesSecret": "r"}})
+    probe = _container(tuple(objects), "agent")["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
+    assert "client_ca_file" not in _configmap_data(tuple(objects), "agent")["web.yml"]
+
+
+def _configmap_data(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, str]:
+    return one(objects, "ConfigMap", f"{RELEASE}-gpumond-{component}")["data"]

@@ -15,11 +15,14 @@ import resource
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import AgentProcess, http_get
-from tests.integration.hostile import SlowLoris
+from gpumond.job.tlsclient import ClientTLS
+from tests.integration.helpers import AgentProcess, http_get, write_yaml
+from tests.integration.hostile import TLS_PARTIAL_HELLO, SlowLoris
+from tests.pki import CA
 
 pytestmark = pytest.mark.integration
 
@@ -37,13 +40,23 @@ def _raise_own_fd_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
-def test_scrapes_keep_answering_under_a_slow_loris_at_1024_descriptors(tmp_path) -> None:
+@pytest.mark.parametrize("over", ["http", "tls"])
+def test_scrapes_keep_answering_under_a_slow_loris_at_1024_descriptors(tmp_path, over) -> None:
+    """Over TLS the loris never finishes its handshake (a ClientHello that never completes, or nothing)."""
     prlimit = shutil.which("prlimit")
     if prlimit is None:  # FAIL, never skip: scripts/test.sh installs util-linux
         pytest.fail("'prlimit' is not installed; run `bash scripts/test.sh` or `apt-get install util-linux`",
                     pytrace=False)
     _raise_own_fd_limit(LORIS_CONNECTIONS + 256)
-    agent = AgentProcess(["--sim", "2"], tmp_path / "agent")
+    args: list[str | Path] = ["--sim", "2"]
+    context = None
+    if over == "tls":
+        ca = CA(tmp_path / "pki")
+        server = ca.issue("tls")
+        args += ["--web.config.file", write_yaml(tmp_path / "web.yml", {"tls_server_config": {
+            "cert_file": str(server.cert), "key_file": str(server.key)}})]
+        context = ClientTLS(ca.path).context
+    agent = AgentProcess(args, tmp_path / "agent", tls=context)
     agent.argv = [prlimit, "--nofile=1024:1024", "--", *agent.argv]
     with agent:
         fetched: list[tuple[str, int]] = []
@@ -52,11 +65,12 @@ def test_scrapes_keep_answering_under_a_slow_loris_at_1024_descriptors(tmp_path)
         def scrape() -> None:
             while not stop.is_set():
                 for path in ("/metrics", "/healthz"):
-                    status, _, _ = http_get(f"{agent.base_url}{path}", timeout=5.0)
+                    status, _, _ = http_get(f"{agent.base_url}{path}", timeout=5.0, context=context)
                     fetched.append((path, status))
                 stop.wait(0.5)
 
-        loris = SlowLoris(agent.port, LORIS_CONNECTIONS).start()
+        head = TLS_PARTIAL_HELLO if over == "tls" else SlowLoris.head
+        loris = SlowLoris(agent.port, LORIS_CONNECTIONS, head=head).start()
         scraper = threading.Thread(target=scrape, daemon=True)
         scraper.start()
         try:

@@ -25,7 +25,7 @@ def check(path: Path, *extra: str, env: dict[str, str] | None = None) -> subproc
 def test_the_key_sets_come_from_both_models() -> None:
     assert {"shard", "tokens", "telemetry", "limits"} <= RULES_ONLY
     assert {"policy", "sampling", "node_name"} <= AGENT_ONLY
-    assert SHARED == {"listen", "state_dir", "alerting", "log", "http"}
+    assert SHARED == {"listen", "state_dir", "alerting", "log", "http", "web_config_file"}
 
 
 @pytest.mark.parametrize(("name", "keys", "expected"), [

@@ -67,3 +67,33 @@ def test_nothing_configured_is_none(telemetry: object) -> None:
 def test_a_bad_static_target_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="gpu-node-01"):
         build_source({"scrape": {"targets": ["gpu-node-01"]}})
+
+
+def test_tls_and_credentials_from_the_config_and_one_line_for_a_missing_file(tmp_path: Path) -> None:
+    from gpumond.config.rules import load_rules_config
+    from gpumond.rules.service import RulesService, RulesStartError
+    from gpumond.rules.telemetry.access import AccessError
+    from tests.pki import CA
+
+    ca = CA(tmp_path)
+    client = ca.issue("client", client=True)
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    spec = {"targets": ["gpu-node-01:9480"], "scheme": "https",
+            "tls_config": {"ca_file": str(ca.path), "cert_file": str(client.cert), "key_file": str(client.key)},
+            "basic_auth": {"username": "rules", "password_file": str(password)}}
+    src = build_source({"scrape": spec})
+    try:
+        assert isinstance(src, ScrapeSource)
+        assert src._static[0].url == "https://gpu-node-01:9480/metrics"
+        assert src._headers["Accept-Encoding"] == "gzip"
+        assert src._access.headers() == {"Authorization": "Basic cnVsZXM6czNjcmV0"}  # rules:s3cret
+    finally:
+        _close(src)
+    with pytest.raises(AccessError, match=r"basic_auth.password_file: cannot read .*/nope: No such file"):
+        build_source({"scrape": {**spec, "basic_auth": {"username": "rules", "password_file": str(tmp_path / "nope")}}})
+    cfg = tmp_path / "rules.yaml"
+    cfg.write_text(f"tokens: [rules-token-0123456789]\nstate_dir: {tmp_path}\ntelemetry:\n  prometheus:\n"
+                   f"    url: https://prometheus:9090\n    tls_config: {{ca_file: {tmp_path / 'missing.crt'}}}\n")
+    with pytest.raises(RulesStartError, match=r"telemetry: tls_config: CA file .*missing.crt: no such file"):
+        RulesService(load_rules_config(cfg, env={}))

@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpumond.job.tlsclient import ClientTLS
 from gpumond.rules.telemetry import promql, scrape
+from gpumond.rules.telemetry.access import Access, AccessError
 from gpumond.rules.telemetry.promql import PrometheusSource
 from gpumond.rules.telemetry.scrape import ScrapeSource
 from gpumond.rules.types import TelemetrySource
@@ -28,6 +30,7 @@ def build_source(telemetry: Any) -> TelemetrySource | None:
             str(url),  # a pydantic URL type stringifies to the URL
             timeout_s=_number(prom, "timeout_s", promql.DEFAULT_TIMEOUT_S),
             lookback_s=_number(prom, "lookback_s", promql.DEFAULT_LOOKBACK_S),
+            access=build_access(prom),
         )
     spec = _get(telemetry, "scrape")
     targets = [str(t) for t in (_get(spec, "targets") or ())]
@@ -37,8 +40,28 @@ def build_source(telemetry: Any) -> TelemetrySource | None:
             targets,
             file_sd=Path(file_sd) if file_sd else None,
             timeout_s=_number(spec, "timeout_s", scrape.DEFAULT_TIMEOUT_S),
+            scheme=str(_get(spec, "scheme") or "http"),
+            access=build_access(spec),
         )
     return None
+
+
+def build_access(spec: Any) -> Access:
+    """A source's `tls_config`, `basic_auth` and `authorization`; AccessError (one line) on a bad file."""
+    tls_cfg, basic, authz = (_get(spec, k) for k in ("tls_config", "basic_auth", "authorization"))
+    tls = None
+    if tls_cfg is not None:
+        try:
+            tls = ClientTLS(_get(tls_cfg, "ca_file"), _get(tls_cfg, "cert_file"), _get(tls_cfg, "key_file"),
+                            insecure_skip_verify=bool(_get(tls_cfg, "insecure_skip_verify")))
+        except ValueError as e:
+            raise AccessError(f"tls_config: {e}") from None
+    password_file, token_file = _get(basic, "password_file"), _get(authz, "credentials_file")
+    access = Access(tls=tls, username=_get(basic, "username"),
+                    password_file=Path(password_file) if password_file else None,
+                    token_file=Path(token_file) if token_file else None)
+    access.headers()  # a missing secret file is a config error at start, not a failing scrape later
+    return access
 
 
 def _get(obj: Any, name: str) -> Any:

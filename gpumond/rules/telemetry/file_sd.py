@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import yaml
@@ -16,7 +16,7 @@ from gpumond.rules.telemetry.targets import Target, parse_target
 MAX_FILE_BYTES = 8 * 1024 * 1024
 
 
-def parse_file_sd(text: str, *, yaml_syntax: bool = False) -> list[Target]:
+def parse_file_sd(text: str, *, yaml_syntax: bool = False, defaults: Mapping[str, str] | None = None) -> list[Target]:
     """`[{"targets": ["host:port", …], "labels": {"node": "…"}}, …]` → targets; ValueError naming the fault."""
     try:
         groups = yaml.safe_load(text) if yaml_syntax else json.loads(text)
@@ -40,7 +40,7 @@ def parse_file_sd(text: str, *, yaml_syntax: bool = False) -> list[Target]:
             raise ValueError(f"[{i}].labels: must map label names to strings")
         for j, spec in enumerate(targets):
             try:
-                target = parse_target(spec, labels)
+                target = parse_target(spec, {**(defaults or {}), **labels})
             except ValueError as e:
                 raise ValueError(f"[{i}].targets[{j}]: {e}") from None
             if target.url not in seen:  # the first group naming a target wins, as it would be scraped once
@@ -52,8 +52,10 @@ def parse_file_sd(text: str, *, yaml_syntax: bool = False) -> list[Target]:
 class FileSD:
     """A file_sd file; `current()` re-reads it only when its mtime or size changed."""
 
-    def __init__(self, path: Path | str, *, stat: Callable[[Path], os.stat_result] = Path.stat) -> None:
+    def __init__(self, path: Path | str, *, stat: Callable[[Path], os.stat_result] = Path.stat,
+                 defaults: Mapping[str, str] | None = None) -> None:
         self.path = Path(path)
+        self._defaults = dict(defaults or {})  # labels a group's own labels override (the source's scheme)
         self._stat = stat
         self._signature: tuple[int, int] | None = None
         self._targets: list[Target] = []
@@ -78,7 +80,8 @@ class FileSD:
             if size > MAX_FILE_BYTES:
                 raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
             text = self.path.read_text(encoding="utf-8")
-            targets = parse_file_sd(text, yaml_syntax=self.path.suffix.lower() in (".yml", ".yaml"))
+            targets = parse_file_sd(text, yaml_syntax=self.path.suffix.lower() in (".yml", ".yaml"),
+                                    defaults=self._defaults)
         except (OSError, ValueError) as e:
             # Keep scraping what we knew: a half-written or mistyped file must not empty the fleet.
             self._error = f"file_sd {self.path}: {one_line(e)}; keeping {len(self._targets)} previous targets"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Mapping
 
 import httpx
 
+from gpumond.job.tlsclient import explain
 from gpumond.rules.telemetry.errors import one_line
 
 
@@ -34,4 +36,15 @@ def get_bounded(client: httpx.Client, url: str, *, timeout_s: float, max_bytes: 
     except httpx.TimeoutException:
         raise FetchError(timed_out) from None
     except httpx.HTTPError as e:
-        raise FetchError(one_line(f"{type(e).__name__}: {e}")) from None
+        tls = _tls_problem(e)
+        raise FetchError(one_line(tls or f"{type(e).__name__}: {e}")) from None
+
+
+def _tls_problem(e: BaseException) -> str | None:
+    """What to fix when a TLS handshake failed under `e` (httpx wraps the ssl error), else None."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return explain(seen)
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -12,6 +12,7 @@ import httpx
 
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
+from gpumond.rules.telemetry.access import Access, AccessError
 from gpumond.rules.telemetry.errors import one_line
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, agent_alerts, join
@@ -48,7 +49,8 @@ class PrometheusSource:
 
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None,
                  clock: Callable[[], float] = time.time, lookback_s: float = DEFAULT_LOOKBACK_S,
-                 max_workers: int = DEFAULT_MAX_WORKERS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_workers: int = DEFAULT_MAX_WORKERS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 access: Access | None = None) -> None:
         if timeout_s <= 0 or lookback_s <= 0 or max_workers < 1 or max_body_bytes < 1:
             raise ValueError("timeout_s, lookback_s, max_workers and max_body_bytes must be positive")
         # `url` is the API root, the part before /api/v1/query: http://prometheus:9090,
@@ -60,15 +62,24 @@ class PrometheusSource:
         self._clock = clock
         self._queries = build_queries(lookback_s)
         self._owns_client = client is None
-        self._client = client or httpx.Client(headers={"User-Agent": f"gpumond-rules/{__version__}"})
+        self._access = access if access is not None else Access()
+        self._headers: dict[str, str] = {}
+        self._client = client or httpx.Client(headers={"User-Agent": f"gpumond-rules/{__version__}"},
+                                              verify=self._access.verify())
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gpumond-promql")
 
     def fetch(self) -> TelemetryBatch:
         """Run every query at one evaluation time and join the answers."""
         t = self._clock()
+        errors: list[str] = []
+        if problem := self._access.refresh():
+            errors.append(f"prometheus: changed certificate files not used: {problem}")
+        try:
+            self._headers = self._access.headers()
+        except AccessError as e:  # the previous credentials are tried; the error says why they may fail
+            errors.append(f"prometheus: {e}")
         futures = {key: self._pool.submit(self._query_safely, q, t) for key, q in self._queries.items()}
         results: dict[str, list[Row]] = {}
-        errors: list[str] = []
         for key, future in futures.items():
             outcome = future.result()
             if isinstance(outcome, str):
@@ -107,7 +118,7 @@ class PrometheusSource:
         }
         try:
             status, body = get_bounded(self._client, self._endpoint, params=params, timeout_s=self._timeout_s,
-                                       max_bytes=self._max_body)
+                                       max_bytes=self._max_body, headers=self._headers)
         except FetchError as e:
             return str(e)
         try:

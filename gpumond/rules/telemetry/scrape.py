@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
+from gpumond.rules.telemetry.access import Access, AccessError
 from gpumond.rules.telemetry.errors import one_line
 from gpumond.rules.telemetry.file_sd import FileSD
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
@@ -54,12 +55,16 @@ class ScrapeSource:
     def __init__(self, targets: Sequence[str] = (), file_sd: Path | str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None,
                  clock: Callable[[], float] = time.time, max_workers: int = DEFAULT_MAX_WORKERS,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, scheme: str = "http",
+                 access: Access | None = None) -> None:
         if timeout_s <= 0 or max_workers < 1 or max_body_bytes < 1:
             raise ValueError("timeout_s, max_workers and max_body_bytes must be positive")
         # Static targets come from validated config: a bad one is a config error, raised now.
-        self._static = [parse_target(t) for t in targets]
-        self._file_sd = FileSD(file_sd) if file_sd is not None else None
+        defaults = {"__scheme__": scheme}
+        self._static = [parse_target(t, defaults) for t in targets]
+        self._file_sd = FileSD(file_sd, defaults=defaults) if file_sd is not None else None
+        self._access = access if access is not None else Access()
+        self._headers = dict(_HEADERS)
         self._timeout_s = float(timeout_s)
         self._max_body = max_body_bytes
         self._clock = clock
@@ -67,7 +72,7 @@ class ScrapeSource:
         # trust_env=False: a proxy set in the environment (for pip, say) must not sit between us and the agents.
         self._client = client or httpx.Client(
             limits=httpx.Limits(max_connections=max_workers, max_keepalive_connections=max_workers),
-            trust_env=False)
+            trust_env=False, verify=self._access.verify())
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gpumond-scrape")
         self._nodes: dict[str, str] = {}  # url → node name from its last good scrape, to name it when it fails
 
@@ -75,6 +80,12 @@ class ScrapeSource:
         """Scrape every current target once; bounded by the per-target timeout."""
         t = self._clock()
         errors: list[str] = []
+        if problem := self._access.refresh():
+            errors.append(f"scrape: changed certificate files not used: {problem}")
+        try:
+            self._headers = _HEADERS | self._access.headers()
+        except AccessError as e:  # the previous credentials are tried; the error says why they may fail
+            errors.append(f"scrape: {e}")
         targets = self._targets(errors)
         outcomes = list(self._pool.map(self._scrape_safely, targets))
         gpus: dict[str, GpuSample] = {}
@@ -126,7 +137,7 @@ class ScrapeSource:
     def _scrape(self, target: Target) -> AgentReading | str:
         """The agent's reading, or one line saying why there is none."""
         try:
-            status, body = get_bounded(self._client, target.url, headers=_HEADERS, timeout_s=self._timeout_s,
+            status, body = get_bounded(self._client, target.url, headers=self._headers, timeout_s=self._timeout_s,
                                        max_bytes=self._max_body)
         except FetchError as e:
             return str(e)

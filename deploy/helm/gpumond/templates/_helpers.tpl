@@ -101,6 +101,7 @@ app.kubernetes.io/part-of: gpumond
 {{- /* dry_run unless the operator writes agent.config.policy.mode: enforce: nothing acts on a GPU until then. */ -}}
 {{- if not $policy.mode -}}{{- $_ := set $policy "mode" "dry_run" -}}{{- end -}}
 {{- $_ := set $cfg "policy" $policy -}}
+{{- include "gpumond.tlsOwnsWebConfig" (dict "cfg" $cfg "component" "agent" "root" .) -}}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.agent.port)) -}}
 {{- $_ := set $cfg "state_dir" "/var/lib/gpumond" -}}
 {{- toYaml $cfg -}}
@@ -117,6 +118,7 @@ app.kubernetes.io/part-of: gpumond
 {{- if and (not .Values.rules.sharded) (gt (int .Values.rules.replicas) 1) -}}
 {{- fail "rules.replicas: more than 1 needs rules.sharded: true (unsharded replicas would each get part of every job's pushes and page twice)" -}}
 {{- end -}}
+{{- include "gpumond.tlsOwnsWebConfig" (dict "cfg" $cfg "component" "rules" "root" .) -}}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.rules.port)) -}}
 {{- $_ := set $cfg "state_dir" "/var/lib/gpumond-rules" -}}
 {{- toYaml $cfg -}}
@@ -125,6 +127,66 @@ app.kubernetes.io/part-of: gpumond
 {{- define "gpumond.checkMonitors" -}}
 {{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled -}}
 {{- fail "monitoring: enable serviceMonitor or podMonitor, not both (every target would be scraped twice)" -}}
+{{- end -}}
+{{- end -}}
+
+
+{{/* ----- TLS (values: tls, monitoring.tlsConfig) ----------------------------------------------------------- */}}
+{{/* With tls.enabled the chart owns web_config_file: the web.yml it writes next to the daemon's config. */}}
+{{- define "gpumond.tlsOwnsWebConfig" -}}
+{{- if .root.Values.tls.enabled -}}
+{{- if hasKey .cfg "web_config_file" -}}
+{{- fail (printf "%s.config.web_config_file: set by the chart when tls.enabled (it writes web.yml); remove it from %s.config" .component .component) -}}
+{{- end -}}
+{{- $_ := set .cfg "web_config_file" "/etc/gpumond/web.yml" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding a component's serving certificate, checked to be named. */}}
+{{- define "gpumond.tlsSecret" -}}
+{{- $name := index .root.Values.tls (printf "%sSecret" .component) -}}
+{{- if not $name -}}
+{{- fail (printf "tls.%sSecret: name the Secret with the %s's certificate (tls.crt, tls.key, ca.crt, as cert-manager writes it), or set tls.enabled: false" .component .component) -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* web.yml: the exporter-toolkit web config gpumond reads (docs/configuration.md#tls-and-authentication). */}}
+{{- define "gpumond.webConfig" -}}
+{{- $t := .Values.tls -}}
+tls_server_config:
+  cert_file: /etc/gpumond-tls/tls.crt
+  key_file: /etc/gpumond-tls/tls.key
+  client_auth_type: {{ $t.clientAuthType }}
+  {{- if ne $t.clientAuthType "NoClientCert" }}
+  client_ca_file: /etc/gpumond-tls/ca.crt
+  {{- end }}
+  min_version: {{ $t.minVersion }}
+{{- end -}}
+
+{{/* A probe: HTTPS with TLS (the kubelet does not verify the certificate); a TCP check when every client must
+     present a certificate, which the kubelet cannot. */}}
+{{- define "gpumond.probe" -}}
+{{- $t := .root.Values.tls -}}
+{{- if and $t.enabled (eq $t.clientAuthType "RequireAndVerifyClientCert") -}}
+tcpSocket: {port: {{ .port }}}
+{{- else -}}
+httpGet: {path: {{ .path }}, port: {{ .port }}{{ if $t.enabled }}, scheme: HTTPS{{ end }}}
+{{- end -}}
+{{- end -}}
+
+{{/* A monitor endpoint's scheme and tlsConfig: the component's CA and Service name, then monitoring.tlsConfig. */}}
+{{- define "gpumond.monitorTls" -}}
+{{- $root := .root -}}
+{{- if $root.Values.tls.enabled -}}
+{{- $given := default dict $root.Values.monitoring.tlsConfig -}}
+{{- if and (eq $root.Values.tls.clientAuthType "RequireAndVerifyClientCert") (not (and $given.cert $given.keySecret)) -}}
+{{- fail "monitoring.tlsConfig: tls.clientAuthType RequireAndVerifyClientCert refuses a Prometheus without a client certificate; give cert and keySecret (a Secret in this namespace)" -}}
+{{- end -}}
+{{- $default := dict "ca" (dict "secret" (dict "name" (include "gpumond.tlsSecret" (dict "root" $root "component" .component)) "key" "ca.crt")) "serverName" (include (printf "gpumond.%sName" .component) $root) -}}
+scheme: https
+tlsConfig:
+  {{- toYaml (mergeOverwrite $default (deepCopy $given)) | nindent 2 }}
 {{- end -}}
 {{- end -}}
 

@@ -1,0 +1,56 @@
+"""TLS and read-side authentication for both daemons' HTTP servers, set by one web config file
+(`--web.config.file` or the `web_config_file` key; shape: gpumond/config/web.py). Without one, or with an
+empty one, a daemon serves plain HTTP with no read-side authentication, as before."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpumond.config.errors import ConfigError
+from gpumond.web.tls import ServerTLS, ServerTLSSettings, TLSSetupError
+
+__all__ = ["Web", "load_web"]
+
+
+@dataclass(frozen=True)
+class Web:
+    """What a daemon's HTTP server does beyond plain HTTP: TLS, and who may read."""
+
+    tls: ServerTLS | None = None
+    users: dict[str, str] = field(default_factory=dict)
+    tokens: frozenset[str] = frozenset()
+
+    @property
+    def scheme(self) -> str:
+        """`https` when serving TLS, else `http`."""
+        return "https" if self.tls is not None else "http"
+
+    def wrap(self, app: Any, open_paths: Iterable[str]) -> Any:
+        """`app` behind read-side authentication when users or tokens are configured, else `app` itself."""
+        if not self.users and not self.tokens:
+            return app
+        from gpumond.web.auth import ReadAuth
+
+        return ReadAuth(app, users=self.users, tokens=self.tokens, open_paths=open_paths)
+
+
+def load_web(path: Path | None) -> Web:
+    """The web config at `path` (None: plain HTTP), certificates loaded; ConfigError is one line for exit 2."""
+    if path is None:
+        return Web()
+    from gpumond.config.web import load_web_config, read_bearer_tokens
+
+    config = load_web_config(path)
+    tokens = read_bearer_tokens(config.bearer_tokens_file, str(path)) if config.bearer_tokens_file else frozenset()
+    tls = None
+    if (t := config.tls_server_config) is not None:
+        try:
+            tls = ServerTLS(ServerTLSSettings(cert_file=t.cert_file, key_file=t.key_file,
+                                              client_ca_file=t.client_ca_file, client_auth_type=t.client_auth_type,
+                                              min_version=t.min_version, max_version=t.max_version))
+        except TLSSetupError as e:
+            raise ConfigError(str(path), str(e)) from None
+    return Web(tls=tls, users=dict(config.basic_auth_users), tokens=tokens)

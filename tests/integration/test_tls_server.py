@@ -1,0 +1,245 @@
+"""The shared server over TLS on a real uvicorn, in-process (gpumond/web/tls.py + gpumond/connections.py):
+verification and refusals with the ssl module as the client, certificate rotation without a restart, and the
+connection guard holding for connections still in (or never finishing) their TLS handshake.
+
+Certificates are made in the test (tests/pki.py). Each test waits, bounded, for the server to act.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from cryptography import x509
+
+from gpumond.connections import ConnectionLimits, ConnectionStats, guarded_protocol
+from gpumond.job.tlsclient import ClientTLS, explain
+from gpumond.serving import bind
+from gpumond.web.tls import ServerTLS, ServerTLSSettings, guarded_tls
+from tests.integration.test_connection_limits import app, closed_by_server, wait_for
+from tests.pki import CA
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 10.0
+LIMITS = ConnectionLimits(head_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=0.5, max_connections=4)
+# The first bytes of a TLS ClientHello record that announces 512 bytes and never sends them.
+PARTIAL_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+
+
+@pytest.fixture()
+def pki(tmp_path: Path) -> dict[str, object]:
+    ca = CA(tmp_path / "pki")
+    return {"ca": ca, "server": ca.issue("tls"), "client": ca.issue("client", client=True)}
+
+
+def settings(pki: dict, auth: str = "NoClientCert") -> ServerTLSSettings:
+    server = pki["server"]
+    return ServerTLSSettings(cert_file=server.cert, key_file=server.key, client_auth_type=auth,
+                             client_ca_file=pki["ca"].path if auth != "NoClientCert" else None)
+
+
+@contextlib.contextmanager
+def serving(tls: ServerTLS, limits: ConnectionLimits = LIMITS) -> Iterator[tuple[int, ConnectionStats]]:
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    protocol, stats = guarded_protocol(limits, tls=guarded_tls(tls, handshake_timeout_s=2 * limits.head_timeout_s,
+                                                                shutdown_timeout_s=1.0))
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
+                                           http=protocol, timeout_keep_alive=limits.keep_alive_s))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield port, stats
+    finally:
+        server.should_exit = True
+        thread.join(WAIT_S)
+        sock.close()
+
+
+def client(ca: CA | None = None, cert=None) -> ssl.SSLContext:
+    return ClientTLS(ca.path if ca else None, cert.cert if cert else None, cert.key if cert else None).context
+
+
+def https_get(port: int, context: ssl.SSLContext) -> tuple[bytes, x509.Certificate]:
+    """One GET / over TLS: the response head and the certificate the server presented."""
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            out = b""
+            while chunk := s.recv(4096):
+                out += chunk
+            der = s.getpeercert(binary_form=True)
+    return out, x509.load_der_x509_certificate(der)
+
+
+def refusal(port: int, context: ssl.SSLContext) -> ssl.SSLError:
+    """The ssl error a client gets (at the handshake, or at its first read under TLS 1.3)."""
+    with pytest.raises(ssl.SSLError) as caught:
+        https_get(port, context)
+    return caught.value
+
+
+# ----- verification and refusals --------------------------------------------------------------------------
+def test_a_client_trusting_the_ca_is_served_and_sees_the_scheme_https(pki) -> None:
+    with serving(ServerTLS(settings(pki))) as (port, _):
+        head, cert = https_get(port, client(pki["ca"]))
+        assert head.startswith(b"HTTP/1.1 200") and cert.serial_number == pki["server"].serial
+
+
+def test_a_server_signed_by_another_ca_is_refused_with_a_line_that_says_what_to_give(pki, tmp_path) -> None:
+    with serving(ServerTLS(settings(pki))) as (port, _):
+        e = refusal(port, client(CA(tmp_path / "other", "other-ca")))
+    assert isinstance(e, ssl.SSLCertVerificationError)
+    assert "cannot verify the server's certificate (unable to get local issuer certificate)" in explain(e)
+
+
+def test_an_expired_server_certificate_is_refused(pki) -> None:
+    expired = pki["ca"].issue("expired", expired=True)
+    s = ServerTLSSettings(cert_file=expired.cert, key_file=expired.key)
+    with serving(ServerTLS(s)) as (port, _):
+        e = refusal(port, client(pki["ca"]))
+    assert "certificate has expired" in explain(e)
+
+
+def test_mutual_tls_refuses_a_client_without_a_certificate_and_one_from_another_ca(pki, tmp_path) -> None:
+    stranger = CA(tmp_path / "other", "other-ca").issue("stranger", client=True)
+    with serving(ServerTLS(settings(pki, "RequireAndVerifyClientCert"))) as (port, _):
+        assert https_get(port, client(pki["ca"], pki["client"]))[0].startswith(b"HTTP/1.1 200")
+        missing = refusal(port, client(pki["ca"]))
+        assert explain(missing) == "the server requires a client certificate: set a client certificate and key"
+        unknown = refusal(port, client(pki["ca"], stranger))
+        assert "the server refused this client's certificate" in explain(unknown)
+
+
+def test_verify_if_given_serves_a_client_without_a_certificate_but_refuses_a_bad_one(pki, tmp_path) -> None:
+    stranger = CA(tmp_path / "other", "other-ca").issue("stranger", client=True)
+    with serving(ServerTLS(settings(pki, "VerifyClientCertIfGiven"))) as (port, _):
+        assert https_get(port, client(pki["ca"]))[0].startswith(b"HTTP/1.1 200")
+        refusal(port, client(pki["ca"], stranger))
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
+def test_tls_1_1_is_refused(pki) -> None:
+    old = client(pki["ca"])
+    old.minimum_version = old.maximum_version = ssl.TLSVersion.TLSv1_1
+    with serving(ServerTLS(settings(pki))) as (port, _):
+        refusal(port, old)
+
+
+# ----- rotation ---------------------------------------------------------------------------------------------
+def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(pki) -> None:
+    tls = ServerTLS(settings(pki), check_every_s=0.0)
+    with serving(tls) as (port, _):
+        assert https_get(port, client(pki["ca"]))[1].serial_number == pki["server"].serial
+        staged = pki["ca"].issue("tls", directory=pki["server"].cert.parent / "next")
+        # cert-manager's way: the new pair appears under the same names at once (here: renamed over)
+        os.replace(staged.key, pki["server"].key)
+        os.replace(staged.cert, pki["server"].cert)
+        assert https_get(port, client(pki["ca"]))[1].serial_number == staged.serial
+        assert tls.reloads == 1
+
+
+def test_a_half_written_rotation_keeps_serving_the_previous_certificate(pki, caplog) -> None:
+    tls = ServerTLS(settings(pki), check_every_s=0.0)
+    with serving(tls) as (port, _):
+        staged = pki["ca"].issue("tls", directory=pki["server"].cert.parent / "next")
+        os.replace(staged.cert, pki["server"].cert)  # the new certificate, still the old key
+        head, cert = https_get(port, client(pki["ca"]))
+        assert head.startswith(b"HTTP/1.1 200") and cert.serial_number == pki["server"].serial
+        assert "certificate files changed but cannot be used" in caplog.text
+        os.replace(staged.key, pki["server"].key)  # the key follows: now the pair is used
+        assert https_get(port, client(pki["ca"]))[1].serial_number == staged.serial
+
+
+def test_a_rotated_client_ca_is_used_for_new_connections(pki, tmp_path) -> None:
+    tls = ServerTLS(settings(pki, "RequireAndVerifyClientCert"), check_every_s=0.0)
+    new_ca = CA(tmp_path / "new", "new-ca")
+    # both clients trust the server's (unchanged) CA; they differ in who signed their own certificate
+    old_client = client(pki["ca"], pki["client"])
+    new_client = client(pki["ca"], new_ca.issue("client", client=True))
+    with serving(tls) as (port, _):
+        refusal(port, new_client)
+        assert https_get(port, old_client)[0].startswith(b"HTTP/1.1 200")
+        os.replace(new_ca.path, pki["ca"].path)  # the server's client_ca_file now holds only the new CA
+        assert https_get(port, new_client)[0].startswith(b"HTTP/1.1 200")
+        refusal(port, old_client)
+
+
+# ----- the connection guard over TLS ------------------------------------------------------------------------
+def test_a_client_that_never_starts_or_finishes_its_handshake_is_closed_after_the_head_timeout(pki) -> None:
+    with serving(ServerTLS(settings(pki))) as (port, stats):
+        silent = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        partial = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        partial.sendall(PARTIAL_HELLO)
+        assert closed_by_server(silent) and closed_by_server(partial)
+        wait_for(lambda: stats.head_timeouts == 2 and stats.open == 0, "both counted and released")
+
+
+def test_a_head_that_never_completes_after_the_handshake_is_closed(pki) -> None:
+    with serving(ServerTLS(settings(pki))) as (port, stats):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        s = client(pki["ca"]).wrap_socket(raw, server_hostname="127.0.0.1")
+        s.sendall(b"GET /metr")
+        assert closed_by_server(s)
+        assert stats.head_timeouts == 1
+
+
+def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki) -> None:
+    limits = ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, max_connections=4)
+    with serving(ServerTLS(settings(pki)), limits) as (port, stats):
+        stuck = [socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) for _ in range(4)]
+        for s in stuck:
+            s.sendall(PARTIAL_HELLO)
+        wait_for(lambda: stats.open == 4, "four connections held")
+        assert https_get(port, client(pki["ca"]))[0].startswith(b"HTTP/1.1 200")  # a fifth is served…
+        assert closed_by_server(stuck[0])  # …by closing the one that has waited longest
+        assert stats.evicted >= 1 and stats.shed == 0
+        for s in stuck:
+            s.close()
+
+
+def test_failed_handshakes_release_their_place(pki, tmp_path) -> None:
+    limits = ConnectionLimits(head_timeout_s=30, body_timeout_s=30, keep_alive_s=30, max_connections=16)
+    with serving(ServerTLS(settings(pki)), limits) as (port, stats):
+        stranger = client(CA(tmp_path / "other", "other-ca"))
+        for _ in range(20):  # more refused clients than the cap: none of them may stay counted
+            refusal(port, stranger)
+        with socket.create_connection(("127.0.0.1", port)) as plain:  # plain HTTP on the TLS port
+            plain.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert closed_by_server(plain)
+        # each refused connection is held a moment for its alert to be read (more than the cap: the oldest
+        # make room), then released
+        wait_for(lambda: stats.open == 0, "every failed connection released")
+        assert stats.shed == 0
+        assert https_get(port, client(pki["ca"]))[0].startswith(b"HTTP/1.1 200")
+
+
+def test_a_kept_alive_tls_connection_serves_several_requests_then_closes_when_idle(pki) -> None:
+    with serving(ServerTLS(settings(pki))) as (port, stats):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        s = client(pki["ca"]).wrap_socket(raw, server_hostname="127.0.0.1")
+        for _ in range(3):
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            out = b""
+            while not out.endswith(b"\r\n\r\nok\n"):
+                chunk = s.recv(4096)
+                assert chunk, out
+                out += chunk
+            assert out.startswith(b"HTTP/1.1 200")
+        assert closed_by_server(s)  # the keep-alive timeout
+        assert stats.head_timeouts == 0
+        wait_for(lambda: stats.open == 0, "released")
