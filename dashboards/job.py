@@ -25,8 +25,8 @@ def on_job_gpus(expr: str) -> str:
             f"* on(gpu_uuid) group_left(rank, node) {RANKS}")
 
 
-def _series(title: str, unit: str, x: int, y: int, targets: list, **kw: object) -> g.TimeSeries:
-    return g.TimeSeries(title=title, dataSource=DATASOURCE, unit=unit, gridPos=pos(x, y, 12, 8), targets=targets,
+def _series(title: str, unit: str, x: int, y: int, targets: list, width: int = 12, **kw: object) -> g.TimeSeries:
+    return g.TimeSeries(title=title, dataSource=DATASOURCE, unit=unit, gridPos=pos(x, y, width, 8), targets=targets,
                         legendDisplayMode="table", legendPlacement="right", legendCalcs=["lastNotNull", "max"],
                         **kw)
 
@@ -41,15 +41,20 @@ def build() -> g.Dashboard:
                 [target(f"gpumond_job_rank_data_wait_ratio{{{J}}}", "rank {{rank}}")],
                 thresholds=steps((None, "green"), (0.2, "orange")), thresholdsStyleMode="line",
                 description="Share of each step spent blocked on the data loader; ≥ 20 % is input-bound.", **share),
+        # Every share is absolute, 0–1 of the step, as the rules service exports it; per rank they add up to
+        # about 1 (medians, so not exactly). The detectors' relative view has its own series and panel.
         _series("Compute share", "percentunit", 0, 8,
-                [target(f"gpumond_job_rank_compute_ratio{{{J}}}", "rank {{rank}}")],
+                [target(f"gpumond_job_rank_compute_ratio{{{J}}}", "rank {{rank}}")], width=8,
                 description="Share of the step neither waiting on data nor on peers (ranks timing comm_wait). "
                             "A straggler computes longest: its share is the highest.", **share),
-        _series("Comm wait share (rest of the step)", "percentunit", 12, 8,
-                [target(f"clamp_min(1 - gpumond_job_rank_compute_ratio{{{J}}} "
-                        f"- gpumond_job_rank_data_wait_ratio{{{J}}}, 0)", "rank {{rank}}")],
-                description="1 − compute − data wait: time waiting for peers in collectives. The slowest rank "
-                            "waits least.", **share),
+        _series("Comm wait share", "percentunit", 8, 8,
+                [target(f"gpumond_job_rank_comm_wait_ratio{{{J}}}", "rank {{rank}}")], width=8,
+                description="Share of the step waiting for peers in collectives (ranks timing comm_wait). "
+                            "The slowest rank waits least.", **share),
+        _series("Compute share against the step's mean", "percentunit", 16, 8,
+                [target(f"gpumond_job_rank_compute_share_deviation{{{J}}}", "rank {{rank}}")], width=8,
+                description="What the straggler detector compares: each rank's compute share minus the mean of "
+                            "the ranks in the same step (0 for all ranks alike; a straggler stands above)."),
         _series("SM clock of the job's GPUs", "hertz", 0, 16,
                 [target(on_job_gpus(f'gpumond_gpu_sm_clock_hertz{{cluster=~"$cluster"}}'), "rank {{rank}}")]),
         _series("Power / enforced limit of the job's GPUs", "percentunit", 12, 16,

@@ -279,7 +279,9 @@ class _Job:
         for r, (info, lst, h, lp) in enumerate(zip(self.infos, self.recs, (hi - self.offset).tolist(),
                                                     last_push.tolist(), strict=True)):
             values = cols[:, r, ca:h + shift]
-            out[r] = RankWindow(info, tuple(lst[a:h]), lp, StepColumns(steps[ca:h + shift], values))
+            # The simulated processes never die: each push time is also a heartbeat (the SDK's push without
+            # steps when there is nothing to report), which is what tells a hang from an ended job.
+            out[r] = RankWindow(info, tuple(lst[a:h]), lp, StepColumns(steps[ca:h + shift], values), last_beat=lp)
         return out
 
     def phases(self, t: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ at a 1 s interval is 1 s of evidence), so the durations are what the operator st
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpumond.alerts.model import Alert, AlertState, Condition, Pairs
@@ -93,8 +93,13 @@ class AlertTracker:
     persistence: Persistence = Persistence()
     _entries: tuple[tuple[str, _Tracked], ...] = ()
 
-    def update(self, conditions: Iterable[Condition], now: float) -> tuple[AlertTracker, tuple[Transition, ...]]:
-        """Advance to `now` given every condition true now (each fingerprint at most once)."""
+    def update(self, conditions: Iterable[Condition], now: float, *,
+               ended: Callable[[Pairs], bool] | None = None) -> tuple[AlertTracker, tuple[Transition, ...]]:
+        """Advance to `now` given every condition true now (each fingerprint at most once).
+
+        `ended(labels)` says that what an absent alert is about has gone for good (a training job that told
+        the service it ended): such an alert resolves now, without waiting out `clear` and `clear_s`.
+        """
         p = self.persistence
         current: dict[str, Condition] = {}
         for condition in conditions:
@@ -128,13 +133,13 @@ class AlertTracker:
                 t = replace(before, hits=(before.hits + (False,))[-p.n:], quiet=before.quiet + 1)
                 held = t.hold_until is not None and now < t.hold_until
                 recent = t.seen_at is not None and now - t.seen_at < p.clear_s * (1 - _SLACK)
-                if t.quiet >= p.clear and not held and not recent:
+                if (ended is not None and ended(t.labels)) or (t.quiet >= p.clear and not held and not recent):
                     t = replace(t, resolved_at=now)
                     changes.append(Transition(t.alert(), "firing", "resolved"))
                 entries[fp] = t
             elif before.state == "pending":
                 t = replace(before, hits=(before.hits + (False,))[-p.n:])
-                if any(t.hits):
+                if any(t.hits) and not (ended is not None and ended(t.labels)):
                     entries[fp] = t
                 else:
                     # Like Prometheus: a condition that did not last never existed as an alert.

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from gpumond.alerts.catalogue import ALERTS, runbook_url
 from gpumond.alerts.lifecycle import AlertTracker, Entry, Persistence, Transition
-from gpumond.alerts.model import Alert, Condition, pairs, rfc3339
+from gpumond.alerts.model import Alert, Condition, Pairs, pairs, rfc3339
 from gpumond.alerts.sinks import Sink, Snapshot
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.alerting import AlertingConfig
@@ -90,15 +90,17 @@ class AlertPipeline:
             t.join(max(0.0, deadline - time.monotonic()))
 
     # ----- the daemon's loop ---------------------------------------------------------------------------
-    def update(self, conditions: Iterable[Condition], now: float) -> tuple[Transition, ...]:
-        """Advance the lifecycle to `now` (daemon time) and hand the sinks the new picture."""
+    def update(self, conditions: Iterable[Condition], now: float, *,
+               ended: Callable[[Pairs], bool] | None = None) -> tuple[Transition, ...]:
+        """Advance the lifecycle to `now` (daemon time) and hand the sinks the new picture; `ended` as for
+        AlertTracker.update (absent alerts about something gone for good resolve at once)."""
         enriched = [self._enrich(c) for c in conditions]
         if self.cfg.watchdog:
             enriched.append(self._enrich(Condition.of({"alertname": "Watchdog", "severity": "info"})))
         with self._lock:
             wall_now = self._wall()
             self._offset = wall_now - now
-            self._tracker, transitions = self._tracker.update(enriched, now)
+            self._tracker, transitions = self._tracker.update(enriched, now, ended=ended)
             for t in transitions:
                 fp = t.alert.fingerprint
                 if t.new == "firing":

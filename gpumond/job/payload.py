@@ -26,8 +26,11 @@ def encode_head(head: Mapping[str, object]) -> str:
     return json.dumps(dict(head), separators=(",", ":"), ensure_ascii=False)[:-1] + ',"steps":['
 
 
-def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: float) -> bytes:
-    """The JSON body for `records`; step ends are mapped from the monotonic clock to unix time now."""
+def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: float, *, final: bool = False) -> bytes:
+    """The JSON body for `records`; step ends are mapped from the monotonic clock to unix time now.
+
+    No records is a heartbeat (the process lives and has nothing to report); `final` marks the rank's
+    last push (its process is ending)."""
     # Mapping at push time rather than per step keeps time.time() off the hot path, and an NTP
     # step between pushes shifts only the pushes after it.
     offset = wall_now - mono_now
@@ -46,7 +49,7 @@ def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: floa
             parts.append(_STEP % (step, end, duration, wait, count))
         else:
             parts.append(_STEP_COMM % (step, end, duration, wait, count, _fit_comm_wait(comm, duration, wait)))
-    return (head + ",".join(parts) + "]}").encode()
+    return (head + ",".join(parts) + ("],\"final\":true}" if final else "]}")).encode()
 
 
 def _fit_comm_wait(comm: float, duration: float, wait: float) -> float:

@@ -49,6 +49,8 @@ class Pusher:
         self.limit = max_steps  # steps per push; halved on every 413
         self.rand: Callable[[], float] = random.random  # the backoff's jitter source
         self._pending: list[Record] = []  # the batch being sent; older than anything still queued
+        self._last_post = clock()  # when the service last took a push (or the thread started)
+        self.beats = 0  # heartbeats sent (pushes without steps)
         self._attempt = 0
         self._outage = False
         self._warned: set[object] = set()
@@ -56,6 +58,7 @@ class Pusher:
         self.taken = self.pushed = self.dropped = self.failed = 0
         # Steps the service answered it did not store, by its reason; swapped whole, so a reader needs no lock.
         self.service_dropped: Mapping[str, int] = MappingProxyType({})
+        self.ended = False  # the final push (end of job) was taken by the service
         self.last_error: str | None = None
         self._closing = False
         self._deadline = 0.0
@@ -89,18 +92,47 @@ class Pusher:
                 if self._closing:
                     break
                 retry_in = self._drain_safely(self._timeout)
+                if retry_in is None and self._clock() - self._last_post >= self._interval * 0.9:
+                    self._send_marker(self._timeout, final=False)
                 delay = self._interval if retry_in is None else retry_in
-            self._flush_until_deadline()
+            if self._flush_until_deadline():
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._send_marker(min(self._timeout, left), final=True)
         finally:
             self._abandon()
 
-    def _flush_until_deadline(self) -> None:
-        """Closing: keep pushing (and retrying) while the close deadline leaves time for it."""
+    def _send_marker(self, timeout_s: float, *, final: bool) -> None:
+        """A push without steps: a heartbeat while the process lives and has nothing to report (what tells
+        the rules service a hung rank from an ended one), or, at close, the rank's final push (its end of job).
+        Never retried: the next heartbeat comes one interval later, and a lost final push costs at most a
+        finding resolving on its own schedule."""
+        try:
+            body = encode(self._head, (), self._wall(), self._clock(), final=final)
+            reply = self._transport.post(body, timeout_s)
+        except Exception as exc:  # no answer: counted like any failed request
+            self.failed += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return
+        if 200 <= reply.status < 300:
+            self._last_post = self._clock()
+            self.beats += 0 if final else 1
+            self.ended = self.ended or final
+        else:
+            self.failed += 1
+            self.last_error = _describe(reply.status, reply.detail)
+
+    def _flush_until_deadline(self) -> bool:
+        """Closing: keep pushing (and retrying) while the close deadline leaves time for it; True when
+        everything queued was pushed (or dropped as refused), so the final push may follow."""
         while (left := self._deadline - time.monotonic()) > 0:
             retry_in = self._drain_safely(min(self._timeout, left))
-            if retry_in is None or retry_in >= self._deadline - time.monotonic():
-                return
+            if retry_in is None:
+                return True
+            if retry_in >= self._deadline - time.monotonic():
+                return False
             time.sleep(retry_in)
+        return False
 
     def _abandon(self) -> None:
         """Count whatever is still held as dropped and let the connection go."""
@@ -170,6 +202,7 @@ class Pusher:
 
     def _pushed(self, dropped: tuple[tuple[str, int], ...] = ()) -> None:
         """The batch in hand was answered 2xx: pushed, less what the service says it did not store."""
+        self._last_post = self._clock()
         sent = len(self._pending)
         lost = 0
         counts = dict(self.service_dropped)

@@ -13,6 +13,8 @@ import atexit
 import logging
 import os
 import secrets
+import signal
+import threading
 import time
 import weakref
 from collections import deque
@@ -36,6 +38,7 @@ T = TypeVar("T")
 _NONE = 0  # no step open: the next fetch opens one
 _FETCH = 1  # opened by a fetch; the next fetch ends it
 _BLOCK = 2  # inside `with step()`: fetches add their wait, only the block's end ends it
+SIGTERM_FLUSH_S = 2.0  # torchrun waits 30 s between its SIGTERM and SIGKILL; a final push takes milliseconds
 
 
 class Reporter:
@@ -48,7 +51,7 @@ class Reporter:
                  push_interval_s: float = 5.0,
                  max_queue: int = 10_000, max_steps_per_push: int = 512, timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, handle_sigterm: bool = True) -> None:
         # Hot-path state comes first, so a reporter whose setup fails below is still safe to call.
         self._off = True
         self._closed = False
@@ -107,6 +110,8 @@ class Reporter:
             self._disable(f"unexpected error while configuring: {exc!r}")
             return
         atexit.register(self.close)
+        if handle_sigterm:
+            _on_sigterm(self)
         # A forked child (a DataLoader worker) inherits this object but not the thread: make it inert.
         os.register_at_fork(after_in_child=_make_inert_in_child(weakref.ref(self)))
         self._off = False
@@ -462,6 +467,39 @@ class _CommWait:
             rep._comm = waited if comm is None else comm + waited
         except Exception as exc:
             rep._fail(exc)
+
+
+_live: weakref.WeakSet[Reporter] = weakref.WeakSet()
+_handler_lock = threading.Lock()
+
+
+def _on_sigterm(rep: Reporter) -> None:
+    """Close `rep` on SIGTERM (what torchrun sends the surviving workers when it tears a job down, and what
+    schedulers send at the end of a time limit), so its final push tells the rules service the job ended.
+
+    Only where SIGTERM still has its default action and from the main thread (Python's rule): a handler
+    the program set is never replaced. After closing, the default action is restored and the signal raised
+    again, so the process still dies of SIGTERM, with the exit status its launcher expects.
+    """
+    with _handler_lock:
+        _live.add(rep)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return  # the program's own handler, or ours already
+            signal.signal(signal.SIGTERM, _sigterm)
+        except (ValueError, OSError):  # no signals here (an embedded interpreter): atexit still closes
+            pass
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    try:
+        for rep in list(_live):
+            rep.close(SIGTERM_FLUSH_S)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _make_inert_in_child(ref: weakref.ref[Reporter]) -> Callable[[], None]:

@@ -25,14 +25,19 @@ log = logging.getLogger("gpumond.rules")
 TELEMETRY_LOG_EVERY_S = 300.0
 
 
+# Shares are absolute, 0–1 of the step. The detectors compare each rank's compute share with its step's
+# mean over the ranks; that deviation has its own name, so no reader takes it for a share.
 _RANK_SERIES = (("gpumond_job_rank_step_seconds", "step_time_s"),
                 ("gpumond_job_rank_data_wait_ratio", "wait_frac"),
-                ("gpumond_job_rank_compute_ratio", "share_recent"))
+                ("gpumond_job_rank_comm_wait_ratio", "comm_frac"),
+                ("gpumond_job_rank_compute_ratio", "compute_frac"),
+                ("gpumond_job_rank_compute_share_deviation", "share_recent"))
 
 
 def rank_series(features: Mapping[str, Sequence[RankFeatures]]) -> list[Series]:
-    """Per rank, what the detectors judged over the recent window: median step time, data-wait share and
-    compute share (only for ranks that push comm_wait_s); a value the window cannot give is left out."""
+    """Per rank, what the detectors judged over the recent window: median step time; median data-wait,
+    comm-wait and compute shares of the step (the last two and the deviation only for ranks that push
+    comm_wait_s); a value the window cannot give is left out."""
     out = []
     for job, feats in sorted(features.items()):
         for f in feats:
@@ -77,6 +82,7 @@ class Evaluator:
         self._failures_unlogged = 0
         self._logged_at = 0.0
         self.resolved_total = 0
+        self.jobs_ended_total = 0
 
     def owns(self, job: str) -> bool:
         """Whether this replica evaluates `job` (always, without sharding)."""
@@ -141,6 +147,8 @@ class Evaluator:
         """One evaluation over every job this replica owns; returns the current findings."""
         start = self._timer()
         now = self._clock()
+        # Before the snapshot: a job released after it is reported by the next evaluation.
+        ended = self._ranks.take_ended()
         self._ranks.expire(now)
         self._gpus.expire(now)
         jobs = {j: r for j, r in self._ranks.jobs(now).items() if self.owns(j)}
@@ -153,10 +161,12 @@ class Evaluator:
                             absent_nodes=self._gpus.absent_nodes())
         with self._lock:
             self._state, candidates = evaluate(inputs, self._state, self._cfg)
+            # A job whose ranks all said they ended has no findings left: they resolve now, not resolve_after_s later.
             transitions = self.alerts.update(conditions_of(candidates, self._gpu_index) + self._extra_conditions(),
-                                             now)
+                                             now, ended=lambda labels: bool(ended) and dict(labels).get("job") in ended)
             self._findings = tuple(findings_of(self.alerts.entries()))
             self.evaluations += 1
+            self.jobs_ended_total += len(ended)
             self.resolved_total += sum(1 for t in transitions if t.new == "resolved" and t.alert.alertname != "Watchdog")
         self.last_duration_s = self._timer() - start
         return self._findings
@@ -197,6 +207,7 @@ class Evaluator:
         out.append(Series("gpumond_rules_evaluations_total", (), float(self.evaluations)))
         out.append(Series("gpumond_rules_evaluation_duration_seconds", (), self.last_duration_s))
         out.append(Series("gpumond_rules_findings_resolved_total", (), float(self.resolved_total)))
+        out.append(Series("gpumond_rules_jobs_ended_total", (), float(self.jobs_ended_total)))
         if self._source is not None and self.telemetry_ok is not None:
             source = (("source", self._source.name),)
             out.append(Series("gpumond_rules_telemetry_up", source, 1.0 if self.telemetry_ok else 0.0))

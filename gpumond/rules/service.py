@@ -47,12 +47,20 @@ _HELP = {
     "gpumond_finding": ("gauge", "1 for each firing finding (straggler, io_starved_rank, io_starved_job, …)."),
     "gpumond_findings": ("gauge", "Current findings by kind and state (pending or firing)."),
     "gpumond_job_rank_step_seconds": ("gauge", "Median step time of the rank over the detectors' recent window."),
-    "gpumond_job_rank_data_wait_ratio": ("gauge", "Median share of the rank's step spent waiting on its data loader."),
-    "gpumond_job_rank_compute_ratio": ("gauge", "Median share of the rank's step not waiting on data or peers "
+    "gpumond_job_rank_data_wait_ratio": ("gauge", "Median share of the rank's step spent waiting on its data loader, "
+                                                  "0 to 1."),
+    "gpumond_job_rank_comm_wait_ratio": ("gauge", "Median share of the rank's step spent waiting for its peers in "
+                                                  "collectives, 0 to 1 (ranks that push comm_wait_s)."),
+    "gpumond_job_rank_compute_ratio": ("gauge", "Median share of the rank's step not waiting on data or peers, 0 to 1 "
                                                 "(ranks that push comm_wait_s)."),
+    "gpumond_job_rank_compute_share_deviation": ("gauge", "Median of the rank's compute share minus its step's mean "
+                                                          "over the job's ranks (-1 to 1; positive: computes longer "
+                                                          "than its peers, as a straggler does)."),
     "gpumond_rules_evaluations_total": ("counter", "Detector evaluations run."),
     "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
     "gpumond_rules_findings_resolved_total": ("counter", "Findings that fired and then resolved."),
+    "gpumond_rules_jobs_ended_total": ("counter", "Jobs released because every rank sent its final push "
+                                                  "(the job SDK's end of job)."),
     "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
     "gpumond_rules_telemetry_errors_total": ("counter", "Telemetry fetches that failed or reported failed targets "
                                                         "or queries."),

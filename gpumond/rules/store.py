@@ -69,7 +69,7 @@ class Stored:
 class _Rank:
     """One (job, rank): its latest RankInfo and its steps in arrival order."""
 
-    __slots__ = ("info", "incarnation", "steps", "cols", "last_push", "last_step", "view")
+    __slots__ = ("info", "incarnation", "steps", "cols", "last_push", "last_step", "view", "last_beat", "ended")
 
     def __init__(self, info: RankInfo, incarnation: str | None = None) -> None:
         self.info = info
@@ -79,6 +79,8 @@ class _Rank:
         self.last_push = 0.0
         self.last_step = -1  # highest step number ever held: steps above it cannot be duplicates
         self.view: RankWindow | None = None  # the last snapshot, reused until something changes
+        self.last_beat: float | None = None  # the last push without steps (the SDK's heartbeat)
+        self.ended = False  # the rank's last push said `final`: its process is ending
 
 
 class RankStore:
@@ -99,6 +101,9 @@ class RankStore:
         self._restarts = 0  # ranks whose process restarted (a new incarnation)
         self._refused = dict.fromkeys(CAPS, 0)
         self._expired = dict.fromkeys(("jobs", "ranks", "gpus"), 0)
+        # Jobs whose every rank said it ended, released since the evaluator last asked (take_ended()).
+        self._ended: set[str] = set()
+        self.ended_total = 0
 
     @classmethod
     def from_config(cls, config: RulesConfig) -> RankStore:
@@ -113,13 +118,18 @@ class RankStore:
         """Record a push; return how many steps were new and kept. Raises CapExceeded (nothing stored)."""
         return self.store(info, steps, now).accepted
 
-    def store(self, info: RankInfo, steps: Sequence[StepRecord], now: float, incarnation: str | None = None) -> Stored:
+    def store(self, info: RankInfo, steps: Sequence[StepRecord], now: float, incarnation: str | None = None, *,
+              final: bool = False) -> Stored:
         """Record a push; say what was kept and what was not, and why. Raises CapExceeded (nothing stored).
 
         A push whose `incarnation` differs from the one the rank holds comes from a restarted process (a
         torchelastic restart keeps the job and rank, and numbers its steps again from its checkpoint): the
         rank's held steps belong to a run that is over and are let go, so the new process's steps count
-        instead of being taken for duplicates. A push without one (an older SDK) keeps the old behaviour."""
+        instead of being taken for duplicates. A push without one (an older SDK) keeps the old behaviour.
+
+        `final`: the rank's process is ending. Once every held rank of the job has said so, the job is
+        released at once (its steps, ranks and GPUs) and reported by take_ended(), so that its findings
+        resolve now rather than after expire_after_s."""
         cutoff = now - self.window_s
         with self._lock:
             job = self._jobs.get(info.job)
@@ -157,7 +167,12 @@ class RankStore:
             self._accepted += len(fresh)
             rank.last_step = max(rank.last_step, highest)
             rank.last_push = now
+            if not steps:
+                rank.last_beat = now
+            rank.ended = final  # a push without it after one with it: the rank was restarted
             rank.view = None
+            if final and all(r.ended for r in job.values()):
+                self._release(info.job)
             return Stored(len(fresh), past_window, no_room, duplicate, stale, restarted)
 
     def _forget_steps(self, rank: _Rank) -> None:
@@ -168,6 +183,22 @@ class RankStore:
         self._steps -= n
         rank.last_step = -1
         rank.view = None
+
+    def _release(self, name: str) -> None:
+        """Drop a job whose ranks all ended (under the lock)."""
+        for rank in self._jobs.pop(name).values():
+            self._ranks -= 1
+            self._steps -= len(rank.steps)
+            self._release_gpu(rank.info.gpu_uuid)
+        if len(self._ended) < self.limits["jobs"]:  # bounded even if nobody ever asks
+            self._ended.add(name)
+        self.ended_total += 1
+
+    def take_ended(self) -> frozenset[str]:
+        """Jobs released because every rank ended, since the last call."""
+        with self._lock:
+            ended, self._ended = frozenset(self._ended), set()
+            return ended
 
     def _admit(self, info: RankInfo, job: dict[int, _Rank] | None, rank: _Rank | None, has_steps: bool) -> None:
         new_gpu = info.gpu_uuid not in self._gpus
@@ -309,7 +340,8 @@ class RankStore:
                     self._trim(rank, cutoff)
                     if rank.view is None:
                         steps = tuple(rank.steps)
-                        rank.view = RankWindow(rank.info, steps, rank.last_push, rank.cols.columns(steps))
+                        rank.view = RankWindow(rank.info, steps, rank.last_push, rank.cols.columns(steps),
+                                               rank.last_beat, rank.ended)
                     views[number] = rank.view
             out[name] = MappingProxyType(views)
         return MappingProxyType(out)

@@ -83,6 +83,11 @@ class RankWindow:
     # The same steps as arrays, when whoever built the window keeps them (the store, the simulator);
     # detectors fall back to reading `steps` when any window of a job lacks them.
     columns: StepColumns | None = field(default=None, compare=False)
+    # Unix seconds of the last push that carried no steps: the SDK's heartbeat, sent while the process lives
+    # and has nothing to report (a hung rank keeps sending it; a crashed one cannot). None: never seen.
+    last_beat: float | None = None
+    # The rank said it is ending (`"final": true`, sent by the SDK's close(), at exit and on SIGTERM).
+    ended: bool = False
 
 
 # ----- from GPU telemetry (agents or Prometheus) --------------------------------------------------

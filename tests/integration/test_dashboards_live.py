@@ -237,3 +237,37 @@ def test_the_planted_faults_show_where_they_were_planted(cluster: Cluster) -> No
     straggler_alert = prom.wait_for('gpumond_alert_active{alertname="TrainingStraggler"}', timeout=30,
                                     what="the rules service's TrainingStraggler in gpumond_alert_active")
     assert {r["metric"]["exported_job"] for r in straggler_alert} == {JOB}
+
+
+def test_the_job_share_panels_show_the_shares_the_ranks_pushed(cluster: Cluster) -> None:
+    """The Job dashboard's share panels, as Grafana queries them, against what the simulated ranks push: each
+    computes STEP_S (the hot GPU's rank longer), the starved rank first waits DATA_WAIT_S on its loader, and all
+    wait at the barrier for the slowest. Every share is 0–1 of the step and a rank's three add up to about 1;
+    the rank that waits least in the collectives is the slowest one (hot or starved), never a healthy one."""
+    d = json.loads((DASHBOARDS / "gpumond-job.json").read_text())
+    chosen, _ = _choose(cluster.prom, d["templating"]["list"])
+    exprs = {p["title"]: p["targets"][0]["expr"] for p in d["panels"] if p.get("targets")}
+
+    def by_rank(title: str) -> dict[str, tuple[str, float]]:
+        result = cluster.prom.query(interpolate(exprs[title], chosen))
+        return {r["metric"]["rank"]: (r["metric"]["gpu_uuid"], float(r["value"][1])) for r in result}
+
+    cluster.prom.wait_for("gpumond_job_rank_comm_wait_ratio", lambda r: len(r) >= 12, timeout=60,
+                          what="every rank's comm-wait share in Prometheus")
+    data, compute, comm = by_rank("Data-loader wait share"), by_rank("Compute share"), by_rank("Comm wait share")
+    deviation = by_rank("Compute share against the step's mean")
+    assert set(comm) == set(compute) == set(deviation) and set(comm) <= set(data) and len(comm) >= 12
+    uuid = {(r["metric"]["instance"], r["metric"]["gpu"]): r["metric"]["uuid"] for r in cluster.prom.query("gpumond_gpu_info")}
+    addr = {node: a.address for node, a in cluster.agents.items()}
+    hot, starved = uuid[(addr[HOT[0]], str(HOT[1]))], uuid[(addr[STARVED[0]], str(STARVED[1]))]
+    for rank in comm:
+        shares = (data[rank][1], compute[rank][1], comm[rank][1])
+        assert all(0.0 <= x <= 1.0 for x in shares), (rank, shares)
+        assert abs(sum(shares) - 1.0) < 0.1, (rank, shares)  # medians of each: close to, not exactly, 1
+    starved_rank = next(r for r, (u, _) in data.items() if u == starved)
+    assert data[starved_rank][1] > 0.2 and comm[starved_rank][1] < 0.1, (data[starved_rank], comm[starved_rank])
+    healthy = [r for r, (u, _) in comm.items() if u not in (hot, starved)]
+    assert min(comm[r][1] for r in healthy) > 0.1, comm  # they wait for the slowest
+    assert all(abs(data[r][1]) < 0.05 for r in healthy), data
+    least = min(comm, key=lambda r: comm[r][1])
+    assert comm[least][0] in (hot, starved), (least, comm)

@@ -33,6 +33,7 @@ WAIT_S = 10.0  # the longest any condition below may take
 STEP_KEYS = ["step", "end", "duration_s", "data_wait_s", "samples"]
 OPTIONAL_STEP_KEYS = ["comm_wait_s"]  # sent only when measured, after the others
 TOP_KEYS = ["job", "rank", "world_size", "node", "gpu_uuid", "group", "incarnation", "steps"]
+OPTIONAL_TOP_KEYS = ["final"]  # the rank's last push (end of job), sent by close()
 GPU = "GPU-00000000-0000-4000-8000-000000000007"
 
 
@@ -40,7 +41,9 @@ def contract_errors(payload: object) -> list[str]:
     """Everything about a push body that the DESIGN.md contract does not allow, by field."""
     if not isinstance(payload, dict):
         return ["body: not an object"]
-    errors = [f"{k}: unexpected or missing" for k in set(TOP_KEYS) ^ set(payload)]
+    errors = [f"{k}: unexpected or missing" for k in set(TOP_KEYS) ^ (set(payload) - set(OPTIONAL_TOP_KEYS))]
+    if "final" in payload and payload["final"] is not True:
+        errors.append("final: must be true when present")
     for key in ("job", "node", "gpu_uuid"):
         if not (isinstance(payload.get(key), str) and payload[key]):
             errors.append(f"{key}: must be a non-empty string")
@@ -52,8 +55,9 @@ def contract_errors(payload: object) -> list[str]:
     if not (_is_int(rank) and _is_int(world) and 0 <= rank < world):  # type: ignore[operator]
         errors.append("rank/world_size: need integers with 0 <= rank < world_size")
     steps = payload.get("steps")
-    if not (isinstance(steps, list) and steps):
-        return errors + ["steps: must be a non-empty list"]
+    if not isinstance(steps, list):
+        return errors + ["steps: must be a list"]
+    # An empty list is a heartbeat (the process lives, nothing to report) or the final push.
     for i, step in enumerate(steps):
         if not isinstance(step, dict) or list(step)[:len(STEP_KEYS)] != STEP_KEYS \
                 or not set(list(step)[len(STEP_KEYS):]) <= set(OPTIONAL_STEP_KEYS):
@@ -98,7 +102,8 @@ class Receiver:
         self.retry_after: str | None = None  # sent with 429 / 500
         self.drop_idle = False  # close the socket after answering, without saying so
         self.accepted: list[dict] = []
-        self.statuses: list[int] = []
+        self.markers: list[dict] = []  # pushes without steps: heartbeats, and the final push at close
+        self.statuses: list[int] = []  # of the other requests
         self.request_times: list[float] = []
         self.violations: list[str] = []
         self.connections = 0
@@ -145,9 +150,12 @@ class Receiver:
         if self.delay_s:
             time.sleep(self.delay_s)
         with self._lock:
-            self.request_times.append(time.monotonic())
             status, extra, reply = self._decide(headers, body, path)
-            self.statuses.append(status)
+            if status == 202 and self.accepted and self.accepted[-1].get("steps") == []:
+                self.markers.append(self.accepted.pop())
+            else:
+                self.request_times.append(time.monotonic())
+                self.statuses.append(status)
         return status, extra, json.dumps(reply).encode()
 
     def _decide(self, headers: dict[str, str], body: bytes, path: str) -> tuple[int, dict[str, str], dict]:
@@ -291,7 +299,9 @@ def test_a_kept_alive_socket_closed_by_the_server_is_reopened_without_a_failure(
         wait_for(lambda n=n: len(receiver.steps()) == n, f"step {n}")
         time.sleep(0.05)  # let the server's close land before the next push reuses the socket
     rep.close()
-    assert rep.stats.failed_pushes == 0 and receiver.connections == 3
+    # Each request finds its socket closed; heartbeats in between are requests too.
+    assert rep.stats.failed_pushes == 0 and receiver.connections == 3 + len(receiver.markers)
+    assert receiver.markers[-1]["final"] is True
 
 
 def test_comm_waits_arrive_only_for_steps_that_measured_them(receiver: Receiver) -> None:
@@ -457,8 +467,6 @@ def test_comm_waits_reach_the_rules_service_store(rules_service: tuple[str, Rank
                 clock.now += 0.25 * i
         rep.step_end(samples=8)
     wait_for(lambda: rep.stats.pushed_steps == 3, "3 steps pushed")
-    rep.close()
-    assert rep.stats.failed_pushes == 0, rep.stats.last_error
     window = store.jobs(time.time())["job-7"][1]
     assert [(s.step, s.samples, s.comm_wait_s) for s in window.steps] == [(0, 8, None), (1, 8, 0.25), (2, 8, 0.5)]
     assert [s.duration_s for s in window.steps] == [0.5, 0.75, 1.0]
@@ -498,3 +506,55 @@ def test_a_rank_whose_clock_is_behind_the_window_is_told_and_counts_its_steps_dr
     assert dict(rep.stats.dropped_by_service) == {"stale": 50}
     warned = [r.getMessage() for r in caplog.records if "did not store" in r.getMessage()]
     assert len(warned) == 1 and "clock" in warned[0]
+    rep.close()
+    assert rep.stats.failed_pushes == 0, rep.stats.last_error
+    assert "job-7" not in store.jobs(time.time())  # its only rank said it ended: the job is released
+
+
+# ----- end of job and heartbeats ----------------------------------------------------------------------------
+def test_an_idle_rank_sends_heartbeats_and_close_sends_the_final_push(receiver: Receiver) -> None:
+    rep = reporter(receiver, push_interval_s=0.05)
+    rep.step_end()
+    wait_for(lambda: len(receiver.steps()) == 1, "the step")
+    wait_for(lambda: len(receiver.markers) >= 3, "three heartbeats while nothing is to report")
+    assert all("final" not in m and m["steps"] == [] for m in receiver.markers)
+    rep.close()
+    assert receiver.markers[-1]["final"] is True and receiver.markers[-1]["job"] == "job-7"
+    assert rep.stats.failed_pushes == 0 and rep.stats.dropped_steps == 0
+
+
+_CHILD = """
+import signal, sys, time
+from gpumond.job import Reporter
+rep = Reporter(endpoint=sys.argv[1], token=sys.argv[2], job="job-9", rank=0, world_size=1, node="node-c",
+               gpu_uuid=sys.argv[3], push_interval_s=3600)
+assert rep.enabled, rep.stats.last_error
+if sys.argv[4] == "own-handler":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+rep.step_end()
+if sys.argv[4] == "exit":
+    sys.exit(0)  # no close(): atexit does it
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)  # training; torchrun's teardown SIGTERMs it
+"""
+
+
+@pytest.mark.parametrize("how, code", [("exit", 0), ("sigterm", -15), ("own-handler", 7)])
+def test_the_final_push_is_sent_at_exit_and_on_sigterm_and_a_program_handler_is_kept(
+        receiver: Receiver, how: str, code: int) -> None:
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, receiver.url, TOKEN, GPU, how], stdout=subprocess.PIPE)
+    try:
+        if how != "exit":
+            assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+            child.send_signal(15)
+        assert child.wait(timeout=WAIT_S) == code  # still dies of SIGTERM: the launcher sees what it sent
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # The step, then the final push (the program's own handler exits through sys.exit: atexit sends it too).
+    assert [s["step"] for s in receiver.steps()] == [0]
+    assert [m.get("final") for m in receiver.markers] == [True]

@@ -60,8 +60,9 @@ def ref_rank(w: RankWindow, since: float, short: int = 8, least: int = 5, trim: 
     durations = [s.duration_s for s in recent if s.duration_s > 0]
     waits = [min(s.data_wait_s / s.duration_s, 1.0) for s in recent if s.duration_s > 0]
     timed = [s for s in recent if s.duration_s > 0 and s.comm_wait_s is not None]
-    shares = [max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0) - (means or {}).get(s.step, 0.0)
-              for s in timed]
+    absolute = [max(1.0 - (s.data_wait_s + s.comm_wait_s) / s.duration_s, 0.0) for s in timed]
+    shares = [x - (means or {}).get(s.step, 0.0) for s, x in zip(timed, absolute)]
+    comm = [s.comm_wait_s / s.duration_s for s in timed]
     last = len(shares) - short
     in_short = [x for i, (s, x) in enumerate(zip(timed, shares)) if i >= last or s.end >= timed[-1].end - short_s]
     return RankFeatures(w.info.rank, w.info.node, w.info.gpu_uuid, w.info.group, len(recent),
@@ -70,7 +71,9 @@ def ref_rank(w: RankWindow, since: float, short: int = 8, least: int = 5, trim: 
                         sum(waits) / len(waits) if waits else None,
                         _median(in_short) if shares and len(shares) >= min(short, least) else None,
                         _median(shares) if len(shares) >= least else None,
-                        _trimmed(shares, trim) if len(shares) >= least else None)
+                        _trimmed(shares, trim) if len(shares) >= least else None,
+                        _median(absolute) if len(shares) >= least else None,
+                        _median(comm) if len(shares) >= least else None)
 
 
 def ref_step_times(ranks, since, until):

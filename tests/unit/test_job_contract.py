@@ -53,7 +53,8 @@ def test_sdk_bodies_validate_under_the_service_defaults() -> None:
     limits = rules_config.LimitsConfig()
     model = payload.push_model(limits.max_string_len, limits.max_steps_per_push)
     bodies = sdk_bodies()
-    assert [len(json.loads(b)["steps"]) for b in bodies] == [512, 1]
+    assert [len(json.loads(b)["steps"]) for b in bodies] == [512, 1, 0]
+    assert payload.parse(model, bodies[-1]).final and not payload.parse(model, bodies[0]).final
     assert MAX_LABEL_CHARS <= limits.max_string_len
     for body in bodies:
         assert len(body) <= limits.max_body_bytes
@@ -94,7 +95,7 @@ def test_sdk_comm_waits_reach_the_service_model_and_are_absent_when_not_measured
     clock.now += 0.5
     rep.step_end(comm_wait_s=99.0)  # longer than the step: cut to it
     rep.close()
-    (body,) = transport.bodies
+    body, _final = transport.bodies
     assert [("comm_wait_s" in s) for s in json.loads(body)["steps"]] == [False, True, False, True, True]
     push = payload.parse(model, body)
     assert [s.comm_wait_s for s in push.steps] == [None, 0.25, None, 0.25, pytest.approx(0.5, abs=2e-6)]

@@ -369,8 +369,10 @@ def test_payload_shape_matches_the_push_contract() -> None:
         rep.step_end(samples=32)
     end = clock.now + WALL_OFFSET
     rep.close()
-    (body,) = transport.bodies
+    body, final = transport.bodies
     assert list(body) == ["job", "rank", "world_size", "node", "gpu_uuid", "group", "incarnation", "steps"]
+    # close() ends with the rank's final push: the same head, no steps, "final": true (the end of job).
+    assert final == {**{k: v for k, v in body.items() if k != "steps"}, "steps": [], "final": True}
     assert {k: v for k, v in body.items() if k != "steps"} == {
         "job": "job-1", "rank": 1, "world_size": 4, "node": "node-a", "gpu_uuid": GPU,
         "group": "pp-stage-2", "incarnation": rep.incarnation}
@@ -403,7 +405,7 @@ def test_batches_hold_at_most_max_steps_per_push() -> None:
     for _ in range(1200):
         rep.step_end()
     rep.close()
-    assert [len(b["steps"]) for b in transport.bodies] == [512, 512, 176]
+    assert [len(b["steps"]) for b in transport.bodies] == [512, 512, 176, 0]
     assert rep.stats == Stats(pushed_steps=1200)
 
 

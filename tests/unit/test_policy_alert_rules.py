@@ -209,3 +209,21 @@ def test_alerts_say_what_runs_on_the_gpu_in_an_annotation_not_a_label() -> None:
     assert lost.annotation("workload") == on[0]
     (quiet,) = Agent().at(1.0, [gpu(2)], xids=[(2, 48)])
     assert quiet.annotation("workload") is None  # nothing known to run there: no empty annotation
+
+
+def test_event_times_in_messages_are_wall_clock_even_when_the_daemon_clock_is_monotonic() -> None:
+    # On real GPUs the agent's clock is monotonic (seconds since boot): 30.3 s printed as Unix time read
+    # "1970-01-01T00:00:30.299Z" in a Slack message. The message carries the wall time of the same instant.
+    wall = 1_763_760_000.0  # 2025-11-21T21:20:00Z
+    cfg = CFG
+    state, conds = agent_conditions([gpu(0)], AgentAlertState(), [(0, 48)], "n", cfg, 30.299, wall=wall)
+    state, conds = agent_conditions([gpu(0)], state, [(0, 48)], "n", cfg, 40.299, wall=wall + 10)
+    (xid,) = [c for c in conds if dict(c.labels)["alertname"] == "GpuXidCritical"]
+    text = dict(xid.annotations)["description"]
+    assert "from 2025-11-21T21:20:00" in text and "to 2025-11-21T21:20:10" in text and "1970" not in text, text
+    state, conds = agent_conditions([gpu(0, ecc_uncorrected_volatile=1.0)], state, [], "n", cfg, 50.0, wall=wall + 20)
+    (ecc,) = [c for c in conds if dict(c.labels)["alertname"] == "GpuEccUncorrectedIncreasing"]
+    assert "at 2025-11-21T21:20:20" in dict(ecc.annotations)["description"]
+    # The hold is still timed on the daemon's clock.
+    _, conds = agent_conditions([gpu(0)], state, [], "n", cfg, 40.299 + cfg.event_hold_s, wall=1e10)
+    assert [dict(c.labels)["alertname"] for c in conds] == ["GpuEccUncorrectedIncreasing"]

@@ -36,13 +36,19 @@ _THROTTLES = (
 
 @dataclass(frozen=True, slots=True)
 class EventRecord:
-    """Events of one kind on one GPU within the hold: when, and how many."""
+    """Events of one kind on one GPU within the hold: when, and how many.
+
+    `first_at`/`last_at` are on the daemon's clock (monotonic on real GPUs), which times the hold;
+    `first_wall`/`last_wall` are the same instants in Unix time, which is what a message may print.
+    """
 
     gpu: int
     uuid: str
     first_at: float
     last_at: float
     count: float
+    first_wall: float = 0.0
+    last_wall: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,17 +62,20 @@ class AgentAlertState:
 
 def agent_conditions(
     views: Sequence[GpuView], prev: AgentAlertState, new_xids: Sequence[tuple[int, int]], node: str,
-    cfg: PolicyAlertsConfig, now: float, *, at_floor: Collection[str] = frozenset(),
+    cfg: PolicyAlertsConfig, now: float, *, at_floor: Collection[str] = frozenset(), wall: float | None = None,
     not_recorded: str | None = None,
 ) -> tuple[AgentAlertState, list[Condition]]:
     """Conditions true now for this node's GPUs.
 
     `new_xids` are (gpu index, xid) events seen since the last call; `at_floor` holds the
-    UUIDs whose thermal controller is pinned at its floor (ThermalState.at_floor);
-    `not_recorded` says why the policy cannot write its records now (None while it can).
+    UUIDs whose thermal controller is pinned at its floor (ThermalState.at_floor). `now` is the
+    daemon's clock (it times holds and durations); `wall` is Unix time at the same instant, the
+    time printed in messages (None: `now` is already Unix time). `not_recorded` says why the policy
+    cannot write its records now (None while it can).
     """
-    state = _track_ecc(prev, views, now, cfg.event_hold_s)
-    state = _track_xids(state, views, new_xids, now, cfg.event_hold_s)
+    wall_now = now if wall is None else wall
+    state = _track_ecc(prev, views, now, wall_now, cfg.event_hold_s)
+    state = _track_xids(state, views, new_xids, now, wall_now, cfg.event_hold_s)
     conditions: list[Condition] = []
     for view in views:
         on = view.workload
@@ -122,7 +131,8 @@ def _throttles(view: GpuView, node: str, cfg: PolicyAlertsConfig) -> list[Condit
                        workload=view.workload) for name in found]
 
 
-def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float, hold_s: float) -> AgentAlertState:
+def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float, wall: float,
+               hold_s: float) -> AgentAlertState:
     """Update counter baselines; a rise is an event, a drop (driver reload, reset) a new baseline."""
     counts = {uuid: (vol, agg) for uuid, vol, agg in state.ecc_counts}
     events = {r.uuid: r for r in state.ecc_events if now - r.last_at < hold_s}
@@ -135,8 +145,8 @@ def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float, hol
             if increase > 0:
                 old = events.get(view.uuid)
                 events[view.uuid] = (
-                    replace(old, last_at=now, count=old.count + increase, gpu=view.index) if old
-                    else EventRecord(view.index, view.uuid, now, now, increase)
+                    replace(old, last_at=now, last_wall=wall, count=old.count + increase, gpu=view.index) if old
+                    else EventRecord(view.index, view.uuid, now, now, increase, wall, wall)
                 )
         # A missing reading (lost GPU, slow tier not run yet) keeps the old baseline.
         merged = tuple(c if c is not None else b for b, c in zip(before or (None, None), current, strict=True))
@@ -149,14 +159,14 @@ def _track_ecc(state: AgentAlertState, views: Sequence[GpuView], now: float, hol
 
 
 def _track_xids(state: AgentAlertState, views: Sequence[GpuView], new_xids: Sequence[tuple[int, int]],
-                now: float, hold_s: float) -> AgentAlertState:
+                now: float, wall: float, hold_s: float) -> AgentAlertState:
     by_index = {v.index: v.uuid for v in views}
     events = {(code, r.uuid): r for code, r in state.xid_events if now - r.last_at < hold_s}
     for gpu, code in new_xids:
         uuid = by_index.get(gpu, "unknown")
         old = events.get((code, uuid))
-        events[(code, uuid)] = (replace(old, last_at=now, count=old.count + 1) if old
-                                else EventRecord(gpu, uuid, now, now, 1))
+        events[(code, uuid)] = (replace(old, last_at=now, last_wall=wall, count=old.count + 1) if old
+                                else EventRecord(gpu, uuid, now, now, 1, wall, wall))
     ordered = sorted(events.items(), key=lambda item: (item[1].gpu, item[0][0]))
     return replace(state, xid_events=tuple((code, record) for (code, _), record in ordered))
 
@@ -195,6 +205,7 @@ def _values(view: GpuView) -> str:
 
 
 def _span(record: EventRecord) -> str:
-    if record.first_at == record.last_at:
-        return f"at {rfc3339(record.last_at)}"
-    return f"from {rfc3339(record.first_at)} to {rfc3339(record.last_at)}"
+    """When the events happened, in Unix time: never the daemon's clock, which is monotonic on real GPUs."""
+    if record.first_wall == record.last_wall:
+        return f"at {rfc3339(record.last_wall)}"
+    return f"from {rfc3339(record.first_wall)} to {rfc3339(record.last_wall)}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,13 +56,15 @@ class PolicyEngine:
     """Owns per-GPU policy state; `cycle()` each fast sample, `stop()` on shutdown."""
 
     def __init__(self, cfg: PolicyConfig, actuator: Actuator, *, node: str, state_file: StateFile,
-                 audit: AuditLog, clock: Callable[[], float], alerts: AlertPipeline | None = None) -> None:
+                 audit: AuditLog, clock: Callable[[], float], alerts: AlertPipeline | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         self._act = actuator
         self._node = node
         self._state_file = state_file
         self._audit = audit
         self._clock = clock
+        self._wall = wall  # Unix time, for what people read: `clock` is monotonic on real GPUs
         self._lock = threading.Lock()
         loaded = state_file.load()
         self._records: dict[str, LimitRecord] = loaded.records
@@ -371,7 +374,7 @@ class PolicyEngine:
             not_recorded += "."
         self._alert_state, conditions = agent_conditions(views, self._alert_state, new_xids, self._node,
                                                           self.cfg.alerts, now, at_floor=at_floor,
-                                                          not_recorded=not_recorded)
+                                                          wall=self._wall(), not_recorded=not_recorded)
         self._pipeline.update(conditions, now)
 
     def alerts(self) -> tuple[Alert, ...]:

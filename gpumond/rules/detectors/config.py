@@ -35,14 +35,27 @@ class DetectorConfig:
     structure_learn_s: float = 60.0  # nodes deviating together this long after a job is first judged: its structure
     throttle_frac_min: float = 0.3  # a GPU throttled in at least 30 % of its samples (18 s of the minute)…
     throttle_peer_max: float = 0.1  # …while its peers' median is below this
-    wait_min_frac: float = 0.04  # a rank must wait on data at least this fraction of its step
-    job_wait_rank_frac: float = 0.5  # at least this share of ranks starved: the job's pipeline is the cause
+    wait_min_frac: float = 0.04  # a rank must wait on data at least this fraction of its step (io_starved_rank)
+    # io_starved_job, the whole pipeline slow: at least job_wait_rank_frac of the ranks wait job_wait_min_frac or
+    # more, and the job's median wait — the share of its step time the data pipeline costs — is at least
+    # job_min_cost_frac. A healthy job's loader often shows ~5 %: not worth a page (benchmarks/results/
+    # detection_io_threshold.md).
+    job_wait_rank_frac: float = 0.5
+    job_wait_min_frac: float = 0.05
+    job_min_cost_frac: float = 0.08
     node_min_gpus: int = 2  # this many straggling GPUs of one node (and ≥ half of its GPUs): the node
     slowdown_ratio: float = 1.10  # job step time above baseline × this: job slowdown
     baseline_min_steps: int = 10
+    # …and the job's held steps must span this much wall time: a job's first seconds are not its normal pace
+    # (a full prefetch buffer draining, warm-up, a host whose load changes), and a baseline learnt from them
+    # made a fault-free job on a loaded host a "slowdown" (issue 17). A full recent window.
+    baseline_min_s: float = 60.0
     baseline_alpha: float = 0.05
     hang_min_s: float = 10.0  # no step for max(this, hang_factor × baseline step time): stalled
     hang_factor: float = 3.0
     hang_busy_util: float = 0.5  # peers must look busy (spinning in a collective), else the job just ended
+    # …and its processes must be known alive: a heartbeat (the SDK's push without steps, every push interval,
+    # 5 s by default) at most this old, or the agents' job info on its GPUs. Else it ended or crashed.
+    hang_alive_s: float = 20.0
     cpu_busy: float = 0.9  # host evidence: CPU-bound data loader
     iowait_high: float = 0.15  # host evidence: storage-bound data loader

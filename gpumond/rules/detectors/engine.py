@@ -89,7 +89,8 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
             hs = [h for h in inputs.host_windows.get(node, ()) if h.t >= since]
             if hs:
                 hosts[node] = host_features(node, hs)
-        baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg)
+        first = min((w.steps[0].end for w in ranks.values() if w.steps), default=inputs.now)
+        baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg, span_s=inputs.now - first)
         if baseline is not None:
             baselines[job] = baseline
         last = max((r.last_end for r in feats if r.last_end is not None), default=None)
@@ -99,7 +100,8 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
             # a checkpoint (writers idle) and a hang (peers spin, the culprit idles) differ only there.
             stall_gpus = fns.gpus([r.gpu_uuid for r in reporting], inputs.gpu_windows, last + 1.0,
                                            strict=True)
-        stall = job_stall(job, feats, stall_gpus, baseline, inputs.now, cfg)
+        stall = job_stall(job, feats, stall_gpus, baseline, inputs.now, cfg, windows=ranks,
+                          gpu_windows=inputs.gpu_windows)
         if stall:
             out.extend(stall)
             continue  # a stalled job's windows say nothing about stragglers or starvation

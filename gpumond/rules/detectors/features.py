@@ -29,6 +29,10 @@ class RankFeatures:
     share_short: float | None = None  # median of the last `short_steps` recent steps that have one
     share_recent: float | None = None  # median of all recent steps that have one
     share_trimmed: float | None = None  # their mean with `trim` of them cut off each end (the long look's input)
+    # Absolute shares of the step, 0–1, for people (/metrics, the Job dashboard): medians over the recent steps
+    # that have a comm wait (at least min_steps of them). share_* above are relative to the step's mean.
+    compute_frac: float | None = None  # median 1 − (data_wait + comm_wait) / duration
+    comm_frac: float | None = None  # median comm_wait / duration
     # A rank on a MIG slice: the slice's profile (e.g. 3g.40gb), "mig" while no agent has said which.
     # Ranks are peers only on the same kind of device: a 1g slice is not a slow 7g one.
     mig_profile: str | None = None
@@ -120,6 +124,8 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
     waits = [min(s.data_wait_s / s.duration_s, 1.0) for s in recent if s.duration_s > 0]
     timed = [s for s in recent if s.duration_s > 0 and s.comm_wait_s is not None]
     shares = [step_share(s) for s in timed]
+    absolute = shares
+    comm = [s.comm_wait_s / s.duration_s for s in timed]  # type: ignore[operator]
     if step_means is not None:
         shares = [x - step_means[s.step] for s, x in zip(timed, shares)]
     newest = timed[-1].end if timed else 0.0
@@ -136,6 +142,8 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
         share_short=median(short) if shares and len(shares) >= min(short_steps, min_steps) else None,
         share_recent=median(shares) if shares and len(shares) >= min_steps else None,
         share_trimmed=trimmed_mean(shares, trim) if shares and len(shares) >= min_steps else None,
+        compute_frac=median(absolute) if shares and len(shares) >= min_steps else None,
+        comm_frac=median(comm) if shares and len(shares) >= min_steps else None,
     )
 
 

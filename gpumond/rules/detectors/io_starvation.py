@@ -42,13 +42,16 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     waiting = [r for r in ranks if r.wait_frac is not None and r.steps >= cfg.min_steps]
     if not waiting:
         return []
-    starved = [r for r in waiting if r.wait_frac >= cfg.wait_min_frac]  # type: ignore[operator]
+    starved = [r for r in waiting if r.wait_frac >= cfg.job_wait_min_frac]  # type: ignore[operator]
     job_med = median([r.wait_frac for r in waiting])  # type: ignore[misc]
+    # The job's pipeline is the bottleneck only when most ranks wait and the wait costs a real share of the
+    # step: a job whose ranks all wait ~5 % on data is healthy, and no rank stands out in it either.
     if len(waiting) >= 2 and len(starved) >= cfg.job_wait_rank_frac * len(waiting) \
-            and job_med >= cfg.wait_min_frac:
+            and job_med >= cfg.job_min_cost_frac:
         nodes = sorted({r.node for r in starved})
         return [Candidate("io_starved_job", job, None, None, None, round(job_med, 4), {
             "median_data_wait_frac": round(job_med, 4), "ranks_starved": len(starved), "ranks": len(waiting),
+            "min_cost_frac": cfg.job_min_cost_frac,
             "nodes": nodes[:16], "meaning": "the whole job waits on its data pipeline"})]
     out = []
     by_group: dict[tuple[str | None, str | None], list[RankFeatures]] = {}

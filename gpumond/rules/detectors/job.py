@@ -9,6 +9,7 @@ from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, RankFeatures
 from gpumond.rules.detectors.stats import median, robust_z, threshold_for
+from gpumond.rules.types import GpuSample, RankWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,13 +21,14 @@ class JobBaseline:
 
 
 def job_slowdown(job: str, step_times: Sequence[float], baseline: JobBaseline | None,
-                 cfg: DetectorConfig) -> tuple[JobBaseline | None, list[Candidate]]:
-    """Compare the recent median job step time with the baseline; learn the baseline only while healthy."""
+                 cfg: DetectorConfig, span_s: float = float("inf")) -> tuple[JobBaseline | None, list[Candidate]]:
+    """Compare the recent median job step time with the baseline; learn the baseline only while healthy, and
+    only once the job's steps span `cfg.baseline_min_s` (`span_s`: from its oldest held step to now)."""
     if len(step_times) < 3:
         return baseline, []
     recent = median(step_times)
     if baseline is None:
-        if len(step_times) >= cfg.baseline_min_steps:
+        if len(step_times) >= cfg.baseline_min_steps and span_s >= cfg.baseline_min_s:
             return JobBaseline(recent, len(step_times)), []
         return None, []
     ratio = recent / baseline.step_time_s if baseline.step_time_s > 0 else 1.0
@@ -42,12 +44,36 @@ def job_slowdown(job: str, step_times: Sequence[float], baseline: JobBaseline | 
     return baseline, []
 
 
+def job_alive(job: str, windows: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequence[GpuSample]],
+              last_end: float, now: float, cfg: DetectorConfig) -> str | None:
+    """Why the job's processes are known to be alive after its last step ended, or None.
+
+    A hang is a process that lives but makes no progress; a job that ended or crashed has no process left.
+    Evidence, either one: a rank's heartbeat (a push without steps, which the SDK sends while its process
+    lives and has nothing to report) after the last step, recent; or an agent's gpumond_gpu_job_info saying
+    the job's processes still hold a rank's GPU since the last step. Only positive evidence counts: an SDK
+    that sends no heartbeat, or an agent that cannot attribute processes, never turns a hang into an end.
+    """
+    for w in windows.values():
+        if w.last_beat is not None and w.last_beat > last_end and now - w.last_beat <= cfg.hang_alive_s:
+            return "heartbeat"
+    for w in windows.values():
+        if any(s.t > last_end and job in s.jobs for s in gpu_windows.get(w.info.gpu_uuid, ())):
+            return "gpu_processes"
+    return None
+
+
 def job_stall(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
-              baseline: JobBaseline | None, now: float, cfg: DetectorConfig) -> list[Candidate]:
-    """No step ended for too long while the GPUs look busy (peers spinning in a collective): a hang.
+              baseline: JobBaseline | None, now: float, cfg: DetectorConfig, *,
+              windows: Mapping[int, RankWindow] | None = None,
+              gpu_windows: Mapping[str, Sequence[GpuSample]] | None = None) -> list[Candidate]:
+    """No step ended for too long while the job's processes live and the GPUs look busy (peers spinning in
+    a collective): a hang.
 
     The culprit is the rank whose GPU is idle while its peers spin; if none stands out the finding is
-    reported without a rank. All GPUs idle means the job ended or paused: no finding.
+    reported without a rank. All GPUs idle means the job ended or paused: no finding. A job a rank said is
+    ending (`final`), or whose processes are not known to be alive (`job_alive`; a crash, or a clean end
+    whose last push was lost), is no hang either: a critical page must be rare and right.
     """
     last = max((r.last_end for r in ranks if r.last_end is not None), default=None)
     if last is None or baseline is None:
@@ -56,12 +82,18 @@ def job_stall(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFea
     limit = max(cfg.hang_min_s, cfg.hang_factor * baseline.step_time_s)
     if stalled_for < limit:
         return []
+    windows = windows or {}
+    if any(w.ended for w in windows.values()):
+        return []
+    alive = job_alive(job, windows, gpu_windows or {}, last, now, cfg)
+    if alive is None:
+        return []
     utils = [(r, gpus[r.gpu_uuid].utilization) for r in ranks
              if r.gpu_uuid in gpus and gpus[r.gpu_uuid].utilization is not None]
     if not utils or median([u for _, u in utils]) < cfg.hang_busy_util:  # type: ignore[misc]
         return []
     evidence: dict[str, object] = {"stalled_for_s": round(stalled_for, 1), "limit_s": round(limit, 1),
-                                   "last_step_end": last}
+                                   "last_step_end": last, "alive": alive}
     culprits: list[RankFeatures] = []
     if len(utils) >= 2:
         thr = threshold_for(len(utils), cfg.z_base, cfg.z_tail)

@@ -73,6 +73,9 @@ def _vectorised(windows: list[RankWindow], since: float, until: float, short_ste
     summed = np.cumsum(np.where(timed, fracs, 0.0), axis=0)[-1] if depth else np.zeros(n)
     wait_mean = summed / np.maximum(n_timed, 1)
     shared = timed & ~np.isnan(comm)
+    compute_frac, _ = column_median(shares, shared)  # absolute, before the shares are made relative
+    with np.errstate(all="ignore"):
+        comm_frac, _ = column_median(comm / durations, shared)
     if shared.any():
         shares = _relative(shares, shared, numbers)
     share_recent, n_shared = column_median(shares, shared)
@@ -85,17 +88,17 @@ def _vectorised(windows: list[RankWindow], since: float, until: float, short_ste
     recent_ok = n_shared >= min_steps
 
     feats = []
-    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok, tm in zip(
+    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok, tm, cf, mf in zip(
             windows, k.tolist(), n_timed.tolist(), step_time.tolist(), wait_frac.tolist(), last_end.tolist(),
             counts.tolist(), wait_mean.tolist(), share_short.tolist(), short_ok.tolist(), share_recent.tolist(),
-            recent_ok.tolist(), share_trimmed.tolist(), strict=True):
+            recent_ok.tolist(), share_trimmed.tolist(), compute_frac.tolist(), comm_frac.tolist(), strict=True):
         i = w.info
         feats.append(RankFeatures(
             rank=i.rank, node=i.node, gpu_uuid=i.gpu_uuid, group=i.group, steps=steps,
             step_time_s=st if timed_k else None, wait_frac=wf if timed_k else None,
             last_end=le if total else None, last_push=w.last_push, wait_mean=wm if timed_k else None,
             share_short=ss if sok else None, share_recent=sr if rok else None,
-            share_trimmed=tm if rok else None))
+            share_trimmed=tm if rok else None, compute_frac=cf if rok else None, comm_frac=mf if rok else None))
     in_range = recent & (ends < until)
     return feats, _slowest_per_step(numbers[in_range].astype(np.int64), durations[in_range])
 

@@ -112,7 +112,7 @@ class Ingest:
                                         f"{push.node!r}")
         info = push.rank_info()
         try:
-            stored = self.store.store(info, records, now, push.incarnation)
+            stored = self.store.store(info, records, now, push.incarnation, final=push.final)
         except CapExceeded as err:
             self._warn(f"cap:{err.cap}", "push refused: cap reached", cap=err.cap, job=info.job, client=client.identity)
             self.stats.count(CAP_STATUS)

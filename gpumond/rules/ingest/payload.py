@@ -107,6 +107,8 @@ class PushBody(BaseModel):
     group: str | None = None
     incarnation: str | None = None
     steps: list[Step]
+    # The rank's last push: its process is ending (the SDK sends it from close(), at exit and on SIGTERM).
+    final: bool = False
 
     def rank_info(self) -> RankInfo:
         """Who sent it, as the shared RankInfo."""
@@ -132,6 +134,9 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
         incarnation: text | None = Field(None, description="the pushing process's id, the same on all its pushes; "  # type: ignore[valid-type]
                                          "a new one for a known rank means a restart: its steps count afresh")
         steps: list[Step] = Field(max_length=max_steps)
+        final: bool = Field(default=False, description="true on the rank's last push: its process is ending; "
+                                                       "when every held rank of the job has sent it, the job's "
+                                                       "findings resolve and its state is released")
 
         @field_validator("rank")
         @classmethod
