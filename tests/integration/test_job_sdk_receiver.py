@@ -470,6 +470,9 @@ def test_comm_waits_reach_the_rules_service_store(rules_service: tuple[str, Rank
     window = store.jobs(time.time())["job-7"][1]
     assert [(s.step, s.samples, s.comm_wait_s) for s in window.steps] == [(0, 8, None), (1, 8, 0.25), (2, 8, 0.5)]
     assert [s.duration_s for s in window.steps] == [0.5, 0.75, 1.0]
+    rep.close()
+    assert rep.stats.failed_pushes == 0, rep.stats.last_error
+    assert "job-7" not in store.jobs(time.time())  # its only rank said it ended: the job is released
 
 
 def _run(url: str, steps: int, duration_s: float, wall: Callable[[], float]) -> Reporter:
@@ -482,19 +485,20 @@ def _run(url: str, steps: int, duration_s: float, wall: Callable[[], float]) -> 
         clock.now += duration_s
         rep.step_end()
     wait_for(lambda: rep.stats.pushed_steps + rep.stats.dropped_steps == steps, f"{steps} steps answered")
-    rep.close()
-    return rep
+    return rep  # not closed: close() sends the final push, which releases a job whose ranks all ended
 
 
 def test_a_restarted_process_reusing_step_numbers_has_its_steps_stored(rules_service) -> None:
     # A torchelastic restart: same job, rank and TORCHELASTIC_RUN_ID, steps numbered again from 0.
     url, store = rules_service
     first = _run(url, 200, 0.5, lambda: time.time() - 200.0)
+    first._pusher.close(1.0)  # the process dies without its final push (a crash torchelastic restarts)
     second = _run(url, 200, 0.25, lambda: time.time() - 100.0)
     held = store.jobs(time.time())["job-8"][0].steps
     assert len(held) == 200 and {s.duration_s for s in held} == {0.25}  # the restarted process's steps
     assert (second.stats.pushed_steps, second.stats.dropped_steps) == (200, 0), second.stats
     assert first.incarnation != second.incarnation
+    second.close()
 
 
 def test_a_rank_whose_clock_is_behind_the_window_is_told_and_counts_its_steps_dropped(
@@ -507,8 +511,6 @@ def test_a_rank_whose_clock_is_behind_the_window_is_told_and_counts_its_steps_dr
     warned = [r.getMessage() for r in caplog.records if "did not store" in r.getMessage()]
     assert len(warned) == 1 and "clock" in warned[0]
     rep.close()
-    assert rep.stats.failed_pushes == 0, rep.stats.last_error
-    assert "job-7" not in store.jobs(time.time())  # its only rank said it ended: the job is released
 
 
 # ----- end of job and heartbeats ----------------------------------------------------------------------------
