@@ -4,6 +4,7 @@ gpumond/connections.py), logs in the daemon's format, clean exit on SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -11,6 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from gpumond.config.types import ListenAddress
 from gpumond.connections import ConnectionLimits, ConnectionStats, guarded_protocol
+
+log = logging.getLogger("gpumond.serving")
+
+# SIGHUP stops a daemon exactly like SIGTERM (limits restored, exit 0). Neither daemon reloads its config:
+# most of it (listen address, NVML backend, sampling schedule, state_dir, sinks) is fixed at start, and a
+# reload that silently ignored those keys would be worse than a restart, which the policy already survives
+# (state file: resume). The hazard SIGHUP brought was its default action: a hang-up (an agent started by hand
+# in a terminal that closes) killed the process without restoring the limits it had set.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 if TYPE_CHECKING:
     from gpumond.web.tls import ServerTLS
@@ -44,7 +54,7 @@ def bind(host: str, port: int) -> socket.socket:
 def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], None] = lambda: None,
                         limits: ConnectionLimits = ConnectionLimits(), stats: ConnectionStats | None = None,
                         tls: ServerTLS | None = None) -> None:
-    """Serve `app` on `sock` until SIGTERM/SIGINT; then `on_stop()`; the process exits normally (status 0).
+    """Serve `app` on `sock` until SIGTERM/SIGINT/SIGHUP; then `on_stop()`; the process exits normally (status 0).
 
     `stats` receives the connection guard's counters (for the daemon's /metrics); `tls` serves HTTPS."""
     import uvicorn
@@ -52,9 +62,16 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
     class _Server(uvicorn.Server):
         """uvicorn, minus re-raising the signal after shutdown: that would kill us before on_stop runs."""
 
+        def _stop_on(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                log.info("stopping", extra={"signal": signal.Signals(sig).name,
+                                            "note": "SIGHUP stops as SIGTERM does; restart to apply a new config"
+                                            if sig == signal.SIGHUP else ""})
+            self.handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            previous = {sig: signal.signal(sig, self._stop_on) for sig in STOP_SIGNALS}
             try:
                 yield
             finally:

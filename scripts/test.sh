@@ -16,6 +16,7 @@ command -v slurmd >/dev/null || need_apt+=(slurmd)
 command -v scontrol >/dev/null || need_apt+=(slurm-client)
 command -v munged >/dev/null || need_apt+=(munge)
 command -v prlimit >/dev/null || need_apt+=(util-linux)  # the slow-loris test runs a daemon under prlimit --nofile=1024
+command -v chattr >/dev/null || need_apt+=(e2fsprogs)  # the policy disk-fault tests make state_dir immutable (binds root)
 # The container image test builds the image with buildah from a Debian base made with mmdebstrap, and reads its
 # OCI archive with skopeo.
 command -v buildah >/dev/null || need_apt+=(buildah)

@@ -169,16 +169,20 @@ class Agent:
         """Stop sampling and the XID thread, then shut NVML down."""
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
-        if self.xid is not None:
-            self.xid.stop()
-        if self.pods is not None:
-            self.pods.stop()
-        self.policy.stop()  # restores limits while NVML is still open
-        self.alerts.stop()
-        self._audit.close()
-        self.session.close()
-        self.backend.uninstall()
-        self._lock.release()
+        # The restore comes first (while NVML is open), and no later step's failure (a full disk under the
+        # alert state file, a stuck thread) can skip it or another step.
+        steps: list[tuple[str, Callable[[], object] | None]] = [
+            ("policy restore", self.policy.stop), ("xid watcher", self.xid.stop if self.xid else None),
+            ("pod-resources client", self.pods.stop if self.pods else None), ("alerts", self.alerts.stop),
+            ("audit log", self._audit.close), ("nvml", self.session.close), ("backend", self.backend.uninstall),
+            ("state_dir lock", self._lock.release)]
+        for name, step in steps:
+            if step is None:
+                continue
+            try:
+                step()
+            except Exception as e:
+                log.error("stop step failed; carrying on", extra={"step": name, "error": f"{type(e).__name__}: {e}"})
         if self._own_state_dir:
             shutil.rmtree(self._state_dir, ignore_errors=True)
         log.info("agent stopped")

@@ -34,8 +34,11 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_policy_temperature_target_celsius": ("gauge", "Temperature the thermal policy holds the GPU under "
                                                            "(configured, else its slowdown threshold minus the margin)."),
     "gpumond_policy_actions_total": ("counter", "Policy actions by kind (set_limit, reapply, restore, dry_run, "
-                                                "no_permission, set_failed)."),
+                                                "no_permission, set_failed, restore_failed, not_recorded: a change "
+                                                "withheld because its record could not be written first)."),
     "gpumond_policy_mode": ("gauge", "The configured policy mode; always 1."),
+    "gpumond_policy_record_failing": ("gauge", "1 while the policy cannot write its state file or audit log (file="
+                                               "state|audit): no power limit is changed until it can."),
     "gpumond_policy_dry_run_fallback": ("gauge", "1 when the GPU fell back to dry_run (NoPermission on a set)."),
     **CONNECTION_METRICS,
     **ALERT_METRICS,

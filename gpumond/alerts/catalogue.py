@@ -61,6 +61,11 @@ ALERTS: dict[str, AlertSpec] = {
         "agent", "warning", "thermal power cap pinned at its floor",
         "The thermal controller holds the power limit at its floor and the GPU is still above "
         "target: the next stop is hardware slowdown."),
+    "GpumondPolicyNotRecorded": AlertSpec(
+        "agent", "critical", "power policy cannot record its actions",
+        "The agent cannot write its policy state file or audit log in state_dir (disk full, read-only or "
+        "permissions). It changes no power limit until it can: a change without a record could not be undone "
+        "by a later start. Limits it set before stay restorable."),
     # ----- the rules service: one alert per finding kind --------------------------------------------
     "TrainingStraggler": AlertSpec(
         "rules", "warning", "straggler rank",

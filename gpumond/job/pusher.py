@@ -7,6 +7,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from gpumond.job.payload import Record, encode, encode_head
 from gpumond.job.transport import Transport
@@ -19,6 +20,13 @@ JOIN_GRACE_S = 0.25  # a request started just before the close deadline still ge
 # The retry schedule: read when a pusher is made, so a test can shorten it.
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
+# What each reason a service gives for steps it did not store means, for the one warning per reason.
+SERVICE_DROP_HINTS = {
+    "stale": "they ended before the service's window (window_s): this node's clock is probably behind; check NTP",
+    "duplicate": "the service already holds these step numbers for this rank; pass distinct step= numbers",
+    "per_rank_window": "more new steps in one push than the service keeps per rank (limits.max_steps_per_rank)",
+    "steps_held": "the service holds as many steps as it may (limits.max_steps_held)",
+}
 # 421: the push reached a rules replica of another shard. Misconfiguration, not an outage: retrying the same
 # address cannot succeed, so the batch is dropped like any other refusal, with a line saying what to set.
 MISROUTED = 421
@@ -48,6 +56,8 @@ class Pusher:
         self._warned: set[object] = set()
         # Written only by this thread; the reporter reads them for its stats snapshot.
         self.taken = self.pushed = self.dropped = self.failed = 0
+        # Steps the service answered it did not store, by its reason; swapped whole, so a reader needs no lock.
+        self.service_dropped: Mapping[str, int] = MappingProxyType({})
         self.ended = False  # the final push (end of job) was taken by the service
         self.last_error: str | None = None
         self._closing = False
@@ -169,7 +179,7 @@ class Pusher:
             except Exception as exc:  # no answer at all: refused, reset, timed out, DNS
                 return self._retry_later(f"{type(exc).__name__}: {exc}", None)
             if 200 <= reply.status < 300:
-                self._pushed()
+                self._pushed(reply.dropped)
             elif retryable(reply.status):
                 return self._retry_later(_describe(reply.status, reply.detail), reply.retry_after_s)
             else:
@@ -190,9 +200,28 @@ class Pusher:
             del self._pending[:excess]
             self.dropped += excess
 
-    def _pushed(self) -> None:
+    def _pushed(self, dropped: tuple[tuple[str, int], ...] = ()) -> None:
+        """The batch in hand was answered 2xx: pushed, less what the service says it did not store."""
         self._last_post = self._clock()
-        self.pushed += len(self._pending)
+        sent = len(self._pending)
+        lost = 0
+        counts = dict(self.service_dropped)
+        for reason, n in dropped:
+            if reason == "duplicate" and self.backoff.failures:
+                # A retry of a batch whose earlier attempt got no answer: the service stored it then.
+                continue
+            n = min(n, sent - lost)
+            lost += n
+            counts[reason] = counts.get(reason, 0) + n
+            if ("service", reason) not in self._warned:
+                self._warned.add(("service", reason))
+                log.warning("gpumond: the rules service did not store %d steps (%s): %s (further drops for this "
+                            "reason are only counted, in stats.dropped_by_service)", n, reason,
+                            SERVICE_DROP_HINTS.get(reason, "see docs/rules-api.md"))
+        if lost:
+            self.service_dropped = MappingProxyType(counts)
+            self.dropped += lost
+        self.pushed += sent - lost
         self._pending = []
         if self._outage:
             log.info("gpumond: pushes resumed after %d failed attempts", self.backoff.failures)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -73,6 +74,7 @@ class Reporter:
         self._q: deque[Record] = deque(maxlen=1)
         self._pusher: Pusher | None = None
         self._identity: Identity | None = None
+        self.incarnation: str | None = None  # this process's id in every push (set once configured)
         self._reason: str | None = None
         try:
             _check_numbers(push_interval_s, max_queue, max_steps_per_push, timeout_s)
@@ -92,7 +94,12 @@ class Reporter:
                 transport = HttpTransport(shard_endpoint(url, self._identity.job, count), secret, tls)
             assert transport is not None  # route is set exactly when no transport was given
             self._q = deque(maxlen=max_queue)
-            self._pusher = Pusher(self._q, self._identity.head(), transport, interval_s=push_interval_s,
+            # One id per process: a restarted process (same job and rank, step numbers reused from a
+            # checkpoint) is told apart by the service, which then counts its steps instead of taking them
+            # for duplicates. Optional in the contract: an older service ignores it.
+            self.incarnation = f"{self._pid:x}-{secrets.token_hex(6)}"
+            head = {**self._identity.head(), "incarnation": self.incarnation}
+            self._pusher = Pusher(self._q, head, transport, interval_s=push_interval_s,
                                   max_steps=max_steps_per_push, timeout_s=timeout_s, clock=clock, wall=wall)
             self._start = self._last_end = clock()
             self._pusher.start()
@@ -134,7 +141,8 @@ class Reporter:
         overflow = max(0, recorded - held - queued - taken)
         return Stats(pushed_steps=pusher.pushed, dropped_steps=pusher.dropped + overflow,
                      failed_pushes=pusher.failed, queue_len=held + queued + pusher.pending_len,
-                     comm_waits_dropped=self._late_lost, last_error=self._reason or pusher.last_error)
+                     comm_waits_dropped=self._late_lost, last_error=self._reason or pusher.last_error,
+                     dropped_by_service=pusher.service_dropped)
 
     def _disable(self, reason: str) -> None:
         self._off = True

@@ -31,6 +31,8 @@ class Reply:
     status: int
     retry_after_s: float | None = None
     detail: str = ""
+    # On a 2xx: the steps the service did not store, by its reason ({"dropped": {"stale": 5}} in the body).
+    dropped: tuple[tuple[str, int], ...] = ()
 
 
 class Transport(Protocol):
@@ -98,11 +100,12 @@ class HttpTransport:
             conn.request("POST", self.path, body=body, headers=self._headers)
             resp = conn.getresponse()
             # Read the answer, even an error page: a connection is reusable only once its body is consumed.
-            detail = _message(resp.read(_MAX_REPLY_BYTES))
+            raw = resp.read(_MAX_REPLY_BYTES)
+            detail = _message(raw)
             retry_after = parse_retry_after(resp.getheader("Retry-After"), time.time())
             if resp.will_close or not resp.isclosed():
                 self.close()  # the server is closing, or sent more than we will read
-            return Reply(resp.status, retry_after, detail)
+            return Reply(resp.status, retry_after, detail, _dropped(raw) if 200 <= resp.status < 300 else ())
         except BaseException:
             self.close()  # half a request leaves the connection in an unknown state
             raise
@@ -130,6 +133,19 @@ class HttpTransport:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+def _dropped(body: bytes) -> tuple[tuple[str, int], ...]:
+    """`{"dropped": {reason: count}}` of a 202, as pairs; anything malformed counts as nothing said."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return ()
+    dropped = parsed.get("dropped") if isinstance(parsed, dict) else None
+    if not isinstance(dropped, dict):
+        return ()
+    return tuple((str(k)[:64], v) for k, v in dropped.items()
+                 if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
 
 def _message(body: bytes) -> str:

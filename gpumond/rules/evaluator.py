@@ -20,6 +20,10 @@ from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
 
+# A failing telemetry source is logged when it starts failing, then at most this often while it still fails
+# (with the count of failed fetches in between), and once when it recovers.
+TELEMETRY_LOG_EVERY_S = 300.0
+
 
 # Shares are absolute, 0–1 of the step. The detectors compare each rank's compute share with its step's
 # mean over the ranks; that deviation has its own name, so no reader takes it for a share.
@@ -72,6 +76,11 @@ class Evaluator:
         self.last_duration_s = 0.0
         self.telemetry_ok: bool | None = None
         self.telemetry_error: str | None = None
+        self.telemetry_errors_total = 0  # fetches that failed, or reported failed targets / queries
+        self.telemetry_last_success: float | None = None
+        self._failing_since: float | None = None
+        self._failures_unlogged = 0
+        self._logged_at = 0.0
         self.resolved_total = 0
         self.jobs_ended_total = 0
 
@@ -87,13 +96,52 @@ class Evaluator:
             batch = self._source.fetch()
         except Exception as e:  # a source bug must not stop evaluation on push data
             self.telemetry_ok, self.telemetry_error = False, repr(e)
-            log.warning("telemetry fetch failed", extra={"source": self._source.name, "error": repr(e)})
+            self._telemetry_outcome()
             return
         self._gpus.add(batch)
         if self._on_batch is not None:
             self._on_batch(batch)
         self.telemetry_ok = bool(batch.gpus) or not batch.errors
         self.telemetry_error = "; ".join(batch.errors[:3]) if batch.errors else None
+        self._telemetry_outcome()
+
+    def _telemetry_outcome(self) -> None:
+        """Count and log (rate-limited) how the last fetch went; pushes and evaluation carry on either way."""
+        assert self._source is not None
+        now = self._clock()
+        name = self._source.name
+        if self.telemetry_ok:
+            self.telemetry_last_success = now
+        if self.telemetry_error is None:
+            if self._failing_since is not None:
+                log.info("telemetry source recovered", extra={"source": name,
+                                                              "failed_for_s": round(now - self._failing_since, 1)})
+            self._failing_since, self._failures_unlogged = None, 0
+            return
+        self.telemetry_errors_total += 1
+        self._failures_unlogged += 1
+        first = self._failing_since is None
+        if first:
+            self._failing_since = now
+        if first or now - self._logged_at >= TELEMETRY_LOG_EVERY_S:
+            log.warning("telemetry source failing" if first else "telemetry source still failing",
+                        extra={"source": name, "error": self.telemetry_error, "fetches_failed": self._failures_unlogged,
+                               "some_data": bool(self.telemetry_ok),
+                               "note": "pushes are still accepted; detectors run on push data alone"})
+            self._logged_at, self._failures_unlogged = now, 0
+
+    def telemetry_status(self) -> str:
+        """One line on the telemetry source for /healthz and /readyz."""
+        if self._source is None:
+            return "telemetry: none configured (detectors run on pushes alone)"
+        name = self._source.name
+        if self.telemetry_ok is None:
+            return f"telemetry {name}: no fetch yet"
+        if self.telemetry_error is None:
+            return f"telemetry {name}: ok"
+        since = f" since {self._failing_since:.0f}" if self._failing_since is not None else ""
+        state = "partly failing" if self.telemetry_ok else "failing"
+        return f"telemetry {name}: {state}{since} ({self.telemetry_errors_total} failed fetches): {self.telemetry_error}"
 
     def evaluate(self) -> tuple[Finding, ...]:
         """One evaluation over every job this replica owns; returns the current findings."""
@@ -133,12 +181,14 @@ class Evaluator:
         return self._findings
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once one evaluation ran and the telemetry source (if any) answered."""
-        if self.evaluations == 0:
-            return False, "no evaluation yet"
-        if self._source is not None and self.telemetry_ok is False:
-            return False, f"telemetry source {self._source.name} failing: {self.telemetry_error}"
-        return True, "ok"
+        """Readiness means "can accept pushes": the push path needs only this process and its stores, so it is
+        ready while it serves. A telemetry outage is reported (here, /healthz, /metrics, the log) but must not
+        take the push API out of a Kubernetes Service: jobs would lose their steps for the whole outage."""
+        return True, f"ready: accepting pushes\n{self.telemetry_status()}"
+
+    def health(self) -> str:
+        """/healthz detail: evaluation and telemetry, one line each."""
+        return f"ok\nevaluations: {self.evaluations}\n{self.telemetry_status()}"
 
     def series(self) -> Sequence[Series]:
         """gpumond_finding{…} for firing findings, and the evaluator's own health."""
@@ -159,6 +209,10 @@ class Evaluator:
         out.append(Series("gpumond_rules_findings_resolved_total", (), float(self.resolved_total)))
         out.append(Series("gpumond_rules_jobs_ended_total", (), float(self.jobs_ended_total)))
         if self._source is not None and self.telemetry_ok is not None:
-            out.append(Series("gpumond_rules_telemetry_up", (("source", self._source.name),),
-                              1.0 if self.telemetry_ok else 0.0))
+            source = (("source", self._source.name),)
+            out.append(Series("gpumond_rules_telemetry_up", source, 1.0 if self.telemetry_ok else 0.0))
+            out.append(Series("gpumond_rules_telemetry_errors_total", source, float(self.telemetry_errors_total)))
+            if self.telemetry_last_success is not None:
+                out.append(Series("gpumond_rules_telemetry_last_success_timestamp_seconds", source,
+                                  self.telemetry_last_success))
         return out

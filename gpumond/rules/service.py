@@ -62,6 +62,10 @@ _HELP = {
     "gpumond_rules_jobs_ended_total": ("counter", "Jobs released because every rank sent its final push "
                                                   "(the job SDK's end of job)."),
     "gpumond_rules_telemetry_up": ("gauge", "1 when the last telemetry fetch succeeded."),
+    "gpumond_rules_telemetry_errors_total": ("counter", "Telemetry fetches that failed or reported failed targets "
+                                                        "or queries."),
+    "gpumond_rules_telemetry_last_success_timestamp_seconds": ("gauge", "Unix time of the last telemetry fetch "
+                                                                        "that returned data."),
     "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
     **INGEST_METRICS,
     **CONNECTION_METRICS,
@@ -115,7 +119,7 @@ class RulesService:
         self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
-                             alerts=self.alerts.api_json)
+                             alerts=self.alerts.api_json, health=self.evaluator.health)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def metrics(self) -> bytes:

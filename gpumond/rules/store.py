@@ -46,6 +46,7 @@ class RankCounts:
     steps_per_rank_window: int  # beyond max_steps_per_rank in one push: older than what a rank's window keeps
     refused: Mapping[str, int]  # pushes refused, by cap
     expired: Mapping[str, int]  # dropped for silence, by "jobs" / "ranks" / "gpus"
+    restarts: int = 0  # ranks whose process restarted (a push with a new incarnation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +56,24 @@ class Stored:
     accepted: int
     per_rank_window: int = 0  # the push's oldest new steps past limits.max_steps_per_rank
     steps_held: int = 0  # new steps with no room under limits.max_steps_held
+    duplicate: int = 0  # steps whose number this rank (this incarnation) already holds
+    stale: int = 0  # steps that ended before the window: a clock behind by more than window_s, or a late retry
+    restarted: bool = False  # a new incarnation of the rank: what the previous process pushed was let go
 
     def dropped(self) -> dict[str, int]:
-        """The non-zero reasons, for the client: {"per_rank_window": 2048}."""
-        return {k: v for k, v in (("per_rank_window", self.per_rank_window), ("steps_held", self.steps_held)) if v}
+        """Every step of the push not stored, by reason (non-zero only): {"duplicate": 3, "stale": 200}."""
+        return {k: v for k, v in (("duplicate", self.duplicate), ("stale", self.stale),
+                                  ("per_rank_window", self.per_rank_window), ("steps_held", self.steps_held)) if v}
 
 
 class _Rank:
     """One (job, rank): its latest RankInfo and its steps in arrival order."""
 
-    __slots__ = ("info", "steps", "cols", "last_push", "last_step", "view", "last_beat", "ended")
+    __slots__ = ("info", "incarnation", "steps", "cols", "last_push", "last_step", "view", "last_beat", "ended")
 
-    def __init__(self, info: RankInfo) -> None:
+    def __init__(self, info: RankInfo, incarnation: str | None = None) -> None:
         self.info = info
+        self.incarnation = incarnation  # the pushing process's id (the SDK's, per process); None: not sent
         self.steps: deque[StepRecord] = deque()
         self.cols = StepBuffer()  # the same steps as columns, for the detectors
         self.last_push = 0.0
@@ -92,6 +98,7 @@ class RankStore:
         self._ranks = 0
         self._steps = 0
         self._accepted = self._duplicate = self._stale = self._refused_steps = self._past_window = 0
+        self._restarts = 0  # ranks whose process restarted (a new incarnation)
         self._refused = dict.fromkeys(CAPS, 0)
         self._expired = dict.fromkeys(("jobs", "ranks", "gpus"), 0)
         # Jobs whose every rank said it ended, released since the evaluator last asked (take_ended()).
@@ -111,8 +118,14 @@ class RankStore:
         """Record a push; return how many steps were new and kept. Raises CapExceeded (nothing stored)."""
         return self.record(info, steps, now).accepted
 
-    def record(self, info: RankInfo, steps: Sequence[StepRecord], now: float, *, final: bool = False) -> Stored:
+    def record(self, info: RankInfo, steps: Sequence[StepRecord], now: float, incarnation: str | None = None, *,
+               final: bool = False) -> Stored:
         """Record a push; say what was kept and what was not, and why. Raises CapExceeded (nothing stored).
+
+        A push whose `incarnation` differs from the one the rank holds comes from a restarted process (a
+        torchelastic restart keeps the job and rank, and numbers its steps again from its checkpoint): the
+        rank's held steps belong to a run that is over and are let go, so the new process's steps count
+        instead of being taken for duplicates. A push without one (an older SDK) keeps the old behaviour.
 
         `final`: the rank's process is ending. Once every held rank of the job has said so, the job is
         released at once (its steps, ranks and GPUs) and reported by take_ended(), so that its findings
@@ -131,7 +144,15 @@ class RankStore:
             elif rank.info != info:
                 self._move_gpu(rank.info.gpu_uuid, info.gpu_uuid)
                 rank.info = info
+            restarted = incarnation is not None and incarnation != rank.incarnation and rank.last_step >= 0
+            if restarted:
+                self._forget_steps(rank)
+                self._restarts += 1
+            if incarnation is not None:
+                rank.incarnation = incarnation
+            duplicate, stale = self._duplicate, self._stale
             fresh, highest = self._fresh(rank, steps, cutoff)
+            duplicate, stale = self._duplicate - duplicate, self._stale - stale
             self._trim(rank, cutoff)
             past_window = max(0, len(fresh) - self._per_rank)
             if past_window:
@@ -152,7 +173,16 @@ class RankStore:
             rank.view = None
             if final and all(r.ended for r in job.values()):
                 self._release(info.job)
-            return Stored(len(fresh), past_window, no_room)
+            return Stored(len(fresh), past_window, no_room, duplicate, stale, restarted)
+
+    def _forget_steps(self, rank: _Rank) -> None:
+        """A restarted rank: its held steps (the previous process's) go; its step numbers start afresh."""
+        n = len(rank.steps)
+        rank.steps.clear()
+        rank.cols.drop(n)
+        self._steps -= n
+        rank.last_step = -1
+        rank.view = None
 
     def _release(self, name: str) -> None:
         """Drop a job whose ranks all ended (under the lock)."""
@@ -324,7 +354,7 @@ class RankStore:
     def _counts(self) -> RankCounts:
         return RankCounts(len(self._jobs), self._ranks, len(self._gpus), self._steps, self._accepted,
                           self._duplicate, self._stale, self._refused_steps, self._past_window, dict(self._refused),
-                          dict(self._expired))
+                          dict(self._expired), self._restarts)
 
 
 # ----- GPU telemetry -----------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml
 class Rig:
     """A node in-process: simulated GPUs, the session, and a policy engine on the simulated clock."""
 
-    def __init__(self, tmp_path, gpus=2, policy=None, scenario=None, allow_set=True, sim=None, clock=None):
+    def __init__(self, tmp_path, gpus=2, policy=None, scenario=None, allow_set=True, sim=None, clock=None,
+                 state_write=None, audit_opener=None):
         self.clock = clock or ManualClock()
         self.sim = sim or SimulatedNvml(gpu_count=gpus, node="policy-node", clock=self.clock, allow_set=allow_set,
                                         scenario=Scenario.model_validate(scenario or {}))
@@ -26,10 +27,11 @@ class Rig:
         self.session.open()
         self.tmp = tmp_path
         self.audit_path = tmp_path / "audit.jsonl"
+        state_file = StateFile(tmp_path / "state.json", **({"write": state_write} if state_write else {}))
+        audit = AuditLog(self.audit_path, **({"opener": audit_opener} if audit_opener else {}))
         # These scenarios are about acting: enforce unless the test names another mode (the default is dry_run).
         config = PolicyConfig.model_validate({"mode": "enforce", **(policy or {})})
-        self.engine = PolicyEngine(config, self.session, node="policy-node",
-                                   state_file=StateFile(tmp_path / "state.json"), audit=AuditLog(self.audit_path),
+        self.engine = PolicyEngine(config, self.session, node="policy-node", state_file=state_file, audit=audit,
                                    clock=self.clock.now)
         self.slow = self.session.read("slow")
         self.t = 0

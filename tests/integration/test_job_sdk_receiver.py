@@ -32,7 +32,7 @@ RULES_TOKEN = "rules-test-token-0123456789"  # the service wants at least 16 cha
 WAIT_S = 10.0  # the longest any condition below may take
 STEP_KEYS = ["step", "end", "duration_s", "data_wait_s", "samples"]
 OPTIONAL_STEP_KEYS = ["comm_wait_s"]  # sent only when measured, after the others
-TOP_KEYS = ["job", "rank", "world_size", "node", "gpu_uuid", "group", "steps"]
+TOP_KEYS = ["job", "rank", "world_size", "node", "gpu_uuid", "group", "incarnation", "steps"]
 OPTIONAL_TOP_KEYS = ["final"]  # the rank's last push (end of job), sent by close()
 GPU = "GPU-00000000-0000-4000-8000-000000000007"
 
@@ -49,6 +49,8 @@ def contract_errors(payload: object) -> list[str]:
             errors.append(f"{key}: must be a non-empty string")
     if payload.get("group") is not None and not isinstance(payload.get("group"), str):
         errors.append("group: must be a string or null")
+    if payload.get("incarnation") is not None and not (isinstance(payload["incarnation"], str) and payload["incarnation"]):
+        errors.append("incarnation: must be a non-empty string or null")
     rank, world = payload.get("rank"), payload.get("world_size")
     if not (_is_int(rank) and _is_int(world) and 0 <= rank < world):  # type: ignore[operator]
         errors.append("rank/world_size: need integers with 0 <= rank < world_size")
@@ -283,7 +285,8 @@ def test_steps_arrive_with_the_right_numbers_over_one_connection(receiver: Recei
     assert all(s["samples"] == 32 for s in receiver.steps())
     first = receiver.accepted[0]
     assert {k: first[k] for k in TOP_KEYS[:-1]} == {"job": "job-7", "rank": 2, "world_size": 4, "node": "node-b",
-                                                    "gpu_uuid": GPU, "group": "stage-1"}
+                                                    "gpu_uuid": GPU, "group": "stage-1",
+                                                    "incarnation": rep.incarnation}
     assert len(receiver.accepted) >= 3 and receiver.connections == 1
     assert rep.stats.pushed_steps == 60 and rep.stats.dropped_steps == 0 and rep.stats.failed_pushes == 0
 
@@ -460,6 +463,44 @@ def test_comm_waits_reach_the_rules_service_store(rules_service: tuple[str, Rank
     rep.close()
     assert rep.stats.failed_pushes == 0, rep.stats.last_error
     assert "job-7" not in store.jobs(time.time())  # its only rank said it ended: the job is released
+
+
+def _run(url: str, steps: int, duration_s: float, wall: Callable[[], float]) -> Reporter:
+    """A training process: `steps` steps of job-8 rank 0 numbered from 0, pushed to the rules service."""
+    clock = FakeClock()
+    rep = Reporter(endpoint=url, token=RULES_TOKEN, job="job-8", rank=0, world_size=1, node="node-c", gpu_uuid=GPU,
+                   push_interval_s=0.02, clock=clock, wall=lambda: clock.now + wall())
+    assert rep.enabled, rep.stats.last_error
+    for _ in rep.wrap(range(steps)):
+        clock.now += duration_s
+        rep.step_end()
+    wait_for(lambda: rep.stats.pushed_steps + rep.stats.dropped_steps == steps, f"{steps} steps answered")
+    return rep  # not closed: close() sends the final push, which releases a job whose ranks all ended
+
+
+def test_a_restarted_process_reusing_step_numbers_has_its_steps_stored(rules_service) -> None:
+    # A torchelastic restart: same job, rank and TORCHELASTIC_RUN_ID, steps numbered again from 0.
+    url, store = rules_service
+    first = _run(url, 200, 0.5, lambda: time.time() - 200.0)
+    first._pusher.close(1.0)  # the process dies without its final push (a crash torchelastic restarts)
+    second = _run(url, 200, 0.25, lambda: time.time() - 100.0)
+    held = store.jobs(time.time())["job-8"][0].steps
+    assert len(held) == 200 and {s.duration_s for s in held} == {0.25}  # the restarted process's steps
+    assert (second.stats.pushed_steps, second.stats.dropped_steps) == (200, 0), second.stats
+    assert first.incarnation != second.incarnation
+    second.close()
+
+
+def test_a_rank_whose_clock_is_behind_the_window_is_told_and_counts_its_steps_dropped(
+        rules_service, caplog: pytest.LogCaptureFixture) -> None:
+    url, _ = rules_service
+    caplog.set_level(logging.WARNING, logger="gpumond.job")
+    rep = _run(url, 50, 0.5, lambda: time.time() - 10_000.0)  # more than window_s (300 s) behind
+    assert (rep.stats.pushed_steps, rep.stats.dropped_steps) == (0, 50), rep.stats
+    assert dict(rep.stats.dropped_by_service) == {"stale": 50}
+    warned = [r.getMessage() for r in caplog.records if "did not store" in r.getMessage()]
+    assert len(warned) == 1 and "clock" in warned[0]
+    rep.close()
 
 
 # ----- end of job and heartbeats ----------------------------------------------------------------------------

@@ -204,7 +204,7 @@ def test_a_push_is_accepted_stored_and_idempotent(serve) -> None:
         r = post(c, push(count=5))
         assert (r.status_code, r.json()) == (202, {"accepted": 5})
         r = post(c, push(count=5))
-        assert (r.status_code, r.json()) == (202, {"accepted": 0})
+        assert (r.status_code, r.json()) == (202, {"accepted": 0, "dropped": {"duplicate": 5}})
     assert svc.steps_held("llama", 0) == [0, 1, 2, 3, 4]
 
 

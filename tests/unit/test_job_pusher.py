@@ -151,3 +151,31 @@ def test_close_with_the_service_down_returns_in_time_and_counts_the_rest() -> No
     p.close(timeout_s=0.3)
     assert time.monotonic() - started < 1.0
     assert (p.pushed, p.dropped, p.pending_len, len(p._q)) == (0, 25, 0, 0)
+
+
+def test_steps_the_service_did_not_store_are_counted_dropped_by_reason_with_one_warning(caplog) -> None:
+    # A rank whose clock is behind the service's window: 202, nothing stored, and the body says why.
+    t = ScriptedTransport(Reply(202, dropped=(("stale", 10),)), Reply(202, dropped=(("stale", 10),)),
+                          Reply(202, dropped=(("stale", 3), ("duplicate", 2))))
+    p = make(t, 30)
+    assert p.drain(1.0) is None
+    assert (p.pushed, p.dropped) == (5, 25)
+    assert dict(p.service_dropped) == {"stale": 23, "duplicate": 2}
+    warnings = [r.getMessage() for r in caplog.records if "did not store" in r.getMessage()]
+    assert len(warnings) == 2 and "clock" in warnings[0] and "(stale)" in warnings[0]  # one per reason
+
+
+def test_duplicates_after_a_retry_are_steps_the_earlier_attempt_stored() -> None:
+    # The first attempt reached the service but its answer was lost: the retry finds the steps held.
+    t = ScriptedTransport(TimeoutError("timed out"), Reply(202, dropped=(("duplicate", 10),)))
+    p = make(t, 10)
+    assert p.drain(1.0) is not None  # wait, then retry
+    assert p.drain(1.0) is None
+    assert (p.pushed, p.dropped, dict(p.service_dropped)) == (10, 0, {})
+
+
+def test_a_malformed_dropped_field_counts_as_nothing_said() -> None:
+    from gpumond.job.transport import _dropped
+    assert _dropped(b'{"accepted":0,"dropped":{"stale":5,"x":"y","z":-1,"b":true}}') == (("stale", 5),)
+    assert _dropped(b'{"accepted":1,"dropped":[1]}') == ()
+    assert _dropped(b"not json") == ()

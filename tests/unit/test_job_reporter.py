@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 import logging
 import threading
@@ -368,12 +370,13 @@ def test_payload_shape_matches_the_push_contract() -> None:
     end = clock.now + WALL_OFFSET
     rep.close()
     body, final = transport.bodies
-    assert list(body) == ["job", "rank", "world_size", "node", "gpu_uuid", "group", "steps"]
+    assert list(body) == ["job", "rank", "world_size", "node", "gpu_uuid", "group", "incarnation", "steps"]
     # close() ends with the rank's final push: the same head, no steps, "final": true (the end of job).
     assert final == {**{k: v for k, v in body.items() if k != "steps"}, "steps": [], "final": True}
     assert {k: v for k, v in body.items() if k != "steps"} == {
         "job": "job-1", "rank": 1, "world_size": 4, "node": "node-a", "gpu_uuid": GPU,
-        "group": "pp-stage-2"}
+        "group": "pp-stage-2", "incarnation": rep.incarnation}
+    assert re.fullmatch(r"[0-9a-f]+-[0-9a-f]{12}", rep.incarnation or "")
     (step,) = body["steps"]
     assert list(step) == ["step", "end", "duration_s", "data_wait_s", "samples"]
     assert step == {"step": 0, "end": pytest.approx(end), "duration_s": pytest.approx(0.84),

@@ -55,7 +55,8 @@ def test_a_valid_push_is_stored_and_counted() -> None:
     assert isinstance(admit(ingest), Client)
     reply = ingest.accept(CLIENT, body(count=3))
     assert reply == Reply(202, {"accepted": 3})
-    assert ingest.accept(CLIENT, body(count=3)) == Reply(202, {"accepted": 0})  # idempotent
+    # idempotent, and the answer says why nothing was stored
+    assert ingest.accept(CLIENT, body(count=3)) == Reply(202, {"accepted": 0, "dropped": {"duplicate": 3}})
     assert ingest.stats.requests(202) == 2
     assert [r.step for r in ingest.ranks.jobs(NOW)["j"][0].steps] == [0, 1, 2]
 
@@ -182,6 +183,31 @@ def test_a_rank_made_by_a_heartbeat_gets_the_cap_refusal_once_steps_are_full() -
     assert ingest.accept(CLIENT, body(rank=0, count=4)).status == 202
     reply = ingest.accept(CLIENT, body(rank=1, count=2))
     assert reply.status == 429 and reply.body["cap"] == "steps", reply
+
+
+def test_a_restarted_process_with_a_new_incarnation_has_its_steps_counted() -> None:
+    # A torchelastic restart keeps job and rank, and numbers steps again from its checkpoint.
+    ingest, _ = make()
+    assert ingest.accept(CLIENT, body(count=200, incarnation="p1-aaaa")) == Reply(202, {"accepted": 200})
+    reply = ingest.accept(CLIENT, body(count=200, incarnation="p2-bbbb"))
+    assert reply == Reply(202, {"accepted": 200})
+    restarts = [s.value for s in ingest.stats.series() if s.name == "gpumond_rules_push_restarts_total"]
+    assert restarts == [1.0]
+    # the same process retrying is still idempotent
+    assert ingest.accept(CLIENT, body(count=200, incarnation="p2-bbbb")) == \
+        Reply(202, {"accepted": 0, "dropped": {"duplicate": 200}})
+
+
+def test_without_an_incarnation_reused_step_numbers_are_reported_as_duplicates() -> None:
+    ingest, _ = make()
+    ingest.accept(CLIENT, body(count=200))
+    assert ingest.accept(CLIENT, body(count=200)) == Reply(202, {"accepted": 0, "dropped": {"duplicate": 200}})
+
+
+def test_steps_from_a_clock_behind_the_window_are_reported_stale() -> None:
+    ingest, _ = make()
+    reply = ingest.accept(CLIENT, body(count=5, end=NOW - 10_000))  # window_s is 300 by default
+    assert reply == Reply(202, {"accepted": 0, "dropped": {"stale": 5}})
 
 
 SAFETEXT_UNSAFE_SAMPLES = ["\x85", "\u2028", "\u2029", "\u202e", "\u202a", "\u2066", "\u2069", "\u200f", "\x9b", "\x1b"]

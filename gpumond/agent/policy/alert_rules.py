@@ -63,13 +63,15 @@ class AgentAlertState:
 def agent_conditions(
     views: Sequence[GpuView], prev: AgentAlertState, new_xids: Sequence[tuple[int, int]], node: str,
     cfg: PolicyAlertsConfig, now: float, *, at_floor: Collection[str] = frozenset(), wall: float | None = None,
+    not_recorded: str | None = None,
 ) -> tuple[AgentAlertState, list[Condition]]:
     """Conditions true now for this node's GPUs.
 
     `new_xids` are (gpu index, xid) events seen since the last call; `at_floor` holds the
     UUIDs whose thermal controller is pinned at its floor (ThermalState.at_floor). `now` is the
     daemon's clock (it times holds and durations); `wall` is Unix time at the same instant, the
-    time printed in messages (None: `now` is already Unix time).
+    time printed in messages (None: `now` is already Unix time). `not_recorded` says why the policy
+    cannot write its records now (None while it can).
     """
     wall_now = now if wall is None else wall
     state = _track_ecc(prev, views, now, wall_now, cfg.event_hold_s)
@@ -90,6 +92,11 @@ def agent_conditions(
         if view.uuid in at_floor:
             conditions.append(_condition("GpuPowerCapAtFloor", view.index, view.uuid, node, cfg.floor_after_s,
                                          _values(view), workload=on))
+    if not_recorded is not None:
+        spec = ALERTS["GpumondPolicyNotRecorded"]
+        conditions.append(Condition.of(
+            {"alertname": "GpumondPolicyNotRecorded", "severity": spec.severity, "node": node},
+            {"summary": f"{node}: {spec.summary}", "description": f"{spec.meaning} {not_recorded}"}, 0.0))
     by_uuid = {v.uuid: v for v in views}
     for record in state.ecc_events:
         view = by_uuid.get(record.uuid)

@@ -62,8 +62,17 @@ class PolicyEngine:
         self._clock = clock
         self._wall = wall  # Unix time, for what people read: `clock` is monotonic on real GPUs
         self._lock = threading.Lock()
-        self._records: dict[str, LimitRecord] = state_file.load()
+        loaded = state_file.load()
+        self._records: dict[str, LimitRecord] = loaded.records
+        # A corrupt state file may have lost records: a GPU without one takes its original from what is
+        # known for sure (NVML's default limit), never from its current limit, which a dead run may have capped.
+        self._state_trusted = loaded.trusted
         self._restarted_with = set(self._records)  # GPUs a previous run may have left capped
+        self._checked: set[str] = set()  # records validated against their GPU's constraints
+        # Record writes that are failing now ("state" / "audit" → error) and the GPUs whose change was withheld
+        # because of them: while any, no limit is changed and GpumondPolicyNotRecorded fires.
+        self._write_errors: dict[str, str] = {}
+        self._withheld: dict[str, int] = {}
         self._gpus: dict[str, _Gpu] = {}
         self._targets: dict[tuple[int, str], float] = {}
         self._actions: Counter[str] = Counter()
@@ -144,7 +153,7 @@ class PolicyEngine:
             if g.last_dry_run_w is None or abs(g.last_dry_run_w - wanted) >= _TOLERANCE_W:
                 g.last_dry_run_w = wanted
                 self._count("dry_run")
-                self._audit.write("dry_run", gpu=v.index, uuid=v.uuid, before_w=current, would_set_w=wanted,
+                self._audit_write("dry_run", gpu=v.index, uuid=v.uuid, before_w=current, would_set_w=wanted,
                                   reason=reason, agent_time=round(now, 3))
                 log.info("dry run: would set power limit", extra={"gpu": v.index, "from_w": current,
                                                                   "to_w": wanted, "reason": reason})
@@ -153,27 +162,44 @@ class PolicyEngine:
 
     def _set(self, v: GpuView, g: _Gpu, record: LimitRecord, current: float, wanted: float, action: str,
              reason: str, now: float) -> None:
+        # No set without a durable record first: the state file says what this GPU is about to be set to
+        # (and keeps its original), so a crash or a later dry_run/off start can always undo it. If that
+        # cannot be written, the limit stays as it is and the operator is paged.
+        self._records[v.uuid] = LimitRecord(record.original_w, wanted, record.restore_pending)
+        if not self._save("set"):
+            self._records[v.uuid] = record
+            self._withheld[v.uuid] = v.index
+            self._count("not_recorded")
+            self._say(g, "not_recorded", logging.ERROR, "power limit not changed: its record cannot be written "
+                      "to state_dir (GpumondPolicyNotRecorded)", v, from_w=current, wanted_w=wanted,
+                      error=self._write_errors.get("state", ""), hint="free space in, or fix the permissions "
+                      "of, the agent's state_dir")
+            return
+        g.said.discard("not_recorded")
+        self._withheld.pop(v.uuid, None)
         try:
             back = self._act.set_power_limit(v.index, wanted)
         except SetFailed as e:
+            self._records[v.uuid] = record  # nothing changed: the record says so again (best effort)
+            self._save("set failed")
             if e.kind == "no_permission":
                 g.fallback_dry_run = True
                 self._count("no_permission")
-                self._audit.write("no_permission", gpu=v.index, uuid=v.uuid, before_w=current, would_set_w=wanted,
+                self._audit_write("no_permission", gpu=v.index, uuid=v.uuid, before_w=current, would_set_w=wanted,
                                   reason=reason, agent_time=round(now, 3))
                 log.warning("no permission to set power limits: this GPU falls back to dry_run",
                             extra={"gpu": v.index, "uuid": v.uuid,
                                    "hint": "run the agent with CAP_SYS_ADMIN (see deploy/systemd)"})
             else:
                 self._count("set_failed")
-                self._audit.write("set_failed", gpu=v.index, uuid=v.uuid, before_w=current, wanted_w=wanted,
+                self._audit_write("set_failed", gpu=v.index, uuid=v.uuid, before_w=current, wanted_w=wanted,
                                   error=str(e), agent_time=round(now, 3))
                 log.warning("power limit not applied", extra={"gpu": v.index, "error": str(e)})
             return
-        self._records[v.uuid] = LimitRecord(record.original_w, back)
-        self._state_file.save(self._records)
+        self._records[v.uuid] = LimitRecord(record.original_w, back, record.restore_pending)
+        self._save("set")  # the record written before the set already says ~back; this makes it exact
         self._count(action)
-        self._audit.write(action, gpu=v.index, uuid=v.uuid, before_w=current, after_w=back, reason=reason,
+        self._audit_write(action, gpu=v.index, uuid=v.uuid, before_w=current, after_w=back, reason=reason,
                           agent_time=round(now, 3))
         level = logging.WARNING if action == "reapply" else logging.INFO
         log.log(level, "power limit set", extra={"gpu": v.index, "from_w": current, "to_w": back, "reason": reason})
@@ -182,48 +208,152 @@ class PolicyEngine:
         """The limit before gpumond touched the GPU, kept across restarts (never the capped value)."""
         record = self._records.get(v.uuid)
         if record is None:
-            record = LimitRecord(current, None)
+            if self._state_trusted:
+                record = LimitRecord(current, None)
+            else:
+                original, source = self._known_original(v)
+                # current may be a cap a dead run left: keep it as "last set" so that a run that does not
+                # enforce puts the known original back.
+                last = None if abs(current - original) < _TOLERANCE_W else current
+                record = LimitRecord(original, last)
+                log.warning("no trusted policy record for this GPU: original limit taken from what is known for "
+                            "sure, not from its current limit", extra={"gpu": v.index, "uuid": v.uuid,
+                                                                        "original_w": original, "source": source,
+                                                                        "current_w": current})
             self._records[v.uuid] = record
-            self._state_file.save(self._records)
-        elif v.uuid in self._restarted_with:
+            self._checked.add(v.uuid)
+            self._save("original")
+        elif v.uuid not in self._checked:
+            self._checked.add(v.uuid)
+            record = self._validated(v, record, current)
+        if v.uuid in self._restarted_with:
             self._restarted_with.discard(v.uuid)
             if record.last_set_w is not None:
                 left = abs(current - record.last_set_w) < _TOLERANCE_W
-                self._audit.write("resume" if left else "found_changed", gpu=v.index, uuid=v.uuid,
+                self._audit_write("resume" if left else "found_changed", gpu=v.index, uuid=v.uuid,
                                   original_w=record.original_w, last_set_w=record.last_set_w, current_w=current,
                                   reason="agent restarted; a live controller owns this GPU again")
         return record
 
+    def _known_original(self, v: GpuView) -> tuple[float, str]:
+        """A GPU's original limit when no trusted record says it: NVML's default limit, else the operator's
+        configured persistent limit, else the board maximum (uncapped: never leave a GPU capped on a guess)."""
+        assert v.limit_min_w is not None and v.limit_max_w is not None  # _one checks before calling
+        if v.limit_default_w is not None and v.limit_min_w - _TOLERANCE_W <= v.limit_default_w <= v.limit_max_w \
+                + _TOLERANCE_W:
+            return v.limit_default_w, "NVML default limit"
+        configured = resolve_persistent_limit(v, self.cfg.power_limit)
+        if configured.watts is not None:
+            return configured.watts, configured.source
+        return v.limit_max_w, "NVML maximum limit (no default reported, none configured)"
+
+    def _validated(self, v: GpuView, record: LimitRecord, current: float) -> LimitRecord:
+        """A record from the file checked against this GPU's constraints; a value outside them is replaced."""
+        assert v.limit_min_w is not None and v.limit_max_w is not None
+
+        def fits(w: float) -> bool:
+            return v.limit_min_w - _TOLERANCE_W <= w <= v.limit_max_w + _TOLERANCE_W  # type: ignore[operator]
+
+        original, last = record.original_w, record.last_set_w
+        problems = []
+        if not fits(original):
+            original, source = self._known_original(v)
+            problems.append(f"original_w {record.original_w:g} W replaced by {original:g} W ({source})")
+        if last is not None and not fits(last):
+            last = current
+            problems.append(f"last_set_w {record.last_set_w:g} W replaced by the current {current:g} W")
+        if not problems:
+            return record
+        fixed = LimitRecord(original, last, record.restore_pending)
+        self._records[v.uuid] = fixed
+        log.error("policy record outside this GPU's constraints: " + "; ".join(problems),
+                  extra={"gpu": v.index, "uuid": v.uuid, "min_w": v.limit_min_w, "max_w": v.limit_max_w})
+        self._save("validate")
+        return fixed
+
+    # ----- durable records ---------------------------------------------------------------------
+    def _save(self, why: str) -> bool:
+        """Write the state file; on failure say so (once per outage) and return False. Never raises."""
+        try:
+            self._state_file.save(self._records)
+        except OSError as e:
+            self._write_failed("state", str(self._state_file.path), e, why)
+            return False
+        self._write_ok("state")
+        return True
+
+    def _audit_write(self, action: str, **fields: object) -> bool:
+        """Append an audit entry; on failure the entry goes to the log instead, and the failure is paged."""
+        try:
+            self._audit.write(action, **fields)
+        except OSError as e:
+            self._write_failed("audit", str(self._audit.path), e, action)
+            log.error("audit entry not written (kept here instead)", extra={"action": action, **fields})
+            return False
+        self._write_ok("audit")
+        return True
+
+    def _write_failed(self, kind: str, path: str, e: OSError, why: str) -> None:
+        error = f"{e.strerror or e} ({path})"
+        if kind not in self._write_errors:
+            log.error(f"policy {kind} file cannot be written: no power limit is changed until it can be",
+                      extra={"path": path, "error": error, "while": why})
+        self._write_errors[kind] = error
+
+    def _write_ok(self, kind: str) -> None:
+        if self._write_errors.pop(kind, None) is not None:
+            log.warning(f"policy {kind} file writable again", extra={"path": str(self._state_file.path.parent)})
+            if not self._write_errors:
+                self._withheld.clear()
+
     # ----- shutdown ----------------------------------------------------------------------------
     def stop(self) -> None:
-        """On SIGTERM: put back the limits found at start (if configured and enforcing)."""
+        """On SIGTERM: put back the limits found at start (if configured and enforcing).
+
+        The hardware comes first: every GPU is restored even when a record cannot be written, and the last
+        line says what could not be recorded."""
         with self._lock:
             if not self.cfg.restore_on_exit or self.cfg.mode != "enforce":
                 return
+            errors_before = dict(self._write_errors)
+            self._write_errors.clear()
             for uuid, record in list(self._records.items()):
                 if record.last_set_w is None or self._gpus.get(uuid, _Gpu()).fallback_dry_run:
                     continue
                 index = self._index.get(uuid)
-                if index is not None:
+                if index is None:
+                    continue
+                try:
                     self._restore(index, uuid, record, "agent stopping (restore_on_exit)")
+                except Exception:  # one GPU's surprise must not leave the others capped
+                    log.exception("restore failed unexpectedly", extra={"gpu": index, "uuid": uuid})
+            if self._write_errors:
+                log.error("agent stopping: power limits restored, but not recorded in state_dir",
+                          extra={"errors": "; ".join(f"{k}: {v}" for k, v in sorted(self._write_errors.items())),
+                                 "hint": "the next start finds the GPUs at their original limits and corrects "
+                                         "the stale record itself"})
+            else:
+                self._write_errors.update(errors_before)
 
     def _restore(self, index: int, uuid: str, record: LimitRecord, reason: str) -> None:
         try:
             back = self._act.set_power_limit(index, record.original_w)
         except SetFailed as e:
             self._count("restore_failed")
-            self._audit.write("restore_failed", gpu=index, uuid=uuid, wanted_w=record.original_w, error=str(e),
-                              reason=reason)
             log.error("could not restore power limit; the state file keeps the original, and the next start "
                       "restores it", extra={"gpu": index, "uuid": uuid, "error": str(e)})
+            self._audit_write("restore_failed", gpu=index, uuid=uuid, wanted_w=record.original_w, error=str(e),
+                              reason=reason)
             if not record.restore_pending:
                 self._records[uuid] = LimitRecord(record.original_w, record.last_set_w, restore_pending=True)
-                self._state_file.save(self._records)
+                self._save("restore failed")
             return
-        self._audit.write("restore", gpu=index, uuid=uuid, before_w=record.last_set_w, after_w=back, reason=reason)
+        log.info("power limit restored", extra={"gpu": index, "uuid": uuid, "from_w": record.last_set_w,
+                                                "to_w": back, "reason": reason})
         self._count("restore")
         self._records[uuid] = LimitRecord(record.original_w, None)
-        self._state_file.save(self._records)
+        self._audit_write("restore", gpu=index, uuid=uuid, before_w=record.last_set_w, after_w=back, reason=reason)
+        self._save("restore")
 
     # ----- alerts and metrics ------------------------------------------------------------------
     def _alerts(self, views: Sequence[GpuView], xid_counts: Mapping[tuple[int, int], int], now: float) -> None:
@@ -232,9 +362,15 @@ class PolicyEngine:
             new_xids.extend([key] * max(0, n - self._xid_seen.get(key, 0)))
         self._xid_seen = dict(xid_counts)
         at_floor = {u for u, g in self._gpus.items() if g.thermal.at_floor}
+        not_recorded = None
+        if self._write_errors:
+            not_recorded = "Now: " + "; ".join(f"{k} file: {e}" for k, e in sorted(self._write_errors.items()))
+            if self._withheld:
+                not_recorded += "; change withheld on GPU " + ", ".join(str(i) for i in sorted(self._withheld.values()))
+            not_recorded += "."
         self._alert_state, conditions = agent_conditions(views, self._alert_state, new_xids, self._node,
                                                           self.cfg.alerts, now, at_floor=at_floor,
-                                                          wall=self._wall())
+                                                          wall=self._wall(), not_recorded=not_recorded)
         self._pipeline.update(conditions, now)
 
     def alerts(self) -> tuple[Alert, ...]:
@@ -250,6 +386,8 @@ class PolicyEngine:
         out += [Series("gpumond_policy_actions_total", (("action", a),), float(n))
                 for a, n in sorted(self._actions.items())]
         out.append(Series("gpumond_policy_mode", (("mode", self.cfg.mode),), 1.0))
+        out += [Series("gpumond_policy_record_failing", (("file", f),), 1.0 if f in self._write_errors else 0.0)
+                for f in ("audit", "state")]
         for v in views:
             if v.uuid in self._gpus:
                 out.append(Series("gpumond_policy_dry_run_fallback", (("gpu", str(v.index)), ("uuid", v.uuid)),

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from gpumond.alerts.model import Alert
+from gpumond.alerts.sinks.deadline import RequestDeadline
 from gpumond.retry import Backoff, parse_retry_after, retryable
 from gpumond.types import Series
 
@@ -121,7 +122,10 @@ class WorkerSink(ABC):
     def __init__(self, target: str, *, timeout_s: float, client: httpx.Client | None = None,
                  clock: Callable[[], float] = time.time, backoff: Backoff | None = None) -> None:
         self.target = target
+        self.timeout_s = timeout_s  # the whole request, connect to last byte (RequestDeadline)
+        # Keep-alive off: every request connects, so RequestDeadline sees (and can cut) its socket.
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
+                                              limits=httpx.Limits(max_keepalive_connections=0),
                                               follow_redirects=False, trust_env=False)
         self._clock = clock
         self.backoff = backoff or sink_backoff()
@@ -197,9 +201,14 @@ class WorkerSink(ABC):
         """Notifications waiting for delivery."""
 
     def post(self, url: str, body: object, headers: Mapping[str, str] | None = None) -> Answer | str:
-        """POST JSON; the answer, or one line saying why there is none (never the URL: it may be a secret)."""
+        """POST JSON; the answer, or one line saying why there is none (never the URL: it may be a secret).
+
+        The whole request, from connect to the last byte of the answer, gets `timeout_s` (a total deadline)."""
+        deadline = RequestDeadline(self.timeout_s)
+        late = f"timed out (no complete answer within {self.timeout_s:g} s)"
         try:
-            with self._client.stream("POST", url, json=body, headers=dict(headers or {})) as r:
+            with self._client.stream("POST", url, json=body, headers=dict(headers or {}),
+                                     extensions={"trace": deadline.trace}) as r:
                 chunks: list[bytes] = []
                 size = 0
                 for chunk in r.iter_bytes():
@@ -207,14 +216,18 @@ class WorkerSink(ABC):
                     size += len(chunk)
                     if size >= _MAX_RESPONSE_BYTES:
                         break
+                    if deadline.passed():
+                        return late
                 text = b"".join(chunks)[:_MAX_RESPONSE_BYTES].decode("utf-8", "replace")
                 return Answer(r.status_code, {k.lower(): v for k, v in r.headers.items()}, text)
         except httpx.TimeoutException:
-            return "timed out"
+            return late if deadline.passed() else "timed out"
         except httpx.HTTPError as e:
-            return f"{type(e).__name__}"
+            return late if deadline.expired else f"{type(e).__name__}"
         except OSError as e:
-            return f"{type(e).__name__}: {e.strerror or ''}".strip()
+            return late if deadline.expired else f"{type(e).__name__}: {e.strerror or ''}".strip()
+        finally:
+            deadline.cancel()
 
     def succeeded(self, count: int = 1) -> None:
         """Count a delivery."""

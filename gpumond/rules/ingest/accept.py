@@ -112,16 +112,21 @@ class Ingest:
                                         f"{push.node!r}")
         info = push.rank_info()
         try:
-            stored = self.ranks.record(info, records, now, final=push.final)
+            stored = self.ranks.record(info, records, now, push.incarnation, final=push.final)
         except CapExceeded as err:
             self._warn(f"cap:{err.cap}", "push refused: cap reached", cap=err.cap, job=info.job, client=client.identity)
             self.stats.count(CAP_STATUS)
             return Reply(CAP_STATUS, {"error": str(err), "cap": err.cap},
                          (("Retry-After", str(CAP_RETRY_AFTER_S)),))
         self.stats.count(202)
+        if stored.restarted:
+            log.info("rank restarted: its previous process's steps let go", extra={
+                "job": info.job, "rank": info.rank, "node": info.node, "incarnation": push.incarnation})
         dropped = stored.dropped()
         if dropped:
-            self._warn("dropped", "push partly kept", job=info.job, client=client.identity, **dropped)
+            # Every step not stored is named with its reason, so the SDK counts it dropped, not pushed.
+            self._warn("dropped", "push partly kept", job=info.job, rank=info.rank, client=client.identity,
+                       **dropped)
             return Reply(202, {"accepted": stored.accepted, "dropped": dropped})
         return Reply(202, {"accepted": stored.accepted})
 

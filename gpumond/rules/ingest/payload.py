@@ -13,7 +13,9 @@ Rules beyond the types (documented in docs/rules-api.md):
 - comm_wait_s is optional (absent or null: not measured; SDKs before 0.2 never send it); when given,
   0 <= comm_wait_s and data_wait_s + comm_wait_s <= duration_s (+1 µs): both waits lie within the step;
 - JSON types are strict: "17" is not a rank and 1.0 is not a step; unknown keys are ignored so a newer
-  SDK can add fields without breaking an older service.
+  SDK can add fields without breaking an older service;
+- `incarnation` is optional (SDKs before it never send it): an id of the pushing process, the same on
+  every push of that process; a new one for a known rank means the process restarted (see RankStore.store).
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class PushBody(BaseModel):
     node: str
     gpu_uuid: str
     group: str | None = None
+    incarnation: str | None = None
     steps: list[Step]
     # The rank's last push: its process is ending (the SDK sends it from close(), at exit and on SIGTERM).
     final: bool = False
@@ -120,6 +123,8 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
         gpu_uuid: Annotated[str, Field(max_length=56, json_schema_extra={"pattern": f"^(?:{DEVICE_UUID.pattern})$"}),
                             AfterValidator(_gpu_uuid)]
         group: text | None = None  # type: ignore[valid-type]
+        incarnation: text | None = Field(None, description="the pushing process's id, the same on all its pushes; "  # type: ignore[valid-type]
+                                         "a new one for a known rank means a restart: its steps count afresh")
         steps: list[Step] = Field(max_length=max_steps)
         final: bool = Field(default=False, description="true on the rank's last push: its process is ending; "
                                                        "when every held rank of the job has sent it, the job's "

@@ -18,6 +18,9 @@ INGEST_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_rules_push_misrouted_total": (
         "counter", "Pushes refused with 421 because their job belongs to another shard, by the shard that owns "
                    "it (the job's client routes wrongly: see GPUMOND_SHARDS in docs/job-sdk.md)."),
+    "gpumond_rules_push_restarts_total": (
+        "counter", "Ranks whose process restarted (a push with a new incarnation): the previous process's steps "
+                   "were let go so the new one's count."),
     "gpumond_rules_cap_refusals_total": (
         "counter", "Pushes or telemetry samples refused because a cap was reached, by cap."),
     "gpumond_rules_expired_total": ("counter", "Entries dropped after expire_after_s of silence, by kind."),
@@ -60,6 +63,7 @@ class IngestStats:
                           ("stale", r.steps_stale), ("per_rank_window", r.steps_per_rank_window),
                           ("refused", r.steps_refused)):
             out.append(_s("gpumond_rules_push_steps_total", n, ("result", result)))
+        out.append(_s("gpumond_rules_push_restarts_total", r.restarts))
         refused = dict(r.refused)
         expired = {k.removesuffix("s"): v for k, v in r.expired.items()}
         held = {"jobs": r.jobs, "ranks": r.ranks, "gpus": r.gpus, "steps": r.steps}
