@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import ssl
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gpumond.findings_cli import ago, get_json, render, short
+from gpumond.findings_cli import ANONYMOUS, Access, ago, get_json, render, short
 
 COLUMNS = ("ALERTNAME", "SEVERITY", "STATE", "NODE", "GPU", "JOB", "RANK", "SINCE", "SUMMARY")
 AGENT_URL = "http://127.0.0.1:9480"
@@ -18,9 +17,9 @@ DAEMON = "a gpumond agent (:9480) or rules service (:9481)"
 
 
 def fetch(url: str, state: str | None = None, timeout_s: float = 5.0,
-          context: ssl.SSLContext | None = None) -> list[dict[str, Any]]:
+          access: Access = ANONYMOUS) -> list[dict[str, Any]]:
     """The alerts of the daemon at `url` (GET /api/v1/alerts), only `state` when given; raises FetchError."""
-    alerts = get_json(url, "/api/v1/alerts", "alerts", daemon=DAEMON, timeout_s=timeout_s, context=context)
+    alerts = get_json(url, "/api/v1/alerts", "alerts", daemon=DAEMON, timeout_s=timeout_s, access=access)
     return [a for a in alerts if state is None or a.get("state") == state]
 
 

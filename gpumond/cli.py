@@ -254,19 +254,51 @@ def _tls_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cert-file", metavar="FILE", help="https: present this client certificate (PEM), for a daemon "
                                                         "that requires one; with --key-file")
     p.add_argument("--key-file", metavar="FILE", help="the client certificate's key (PEM)")
+    # Credentials come from files, never the command line, where `ps` and shell history would show them.
+    p.add_argument("--username", metavar="USER", help="basic auth, for a daemon whose web config has "
+                                                       "basic_auth_users; with --password-file")
+    p.add_argument("--password-file", metavar="FILE", type=Path, help="the basic-auth password (first line)")
+    p.add_argument("--token-file", metavar="FILE", type=Path,
+                   help="a bearer token (first line), for a daemon whose web config has bearer tokens")
 
 
-def _client_tls(args: argparse.Namespace, command: str) -> Any:
-    """The SSL context the TLS flags ask for (None: urllib's default, the system bundle); exits 2 when bad."""
-    if not (args.ca_file or args.cert_file or args.key_file):
-        return None
-    from gpumond.job.tlsclient import ClientTLS
+def _client_access(args: argparse.Namespace, command: str) -> Any:
+    """How the read flags say to reach the daemon (TLS context, credentials); one line and exit 2 when bad."""
+    from gpumond.findings_cli import Access
 
-    try:
-        return ClientTLS(args.ca_file, args.cert_file, args.key_file).context
-    except ValueError as e:
-        print(f"gpumond {command}: {e} (see: gpumond {command} --help)", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+    def bad(problem: str) -> SystemExit:
+        print(f"gpumond {command}: {problem} (see: gpumond {command} --help)", file=sys.stderr)
+        return SystemExit(EXIT_USAGE)
+
+    context = None
+    if args.ca_file or args.cert_file or args.key_file:
+        from gpumond.job.tlsclient import ClientTLS
+
+        try:
+            context = ClientTLS(args.ca_file, args.cert_file, args.key_file).context
+        except ValueError as e:
+            raise bad(str(e)) from None
+    if (args.username is None) != (args.password_file is None):
+        raise bad("--username and --password-file go together")
+    if args.username is not None and args.token_file is not None:
+        raise bad("give basic auth (--username, --password-file) or --token-file, not both")
+    headers: dict[str, str] = {}
+    secret_file = args.password_file or args.token_file
+    if secret_file is not None:
+        try:
+            secret = (secret_file.read_text(encoding="utf-8").splitlines() or [""])[0].strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise bad(f"cannot read {secret_file}: {getattr(e, 'strerror', None) or e}") from None
+        if not secret:
+            raise bad(f"{secret_file} is empty")
+        if args.username is not None:
+            import base64
+
+            pair = base64.b64encode(f"{args.username}:{secret}".encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {pair}"
+        else:
+            headers["Authorization"] = f"Bearer {secret}"
+    return Access(context, headers)
 
 
 def _web(path: Path | None) -> Any:
@@ -469,7 +501,8 @@ def _findings(args: argparse.Namespace) -> int:
 
     filters = {"job": args.job, "kind": args.kind, "state": args.state}
     try:
-        found = fetch(args.url, filters, context=_client_tls(args, "findings"))
+        access = _client_access(args, "findings")
+        found = fetch(args.url, filters, access=access)
     except FetchError as e:
         print(f"gpumond findings: {e}", file=sys.stderr)
         return 1
@@ -479,7 +512,7 @@ def _findings(args: argparse.Namespace) -> int:
     empty = "no findings" + "".join(f" for {k} {v}" for k, v in filters.items() if v)
     if not found:  # "none" means something only when the service has anything to judge: say what it holds
         try:
-            empty += f": {known(args.url)}"
+            empty += f": {known(args.url, access=access)}"
         except FetchError as e:
             empty += f" (what the service holds is unknown: {e})"
     print(table(found, empty=empty))
@@ -493,7 +526,7 @@ def _alerts(args: argparse.Namespace) -> int:
     from gpumond.findings_cli import FetchError
 
     try:
-        alerts = fetch(args.url, args.state, context=_client_tls(args, "alerts"))
+        alerts = fetch(args.url, args.state, access=_client_access(args, "alerts"))
     except FetchError as e:
         print(f"gpumond alerts: {e}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpumond.job.tlsclient import explain
@@ -25,6 +26,25 @@ COLUMNS = ("KIND", "STATE", "JOB", "NODE", "RANK", "GPU", "MEASURE", "SINCE", "E
 RULES_URL = "http://127.0.0.1:9481"
 # An answer bigger than this is not a findings or alerts list a terminal can use.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
+
+@dataclass(frozen=True)
+class Access:
+    """How to reach a daemon's read API: the TLS context (--ca-file, --cert-file) and the Authorization header
+    (--username/--password-file or --token-file) its web config asks for; the default is plain and anonymous."""
+
+    context: ssl.SSLContext | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def open(self, url: str, timeout_s: float) -> Any:
+        request = urllib.request.Request(url, headers=dict(self.headers))
+        return urllib.request.urlopen(request, timeout=timeout_s, context=self.context)  # noqa: S310 - http(s)
+
+
+ANONYMOUS = Access()
+# What a 401 from a daemon with read authentication (basic_auth_users / bearer tokens) asks for.
+_CREDENTIALS_HINT = (" (this daemon requires read credentials: --username with --password-file, or --token-file)")
 
 # What an operator types when they forget the scheme: a host name or address, maybe a port.
 _BARE_HOST = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d+))?/?")
@@ -62,21 +82,21 @@ def base_url(text: str, default_port: int) -> str:
 
 
 def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str, str | None] | None = None,
-             timeout_s: float = 5.0, context: ssl.SSLContext | None = None) -> list[dict[str, Any]]:
+             timeout_s: float = 5.0, access: Access = ANONYMOUS) -> list[dict[str, Any]]:
     """GET {base}{path}?{query} and return the list under `key`; raises FetchError with one line.
 
     `daemon` names what should answer there (for the hint), e.g. "the rules service (`gpumond rules`)";
-    `context` verifies an https daemon (--ca-file) and presents a client certificate (--cert-file).
+    `access` verifies an https daemon, presents a client certificate and the read credentials.
     """
     encoded = urllib.parse.urlencode({k: v for k, v in (query or {}).items() if v})
     full = base.rstrip("/") + path + (f"?{encoded}" if encoded else "")
     try:
-        with urllib.request.urlopen(full, timeout=timeout_s, context=context) as resp:  # noqa: S310 - http(s) only
+        with access.open(full, timeout_s) as resp:
             raw = resp.read(MAX_ANSWER_BYTES + 1)
     except urllib.error.HTTPError as e:
         raise FetchError(f"{full}: HTTP {e.code} {e.reason}{_error_detail(e)}"
                          + (f" (is {daemon} at {base}, in a version that serves {path}? check --url)"
-                            if e.code == 404 else "")) from None
+                            if e.code == 404 else _CREDENTIALS_HINT if e.code == 401 else "")) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
         reason = getattr(e, "reason", None) or e or type(e).__name__
         # a handshake failure arrives inside URLError; a refusal read after it (TLS 1.3) as the SSLError itself
@@ -135,10 +155,10 @@ def short(text: str, width: int) -> str:
 
 
 def fetch(url: str, filters: Mapping[str, str | None], timeout_s: float = 5.0,
-          context: ssl.SSLContext | None = None) -> list[dict[str, Any]]:
+          access: Access = ANONYMOUS) -> list[dict[str, Any]]:
     """The findings of the rules service at `url`, filtered there; raises FetchError with one line."""
     return get_json(url, "/api/v1/findings", "findings", daemon="the rules service (`gpumond rules`)",
-                    query=filters, timeout_s=timeout_s, context=context)
+                    query=filters, timeout_s=timeout_s, access=access)
 
 
 def _num(value: Any) -> float | None:
@@ -207,14 +227,14 @@ def table(findings: Sequence[Mapping[str, Any]], now: float | None = None, empty
     return render(COLUMNS, rows, empty)
 
 
-def known(url: str, timeout_s: float = 5.0) -> str:
+def known(url: str, timeout_s: float = 5.0, access: Access = ANONYMOUS) -> str:
     """What the rules service holds, for a "no findings" line: jobs and ranks pushing, GPU telemetry.
 
     Read from its /metrics (`gpumond_rules_held`, `gpumond_rules_telemetry_up`); FetchError if unreadable.
     """
     full = url.rstrip("/") + "/metrics"
     try:
-        with urllib.request.urlopen(full, timeout=timeout_s) as resp:  # noqa: S310 - base_url() allows http(s)
+        with access.open(full, timeout_s) as resp:
             text = resp.read(MAX_ANSWER_BYTES).decode("utf-8", "replace")
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
         raise FetchError(f"cannot read {full}: {getattr(e, 'reason', None) or e}") from None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+import yaml
 
 from gpumond.job import Reporter
 from gpumond.job.tlsclient import ClientTLS
@@ -233,3 +234,34 @@ def test_the_alerts_and_findings_commands_read_over_mutual_tls(tmp_path, pki) ->
         assert no_cert.returncode == 1 and "requires a client certificate" in no_cert.stderr, no_cert.stderr
         half = alerts("--cert-file", str(c.cert))
         assert half.returncode == 2 and len(half.stderr.strip().splitlines()) == 1, half.stderr
+
+
+def test_the_alerts_command_sends_the_read_credentials_a_daemon_asks_for(tmp_path, pki) -> None:
+    import subprocess
+    import sys
+
+    tokens = tmp_path / "read-tokens"
+    tokens.write_text("a-read-token-of-26-characters\n")
+    web = web_config(tmp_path, pki, mtls=False, users=True)
+    write_yaml(web, {**yaml.safe_load(web.read_text()), "bearer_tokens_file": str(tokens)})
+    password, token, wrong = tmp_path / "password", tmp_path / "token", tmp_path / "wrong"
+    password.write_text(PASSWORD + "\n")
+    token.write_text("a-read-token-of-26-characters\n")
+    wrong.write_text("not-the-password\n")
+    with AgentProcess(["--sim", "1", "--web.config.file", web], tmp_path / "agent", tls=context(pki)) as agent:
+        def alerts(*flags: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "gpumond.cli", "alerts", "--url", agent.base_url, "--json",
+                                   "--ca-file", str(pki["ca"].path), *flags], capture_output=True, text=True,
+                                  timeout=60)
+
+        anonymous = alerts()
+        assert anonymous.returncode == 1 and "HTTP 401" in anonymous.stderr, anonymous.stderr
+        assert "--username with --password-file, or --token-file" in anonymous.stderr
+        basic_ok = alerts("--username", "prometheus", "--password-file", str(password))
+        assert basic_ok.returncode == 0 and '"alerts"' in basic_ok.stdout, basic_ok.stderr
+        bearer_ok = alerts("--token-file", str(token))
+        assert bearer_ok.returncode == 0 and '"alerts"' in bearer_ok.stdout, bearer_ok.stderr
+        refused = alerts("--username", "prometheus", "--password-file", str(wrong))
+        assert refused.returncode == 1 and "HTTP 401" in refused.stderr, refused.stderr
+        half = alerts("--username", "prometheus")
+        assert half.returncode == 2 and "--username and --password-file go together" in half.stderr, half.stderr
