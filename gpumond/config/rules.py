@@ -247,7 +247,7 @@ def resolve_tokens(config: RulesConfig, source: str, env: Mapping[str, str]) -> 
     """`config` with tokens_file and the environment merged into `tokens`; ConfigError when none are left."""
     tokens = list(config.tokens)
     if config.tokens_file is not None:
-        tokens += _read_tokens_file(config.tokens_file, source)
+        tokens += read_tokens_file(config.tokens_file, source)
     for i, token in enumerate(t.strip() for t in env.get(TOKENS_ENV, "").split(",") if t.strip()):
         if problem := token_problem(token):
             raise ConfigError(source, f"{TOKENS_ENV}: item {i}: {problem}")
@@ -257,19 +257,21 @@ def resolve_tokens(config: RulesConfig, source: str, env: Mapping[str, str]) -> 
     return config.model_copy(update={"tokens": tuple(dict.fromkeys(tokens))})
 
 
-def _read_tokens_file(path: Path, source: str) -> list[str]:
+def read_tokens_file(path: Path, source: str, key: str = "tokens_file") -> list[str]:
+    """The bearer tokens in a token file (one a line, `#` comments), for the push API's `tokens_file` and the
+    web config's read-side `bearer_tokens_file`; ConfigError naming `key` when unreadable or bad."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(source, f"tokens_file: cannot read {path}: not UTF-8 text") from None
+        raise ConfigError(source, f"{key}: cannot read {path}: not UTF-8 text") from None
     except OSError as err:
-        raise ConfigError(source, f"tokens_file: cannot read {path}: {err.strerror or err}") from None
+        raise ConfigError(source, f"{key}: cannot read {path}: {err.strerror or err}") from None
     tokens = []
     for number, line in enumerate(text.splitlines(), start=1):
         token = line.split("#", 1)[0].strip()
         if not token:
             continue
         if problem := token_problem(token):
-            raise ConfigError(source, f"tokens_file: {path} line {number}: {problem}")
+            raise ConfigError(source, f"{key}: {path} line {number}: {problem}")
         tokens.append(token)
     return tokens

@@ -137,21 +137,9 @@ def load_web_config(path: Path) -> WebConfig:
 
 def read_bearer_tokens(path: Path, source: str) -> frozenset[str]:
     """The tokens in a `bearer_tokens_file` (one a line, `#` comments); ConfigError when unreadable or bad."""
-    from gpumond.config.rules import token_problem
+    from gpumond.config.rules import read_tokens_file
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        why = getattr(err, "strerror", None) or "not UTF-8 text"
-        raise ConfigError(source, f"bearer_tokens_file: cannot read {path}: {why}") from None
-    tokens = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        token = line.split("#", 1)[0].strip()
-        if not token:
-            continue
-        if problem := token_problem(token):
-            raise ConfigError(source, f"bearer_tokens_file: {path} line {number}: {problem}")
-        tokens.append(token)
+    tokens = read_tokens_file(path, source, "bearer_tokens_file")
     if not tokens:
         raise ConfigError(source, f"bearer_tokens_file: {path} holds no token")
     return frozenset(tokens)
