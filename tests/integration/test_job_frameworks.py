@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,36 @@ def _shares(rules: RulesDaemon, job: str) -> dict[str, float]:
     return {s.labels["rank"]: s.value for s in (fam.samples if fam else []) if s.labels.get("job") == job}
 
 
+class _Watch:
+    """Polls /metrics while the job runs and keeps the last reading with both ranks' compute share: the final
+    push at the end of training releases the job, and its per-rank series with it."""
+
+    def __init__(self, rules: RulesDaemon, job: str) -> None:
+        self.latest: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(rules, job), daemon=True)
+        self._thread.start()
+
+    def _run(self, rules: RulesDaemon, job: str) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                shares = _shares(rules, job)
+            except Exception:  # a scrape that fails mid-run is retried at the next tick
+                continue
+            if len(shares) == 2:
+                self.latest = shares
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.latest
+
+
+def _ended(rules: RulesDaemon) -> float:
+    fam = parse_metrics(http_get(f"{rules.url}/metrics")[2].decode()).get("gpumond_rules_jobs_ended")
+    return sum(s.value for s in (fam.samples if fam else []) if s.name.endswith("_total"))
+
+
 def _accepted(rules: RulesDaemon) -> float:
     fam = parse_metrics(http_get(f"{rules.url}/metrics")[2].decode())["gpumond_rules_push_steps"]
     return sum(s.value for s in fam.samples if s.name.endswith("_total") and s.labels.get("result") == "accepted")
@@ -43,6 +74,7 @@ def test_a_framework_run_reports_both_ranks_steps_and_comm_waits(tmp_path: Path,
     rules = RulesDaemon(tmp_path, {"tokens": [TOKEN], "evaluation_interval_s": 0.5,
                                    "state_dir": str(tmp_path / "state")}).start()
     job = f"{framework}-job"
+    watch = _Watch(rules, job)
     try:
         env = {**os.environ, "GPUMOND_ENDPOINT": rules.url, "GPUMOND_TOKEN": TOKEN, "GPUMOND_JOB_ID": job,
                "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -57,8 +89,11 @@ def test_a_framework_run_reports_both_ranks_steps_and_comm_waits(tmp_path: Path,
             assert got["timed"], got  # the callback found the DDP model the framework made
             assert got["pushed_steps"] == STEPS and got["dropped_steps"] == 0 and got["last_error"] is None, got
         assert _accepted(rules) == 2 * STEPS
-        shares = wait_until(lambda: (s := _shares(rules, job)) and len(s) == 2 and s, timeout=30,
-                            what="both ranks' compute share on /metrics")
+        # both ranks' final pushes (the callback closes the reporter at the end of training) end the job
+        wait_until(lambda: _ended(rules) == 1, timeout=30, what="the job's end on /metrics")
+        shares = watch.stop()
+        assert len(shares) == 2, f"no evaluation saw both ranks' compute share while the job ran: {shares}"
         assert shares["0"] < shares["1"], shares  # the fast rank waits for the slow one
     finally:
+        watch.stop()
         rules.stop()
