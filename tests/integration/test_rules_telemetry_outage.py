@@ -125,8 +125,7 @@ def test_sighup_stops_the_rules_service_cleanly_with_one_line(tmp_path) -> None:
     from tests.integration.alert_helpers import RulesDaemon
 
     daemon = RulesDaemon(tmp_path, {"tokens": [TOKEN], "state_dir": str(tmp_path / "state")})
-    with daemon:
-        daemon.start()
+    with daemon:  # entering starts it and waits until it serves
         assert daemon.stop(sig=signal.SIGHUP) == 0
     out = daemon.stderr() + daemon.stdout()
     assert "signal=SIGHUP" in out and "rules service stopped" in out, out[-2000:]
