@@ -81,11 +81,12 @@ class FakeClock:
 
 
 def _report(job: str, rank: int, endpoint: str, shards: int | None) -> Reporter:
-    """One rank that ran STEPS steps of 1 s, each waiting 0.5 s on its loader, then closed (flushed)."""
+    """One rank that ran STEPS steps of 1 s, each waiting 0.5 s on its loader, pushed and still running: a
+    reporter's close() ends its job (the final push), which releases the job and its findings. Close it."""
     clock = FakeClock()
     rep = Reporter(endpoint=endpoint, token=TOKEN, job=job, rank=rank, world_size=RANKS, node=f"{job}-node",
                    gpu_uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{job}/{rank}')}", shards=shards,
-                   push_interval_s=3600.0, timeout_s=5.0, clock=clock, wall=time.time)
+                   push_interval_s=0.2, timeout_s=5.0, clock=clock, wall=time.time, handle_sigterm=False)
     assert rep.enabled, rep.stats.last_error
 
     def loader() -> Iterator[int]:
@@ -95,7 +96,10 @@ def _report(job: str, rank: int, endpoint: str, shards: int | None) -> Reporter:
 
     for _ in rep.wrap(loader()):
         clock.now += 0.5  # computing
-    rep.close(timeout_s=10)
+    # The steps go in one push at the next wake (the loop takes microseconds); the frozen clock sends no
+    # heartbeat after it, so each rank makes exactly one request until it closes.
+    wait_until(lambda: rep.stats.pushed_steps + rep.stats.dropped_steps == STEPS, timeout=20,
+               what=f"{job} rank {rank} to push its steps")
     return rep
 
 
@@ -109,10 +113,19 @@ def test_each_job_is_evaluated_by_its_own_shard_and_a_misrouted_push_is_refused(
     owner = {job: shard_of(job, SHARDS) for job in JOBS}
     assert sorted(owner.values()) == [0, 0, 0, 1, 1, 1], owner
     template = f"http://{LOOPBACK}:{base}{{shard}}"
-    for job in JOBS:
-        for rank in range(RANKS):
-            stats = _report(job, rank, template, SHARDS).stats
-            assert (stats.pushed_steps, stats.dropped_steps, stats.failed_pushes) == (STEPS, 0, 0), (job, stats)
+    reporters = [_report(job, rank, template, SHARDS) for job in JOBS for rank in range(RANKS)]
+    try:
+        _judged_by_their_own_shards(procs, owner, reporters)
+    finally:
+        for rep in reporters:
+            rep.close(timeout_s=5)
+
+
+def _judged_by_their_own_shards(procs: list[RulesProcess], owner: dict[str, int], reporters: list[Reporter]
+                                ) -> None:
+    for rep in reporters:
+        stats = rep.stats
+        assert (stats.pushed_steps, stats.dropped_steps, stats.failed_pushes) == (STEPS, 0, 0), stats
 
     def starved_jobs(shard: int) -> set[str] | None:
         found = {f["job"] for f in _findings(procs[shard]) if f["kind"] == "io_starved_job"}
@@ -151,8 +164,11 @@ def test_a_reporter_pointed_at_the_wrong_shard_drops_counts_and_goes_on(
         shards: tuple[int, list[RulesProcess]], caplog: pytest.LogCaptureFixture) -> None:
     _, procs = shards
     job = next(j for j in JOBS if shard_of(j, SHARDS) == 1)
-    stats = _report(job, 0, procs[0].url, None).stats  # no {shard}: every push reaches shard 0
-    assert (stats.pushed_steps, stats.dropped_steps, stats.failed_pushes) == (0, STEPS, 1)
+    rep = _report(job, 0, procs[0].url, None)  # no {shard}: every push reaches shard 0
+    rep.close(timeout_s=5)
+    stats = rep.stats
+    # the steps' push and the rank's heartbeats and final push are all refused (421); one warning says why
+    assert (stats.pushed_steps, stats.dropped_steps) == (0, STEPS) and stats.failed_pushes >= 1, stats
     assert stats.last_error is not None and stats.last_error.startswith("HTTP 421: job ")
     warnings = [r.getMessage() for r in caplog.records if r.name == "gpumond.job"]
     assert len(warnings) == 1 and "GPUMOND_SHARDS" in warnings[0] and "{shard}" in warnings[0], warnings
