@@ -26,6 +26,11 @@ def _data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True)
 
 
+# Both ranks pause in the last step, so the rules service evaluates the pushed steps (every 0.5 s) before
+# the callback's close() at the end of training ends the job and releases its series.
+LINGER_S = 2.0
+
+
 def run_lightning(steps: int, rank: int) -> object:
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import DDPStrategy
@@ -41,6 +46,8 @@ def run_lightning(steps: int, rank: int) -> object:
         def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
             if rank == 1:
                 time.sleep(SLOW_S)
+            if batch_idx == steps - 1:
+                time.sleep(LINGER_S)
             x, y = batch
             return nn.functional.mse_loss(self.net(x), y)
 
@@ -64,10 +71,14 @@ def run_hf(steps: int, rank: int, out: Path) -> object:
         def __init__(self) -> None:
             super().__init__()
             self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+            self.calls = 0
 
         def forward(self, x, labels):  # type: ignore[no-untyped-def]
             if rank == 1:
                 time.sleep(SLOW_S)
+            self.calls += 1  # one forward per step: no gradient accumulation, no evaluation
+            if self.calls == steps:
+                time.sleep(LINGER_S)
             return {"loss": nn.functional.mse_loss(self.net(x), labels)}
 
     x, y = _data(8 * 2 * steps)
