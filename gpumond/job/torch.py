@@ -215,7 +215,21 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-class BackwardTimer:
+class _Hooks:
+    """What the timers share: the torch hook handles they hold and the step timing they feed."""
+
+    _handles: list
+    _timing: StepTiming
+
+    def remove(self) -> None:
+        """Unhook; steps still in flight are sent without their comm wait."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._timing.cancel()
+
+
+class BackwardTimer(_Hooks):
     """Times each step's exposed wait without a comm hook: DDP's C++ all-reduce runs as without gpumond.
 
     Start: this rank's last gradient is accumulated (DDP launches the last bucket right after, in the
@@ -277,15 +291,8 @@ class BackwardTimer:
         except Exception as exc:  # never disturb training (an exception here would fail backward())
             log.warning("gpumond: comm wait report failed, training continues unaffected: %r", exc)
 
-    def remove(self) -> None:
-        """Unhook; steps still in flight are sent without their comm wait."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        self._timing.cancel()
 
-
-class FsdpTimer:
+class FsdpTimer(_Hooks):
     """Times an FSDP2 (`fully_shard`) model's exposed all-gather wait in the forward pass, per step.
 
     Around every FSDP module's own pre-forward hook (which all-gathers the module's parameters and waits
@@ -328,14 +335,6 @@ class FsdpTimer:
                 self._timing.close_step()
             except Exception as exc:
                 log.warning("gpumond: comm wait report failed, training continues unaffected: %r", exc)
-
-    def remove(self) -> None:
-        """Unhook; steps still in flight are sent without their comm wait."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        self._timing.cancel()
-
 
 # No annotations: DDP checks a hook's annotations against the real types, and this module's are strings
 # (postponed evaluation). DDP also wants a function (it reads __name__), so the timer is the hook's state.
