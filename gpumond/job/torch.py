@@ -336,6 +336,7 @@ class FsdpTimer(_Hooks):
             except Exception as exc:
                 log.warning("gpumond: comm wait report failed, training continues unaffected: %r", exc)
 
+
 # No annotations: DDP checks a hook's annotations against the real types, and this module's are strings
 # (postponed evaluation). DDP also wants a function (it reads __name__), so the timer is the hook's state.
 def timed_allreduce(timer, bucket):  # type: ignore[no-untyped-def]
