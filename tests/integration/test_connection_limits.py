@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -41,10 +42,11 @@ async def app(scope, receive, send):  # a minimal ASGI app: reads the whole body
 
 
 @contextlib.contextmanager
-def serving(limits: ConnectionLimits = LIMITS) -> Iterator[tuple[int, ConnectionStats]]:
+def serving(limits: ConnectionLimits = LIMITS, tls: Any = None) -> Iterator[tuple[int, ConnectionStats]]:
+    """`app` behind the connection guard on a free loopback port (`tls`: a guarded_tls factory, else plain)."""
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    protocol, stats = guarded_protocol(limits)
+    protocol, stats = guarded_protocol(limits) if tls is None else guarded_protocol(limits, tls=tls)
     server = uvicorn.Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
                                            http=protocol, timeout_keep_alive=limits.keepalive_timeout_s))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)

@@ -7,25 +7,20 @@ Certificates are made in the test (tests/pki.py). Each test waits, bounded, for 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
 import ssl
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from cryptography import x509
 
-from gpumond.connections import ConnectionLimits, ConnectionStats, guarded_protocol
+from gpumond.connections import ConnectionLimits, ConnectionStats
 from gpumond.job.tlsclient import ClientTLS, explain
-from gpumond.serving import bind
 from gpumond.web.tls import ServerTLS, ServerTLSSettings, guarded_tls
-from tests.integration.test_connection_limits import app, closed_by_server, wait_for
+from tests.integration.test_connection_limits import closed_by_server, wait_for
+from tests.integration.test_connection_limits import serving as plain_or_tls_serving
 from tests.pki import CA
 
 pytestmark = pytest.mark.integration
@@ -48,26 +43,10 @@ def settings(pki: dict, auth: str = "NoClientCert") -> ServerTLSSettings:
                              client_ca_file=pki["ca"].path if auth != "NoClientCert" else None)
 
 
-@contextlib.contextmanager
-def serving(tls: ServerTLS, limits: ConnectionLimits = LIMITS) -> Iterator[tuple[int, ConnectionStats]]:
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    protocol, stats = guarded_protocol(limits, tls=guarded_tls(tls, handshake_timeout_s=2 * limits.header_timeout_s,
-                                                                shutdown_timeout_s=1.0))
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
-                                           http=protocol, timeout_keep_alive=limits.keepalive_timeout_s))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield port, stats
-    finally:
-        server.should_exit = True
-        thread.join(WAIT_S)
-        sock.close()
+def serving(tls: ServerTLS, limits: ConnectionLimits = LIMITS
+            ) -> contextlib.AbstractContextManager[tuple[int, ConnectionStats]]:
+    return plain_or_tls_serving(limits, tls=guarded_tls(tls, handshake_timeout_s=2 * limits.header_timeout_s,
+                                                         shutdown_timeout_s=1.0))
 
 
 def client(ca: CA | None = None, cert=None) -> ssl.SSLContext:
