@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmarks: machine facts, robust statistics, Markdown output, /proc readers.
+"""The benchmarks' one harness: start/stop processes, wait, measure (statistics, /proc), report (Markdown).
 
 Not part of gpumond: the scripts next to this file import it as `_bench` (they put their own folder
 on sys.path), so they run as plain `python benchmarks/<name>.py` from anywhere.
@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -232,3 +237,107 @@ def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout_s)
+
+
+def get_json(url: str, timeout_s: float = 10.0) -> Any:
+    """GET a URL and decode its JSON body."""
+    return json.loads(fetch(url, timeout_s=timeout_s))
+
+
+def wait_for(probe: Callable[[], T], timeout_s: float, what: str, proc: Proc | None = None,
+             interval_s: float = 0.2) -> T:
+    """Poll `probe` until it returns something truthy (OSError/ValueError count as not yet); fail naming `what`,
+    with the process's log tail when it exits first or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive:
+            raise RuntimeError(f"{what}: {proc.name} exited ({proc.returncode})\n{proc.tail()}")
+        try:
+            got = probe()
+            if got:
+                return got
+        except (OSError, ValueError):
+            pass
+        time.sleep(interval_s)
+    raise RuntimeError(f"{what}: not within {timeout_s:g} s" + (f"\n{proc.tail()}" if proc is not None else ""))
+
+
+class Proc:
+    """A child process a benchmark started: stdout and stderr in one log file, stopped by its own pid only.
+
+    The repository is on its PYTHONPATH and the operator's alerting secrets are dropped from its environment,
+    so a benchmark never pages anyone by accident.
+    """
+
+    SCRUBBED = ("GPUMOND_RULES_TOKENS", "GPUMOND_SLACK_WEBHOOK_URL", "GPUMOND_PAGERDUTY_ROUTING_KEY")
+
+    def __init__(self, name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> None:
+        self.name, self.argv, self.log = name, [str(a) for a in argv], log
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+
+    def start(self) -> Proc:
+        env = {k: v for k, v in os.environ.items() if k not in self.SCRUBBED}
+        env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **self.env})
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=REPO, env=env)
+        self.started_at = time.time()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def kill(self, timeout_s: float = 30.0) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout_s)
+
+    def terminate(self, timeout_s: float = 30.0) -> float | None:
+        """SIGTERM; seconds until it exited, or None if it had to be SIGKILLed."""
+        if not self.alive:
+            return 0.0
+        assert self.proc is not None
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+        return time.monotonic() - t0
+
+    def wait_http(self, url: str, timeout_s: float = 40.0) -> float:
+        """Wait for 200 from `url`; the wall time it first answered."""
+        try:
+            wait_http(url, timeout_s, self.proc)
+        except RuntimeError as e:
+            raise RuntimeError(f"{self.name}: {e}\n{self.tail()}") from None
+        return time.time()
+
+    def tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def torchrun(script: Path, world: int, args: Sequence[str], *, env: Mapping[str, str] | None = None,
+             timeout_s: float | None = None) -> None:
+    """Run `script` under torchrun (standalone, `world` processes on this host, one intra-op thread each);
+    fail with the tail of its output rather than a bare exit status."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                        str(script), *args], env=full_env, capture_output=True, text=True,
+                       timeout=timeout_s if timeout_s is not None and timeout_s < float("inf") else None)
+    if p.returncode != 0:
+        raise RuntimeError(f"torchrun {script.name} ({world} ranks) exited {p.returncode}:\n"
+                           f"{(p.stdout + p.stderr)[-3000:]}")

@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _bench  # noqa: E402
 
 
 VARIANTS = ("plain", "python hook", "gpumond", "gpumond via hook")
@@ -43,7 +43,6 @@ def worker(out: Path, rounds: int, steps: int, device_ms: float, variants: list[
 
     import gpumond.job
     import gpumond.job.torch
-    sys.path.insert(0, str(HERE))
     from ddp_job import add_device_time, mlp
 
     torch.set_num_threads(1)
@@ -129,13 +128,13 @@ def drive(world: int, rounds: int, steps: int, device_ms: float, variants: list[
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.json"
-            env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1",
-                   "GPUMOND_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "GPUMOND_TOKEN": "bench"}
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                            str(Path(__file__).resolve()), "--worker", str(out), "--rounds", str(rounds),
-                            "--steps", str(steps), "--device-ms", str(device_ms), "--variants", ",".join(variants),
-                            "--budget-s", str(budget_s)],
-                           check=True, timeout=budget_s + 1800, env=env, capture_output=True)
+            _bench.torchrun(Path(__file__).resolve(), world,
+                            ["--worker", str(out), "--rounds", str(rounds), "--steps", str(steps),
+                             "--device-ms", str(device_ms), "--variants", ",".join(variants),
+                             "--budget-s", str(budget_s)],
+                            env={"GPUMOND_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+                                 "GPUMOND_TOKEN": "bench"},
+                            timeout_s=budget_s + 1800)
             return json.loads(out.read_text())
     finally:
         server.shutdown()
@@ -143,10 +142,11 @@ def drive(world: int, rounds: int, steps: int, device_ms: float, variants: list[
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a few rounds: a smoke test, numbers not meant to be quoted")
-    ap.add_argument("--world", default="1,4")
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--quick", action="store_true",
+                    help="2 ranks, 2 rounds of 5 steps: a smoke test in seconds, numbers not meant to be quoted")
+    ap.add_argument("--world", help="world sizes, comma-separated (default 1,4; --quick: 2)")
+    ap.add_argument("--rounds", type=int, help="default 40 (--quick: 2)")
+    ap.add_argument("--steps", type=int, help="default 50 (--quick: 5)")
     ap.add_argument("--device-ms", type=float, default=10.0)
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="which of plain, 'python hook', gpumond, 'gpumond via hook' to run (plain always)")
@@ -155,17 +155,16 @@ def main() -> int:
                     help="stop each world size's rounds after this many seconds (the rounds done are stated)")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    world_sizes = a.world or ("2" if a.quick else "1,4")
+    rounds = a.rounds or (2 if a.quick else 40)
+    steps = a.steps or (5 if a.quick else 50)
     variants = ["plain"] + [v for v in a.variants.split(",") if v in VARIANTS and v != "plain"]
     if a.worker is not None:
-        worker(a.worker, a.rounds, a.steps, a.device_ms, variants, a.budget_s)
+        worker(a.worker, rounds, steps, a.device_ms, variants, a.budget_s)
         return 0
-    sys.path.insert(0, str(HERE))
-    import _bench
-
-    rounds, steps = (4, 20) if a.quick else (a.rounds, a.steps)
     rows = []
     others = variants[1:]
-    for world in (int(w) for w in a.world.split(",")):
+    for world in (int(w) for w in world_sizes.split(",")):
         print(f"… {world} rank(s)", file=sys.stderr, flush=True)
         got = drive(world, rounds, steps, a.device_ms, variants, a.budget_s)
         t = got["times"]
