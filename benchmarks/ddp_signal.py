@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -50,19 +48,20 @@ SCENARIOS = [
 ]
 
 
-def run(args: list[str], steps: int) -> dict[int, dict[str, list[float]]]:
+# --quick: 2 ranks, one fault, a few steps of a lighter step: it proves the harness runs, in seconds.
+QUICK = ("rank 1 slowed 1.5×", 1, [*MULTI, "--slow-rank", "1", "--slow-factor", "1.5", "--device-ms", "5"], "slow")
+
+
+def run(args: list[str], steps: int, world: int = WORLD, warmup: int = 10) -> dict[int, dict[str, list[float]]]:
     """One torchrun; per rank the per-step series."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": str(_bench.REPO), "OMP_NUM_THREADS": "1"}
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={WORLD}", str(HERE / "ddp_job.py"), "--steps", str(steps),
-                        "--warmup", "10", "--out", tmp, *BASE, *args],
-                       check=True, timeout=600, env=env, capture_output=True)
+        _bench.torchrun(HERE / "ddp_job.py", world,
+                        ["--steps", str(steps), "--warmup", str(warmup), "--out", tmp, *BASE, *args], timeout_s=600)
         series: dict[int, dict[str, list[float]]] = {}
-        for r in range(WORLD):
+        for r in range(world):
             hooks = [json.loads(x) for x in Path(tmp, f"rank{r}.jsonl").read_text().splitlines()]
             pushes = [json.loads(x) for x in Path(tmp, f"rank{r}.pushes.jsonl").read_text().splitlines()]
-            pushes = pushes[10:]  # the warm-up steps
+            pushes = pushes[warmup:]
             series[r] = {
                 "exposed": [h["exposed_s"] for h in hooks if h["kind"] == "hook"],
                 "buckets": [h["buckets_s"] for h in hooks if h["kind"] == "hook"],
@@ -96,37 +95,40 @@ def summarise(name: str, faulty: int | None, s: dict[int, dict[str, list[float]]
         sep = f"{(others - med[faulty]) * 1e3:+.1f}"
         bsep = f"{(statistics.median(bmed[r] for r in healthy) - bmed[faulty]) * 1e3:+.1f}"
         n = min(len(v["comm"]) for v in s.values())
-        wins = sum(1 for i in range(n) if min(range(WORLD), key=lambda r: s[r]["comm"][i]) == faulty)
+        wins = sum(1 for i in range(n) if min(s, key=lambda r: s[r]["comm"][i]) == faulty)
         hit = f"{100 * wins / n:.0f} %"
         nb = min(len(v["buckets"]) for v in s.values())
-        bwins = sum(1 for i in range(nb) if min(range(WORLD), key=lambda r: s[r]["buckets"][i]) == faulty)
+        bwins = sum(1 for i in range(nb) if min(s, key=lambda r: s[r]["buckets"][i]) == faulty)
         bhit = f"{100 * bwins / nb:.0f} %"
-    return [name, ms(dur), " / ".join(ms(med[r]) for r in range(WORLD)), sep, hit, ms(noise),
-            " / ".join(ms(bmed[r]) for r in range(WORLD)), bsep, bhit, ms(bnoise), " / ".join(ms(data[r]) for r in range(WORLD)),
+    return [name, ms(dur), " / ".join(ms(med[r]) for r in s), sep, hit, ms(noise),
+            " / ".join(ms(bmed[r]) for r in s), bsep, bhit, ms(bnoise), " / ".join(ms(data[r]) for r in s),
             max(max(v["nbuckets"]) for v in s.values())]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--quick", action="store_true", help="30 steps and three scenarios: a smoke test")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 ranks, one slowed rank, 6 steps: a smoke test in seconds, numbers not meant to be quoted")
     a = ap.parse_args()
-    scenarios = [SCENARIOS[0], SCENARIOS[4], SCENARIOS[-2]] if a.quick else SCENARIOS
-    steps = 30 if a.quick else a.steps
+    scenarios = [QUICK] if a.quick else SCENARIOS
+    steps, world, warmup = (6, 2, 2) if a.quick else (a.steps, WORLD, 10)
     rows = []
     for name, faulty, args, _kind in scenarios:
         print(f"… {name}", file=sys.stderr, flush=True)
-        rows.append(summarise(name, faulty, run(args, steps)))
-    head = ["scenario", "step ms", "comm_wait_s (exposed) median ms, ranks 0/1/2/3", "separation ms",
+        rows.append(summarise(name, faulty, run(args, steps, world, warmup)))
+    ranks = "/".join(str(r) for r in range(world))
+    head = ["scenario", "step ms", f"comm_wait_s (exposed) median ms, ranks {ranks}", "separation ms",
             "steps where the faulty rank waits least", "noise ms (healthy p90−p10)",
-            "Σ bucket waits median ms, ranks 0/1/2/3", "Σ separation ms", "Σ: steps where the faulty rank waits least", "Σ noise ms", "data wait median ms, ranks 0/1/2/3",
+            f"Σ bucket waits median ms, ranks {ranks}", "Σ separation ms",
+            "Σ: steps where the faulty rank waits least", "Σ noise ms", f"data wait median ms, ranks {ranks}",
             "buckets"]
     text = "\n\n".join([
-        "# Collective wait on real DDP: does it localise a slow rank?",
+        "# Collective wait on real DDP: does it localise a slow rank?" + (" (quick: not for quoting)" if a.quick else ""),
         _bench.machine_block({"torch": _bench._version("torch"),
-                              "job": f"{WORLD} ranks, torchrun, gloo on CPU, one intra-op thread each; MLP "
-                                     f"64→256×4→10, batch 32, {steps} timed steps after 10 warm-up steps; "
-                                     "30 ms of emulated device time per step (the host sleeps inside the "
+                              "job": f"{world} ranks, torchrun, gloo on CPU, one intra-op thread each; MLP "
+                                     f"64→256×4→10, batch 32, {steps} timed steps after {warmup} warm-up steps; "
+                                     f"{5 if a.quick else 30} ms of emulated device time per step (the host sleeps inside the "
                                      "layers' forward and backward hooks, as it blocks on a GPU)",
                               "note": "a shared 2-core VM with other work running: absolute times are "
                                       "inflated and noisy; compare within a table"}),
