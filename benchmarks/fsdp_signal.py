@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _bench  # noqa: E402
+
+SKIP = 3  # warm-up steps left out of the medians: lazy init, first all-gathers
 
 
 def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
@@ -34,7 +36,6 @@ def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
 
     import gpumond.job.torch
     from gpumond.job import Reporter
-    sys.path.insert(0, str(HERE))
     from ddp_job import add_device_time
 
     torch.set_num_threads(1)
@@ -73,38 +74,33 @@ def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
         opt.zero_grad(set_to_none=True)
         rows.append((t1 - t0, t2 - t1, time.monotonic() - t0))
     rep.close()
-    skip = 3  # warm-up: lazy init, first all-gathers
-    fw, bw, st = (statistics.median(c) for c in zip(*rows[skip:]))
+    fw, bw, st = (statistics.median(c) for c in zip(*rows[SKIP:]))
     (out / f"rank-{rank}.json").write_text(json.dumps({
-        "wait": statistics.median(waits[skip:]), "forward": fw, "backward": bw, "step": st}))
+        "wait": statistics.median(waits[SKIP:]), "forward": fw, "backward": bw, "step": st}))
     dist.destroy_process_group()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a few steps: a smoke test, numbers not meant to be quoted")
-    ap.add_argument("--slow", default="1.0,2.0", help="rank 1's device-time factors, one run each")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--device-ms", type=float, default=200.0)
+    ap.add_argument("--quick", action="store_true",
+                    help="rank 1 at 2×, 6 steps of 10 ms: a smoke test in seconds, numbers not meant to be quoted")
+    ap.add_argument("--slow", help="rank 1's device-time factors, one run each (default 1.0,2.0; --quick: 2.0)")
+    ap.add_argument("--steps", type=int, help=f"steps, the first {SKIP} not counted (default 20; --quick: 6)")
+    ap.add_argument("--device-ms", type=float, help="default 200 (--quick: 10)")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--factor", type=float, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    steps = 8 if a.quick else a.steps
+    steps = a.steps or (6 if a.quick else 20)
+    device_ms = a.device_ms or (10.0 if a.quick else 200.0)
     if a.worker is not None:
-        worker(a.worker, steps, a.device_ms, a.factor)
+        worker(a.worker, steps, device_ms, a.factor)
         return 0
-    sys.path.insert(0, str(HERE))
-    import _bench
-
     rows = []
-    for factor in (float(f) for f in a.slow.split(",")):
+    for factor in (float(f) for f in (a.slow or ("2.0" if a.quick else "1.0,2.0")).split(",")):
         print(f"… rank 1 at {factor:g}×", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                            str(Path(__file__).resolve()), "--worker", tmp, "--factor", str(factor),
-                            "--device-ms", str(a.device_ms)] + (["--quick"] if a.quick else ["--steps", str(steps)]),
-                           check=True, timeout=900, env=env, capture_output=True)
+            _bench.torchrun(Path(__file__).resolve(), 2, ["--worker", tmp, "--factor", str(factor), "--device-ms",
+                                                          str(device_ms), "--steps", str(steps)], timeout_s=900)
             got = [json.loads((Path(tmp) / f"rank-{r}.json").read_text()) for r in (0, 1)]
         for r, g in enumerate(got):
             rows.append([f"{factor:g}×", r, "slow" if r == 1 and factor != 1 else "",
@@ -114,9 +110,9 @@ def main() -> int:
         + (" (quick: not for quoting)" if a.quick else ""),
         _bench.machine_block({"torch": _bench._version("torch"),
                               "job": f"torchrun, 2 ranks, gloo on CPU, one intra-op thread per rank; FSDP2 "
-                                     f"fully_shard on 4 blocks (64→128→64) + root, batch 32; {a.device_ms:g} ms "
+                                     f"fully_shard on 4 blocks (64→128→64) + root, batch 32; {device_ms:g} ms "
                                      f"emulated device time per step (rank 1 × factor); {steps} steps, "
-                                     f"medians after 3 warm-up steps",
+                                     f"medians after {SKIP} warm-up steps",
                               "note": "a shared 2-core VM with other work running; one run per row"}),
         _bench.md_table(["rank 1 factor", "rank", "", "gpumond comm wait ms (forward all-gathers)", "forward ms",
                          "backward ms", "step ms"], rows),
@@ -124,7 +120,7 @@ def main() -> int:
         "in forward, two thirds in backward. The forward includes the measured all-gather wait; backward "
         "(reduce-scatters included) is not instrumented (docs/job-sdk.md, FSDP2).",
     ])
-    _bench.write_result("fsdp_signal_quick" if a.quick else "fsdp_signal", text)
+    _bench.write_result("fsdp_signal", text, quick=a.quick)
     return 0
 
 
