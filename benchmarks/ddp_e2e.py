@@ -15,22 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-if str(REPO) not in sys.path:  # run as a script: the helpers shared with the tests live under the repository
-    sys.path.append(str(REPO))
-from tests.ports import free_port  # noqa: E402
+if str(HERE) not in sys.path:  # imported by tests/integration/test_job_torch_e2e.py as well as run as a script
+    sys.path.append(str(HERE))
+import _bench  # noqa: E402
+
 TOKEN = "e2e-token-0123456789abcdef"
 NODE = "e2e-node-0"
 JOB = "ddp-e2e"
@@ -73,91 +69,56 @@ class Outcome:
         return all((kind, rank, "firing") in self.seen for kind, rank in self.expected)
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=2.0) as r:  # noqa: S310 - loopback only
-        return r.read()
-
-
-def _wait(probe, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what}: the process exited ({proc.returncode}); see {log}")
-        try:
-            got = probe()
-            if got:
-                return got
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{what}: not within {timeout:g} s; see {log}")
-
-
-def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=REPO)
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: float = 10.0,
-             evaluation_s: float = 10.0) -> Outcome:
+             evaluation_s: float = 10.0, world: int = WORLD) -> Outcome:
     """Run one case; stop early once every expected finding fires and `settle_s` more has passed."""
     fault, expected = CASES[case]
     workdir.mkdir(parents=True, exist_ok=True)
     out = Outcome(case, expected)
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[_bench.Proc] = []
     try:
-        agent_port, rules_port = free_port(), free_port()
+        agent_port, rules_port = _bench.free_port(), _bench.free_port()
         (workdir / "agent.yaml").write_text(json.dumps({"state_dir": str(workdir / "agent-state"),
                                                         "policy": {"mode": "off"}}))
-        agent = _spawn([sys.executable, "-m", "gpumond.cli", "agent", "--sim", str(WORLD), "--node-name", NODE,
-                        "--listen", f"127.0.0.1:{agent_port}", "--config", str(workdir / "agent.yaml")],
-                       workdir / "agent.log")
+        agent = _bench.Proc("agent", [sys.executable, "-m", "gpumond.cli", "agent", "--sim", str(world),
+                                      "--node-name", NODE, "--listen", f"127.0.0.1:{agent_port}",
+                                      "--config", str(workdir / "agent.yaml")], workdir / "agent.log").start()
         procs.append(agent)
         (workdir / "rules.yaml").write_text(json.dumps({
             "listen": f"127.0.0.1:{rules_port}", "tokens": [TOKEN], "evaluation_interval_s": evaluation_s,
             "window_s": 120,
             "state_dir": str(workdir / "rules-state"),
             "telemetry": {"scrape": {"targets": [f"127.0.0.1:{agent_port}"], "interval_s": 1}}}))
-        rules = _spawn([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(workdir / "rules.yaml")],
-                       workdir / "rules.log")
+        rules = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config",
+                                      str(workdir / "rules.yaml")], workdir / "rules.log").start()
         procs.append(rules)
-        metrics = _wait(lambda: _get(f"http://127.0.0.1:{agent_port}/metrics").decode(), 60, "agent /metrics",
-                        agent, workdir / "agent.log")
+        metrics = _bench.wait_for(lambda: _bench.fetch(f"http://127.0.0.1:{agent_port}/metrics").decode(), 60,
+                                  "agent /metrics", agent)
         uuids = dict(re.findall(r'gpumond_gpu_info\{[^}]*gpu="(\d+)"[^}]*uuid="(GPU-[^"]+)"', metrics))
-        if len(uuids) < WORLD:  # label order is the exposition's; accept either
+        if len(uuids) < world:  # label order is the exposition's; accept either
             uuids = {g: u for u, g in re.findall(r'gpumond_gpu_info\{[^}]*uuid="(GPU-[^"]+)"[^}]*gpu="(\d+)"',
                                                  metrics)}
-        gpu_uuids = ",".join(uuids[str(i)] for i in range(WORLD))
+        gpu_uuids = ",".join(uuids[str(i)] for i in range(world))
         base = f"http://127.0.0.1:{rules_port}"
-        _wait(lambda: _get(base + "/healthz"), 60, "rules /healthz", rules, workdir / "rules.log")
+        rules.wait_http(base + "/healthz", 60)
         launched = time.monotonic()
-        job = _spawn([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-                      str(HERE / "ddp_job.py"), "--duration-s", str(duration_s + 60), "--gpu-uuids", gpu_uuids,
-                      *JOB_ARGS, *fault], workdir / "job.log",
-                     env={"GPUMOND_ENDPOINT": base, "GPUMOND_TOKEN": TOKEN, "GPUMOND_JOB_ID": JOB,
-                          "GPUMOND_NODE": NODE, "OMP_NUM_THREADS": "1"})
+        job = _bench.Proc("job", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  f"--nproc-per-node={world}", str(HERE / "ddp_job.py"), "--duration-s",
+                                  str(duration_s + 60), "--gpu-uuids", gpu_uuids, *JOB_ARGS, *fault],
+                          workdir / "job.log",
+                          env={"GPUMOND_ENDPOINT": base, "GPUMOND_TOKEN": TOKEN, "GPUMOND_JOB_ID": JOB,
+                               "GPUMOND_NODE": NODE, "OMP_NUM_THREADS": "1"}).start()
         procs.append(job)
-        started_at = _wait(lambda: re.search(rb"training started at ([\d.]+)", (workdir / "job.log").read_bytes()),
-                           120, "the job's first step", job, workdir / "job.log")
+        started_at = _bench.wait_for(lambda: re.search(rb"training started at ([\d.]+)", job.log.read_bytes()),
+                                     120, "the job's first step", job)
         t0 = float(started_at.group(1))
         out.started = t0 - (time.time() - (time.monotonic() - launched))
         stop_at = t0 + duration_s
         while time.time() < stop_at:
-            if job.poll() is not None:
-                raise RuntimeError(f"the job exited ({job.returncode}) early; see {workdir / 'job.log'}")
+            if not job.alive:
+                raise RuntimeError(f"the job exited ({job.returncode}) early\n{job.tail()}")
             try:
-                findings = json.loads(_get(base + "/api/v1/findings"))["findings"]
+                findings = _bench.get_json(base + "/api/v1/findings", timeout_s=2.0)["findings"]
             except (OSError, ValueError):
                 findings = []
             now = time.time() - t0
@@ -176,23 +137,28 @@ def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: fl
         return out
     finally:
         for p in reversed(procs):
-            _stop(p)
+            p.terminate(15)
 
 
 def main() -> int:
-    sys.path.insert(0, str(HERE))
-    import _bench
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", default="clean,slow,slow_1.25,starved_rank,starved_job,slow_and_starved")
-    ap.add_argument("--duration", type=float, default=60.0, help="seconds of training per case at most")
-    ap.add_argument("--evaluation", type=float, default=10.0, help="the rules service's evaluation_interval_s")
+    ap.add_argument("--quick", action="store_true",
+                    help="the clean case, 2 ranks, 4 s of training, evaluation every 1 s: a smoke test of the "
+                         "harness in seconds (its findings prove nothing: tests/integration/test_job_torch_e2e.py "
+                         "holds those)")
+    ap.add_argument("--cases", help="default clean,slow,slow_1.25,starved_rank,starved_job,slow_and_starved")
+    ap.add_argument("--duration", type=float, help="seconds of training per case at most (default 60)")
+    ap.add_argument("--evaluation", type=float, help="the rules service's evaluation_interval_s (default 10)")
     a = ap.parse_args()
+    cases = a.cases or ("clean" if a.quick else "clean,slow,slow_1.25,starved_rank,starved_job,slow_and_starved")
+    duration = a.duration or (4.0 if a.quick else 60.0)
+    evaluation = a.evaluation or (1.0 if a.quick else 10.0)
+    world = 2 if a.quick else WORLD
     rows = []
-    for case in a.cases.split(","):
+    for case in cases.split(","):
         print(f"… {case}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            o = run_case(case, Path(tmp), duration_s=a.duration, evaluation_s=a.evaluation)
+            o = run_case(case, Path(tmp), duration_s=duration, evaluation_s=evaluation, world=world)
         other = ", ".join(f"{k} r{r} {s} at {o.seen[(k, r, s)]} s" for k, r, s in o.unexpected()) or "none"
         for kind, rank in o.expected or ((None, None),):
             want = "none" if kind is None else f"{kind} on {'the job' if rank is None else f'rank {rank}'}"
@@ -201,17 +167,18 @@ def main() -> int:
             rows.append([case, want, "not seen" if pend is None else pend, "not found" if fire is None else fire,
                          other, o.ran_s, round(o.started or 0, 1)])
     text = "\n\n".join([
-        "# End to end on real DDP: planted faults → findings",
+        "# End to end on real DDP: planted faults → findings" + (" (quick: not for quoting)" if a.quick else ""),
         _bench.machine_block({"torch": _bench._version("torch"),
-                              "setup": f"`gpumond agent --sim {WORLD}` + `gpumond rules` (scrape every 1 s, "
-                                       f"evaluation every {a.evaluation:g} s, default detectors) + torchrun {WORLD} ranks of "
+                              "setup": f"`gpumond agent --sim {world}` + `gpumond rules` (scrape every 1 s, "
+                                       f"evaluation every {evaluation:g} s, default detectors) + torchrun {world} ranks of "
                                        f"benchmarks/ddp_job.py {' '.join(JOB_ARGS)} pushing every 1 s",
                               "note": "a shared 2-core VM with other work running"}),
         _bench.md_table(["case", "expected", "pending after s", "firing after s", "any other finding",
                          "ran s", "start-up s"], rows),
         "Times from the job's first training step. A case stops 10 s after its finding fires.",
     ])
-    _bench.write_result("ddp_e2e" if a.evaluation == 10.0 else f"ddp_e2e_eval{a.evaluation:g}s", text)
+    _bench.write_result("ddp_e2e" if evaluation == 10.0 or a.quick else f"ddp_e2e_eval{evaluation:g}s", text,
+                        quick=a.quick)
     return 0
 
 
