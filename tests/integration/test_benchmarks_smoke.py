@@ -1,12 +1,11 @@
 """The benchmarks still run (their --quick modes): a benchmark that rots is a result nobody can reproduce.
 
-Not here: ddp_overhead.py and ddp_signal.py (real torch DDP; their quick modes take minutes on two shared
-cores, and ddp_job.py / ddp_e2e.py are run by test_job_torch*.py), rules_ingest.py (needs wrk and
-prometheus-pushgateway, which the test machines do not install), alert_delivery.py (~2 min; see its own
---quick). A quick run writes only the git-ignored
-results/<name>_quick.md.
+Not here: rules_ingest.py (needs wrk and prometheus-pushgateway, which the test machines do not install).
+A quick run writes only the git-ignored results/<name>_quick.md.
 """
 
+import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,9 @@ import pytest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
+TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install torch==2.13.0)")
+ALERTMANAGER = pytest.mark.skipif(shutil.which("prometheus-alertmanager") is None,
+                                  reason="needs prometheus-alertmanager (Debian package)")
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -28,7 +30,13 @@ ROOT = Path(__file__).resolve().parents[2]
     (["benchmarks/hostile_network.py", "--quick"], "Hostile network (quick)"),
     (["benchmarks/tls_cost.py", "--quick"], "scrape, new connection"),
     (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
-])
+    pytest.param(["benchmarks/ddp_overhead.py", "--quick"], "gpumond vs plain", marks=TORCH),
+    pytest.param(["benchmarks/ddp_signal.py", "--quick"], "rank 1 slowed", marks=TORCH),
+    pytest.param(["benchmarks/fsdp_signal.py", "--quick"], "forward all-gathers", marks=TORCH),
+    pytest.param(["benchmarks/ddp_e2e.py", "--quick"], "| clean | none |", marks=TORCH),
+    pytest.param(["benchmarks/alert_delivery.py", "--quick"], "Sampling and evaluation while a sink hangs",
+                 marks=ALERTMANAGER),
+], ids=lambda v: (v[1] if v[0] == "-m" else Path(v[0]).stem) if isinstance(v, list) else "")
 def test_benchmark_quick_mode_runs(argv, expect):
     p = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
