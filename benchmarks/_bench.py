@@ -6,6 +6,7 @@ on sys.path), so they run as plain `python benchmarks/<name>.py` from anywhere.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import importlib.metadata
 import json
@@ -165,6 +166,20 @@ def write_result(name: str, text: str, *, quick: bool = False) -> Path:
     return path
 
 
+def parser(doc: str, quick: str) -> argparse.ArgumentParser:
+    """The argument parser every benchmark starts from: its docstring's first line, and --quick saying what it runs."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"{quick}: a smoke test, numbers not meant to be quoted")
+    return ap
+
+
+def report(name: str, title: str, facts: dict[str, str], *sections: str, quick: bool = False) -> Path:
+    """Write a benchmark's result: its title, the machine block with the run's own `facts`, then each section
+    (tables, notes); a quick run says so in the title and goes to the git-ignored <name>_quick.md."""
+    text = "\n\n".join([title + (" (quick: not for quoting)" if quick else ""), machine_block(facts), *sections])
+    return write_result(name, text, quick=quick)
+
+
 # ----- processes ---------------------------------------------------------------------------------
 def use_test_helpers() -> None:
     """Make the helpers shared with the tests (`tests/…`) importable: the repository appended to sys.path.
@@ -271,8 +286,9 @@ class Proc:
 
     SCRUBBED = ("GPUMOND_RULES_TOKENS", "GPUMOND_SLACK_WEBHOOK_URL", "GPUMOND_PAGERDUTY_ROUTING_KEY")
 
-    def __init__(self, name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> None:
-        self.name, self.argv, self.log = name, [str(a) for a in argv], log
+    def __init__(self, name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
+                 cwd: Path = REPO) -> None:
+        self.name, self.argv, self.log, self.cwd = name, [str(a) for a in argv], log, cwd
         self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
@@ -283,9 +299,14 @@ class Proc:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=REPO, env=env)
+                                         cwd=self.cwd, env=env)
         self.started_at = time.time()
         return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
 
     @property
     def alive(self) -> bool:

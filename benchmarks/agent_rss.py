@@ -24,7 +24,6 @@ import argparse
 import http.client
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -97,28 +96,25 @@ def main(argv: list[str] | None = None) -> int:
     config = tmp / "agent.yaml"
     write_config(config, tmp / "state")
     port = _bench.free_port()
-    log = open(tmp / "agent.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(agent_argv(port, args.speed, config), stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = _bench.Proc("agent", agent_argv(port, args.speed, config), tmp / "agent.log").start()
     try:
-        _bench.wait_http(f"http://127.0.0.1:{port}/metrics", 60, proc)
+        proc.wait_http(f"http://127.0.0.1:{port}/metrics", 60)
         samples, bursts = run_load(proc, port, wall_s, rss_every, burst_every, burst_s, args.speed)
         cpu_s = _bench.proc_cpu_s(proc.pid)
         hwm = _bench.proc_status_kib(proc.pid, "VmHWM")
         threads = _bench.proc_status_kib(proc.pid, "Threads")
         series = _bench.count_series(scrape(port, False))
     finally:
-        _bench.stop(proc)
-        log.close()
-        tail = (tmp / "agent.log").read_text(errors="replace").splitlines()[-5:]
+        proc.terminate(10)
+        tail = proc.tail(1000)
         shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode not in (0, -15):
-        print("agent log tail:\n" + "\n".join(tail), file=sys.stderr)
+        print("agent log tail:\n" + tail, file=sys.stderr)
     report(args, samples, bursts, cpu_s, hwm, threads, series, wall_s)
     return 0
 
 
-def run_load(proc: subprocess.Popen, port: int, wall_s: float, rss_every: float, burst_every: float,
+def run_load(proc: _bench.Proc, port: int, wall_s: float, rss_every: float, burst_every: float,
              burst_s: float, speed: float) -> tuple[list[tuple[float, int]], list[tuple[float, float, int, int]]]:
     """Sample RSS, scrape every second, burst-count cycles; returns (rss samples, bursts)."""
     t0 = time.monotonic()
@@ -130,7 +126,7 @@ def run_load(proc: subprocess.Popen, port: int, wall_s: float, rss_every: float,
         now = time.monotonic() - t0
         if now >= wall_s:
             break
-        if proc.poll() is not None:
+        if not proc.alive:
             raise RuntimeError(f"agent exited with status {proc.returncode} after {now:.0f}s")
         if now >= next_rss:
             samples.append((now, _bench.proc_status_kib(proc.pid, "VmRSS")))

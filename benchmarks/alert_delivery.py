@@ -1278,8 +1278,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--shim"]:
         return shim(argv[1], argv[2:])
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short run for a smoke test (~30 s)")
+    ap = _bench.parser(__doc__, "one agent killed once, a 10 s story, a 5 s hang window")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs) and print it")
     ap.add_argument("--name", help="result file name (default alert_delivery; _quick is added with --quick)")
     args = ap.parse_args(argv)

@@ -13,7 +13,6 @@ tests/integration/test_job_torch_e2e.py runs the cheapest cases of the same harn
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -141,11 +140,8 @@ def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: fl
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="the clean case, 2 ranks, 4 s of training, evaluation every 1 s: a smoke test of the "
-                         "harness in seconds (its findings prove nothing: tests/integration/test_job_torch_e2e.py "
-                         "holds those)")
+    # Its findings prove nothing (tests/integration/test_job_torch_e2e.py holds those): it runs the harness.
+    ap = _bench.parser(__doc__, "the clean case, 2 ranks, 4 s of training, evaluation every 1 s")
     ap.add_argument("--cases", help="default clean,slow,slow_1.25,starved_rank,starved_job,slow_and_starved")
     ap.add_argument("--duration", type=float, help="seconds of training per case at most (default 60)")
     ap.add_argument("--evaluation", type=float, help="the rules service's evaluation_interval_s (default 10)")
@@ -166,19 +162,18 @@ def main() -> int:
             fire = "—" if kind is None else o.first(kind, rank, "firing")
             rows.append([case, want, "not seen" if pend is None else pend, "not found" if fire is None else fire,
                          other, o.ran_s, round(o.started or 0, 1)])
-    text = "\n\n".join([
-        "# End to end on real DDP: planted faults → findings" + (" (quick: not for quoting)" if a.quick else ""),
-        _bench.machine_block({"torch": _bench._version("torch"),
-                              "setup": f"`gpumond agent --sim {world}` + `gpumond rules` (scrape every 1 s, "
-                                       f"evaluation every {evaluation:g} s, default detectors) + torchrun {world} ranks of "
-                                       f"benchmarks/ddp_job.py {' '.join(JOB_ARGS)} pushing every 1 s",
-                              "note": "a shared 2-core VM with other work running"}),
+    _bench.report(
+        "ddp_e2e" if evaluation == 10.0 or a.quick else f"ddp_e2e_eval{evaluation:g}s",
+        "# End to end on real DDP: planted faults → findings",
+        {"torch": _bench._version("torch"),
+         "setup": f"`gpumond agent --sim {world}` + `gpumond rules` (scrape every 1 s, "
+                  f"evaluation every {evaluation:g} s, default detectors) + torchrun {world} ranks of "
+                  f"benchmarks/ddp_job.py {' '.join(JOB_ARGS)} pushing every 1 s",
+         "note": "a shared 2-core VM with other work running"},
         _bench.md_table(["case", "expected", "pending after s", "firing after s", "any other finding",
                          "ran s", "start-up s"], rows),
         "Times from the job's first training step. A case stops 10 s after its finding fires.",
-    ])
-    _bench.write_result("ddp_e2e" if evaluation == 10.0 or a.quick else f"ddp_e2e_eval{evaluation:g}s", text,
-                        quick=a.quick)
+        quick=a.quick)
     return 0
 
 

@@ -141,9 +141,7 @@ def drive(world: int, rounds: int, steps: int, device_ms: float, variants: list[
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="2 ranks, 2 rounds of 5 steps: a smoke test in seconds, numbers not meant to be quoted")
+    ap = _bench.parser(__doc__, "2 ranks, 2 rounds of 5 steps")
     ap.add_argument("--world", help="world sizes, comma-separated (default 1,4; --quick: 2)")
     ap.add_argument("--rounds", type=int, help="default 40 (--quick: 2)")
     ap.add_argument("--steps", type=int, help="default 50 (--quick: 5)")
@@ -178,14 +176,14 @@ def main() -> int:
 
         rows.append([world, got["rounds"], *(f"{statistics.median(t[k]) * 1e3:.3f}" for k in variants),  # type: ignore[index]
                      *(ratio(k, "plain") for k in others), got["pushed"], got["dropped"]])
-    text = "\n\n".join([
-        "# gpumond.job.torch overhead on real DDP steps" + (" (quick: not for quoting)" if a.quick else ""),
-        _bench.machine_block({"torch": _bench._version("torch"),
-                              "job": f"torchrun, gloo on CPU, one intra-op thread per rank; MLP 64→128×3→10, "
-                                     f"batch 32, {a.device_ms:g} ms emulated device time per step, 3 buckets; "
-                                     f"up to {rounds} interleaved rounds × {steps} steps per variant"
-                                     + (f", at most {a.budget_s:g} s per world size" if a.budget_s < float("inf") else ""),
-                              "note": "a shared 2-core VM with other work running"}),
+    _bench.report(
+        a.name, "# gpumond.job.torch overhead on real DDP steps",
+        {"torch": _bench._version("torch"),
+         "job": f"torchrun, gloo on CPU, one intra-op thread per rank; MLP 64→128×3→10, "
+                f"batch 32, {a.device_ms:g} ms emulated device time per step, 3 buckets; "
+                f"up to {rounds} interleaved rounds × {steps} steps per variant"
+                + (f", at most {a.budget_s:g} s per world size" if a.budget_s < float("inf") else ""),
+         "note": "a shared 2-core VM with other work running"},
         _bench.md_table(["ranks", "rounds", *(f"{k} step ms" for k in variants), *(f"{k} vs plain" for k in others),
                          "steps pushed (rank 0)", "dropped"], rows),
         "Step times are medians of per-round medians; the comparisons are per-round ratios − 1: median "
@@ -198,8 +196,7 @@ def main() -> int:
         "every second over HTTP to a receiver on 127.0.0.1 (every instrumented model pushes through it)."
         + (" via=\"hook\": the same with `instrument(model, via=\"hook\")` (a comm hook timing every bucket)."
            if "gpumond via hook" in variants else ""),
-    ])
-    _bench.write_result(a.name, text, quick=a.quick)
+        quick=a.quick)
     return 0
 
 

@@ -13,7 +13,6 @@ the faulty rank's) and how often, step by step, the faulty rank is the one that 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -106,10 +105,8 @@ def summarise(name: str, faulty: int | None, s: dict[int, dict[str, list[float]]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = _bench.parser(__doc__, "2 ranks, one slowed rank, 6 steps")
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--quick", action="store_true",
-                    help="2 ranks, one slowed rank, 6 steps: a smoke test in seconds, numbers not meant to be quoted")
     a = ap.parse_args()
     scenarios = [QUICK] if a.quick else SCENARIOS
     steps, world, warmup = (6, 2, 2) if a.quick else (a.steps, WORLD, 10)
@@ -123,21 +120,20 @@ def main() -> int:
             f"Σ bucket waits median ms, ranks {ranks}", "Σ separation ms",
             "Σ: steps where the faulty rank waits least", "Σ noise ms", f"data wait median ms, ranks {ranks}",
             "buckets"]
-    text = "\n\n".join([
-        "# Collective wait on real DDP: does it localise a slow rank?" + (" (quick: not for quoting)" if a.quick else ""),
-        _bench.machine_block({"torch": _bench._version("torch"),
-                              "job": f"{world} ranks, torchrun, gloo on CPU, one intra-op thread each; MLP "
-                                     f"64→256×4→10, batch 32, {steps} timed steps after {warmup} warm-up steps; "
-                                     f"{5 if a.quick else 30} ms of emulated device time per step (the host sleeps inside the "
-                                     "layers' forward and backward hooks, as it blocks on a GPU)",
-                              "note": "a shared 2-core VM with other work running: absolute times are "
-                                      "inflated and noisy; compare within a table"}),
+    _bench.report(
+        "ddp_signal", "# Collective wait on real DDP: does it localise a slow rank?",
+        {"torch": _bench._version("torch"),
+         "job": f"{world} ranks, torchrun, gloo on CPU, one intra-op thread each; MLP "
+                f"64→256×4→10, batch 32, {steps} timed steps after {warmup} warm-up steps; "
+                f"{5 if a.quick else 30} ms of emulated device time per step (the host sleeps inside the "
+                "layers' forward and backward hooks, as it blocks on a GPU)",
+         "note": "a shared 2-core VM with other work running: absolute times are "
+                 "inflated and noisy; compare within a table"},
         _bench.md_table(head, rows),
         "*separation*: median over the healthy ranks of their median wait, minus the faulty rank's "
         "(positive: the faulty rank waits least). *exposed*: last bucket's launch → last completion, "
         "what gpumond pushes. *Σ bucket waits*: each bucket's launch → completion, summed (overlapping).",
-    ])
-    _bench.write_result("ddp_signal", text, quick=a.quick)
+        quick=a.quick)
     return 0
 
 

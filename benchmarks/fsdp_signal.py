@@ -81,9 +81,7 @@ def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="rank 1 at 2×, 6 steps of 10 ms: a smoke test in seconds, numbers not meant to be quoted")
+    ap = _bench.parser(__doc__, "rank 1 at 2×, 6 steps of 10 ms")
     ap.add_argument("--slow", help="rank 1's device-time factors, one run each (default 1.0,2.0; --quick: 2.0)")
     ap.add_argument("--steps", type=int, help=f"steps, the first {SKIP} not counted (default 20; --quick: 6)")
     ap.add_argument("--device-ms", type=float, help="default 200 (--quick: 10)")
@@ -105,22 +103,20 @@ def main() -> int:
         for r, g in enumerate(got):
             rows.append([f"{factor:g}×", r, "slow" if r == 1 and factor != 1 else "",
                          *(f"{g[k] * 1e3:.1f}" for k in ("wait", "forward", "backward", "step"))])
-    text = "\n\n".join([
-        "# FSDP2: where a slow rank's skew shows, and gpumond's forward all-gather wait"
-        + (" (quick: not for quoting)" if a.quick else ""),
-        _bench.machine_block({"torch": _bench._version("torch"),
-                              "job": f"torchrun, 2 ranks, gloo on CPU, one intra-op thread per rank; FSDP2 "
-                                     f"fully_shard on 4 blocks (64→128→64) + root, batch 32; {device_ms:g} ms "
-                                     f"emulated device time per step (rank 1 × factor); {steps} steps, "
-                                     f"medians after {SKIP} warm-up steps",
-                              "note": "a shared 2-core VM with other work running; one run per row"}),
+    _bench.report(
+        "fsdp_signal", "# FSDP2: where a slow rank's skew shows, and gpumond's forward all-gather wait",
+        {"torch": _bench._version("torch"),
+         "job": f"torchrun, 2 ranks, gloo on CPU, one intra-op thread per rank; FSDP2 "
+                f"fully_shard on 4 blocks (64→128→64) + root, batch 32; {device_ms:g} ms "
+                f"emulated device time per step (rank 1 × factor); {steps} steps, "
+                f"medians after {SKIP} warm-up steps",
+         "note": "a shared 2-core VM with other work running; one run per row"},
         _bench.md_table(["rank 1 factor", "rank", "", "gpumond comm wait ms (forward all-gathers)", "forward ms",
                          "backward ms", "step ms"], rows),
         "The expected skew per step is (factor − 1) × the device time, one third of it built "
         "in forward, two thirds in backward. The forward includes the measured all-gather wait; backward "
         "(reduce-scatters included) is not instrumented (docs/job-sdk.md, FSDP2).",
-    ])
-    _bench.write_result("fsdp_signal", text, quick=a.quick)
+        quick=a.quick)
     return 0
 
 

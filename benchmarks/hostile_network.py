@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,10 +37,6 @@ from tests.integration.hostile import SlowLoris, hostile_requests, raw_request, 
 
 TOKEN = "bench-token-0123456789"
 LORIS = 1_100
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(_bench.REPO)}
 
 
 def _scrape_latencies(port: int, seconds: float, period: float = 0.2) -> tuple[list[float], int]:
@@ -78,11 +72,9 @@ def slow_loris(seconds: float, work: Path) -> str:
     port = _bench.free_port()
     argv = [shutil.which("prlimit") or "prlimit", "--nofile=1024:1024", "--", sys.executable, "-m", "gpumond.cli",
             "agent", "--sim", "8", "--listen", f"127.0.0.1:{port}", "--node-name", "bench"]
-    with open(work / "agent.stderr", "wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=_env(),
-                                cwd=work)
+    proc = _bench.Proc("agent", argv, work / "agent.log", cwd=work).start()
     try:
-        _bench.wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+        proc.wait_http(f"http://127.0.0.1:{port}/healthz", 30)
         alone = _scrape_latencies(port, seconds)
         loris = SlowLoris(port, LORIS).start()
         try:
@@ -91,8 +83,8 @@ def slow_loris(seconds: float, work: Path) -> str:
             loris.stop()
         after = _scrape_latencies(port, min(seconds, 5.0))
     finally:
-        _bench.stop(proc)
-    lines = (work / "agent.stderr").read_text(errors="replace").splitlines()
+        proc.terminate(10)
+    lines = proc.log.read_text(errors="replace").splitlines()
     closed_lines = [line for line in lines if "logger=gpumond.serving" in line]
     table = _bench.md_table(["phase", "scrapes 200", "failed", "p50 ms", "p95 ms", "p99 ms", "max ms"],
                             [_row("alone", *alone), _row(f"under {LORIS}-connection slow-loris", *under),
@@ -114,12 +106,11 @@ def hostile_input(floods: dict[str, int], work: Path) -> str:
     config = work / "rules.yaml"
     config.write_text(f"listen: 127.0.0.1:{port}\ntokens: [{TOKEN}]\nstate_dir: {work / 'state'}\n"
                       f"limits: {LIMITS}\n")
-    with open(work / "rules.stderr", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(config)],
-                                stdout=subprocess.DEVNULL, stderr=err, env=_env(), cwd=work)
+    proc = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", str(config)],
+                       work / "rules.log", cwd=work).start()
     by_kind: dict[str, Counter] = {}
     try:
-        _bench.wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+        proc.wait_http(f"http://127.0.0.1:{port}/healthz", 30)
         rss_before = rss_bytes(proc.pid)
         t0 = time.monotonic()
         movable = min(floods["ranks"], LIMITS["max_ranks"]) - 1
@@ -131,7 +122,7 @@ def hostile_input(floods: dict[str, int], work: Path) -> str:
         rss_after = rss_bytes(proc.pid)
         held = _bench.fetch(f"http://127.0.0.1:{port}/metrics").decode()
     finally:
-        _bench.stop(proc)
+        proc.terminate(10)
     statuses = sorted({s for c in by_kind.values() for s in c}, key=lambda s: (s is None, s or 0))
     rows = [[k, sum(c.values())] + [c.get(s, 0) for s in statuses] for k, c in by_kind.items()]
     total = sum(by_kind.values(), Counter())

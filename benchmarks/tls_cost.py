@@ -27,11 +27,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import random
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,15 +83,10 @@ class Server:
                                            "log": {"level": "warning"},
                                            **({"web_config_file": str(web)} if web else {})}))
             argv = ["rules", "--config", str(cfg)]
-        env = {**os.environ, "GPUMOND_RULES_TOKENS": ""}
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpumond.cli", *argv], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=open(workdir / f"{kind}-{variant}.log", "w"))
+        self.proc = _bench.Proc(f"{kind} {variant}", [sys.executable, "-m", "gpumond.cli", *argv],
+                                workdir / f"{kind}-{variant}.log").start()
         self.scheme = "http" if variant == "plain" else "https"
-        deadline = time.monotonic() + 60
-        while not self._healthy():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{kind} {variant} did not start: {(workdir / f'{kind}-{variant}.log').read_text()}")
-            time.sleep(0.2)
+        _bench.wait_for(self._healthy, 60, f"{kind} {variant} /healthz", self.proc)
 
     def connection(self) -> http.client.HTTPConnection:
         if self.context is None:
@@ -199,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 rate[cell].append(units / wall)
     finally:
         for s in servers.values():
-            _bench.stop(s.proc)
+            s.proc.terminate(10)
     rows = []
     for kind, pattern, unit in (("agent", "scrape, kept alive", "scrape"), ("agent", "scrape, new connection", "scrape"),
                                 ("rules", "push", "pushed step")):
