@@ -16,6 +16,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -362,3 +363,43 @@ def torchrun(script: Path, world: int, args: Sequence[str], *, env: Mapping[str,
     if p.returncode != 0:
         raise RuntimeError(f"torchrun {script.name} ({world} ranks) exited {p.returncode}:\n"
                            f"{(p.stdout + p.stderr)[-3000:]}")
+
+
+def terminate_all(procs: Mapping[str, Proc], timeout_s: float = 30.0) -> dict[str, float | None]:
+    """SIGTERM every process at once; per name the seconds until it exited (None: SIGKILLed after `timeout_s`)."""
+    out: dict[str, float | None] = {}
+
+    def one(name: str) -> None:
+        out[name] = procs[name].terminate(timeout_s)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in procs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout_s + 15)
+    return out
+
+
+class Ticker:
+    """Calls `tick()` every `period_s` (after the first period) on a daemon thread until `stop()`."""
+
+    def __init__(self, period_s: float, tick: Callable[[], object], name: str) -> None:
+        self.period_s, self._tick = period_s, tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        wait = self.period_s
+        while not self._stop.wait(wait):
+            t0 = time.monotonic()
+            self._tick()
+            wait = max(0.05, self.period_s - (time.monotonic() - t0))  # a fixed rate, however long a tick took

@@ -41,7 +41,7 @@ perf_counter start/end to a file. /metrics is scraped every second for
 counters (to show the sinks really hung). Shutdown time (SIGTERM → exit) is reported too.
 
     python benchmarks/alert_delivery.py            # ~3.5 min
-    python benchmarks/alert_delivery.py --quick    # ~30 s (smoke test; writes results/alert_delivery_quick.md)
+    python benchmarks/alert_delivery.py --quick    # ~1 min (smoke test; writes results/alert_delivery_quick.md)
 
 Needs `prometheus-alertmanager` (Debian package) on PATH. `--keep` keeps the work directory: every
 process's log and config, and `part1.json` with the alert instances and every record the receiver got.
@@ -276,15 +276,8 @@ class AlertWatch:
         self.last: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self.polls = 0
         self.failed_polls = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="alert-watch", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        self._ticker = _bench.Ticker(POLL_S, self.poll_once, "alert-watch")
+        self.start, self.stop = self._ticker.start, self._ticker.stop
 
     def set_target(self, source: str, url: str) -> None:
         with self._lock:
@@ -317,10 +310,6 @@ class AlertWatch:
                     if a["state"] == "resolved":
                         inst.end = parse_ts(a["endsAt"])
 
-    def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
-            self.poll_once()
-
     def firing_now(self, source: str) -> list[dict[str, Any]]:
         with self._lock:
             _, alerts = self.last.get(source, (0.0, []))
@@ -344,45 +333,39 @@ class Pusher:
         self.t0 = time.time()
         self.failed = 0
         self.pushed = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pusher", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
+        self._ticker = _bench.Ticker(period_s, self.push_once, "pusher")
+        self.start = self._ticker.start
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        self._ticker.stop()
         self._client.close()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            now = time.time()
-            for job in self.jobs:
-                steps = []
-                wait = 0.3 if self.starved(job, now - self.t0) else 0.0
-                end = self._last_end[job]
-                while end + self.STEP_S <= now:
-                    end += self.STEP_S
-                    steps.append({"step": self._next_step[job], "end": round(end, 3), "duration_s": self.STEP_S,
-                                  "data_wait_s": wait})
-                    self._next_step[job] += 1
-                self._last_end[job] = end
-                if not steps:
-                    continue
-                for url in self.urls:
-                    for rank in range(self.ranks):
-                        body = {"job": job, "rank": rank, "world_size": self.ranks, "node": "train-node-0",
-                                "gpu_uuid": f"GPU-00000000-0000-0000-0000-{zlib.crc32(f'{job}/{rank}'.encode()):012x}",
-                                "steps": steps}
-                        try:
-                            r = self._client.post(f"{url}/api/v1/push", json=body,
-                                                  headers={"Authorization": f"Bearer {TOKEN}"})
-                            self.pushed += 1
-                            self.failed += r.status_code != 202
-                        except Exception:  # noqa: BLE001 - a daemon restarting; counted
-                            self.failed += 1
-            self._stop.wait(max(0.05, self.period_s - (time.time() - now)))
+    def push_once(self) -> None:
+        now = time.time()
+        for job in self.jobs:
+            steps = []
+            wait = 0.3 if self.starved(job, now - self.t0) else 0.0
+            end = self._last_end[job]
+            while end + self.STEP_S <= now:
+                end += self.STEP_S
+                steps.append({"step": self._next_step[job], "end": round(end, 3), "duration_s": self.STEP_S,
+                              "data_wait_s": wait})
+                self._next_step[job] += 1
+            self._last_end[job] = end
+            if not steps:
+                continue
+            for url in self.urls:
+                for rank in range(self.ranks):
+                    body = {"job": job, "rank": rank, "world_size": self.ranks, "node": "train-node-0",
+                            "gpu_uuid": f"GPU-00000000-0000-0000-0000-{zlib.crc32(f'{job}/{rank}'.encode()):012x}",
+                            "steps": steps}
+                    try:
+                        r = self._client.post(f"{url}/api/v1/push", json=body,
+                                              headers={"Authorization": f"Bearer {TOKEN}"})
+                        self.pushed += 1
+                        self.failed += r.status_code != 202
+                    except Exception:  # noqa: BLE001 - a daemon restarting; counted
+                        self.failed += 1
 
 
 # ----- part 1 ---------------------------------------------------------------------------------------------
@@ -782,7 +765,7 @@ def run_part3(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         hang_rx.script(rx_kind, *[Hang(300.0)] * 200)
     procs: dict[str, _bench.Proc] = {}
     scrapes: dict[str, list[tuple[float, str]]] = defaultdict(list)
-    stop_scrape = threading.Event()
+    scraper: _bench.Ticker | None = None
     pusher: Pusher | None = None
     urls: dict[str, str] = {}
     try:
@@ -821,21 +804,18 @@ def run_part3(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         pusher.start()
 
         def scrape() -> None:
-            while not stop_scrape.wait(1.0):
-                for name, url in urls.items():
-                    try:
-                        scrapes[name].append((time.time(), _bench.fetch(f"{url}/metrics", timeout_s=2.0).decode()))
-                    except OSError:
-                        pass
+            for name, url in urls.items():
+                try:
+                    scrapes[name].append((time.time(), _bench.fetch(f"{url}/metrics", timeout_s=2.0).decode()))
+                except OSError:
+                    pass
 
-        scraper = threading.Thread(target=scrape, name="scraper", daemon=True)
-        scraper.start()
+        scraper = _bench.Ticker(1.0, scrape, "scraper").start()
         t_start = time.perf_counter()
         print(f"[part 3] 3 agents + 3 rules services up; measuring {window_s:.0f} s", file=sys.stderr, flush=True)
         time.sleep(window_s)
         t_end = time.perf_counter()
-        stop_scrape.set()
-        scraper.join(10)
+        scraper.stop()
         pusher.stop()
         alerts_seen = {}
         for name, url in urls.items():
@@ -845,20 +825,11 @@ def run_part3(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             except OSError:
                 alerts_seen[name] = -1
         # Shutdown time, all at once (the hanging receiver is still hanging).
-        stop_s: dict[str, float | None] = {}
-
-        def stop_one(name: str) -> None:
-            stop_s[name] = procs[name].terminate(STOP_TIMEOUT_S)
-
-        threads = [threading.Thread(target=stop_one, args=(n,)) for n in procs]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(STOP_TIMEOUT_S + 15)
+        stop_s = _bench.terminate_all(procs, STOP_TIMEOUT_S)
         # A hung request is recorded only when its hang ends; the scripted answers it used up count it now.
         hang_counts = {k: 200 - hang_rx.pending_scripts(k) for k in ("slack", "pagerduty")}
         ok_counts = {k: len(ok_rx.received(k, accepted=True)) for k in ("slack", "pagerduty")}
-        inflight = {} if args.quick else stop_with_requests_in_flight(work, scen)
+        inflight = stop_with_requests_in_flight(work, scen)
         timings = {}
         for name in procs:
             kind = "agent" if name.startswith("agent") else "rules"
@@ -868,7 +839,8 @@ def run_part3(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "hang_counts": hang_counts, "ok_counts": ok_counts, "alerts_seen": alerts_seen,
                 "inflight": inflight}
     finally:
-        stop_scrape.set()
+        if scraper is not None:
+            scraper.stop()
         if pusher is not None:
             pusher.stop()
         for p in procs.values():
@@ -885,7 +857,6 @@ def stop_with_requests_in_flight(work: Path, scen: Path) -> dict[str, float | No
     rxs = {"agent": Receiver().start(), "rules": Receiver().start()}
     procs: dict[str, _bench.Proc] = {}
     pusher: Pusher | None = None
-    out: dict[str, float | None] = {}
     try:
         for kind, rx in rxs.items():
             for k in ("slack", "pagerduty"):
@@ -914,16 +885,7 @@ def stop_with_requests_in_flight(work: Path, scen: Path) -> dict[str, float | No
         if not all(rx.pending_scripts(k) < 20 for rx in rxs.values() for k in ("slack", "pagerduty")):
             return {}
         time.sleep(0.5)
-
-        def stop_one(kind: str) -> None:
-            out[kind] = procs[kind].terminate(STOP_TIMEOUT_S)
-
-        threads = [threading.Thread(target=stop_one, args=(k,)) for k in procs]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(STOP_TIMEOUT_S + 15)
-        return out
+        return _bench.terminate_all(procs, STOP_TIMEOUT_S)
     finally:
         if pusher is not None:
             pusher.stop()
