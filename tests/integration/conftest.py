@@ -97,3 +97,15 @@ def receiver() -> Iterator[ScriptedReceiver]:
         yield r
     finally:
         r.stop()
+
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path) -> Iterator[None]:
+    """torch.distributed on gloo with this process as the only rank (DDP and FSDP2 need a process group)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -17,23 +17,9 @@ from torch import nn
 
 import gpumond.job
 import gpumond.job.torch
-from gpumond.job.transport import Reply
+from tests.fakes import FakeTransport
 
 STEPS = 12
-
-
-class Keep:
-    """A transport that keeps the pushed steps in memory."""
-
-    def __init__(self) -> None:
-        self.steps: list[dict[str, object]] = []
-
-    def post(self, body: bytes, timeout_s: float) -> Reply:
-        self.steps += json.loads(body)["steps"]
-        return Reply(202)
-
-    def close(self) -> None:
-        pass
 
 
 def build() -> nn.Module:
@@ -48,7 +34,7 @@ def main(out: Path, via: str) -> int:
     # A small bucket cap: several buckets per step, so the hook's per-bucket path is what is compared.
     plain = nn.parallel.DistributedDataParallel(build(), bucket_cap_mb=0.01)
     hooked = nn.parallel.DistributedDataParallel(build(), bucket_cap_mb=0.01)
-    keep = Keep()
+    keep = FakeTransport()
     rep = gpumond.job.Reporter(job="eq", gpu_uuid=f"GPU-00000000-0000-4000-8000-{rank:012d}", transport=keep,
                                push_interval_s=60)
     gpumond.job.torch.instrument(hooked, rep, via=via)
@@ -65,7 +51,7 @@ def main(out: Path, via: str) -> int:
     equal = all(torch.equal(a, b) for a, b in zip(plain.parameters(), hooked.parameters()))
     changed = any(not torch.equal(a, b) for a, b in zip(build().parameters(), hooked.parameters()))
     (out / f"rank{rank}.json").write_text(json.dumps({"equal": equal, "trained": changed,
-                                                      "comm": [s.get("comm_wait_s") for s in keep.steps]}))
+                                                      "comm": [s.get("comm_wait_s") for s in keep.steps()]}))
     dist.destroy_process_group()
     return 0
 

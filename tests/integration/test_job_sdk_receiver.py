@@ -24,6 +24,7 @@ from gpumond.job import Reporter, pusher
 from gpumond.rules.http import build_app
 from gpumond.rules.store import RankStore
 from tests.integration.helpers import served
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.integration
 
@@ -252,19 +253,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S
         time.sleep(0.01)
 
 
-class FakeClock:
-    """A monotonic clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # ----- the happy path -------------------------------------------------------------------------------
 def test_steps_arrive_with_the_right_numbers_over_one_connection(receiver: Receiver) -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     rep = reporter(receiver, clock=clock, wall=lambda: clock.now + 1_763_760_000.0)
 
     def batches(n: int) -> Iterator[int]:
@@ -305,7 +296,7 @@ def test_a_kept_alive_socket_closed_by_the_server_is_reopened_without_a_failure(
 
 
 def test_comm_waits_arrive_only_for_steps_that_measured_them(receiver: Receiver) -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     rep = reporter(receiver, clock=clock, wall=lambda: clock.now + 1_763_760_000.0, push_interval_s=3600)
     for i in rep.wrap(range(4)):
         clock.now += 0.5
@@ -445,7 +436,7 @@ def rules_service() -> Iterator[tuple[str, RankStore]]:
 
 def test_comm_waits_reach_the_rules_service_store(rules_service: tuple[str, RankStore]) -> None:
     url, store = rules_service
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     started_wall = time.time() - 60.0  # the steps ended a minute ago: inside the window, not in the future
     rep = Reporter(endpoint=url, token=RULES_TOKEN, job="job-7", rank=1, world_size=2, node="node-b", gpu_uuid=GPU,
                    push_interval_s=0.02, clock=clock, wall=lambda: clock.now - 50.0 + started_wall)
@@ -467,7 +458,7 @@ def test_comm_waits_reach_the_rules_service_store(rules_service: tuple[str, Rank
 
 def _run(url: str, steps: int, duration_s: float, wall: Callable[[], float]) -> Reporter:
     """A training process: `steps` steps of job-8 rank 0 numbered from 0, pushed to the rules service."""
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     rep = Reporter(endpoint=url, token=RULES_TOKEN, job="job-8", rank=0, world_size=1, node="node-c", gpu_uuid=GPU,
                    push_interval_s=0.02, clock=clock, wall=lambda: clock.now + wall())
     assert rep.enabled, rep.stats.last_error

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import gpumond.job.torch  # noqa: E402
 from gpumond.job import Reporter  # noqa: E402
-from gpumond.job.transport import Reply  # noqa: E402
+from tests.fakes import FakeTransport  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -88,22 +88,8 @@ class Slow(Dataset[torch.Tensor]):
         return torch.full((4,), float(i))
 
 
-class Keep:
-    def __init__(self) -> None:
-        self.pushes: list[dict[str, object]] = []
-        self.pids: set[int] = set()
-
-    def post(self, body: bytes, timeout_s: float) -> Reply:
-        self.pushes.append(json.loads(body))
-        self.pids.add(os.getpid())
-        return Reply(202)
-
-    def close(self) -> None:
-        pass
-
-
-def _loader_run(load_s: float, step_s: float) -> tuple[list[dict[str, float]], list[torch.Tensor], Keep]:
-    keep = Keep()
+def _loader_run(load_s: float, step_s: float) -> tuple[list[dict[str, float]], list[torch.Tensor], FakeTransport]:
+    keep = FakeTransport()
     rep = Reporter(job="dl", gpu_uuid="GPU-00000000-0000-4000-8000-000000000001", transport=keep, push_interval_s=60)
     # Workers, pinned memory (a no-op without CUDA, still the code path users run) and prefetching.
     loader = DataLoader(Slow(48, load_s), batch_size=4, num_workers=2, prefetch_factor=2, pin_memory=True,
@@ -113,7 +99,7 @@ def _loader_run(load_s: float, step_s: float) -> tuple[list[dict[str, float]], l
         got.append(batch)
         time.sleep(step_s)
     rep.close()
-    steps = [s for p in keep.pushes for s in p["steps"]]  # type: ignore[union-attr]
+    steps = [s for p in keep.bodies for s in p["steps"]]  # type: ignore[union-attr]
     return steps, got, keep
 
 
@@ -136,7 +122,7 @@ def test_wrap_with_worker_processes_pinning_and_prefetch() -> None:
 
 def test_instrument_refuses_a_model_that_is_not_ddp() -> None:
     with pytest.raises(TypeError, match="DistributedDataParallel"):
-        gpumond.job.torch.instrument(nn.Linear(2, 2), Reporter(transport=Keep(), job="x",
+        gpumond.job.torch.instrument(nn.Linear(2, 2), Reporter(transport=FakeTransport(), job="x",
                                                                      gpu_uuid="GPU-00000000-0000-4000-8000-000000000001"))
 
 
@@ -152,22 +138,11 @@ class _Boom(torch.autograd.Function):
         raise RuntimeError("boom in backward")
 
 
-@pytest.fixture
-def one_rank_group(tmp_path: Path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_backward_timing_skips_no_sync_and_survives_a_backward_that_raises(one_rank_group) -> None:
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
     waits: list[float] = []
-    gpumond.job.torch.instrument(model, Reporter(transport=Keep(), job="x",
+    gpumond.job.torch.instrument(model, Reporter(transport=FakeTransport(), job="x",
                                                  gpu_uuid="GPU-00000000-0000-4000-8000-000000000001"),
                                  on_step=lambda w: waits.append(w.exposed_s))
     x = torch.randn(4, 8)
@@ -186,5 +161,5 @@ def test_backward_timing_skips_no_sync_and_survives_a_backward_that_raises(one_r
 def test_instrument_names_the_modes_it_takes() -> None:
     with pytest.raises(ValueError, match="via='backward' \\(default\\) or via='hook'"):
         gpumond.job.torch.instrument(nn.parallel.DistributedDataParallel.__new__(nn.parallel.DistributedDataParallel),
-                                     Reporter(transport=Keep(), job="x",
+                                     Reporter(transport=FakeTransport(), job="x",
                                               gpu_uuid="GPU-00000000-0000-4000-8000-000000000001"), via="fast")

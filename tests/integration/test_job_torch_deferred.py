@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,25 +20,14 @@ from torch import nn  # noqa: E402
 import gpumond.job.torch  # noqa: E402
 from gpumond.job import Reporter  # noqa: E402
 from gpumond.job.torch import BackwardTimer, CudaEvent, FsdpTimer, StepTiming, StepWait  # noqa: E402
-from tests.integration.test_job_torch import Keep  # noqa: E402
+from tests.fakes import FakeTransport  # noqa: E402
 from tests.unit.fake_gpu import FakeStream  # noqa: E402
 
 GPU = "GPU-00000000-0000-4000-8000-000000000001"
 
 
-@pytest.fixture
-def group(tmp_path: Path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _reporter() -> Reporter:
-    return Reporter(transport=Keep(), job="x", gpu_uuid=GPU, push_interval_s=3600)
+    return Reporter(transport=FakeTransport(), job="x", gpu_uuid=GPU, push_interval_s=3600)
 
 
 def _ddp() -> nn.Module:
@@ -58,7 +46,7 @@ def _comm(rep: Reporter) -> list[float | None]:
     return [r[5] if len(r) > 5 else None for r in rep._q]
 
 
-def test_a_gpu_that_never_catches_up_costs_comm_waits_counted_never_a_blocked_step(group) -> None:
+def test_a_gpu_that_never_catches_up_costs_comm_waits_counted_never_a_blocked_step(one_rank_group) -> None:
     model, rep, stream = _ddp(), _reporter(), FakeStream(at=time.monotonic)
     BackwardTimer(model, StepTiming(rep, stream.event, deferred=True, max_lag=3))
     t0 = time.monotonic()
@@ -72,7 +60,7 @@ def test_a_gpu_that_never_catches_up_costs_comm_waits_counted_never_a_blocked_st
     assert rep.stats.comm_waits_dropped == 10  # the ones still in flight at the end: sent without
 
 
-def test_a_gpu_that_keeps_up_gives_every_step_its_own_wait_one_step_later(group) -> None:
+def test_a_gpu_that_keeps_up_gives_every_step_its_own_wait_one_step_later(one_rank_group) -> None:
     model, rep, stream = _ddp(), _reporter(), FakeStream(at=time.monotonic)
     seen: list[StepWait] = []
     BackwardTimer(model, StepTiming(rep, stream.event, deferred=True, on_step=seen.append, max_lag=3))
@@ -83,7 +71,7 @@ def test_a_gpu_that_keeps_up_gives_every_step_its_own_wait_one_step_later(group)
     assert rep.stats.comm_waits_dropped == 0
 
 
-def test_no_sync_backwards_defer_nothing(group) -> None:
+def test_no_sync_backwards_defer_nothing(one_rank_group) -> None:
     model, rep, stream = _ddp(), _reporter(), FakeStream(at=time.monotonic)
     BackwardTimer(model, StepTiming(rep, stream.event, deferred=True))
     x = torch.randn(4, 8)
@@ -94,7 +82,7 @@ def test_no_sync_backwards_defer_nothing(group) -> None:
     assert stream.created == 0 and rep._held == type(rep._held)() and len(rep._q) == 3
 
 
-def test_instrument_returns_a_handle_that_undoes_it(group) -> None:
+def test_instrument_returns_a_handle_that_undoes_it(one_rank_group) -> None:
     model, rep = _ddp(), _reporter()
     handle = gpumond.job.torch.instrument(model, rep)
     assert handle.reporter is rep and handle.timing and handle.stats == rep.stats  # the reporter's, passed on
@@ -106,7 +94,7 @@ def test_instrument_returns_a_handle_that_undoes_it(group) -> None:
     handle.remove()  # idempotent
 
 
-def test_a_removed_comm_hook_keeps_reducing_untimed(group) -> None:
+def test_a_removed_comm_hook_keeps_reducing_untimed(one_rank_group) -> None:
     model, rep = _ddp(), _reporter()
     handle = gpumond.job.torch.instrument(model, rep, via="hook")
     _train(model, rep, 1)
@@ -115,7 +103,7 @@ def test_a_removed_comm_hook_keeps_reducing_untimed(group) -> None:
     assert [c is not None for c in _comm(rep)] == [True, False]
 
 
-def test_a_model_spread_over_devices_in_one_process_reports_nothing(group, caplog) -> None:
+def test_a_model_spread_over_devices_in_one_process_reports_nothing(one_rank_group, caplog) -> None:
     model, rep = _ddp(), _reporter()
     model.module[2].to("meta")  # a second device in this process (DDP cannot train it; instrument must not guess)
     with caplog.at_level(logging.WARNING, logger="gpumond.job"):
@@ -140,7 +128,7 @@ def _fsdp() -> nn.Module:
     return fully_shard(net)
 
 
-def test_fsdp2_training_forwards_report_their_all_gather_wait_and_evaluation_does_not(group) -> None:
+def test_fsdp2_training_forwards_report_their_all_gather_wait_and_evaluation_does_not(one_rank_group) -> None:
     model, rep = _fsdp(), _reporter()
     seen: list[StepWait] = []
     handle = gpumond.job.torch.instrument(model, rep, on_step=seen.append)
@@ -155,7 +143,7 @@ def test_fsdp2_training_forwards_report_their_all_gather_wait_and_evaluation_doe
     assert len(seen) == 3
 
 
-def test_fsdp2_on_the_deferred_path_sums_one_interval_per_sharded_module(group) -> None:
+def test_fsdp2_on_the_deferred_path_sums_one_interval_per_sharded_module(one_rank_group) -> None:
     ticks = iter(range(1_000_000))
     model, rep, stream = _fsdp(), _reporter(), FakeStream(at=lambda: float(next(ticks)))
     timer = FsdpTimer(model, StepTiming(rep, stream.event, deferred=True))
@@ -172,7 +160,7 @@ def test_fsdp2_on_the_deferred_path_sums_one_interval_per_sharded_module(group) 
     timer.remove()
 
 
-def test_instrument_refuses_via_hook_for_fsdp2(group) -> None:
+def test_instrument_refuses_via_hook_for_fsdp2(one_rank_group) -> None:
     with pytest.raises(ValueError, match="for DDP"):
         gpumond.job.torch.instrument(_fsdp(), _reporter(), via="hook")
 

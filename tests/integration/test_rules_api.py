@@ -27,6 +27,7 @@ from gpumond.rules.http import METRICS_TYPE, build_app
 from gpumond.rules.ingest.stats import IngestStats
 from gpumond.rules.store import RankStore
 from gpumond.rules.types import Finding
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.integration
 
@@ -38,23 +39,13 @@ HTTP_TIMEOUT_S = 5.0
 LIMIT = 64 * 1024  # max_body_bytes in these tests
 
 
-class Clock:
-    """A settable unix clock shared by the app's rate limiter and windows."""
-
-    def __init__(self) -> None:
-        self.t = NOW
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @dataclass
 class Service:
     """One app under uvicorn on 127.0.0.1, plus what the test needs to steer and inspect it."""
 
     config: RulesConfig
     store: RankStore
-    clock: Clock
+    clock: FakeClock
     findings: list[Finding] = field(default_factory=list)
     ready: tuple[bool, str] = (True, "ready")
     port: int = 0
@@ -120,7 +111,7 @@ def serve() -> Iterator[Callable[..., Service]]:
         limits = {"max_body_bytes": LIMIT, **overrides.pop("limits", {})}
         data.update(overrides, limits=limits)
         config = RulesConfig.model_validate(data)
-        service = Service(config, RankStore.from_config(config), Clock())
+        service = Service(config, RankStore.from_config(config), FakeClock(NOW))
         started.append(service)
         return _start(service)
 
@@ -380,7 +371,7 @@ def test_the_rate_limit_is_429_with_retry_after_and_other_clients_are_unaffected
         assert r.status_code == 429 and r.headers["retry-after"] == "2"
         assert error(r) == "rate limit: more than 0.5 pushes/s (burst 3) from this client; retry after 2 s"
         assert post(c, push(rank=1), token=TOKEN_B).status_code == 202  # another token: another client
-        svc.clock.t += 2
+        svc.clock.now += 2
         assert post(c, push(first=12)).status_code == 202
     assert svc.steps_held("llama", 0) == list(range(16))
     assert svc.steps_held("llama", 1) == [0, 1, 2, 3]
@@ -485,7 +476,7 @@ def fuzz_service() -> Iterator[Service]:
     config = RulesConfig.model_validate({"tokens": [TOKEN], "window_s": 600, "limits": {
         "max_body_bytes": LIMIT, "pushes_per_second_per_client": 1e6, "burst": 1_000_000,
         "max_jobs": 20, "max_ranks": 100, "max_gpus": 50}})
-    service = _start(Service(config, RankStore.from_config(config), Clock()))
+    service = _start(Service(config, RankStore.from_config(config), FakeClock(NOW)))
     yield service
     _stop(service)
 

@@ -24,6 +24,7 @@ from gpumond.job import Reporter
 from gpumond.job.routing import shard_of
 from tests.integration.alert_helpers import TOKEN, RulesProcess
 from tests.integration.helpers import LOOPBACK, parse_metrics, value, wait_until
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.integration
 
@@ -68,16 +69,6 @@ def shards(tmp_path: Path) -> Iterator[tuple[int, list[RulesProcess]]]:
         for p in procs:
             if p.proc is not None:
                 p.stop()
-
-
-class FakeClock:
-    """The reporter's monotonic clock, advanced by the test: steps of known length, no sleeping."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _report(job: str, rank: int, endpoint: str, shards: int | None) -> Reporter:

@@ -13,29 +13,15 @@ import pytest
 from gpumond.identity import MAX_LABEL_CHARS
 from gpumond.job import Reporter
 from gpumond.job.payload import encode, encode_head
-from gpumond.job.transport import Reply
+from tests.fakes import FakeClock, FakeTransport
 
 payload = pytest.importorskip("gpumond.rules.ingest.payload")
 rules_config = pytest.importorskip("gpumond.config.rules")
 
 
-class Capture:
-    """Keeps the raw bodies."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-
-    def post(self, body: bytes, timeout_s: float) -> Reply:
-        self.bodies.append(body)
-        return Reply(202)
-
-    def close(self) -> None:
-        pass
-
-
 def sdk_bodies(**kwargs: object) -> list[bytes]:
     """Bodies of a full default-size batch with the longest labels the SDK sends."""
-    transport = Capture()
+    transport = FakeTransport()
     args: dict[str, object] = dict(job="j" * 500, rank=65_534, world_size=65_535, node="n" * 500,
                                    gpu_uuid="GPU-5B0C1A2E-3F4D-4E5F-8A9B-0C1D2E3F4A5B", group="g" * 500,
                                    transport=transport, push_interval_s=3600)
@@ -46,7 +32,7 @@ def sdk_bodies(**kwargs: object) -> list[bytes]:
         rep.step_end(samples=2**40 + i, step=10**12 + i)
     rep.step_end()  # and one without samples
     rep.close()
-    return transport.bodies
+    return transport.raw
 
 
 def test_sdk_bodies_validate_under_the_service_defaults() -> None:
@@ -64,20 +50,10 @@ def test_sdk_bodies_validate_under_the_service_defaults() -> None:
         assert [(s.step, s.samples) for s in push.steps] == [(s["step"], s["samples"]) for s in sent]
 
 
-class StepClock:
-    """A monotonic clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_sdk_comm_waits_reach_the_service_model_and_are_absent_when_not_measured() -> None:
     limits = rules_config.LimitsConfig()
     model = payload.push_model(limits.max_string_len, limits.max_steps_per_push)
-    clock, transport = StepClock(), Capture()
+    clock, transport = FakeClock(), FakeTransport()
     rep = Reporter(job="j", rank=0, world_size=2, node="n", gpu_uuid="GPU-5B0C1A2E-3F4D-4E5F-8A9B-0C1D2E3F4A5B",
                    transport=transport, push_interval_s=3600, clock=clock, wall=lambda: clock.now + 1.7e9)
 
@@ -95,7 +71,7 @@ def test_sdk_comm_waits_reach_the_service_model_and_are_absent_when_not_measured
     clock.now += 0.5
     rep.step_end(comm_wait_s=99.0)  # longer than the step: cut to it
     rep.close()
-    body, _final = transport.bodies
+    body, _final = transport.raw
     assert [("comm_wait_s" in s) for s in json.loads(body)["steps"]] == [False, True, False, True, True]
     push = payload.parse(model, body)
     assert [s.comm_wait_s for s in push.steps] == [None, 0.25, None, 0.25, pytest.approx(0.5, abs=2e-6)]

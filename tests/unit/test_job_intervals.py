@@ -13,8 +13,10 @@ import pytest
 from gpumond.job import Reporter
 from gpumond.job import reporter as reporter_module
 from gpumond.job.intervals import HostEvent, Intervals
+from tests.fakes import FakeClock, FakeTransport
 from tests.unit.fake_gpu import FakeStream
-from tests.unit.test_job_reporter import GPU, FakeClock, FakeTransport
+
+GPU = "GPU-abcabcab-0000-4000-8000-0000000000ab"
 
 
 def _intervals(stream: FakeStream, max_lag: int = 3) -> tuple[Intervals, list[tuple[Hashable, float | None]]]:
@@ -110,7 +112,7 @@ def test_an_unreadable_event_costs_its_step_not_the_caller() -> None:
 
 
 def test_host_events_are_complete_at_once() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     got: list[tuple[Hashable, float | None]] = []
     iv = Intervals(lambda: HostEvent(clock), lambda t, s: got.append((t, s)))
     iv.begin()
@@ -128,7 +130,7 @@ def test_max_lag_must_be_a_step_or_more() -> None:
 
 # ----- the Reporter's side: a late comm wait lands on its own step -----------------------------------------
 def _reporter() -> tuple[Reporter, FakeClock, FakeTransport]:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = Reporter(job="j", rank=0, world_size=1, node="n", gpu_uuid=GPU, clock=clock, transport=transport,
                    push_interval_s=3600)
     return rep, clock, transport

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 
 import pytest
 
 import gpumond.job as job
-from gpumond.job.transport import Reply
+from tests.fakes import FakeTransport
 
 GPU = "GPU-11111111-1111-1111-1111-111111111111"
-
-
-class Transport:
-    """202 to everything; keeps the step numbers."""
-
-    def __init__(self) -> None:
-        self.steps: list[int] = []
-
-    def post(self, body: bytes, timeout_s: float) -> Reply:
-        self.steps += [s["step"] for s in json.loads(body)["steps"]]
-        return Reply(202)
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +22,7 @@ def no_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_init_sets_the_default_that_wrap_and_step_end_use() -> None:
-    transport = Transport()
+    transport = FakeTransport()
     rep = job.init(job="j", gpu_uuid=GPU, transport=transport, push_interval_s=3600)
     assert job.get_reporter() is rep
     for _ in job.wrap(range(3)):
@@ -46,33 +31,27 @@ def test_init_sets_the_default_that_wrap_and_step_end_use() -> None:
     with job.step():
         pass
     job.close()
-    assert transport.steps == [0, 1, 2, 3, 4]  # three fetched, one step_end, one block
+    assert [s["step"] for s in transport.steps()] == [0, 1, 2, 3, 4]  # three fetched, one step_end, one block
 
 
 def test_comm_wait_and_step_end_comm_wait_s_use_the_default_reporter() -> None:
-    bodies: list[bytes] = []
-
-    class Keep(Transport):
-        def post(self, body: bytes, timeout_s: float) -> Reply:
-            bodies.append(body)
-            return super().post(body, timeout_s)
-
-    job.init(job="j", gpu_uuid=GPU, transport=Keep(), push_interval_s=3600)
+    transport = FakeTransport()
+    job.init(job="j", gpu_uuid=GPU, transport=transport, push_interval_s=3600)
     with job.comm_wait():
         pass
     job.step_end()
     job.step_end(comm_wait_s=0)
     job.close()
-    steps = [s for b in bodies for s in json.loads(b)["steps"]]
+    steps = transport.steps()
     assert 0 <= steps[0]["comm_wait_s"] <= steps[0]["duration_s"] and steps[1]["comm_wait_s"] == 0.0
 
 
 def test_init_again_closes_the_previous_default() -> None:
-    first, second = Transport(), Transport()
+    first, second = FakeTransport(), FakeTransport()
     old = job.init(job="j", gpu_uuid=GPU, transport=first, push_interval_s=3600)
     job.step_end()
     new = job.init(job="j", gpu_uuid=GPU, transport=second, push_interval_s=3600)
-    assert not old.enabled and new.enabled and first.steps == [0]
+    assert not old.enabled and new.enabled and [s["step"] for s in first.steps()] == [0]
 
 
 def test_wrap_without_init_uses_the_environment_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import re
-
-import json
 import logging
-import threading
+import re
 from collections.abc import Iterator
 
 import pytest
 
 from gpumond.job import Reporter, Stats
 from gpumond.job import reporter as reporter_module
-from gpumond.job.transport import Reply
+from tests.fakes import FakeClock, FakeTransport
 
 ENV_VARS = ("GPUMOND_ENDPOINT", "GPUMOND_TOKEN", "GPUMOND_TOKEN_FILE", "GPUMOND_JOB_ID", "GPUMOND_GROUP",
             "GPUMOND_GPU_UUID", "GPUMOND_NODE", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
@@ -28,42 +25,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-class FakeClock:
-    """A monotonic clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class FakeTransport:
-    """Answers 202 (or the queued replies) and keeps every body it was sent."""
-
-    def __init__(self, *replies: Reply) -> None:
-        self.replies = list(replies)
-        self.bodies: list[dict] = []
-        self.lock = threading.Lock()
-
-    def post(self, body: bytes, timeout_s: float) -> Reply:
-        with self.lock:
-            self.bodies.append(json.loads(body))
-            return self.replies.pop(0) if self.replies else Reply(202)
-
-    def close(self) -> None:
-        pass
-
-    def steps(self) -> list[dict]:
-        return [s for b in self.bodies for s in b["steps"]]
-
-
 def make(clock: FakeClock | None = None, **kwargs: object) -> Reporter:
     """A reporter that only pushes when closed (a long interval), by default onto a fake transport."""
-    clock = clock or FakeClock()
+    clock = clock or FakeClock(100.0)
     args: dict[str, object] = dict(job="job-1", rank=1, world_size=4, node="node-a", gpu_uuid=GPU,
                                    push_interval_s=3600.0, clock=clock, wall=lambda: clock.now + WALL_OFFSET,
                                    transport=FakeTransport())
@@ -86,7 +50,7 @@ def pushed(rep: Reporter, transport: FakeTransport) -> list[tuple]:
 
 # ----- step boundaries and timing -----------------------------------------------------------------
 def test_implicit_steps_span_consecutive_fetches() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for i in rep.wrap(loader(clock, [0.5, 0.25, 0.125])):
         clock.advance(1.0 + i)  # compute
@@ -95,7 +59,7 @@ def test_implicit_steps_span_consecutive_fetches() -> None:
 
 
 def test_explicit_step_end_closes_the_step_and_the_gap_belongs_to_no_step() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for _ in rep.wrap(loader(clock, [0.5, 0.5])):
         clock.advance(1.0)
@@ -105,7 +69,7 @@ def test_explicit_step_end_closes_the_step_and_the_gap_belongs_to_no_step() -> N
 
 
 def test_step_end_without_wrap_measures_from_the_previous_end() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     clock.advance(2.0)  # from the reporter's creation
     rep.step_end()
@@ -115,7 +79,7 @@ def test_step_end_without_wrap_measures_from_the_previous_end() -> None:
 
 
 def test_step_block_groups_fetches_for_gradient_accumulation() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     batches = rep.wrap(loader(clock, [0.1] * 8))
     for _ in range(2):
@@ -127,7 +91,7 @@ def test_step_block_groups_fetches_for_gradient_accumulation() -> None:
 
 
 def test_step_block_adopts_the_batch_fetched_just_before_it() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for _ in rep.wrap(loader(clock, [0.5, 0.5])):
         with rep.step():
@@ -137,7 +101,7 @@ def test_step_block_adopts_the_batch_fetched_just_before_it() -> None:
 
 
 def test_nested_blocks_are_one_step_and_a_raising_block_is_not_a_step() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     with rep.step():
         clock.advance(1.0)
@@ -152,7 +116,7 @@ def test_nested_blocks_are_one_step_and_a_raising_block_is_not_a_step() -> None:
 
 
 def test_breaking_out_of_the_loop_leaves_the_last_step_unrecorded() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for i in rep.wrap(loader(clock, [0.5] * 10)):
         clock.advance(1.0)
@@ -162,7 +126,7 @@ def test_breaking_out_of_the_loop_leaves_the_last_step_unrecorded() -> None:
 
 
 def test_explicit_step_numbers_continue_from_the_given_one() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     rep.step_end(step=1200)
     rep.step_end()
@@ -174,7 +138,7 @@ def test_int_like_samples_are_converted_and_junk_becomes_null() -> None:
         def __int__(self) -> int:
             return 16
 
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     rep.step_end(samples=IntLike())  # type: ignore[arg-type]
     rep.step_end(samples="lots")  # type: ignore[arg-type]
@@ -204,7 +168,7 @@ def comm_waits(rep: Reporter, transport: FakeTransport) -> list[tuple]:
 
 
 def test_comm_wait_blocks_add_up_within_a_step_and_start_again_at_zero() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for i in rep.wrap(loader(clock, [0.5, 0.5, 0.5])):
         clock.advance(1.0)  # compute
@@ -219,7 +183,7 @@ def test_comm_wait_blocks_add_up_within_a_step_and_start_again_at_zero() -> None
 
 def test_add_comm_wait_adds_to_the_open_step_and_ignores_what_is_not_a_duration() -> None:
     # What a framework hook hands over (gpumond.job.torch): added like a comm_wait() block, bad values dropped.
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for i in rep.wrap(loader(clock, [0.5, 0.5])):
         clock.advance(1.0)
@@ -233,7 +197,7 @@ def test_add_comm_wait_adds_to_the_open_step_and_ignores_what_is_not_a_duration(
 
 
 def test_comm_wait_is_omitted_from_steps_that_did_not_measure_it() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for i in rep.wrap(loader(clock, [0.5, 0.5, 0.5])):
         clock.advance(1.0)
@@ -250,7 +214,7 @@ def test_comm_wait_is_omitted_from_steps_that_did_not_measure_it() -> None:
 
 
 def test_step_end_takes_an_explicit_comm_wait_that_replaces_the_measured_one() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for i in rep.wrap(loader(clock, [0.5, 0.5, 0.5])):
         with rep.comm_wait():
@@ -266,7 +230,7 @@ def test_explicit_comm_waits_are_converted_and_junk_is_not_measured() -> None:
         def __float__(self) -> float:
             return 0.25
 
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     for value in (FloatLike(), 0, "lots", -0.5, float("nan"), float("inf")):
         clock.advance(1.0)
@@ -276,7 +240,7 @@ def test_explicit_comm_waits_are_converted_and_junk_is_not_measured() -> None:
 
 
 def test_comm_wait_between_steps_counts_toward_the_next_one() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     batches = rep.wrap(loader(clock, [0.5, 0.5]))
     next(batches)
@@ -296,7 +260,7 @@ def test_comm_wait_between_steps_counts_toward_the_next_one() -> None:
 
 
 def test_comm_wait_is_cut_to_what_the_step_leaves_after_its_data_wait() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     rep.step_end()
     with rep.comm_wait():  # measured between steps, longer than the step it is carried into
@@ -314,7 +278,7 @@ def test_comm_wait_is_cut_to_what_the_step_leaves_after_its_data_wait() -> None:
 
 
 def test_a_step_that_raised_drops_its_comm_wait_and_nested_blocks_count_once() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport)
     with pytest.raises(TimeoutError), rep.step():
         with rep.comm_wait():
@@ -345,7 +309,7 @@ def test_comm_wait_is_one_reused_object_and_a_no_op_when_disabled(monkeypatch: p
 
 def test_a_failing_clock_in_comm_wait_disables_the_reporter_instead_of_raising(
         caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     rep = make(clock)
     caplog.set_level(logging.WARNING, logger="gpumond.job")
 
@@ -362,7 +326,7 @@ def test_a_failing_clock_in_comm_wait_disables_the_reporter_instead_of_raising(
 
 # ----- payload ------------------------------------------------------------------------------------
 def test_payload_shape_matches_the_push_contract() -> None:
-    clock, transport = FakeClock(), FakeTransport()
+    clock, transport = FakeClock(100.0), FakeTransport()
     rep = make(clock, transport=transport, group="pp-stage-2")
     for _ in rep.wrap(loader(clock, [0.02])):
         clock.advance(0.82)

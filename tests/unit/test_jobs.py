@@ -14,6 +14,7 @@ from gpumond.agent.jobs import (
     JobAttributor,
     pod_uid_from_cgroup,
 )
+from tests.fakes import FakeClock
 
 UID = "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
 CONTAINER = "9f8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0"
@@ -82,14 +83,6 @@ class FakeHost:
         return self.procs[pid].cgroup
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def host() -> FakeHost:
     return FakeHost()
@@ -97,7 +90,7 @@ def host() -> FakeHost:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(0.0)
 
 
 @pytest.fixture

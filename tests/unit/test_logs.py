@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpumond.logs import JsonFormatter, LogfmtFormatter, setup_logging
+from tests.fakes import FakeClock
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -223,14 +224,6 @@ def test_formatters_are_usable_alone() -> None:
 
 # ----- foreign loggers and floods -----------------------------------------------------------------
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_foreign_loggers_write_the_same_one_line_format_once() -> None:
     stream, _ = emit("logfmt")
     logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
@@ -276,7 +269,7 @@ def test_a_flood_from_one_call_site_is_cut_to_a_burst_and_its_count_reported() -
     log.warning("another event")  # another site is not held back by the flood
     lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
     assert len(lines) == BURST + 1 and lines[-1]["msg"] == "another event"
-    clock.t += WINDOW_S
+    clock.now += WINDOW_S
     for _ in range(2):
         log.warning("invalid request", extra={"n": "later"})
     lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
@@ -293,7 +286,7 @@ def test_a_site_that_falls_silent_gets_a_summary_line_and_exit_flushes_the_rest(
     limit._clock = clock
     for _ in range(BURST + 7):
         logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
-    clock.t += WINDOW_S + 1
+    clock.now += WINDOW_S + 1
     log.info("something else")  # any line lets the limiter report sites whose window ended
     lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
     summary = [f for f in lines if f["msg"] == "repeated log lines suppressed"]
@@ -329,7 +322,7 @@ def test_per_gpu_lines_get_a_budget_per_gpu_while_foreign_floods_stay_cut() -> N
     assert sorted({f["gpu"] for f in lost[:16]}, key=int) == [str(i) for i in range(16)]
     assert len(lost) == 16 + BURST - 1  # GPU 3 had one line of its burst already
     assert len([f for f in lines if f["msg"] == "noise"]) == BURST
-    clock.t += WINDOW_S + 1
+    clock.now += WINDOW_S + 1
     nvml.info("something else")
     lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
     summary = {f["of_logger"]: f for f in lines if f["msg"] == "repeated log lines suppressed"}

@@ -13,23 +13,16 @@ from gpumond.rules.ingest.accept import Client, Ingest, Reply
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.safetext import UNSAFE
+from tests.fakes import FakeClock
 
 TOKEN = "push-token-0123456789"
 NOW = 1_763_760_000.0
 UUID = "GPU-5b0c1234-aaaa-bbbb-cccc-0123456789ab"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = NOW
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def make(**limits: Any) -> tuple[Ingest, Clock]:
+def make(**limits: Any) -> tuple[Ingest, FakeClock]:
     config = RulesConfig.model_validate({"tokens": [TOKEN], "limits": limits})
-    clock = Clock()
+    clock = FakeClock(NOW)
     return Ingest(config=config, store=RankStore.from_config(config), clock=clock), clock
 
 
@@ -99,7 +92,7 @@ def test_the_rate_limit_is_per_token_and_address_with_retry_after() -> None:
     assert reply.body == {"error": "rate limit: more than 0.5 pushes/s (burst 2) from this client; retry after 2 s"}
     assert ("Retry-After", "2") in reply.headers
     assert isinstance(admit(ingest, address="10.0.0.2"), Client)  # another client is unaffected
-    clock.t += 2
+    clock.now += 2
     assert isinstance(admit(ingest), Client)
 
 

@@ -1,0 +1,51 @@
+"""The fakes the tests share: a clock that moves only when told, and a job-SDK transport that keeps what it is sent.
+
+One of each, so every test steers time and reads pushes the same way (not a copy per module that drifts).
+Stdlib and the job SDK only: tests/integration/ddp_equal_worker.py imports it inside torchrun workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from gpumond.job.transport import Reply
+
+
+class FakeClock:
+    """A clock (monotonic or unix: the caller picks `now`) that moves only when the test sets or advances it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeTransport:
+    """Answers 202 (or the queued replies, in order) and keeps every body: raw, parsed, and the sending process."""
+
+    def __init__(self, *replies: Reply) -> None:
+        self.replies = list(replies)
+        self.raw: list[bytes] = []
+        self.bodies: list[dict] = []
+        self.pids: set[int] = set()
+        self.lock = threading.Lock()
+
+    def post(self, body: bytes, timeout_s: float) -> Reply:
+        with self.lock:
+            self.raw.append(body)
+            self.bodies.append(json.loads(body))
+            self.pids.add(os.getpid())
+            return self.replies.pop(0) if self.replies else Reply(202)
+
+    def close(self) -> None:
+        pass
+
+    def steps(self) -> list[dict]:
+        """Every step pushed, in order."""
+        return [s for b in self.bodies for s in b["steps"]]
