@@ -19,14 +19,13 @@ from cryptography import x509
 from gpumond.connections import ConnectionLimits, ConnectionStats
 from gpumond.job.tlsclient import ClientTLS, explain
 from gpumond.web.tls import ServerTLS, ServerTLSSettings, guarded_tls
-from tests.integration.test_connection_limits import closed_by_server, wait_for
-from tests.integration.test_connection_limits import serving as plain_or_tls_serving
+from tests.integration.guarded_server import LIMITS, WAIT_S, closed_by_server, connect
+from tests.integration.guarded_server import serving as plain_or_tls_serving
+from tests.integration.helpers import wait_until
 from tests.pki import CA
 
 pytestmark = pytest.mark.integration
 
-WAIT_S = 10.0
-LIMITS = ConnectionLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=0.5, max_connections=4)
 # The first bytes of a TLS ClientHello record that announces 512 bytes and never sends them.
 PARTIAL_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
 
@@ -55,7 +54,7 @@ def client(ca: CA | None = None, cert=None) -> ssl.SSLContext:
 
 def https_get(port: int, context: ssl.SSLContext) -> tuple[bytes, x509.Certificate]:
     """One GET / over TLS: the response head and the certificate the server presented."""
-    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as raw:
+    with connect(port) as raw:
         with context.wrap_socket(raw, server_hostname="127.0.0.1") as s:
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             out = b""
@@ -161,16 +160,17 @@ def test_a_rotated_client_ca_is_used_for_new_connections(pki, tmp_path) -> None:
 # ----- the connection guard over TLS ------------------------------------------------------------------------
 def test_a_client_that_never_starts_or_finishes_its_handshake_is_closed_after_the_head_timeout(pki) -> None:
     with serving(ServerTLS(settings(pki))) as (port, stats):
-        silent = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
-        partial = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        silent = connect(port)
+        partial = connect(port)
         partial.sendall(PARTIAL_HELLO)
         assert closed_by_server(silent) and closed_by_server(partial)
-        wait_for(lambda: stats.head_timeouts == 2 and stats.open == 0, "both counted and released")
+        wait_until(lambda: stats.head_timeouts == 2 and stats.open == 0, timeout=WAIT_S,
+                   what="both counted and released")
 
 
 def test_a_head_that_never_completes_after_the_handshake_is_closed(pki) -> None:
     with serving(ServerTLS(settings(pki))) as (port, stats):
-        raw = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        raw = connect(port)
         s = client(pki["ca"]).wrap_socket(raw, server_hostname="127.0.0.1")
         s.sendall(b"GET /metr")
         assert closed_by_server(s)
@@ -180,10 +180,10 @@ def test_a_head_that_never_completes_after_the_handshake_is_closed(pki) -> None:
 def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki) -> None:
     limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=4)
     with serving(ServerTLS(settings(pki)), limits) as (port, stats):
-        stuck = [socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) for _ in range(4)]
+        stuck = [connect(port) for _ in range(4)]
         for s in stuck:
             s.sendall(PARTIAL_HELLO)
-        wait_for(lambda: stats.open == 4, "four connections held")
+        wait_until(lambda: stats.open == 4, timeout=WAIT_S, what="four connections held")
         assert https_get(port, client(pki["ca"]))[0].startswith(b"HTTP/1.1 200")  # a fifth is served…
         assert closed_by_server(stuck[0])  # …by closing the one that has waited longest
         assert stats.evicted >= 1 and stats.shed == 0
@@ -202,14 +202,14 @@ def test_failed_handshakes_release_their_place(pki, tmp_path) -> None:
             assert closed_by_server(plain)
         # each refused connection is held a moment for its alert to be read (more than the cap: the oldest
         # make room), then released
-        wait_for(lambda: stats.open == 0, "every failed connection released")
+        wait_until(lambda: stats.open == 0, timeout=WAIT_S, what="every failed connection released")
         assert stats.shed == 0
         assert https_get(port, client(pki["ca"]))[0].startswith(b"HTTP/1.1 200")
 
 
 def test_a_kept_alive_tls_connection_serves_several_requests_then_closes_when_idle(pki) -> None:
     with serving(ServerTLS(settings(pki))) as (port, stats):
-        raw = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        raw = connect(port)
         s = client(pki["ca"]).wrap_socket(raw, server_hostname="127.0.0.1")
         for _ in range(3):
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -221,4 +221,4 @@ def test_a_kept_alive_tls_connection_serves_several_requests_then_closes_when_id
             assert out.startswith(b"HTTP/1.1 200")
         assert closed_by_server(s)  # the keep-alive timeout
         assert stats.head_timeouts == 0
-        wait_for(lambda: stats.open == 0, "released")
+        wait_until(lambda: stats.open == 0, timeout=WAIT_S, what="released")

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tests.integration import helpers
+from tests.integration.alert_helpers import RulesDaemon
 from tests.integration.helpers import AgentProcess
 
 pytestmark = pytest.mark.integration
@@ -90,9 +91,8 @@ def test_clients_that_never_read_cannot_fill_the_connection_cap(tmp_path) -> Non
 
 
 def test_the_rules_service_takes_its_http_limits_from_config_and_counts_closures(tmp_path) -> None:
-    from tests.integration.test_hostile_input import Rules
-
-    rules = Rules(tmp_path, http={"header_timeout_s": 0.5, "max_connections": 16}).start()
+    rules = RulesDaemon(tmp_path, {"tokens": ["unread-token-0123456789"], "state_dir": str(tmp_path / "state"),
+                                   "http": {"header_timeout_s": 0.5, "max_connections": 16}}).start()
     try:
         silent = socket.create_connection((helpers.LOOPBACK, rules.port), timeout=helpers.HTTP_TIMEOUT_S)
         try:
