@@ -41,3 +41,12 @@ def make_sim():
     yield make
     for sim in installed:
         sim.uninstall()
+
+
+@pytest.fixture
+def rigs():
+    """The policy rigs a test made (tests/contract/policy_rig.py's `make`), closed after it."""
+    made = []
+    yield made
+    for r in made:
+        r.close()

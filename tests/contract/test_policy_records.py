@@ -15,7 +15,7 @@ import pynvml
 import pytest
 
 from gpumond.atomicfile import replace_atomically
-from tests.contract.test_policy_scenarios import HOT, make, rigs  # noqa: F401 - rigs is a fixture
+from tests.contract.policy_rig import HOT, Rig, make
 
 ENFORCE = {"mode": "enforce"}  # explicit: these tests are about actuation, whatever the default mode
 EIGHTY = {**ENFORCE, "power_limit": {"default_w": "80%"}, "thermal": {"enabled": False}}
@@ -55,7 +55,7 @@ class Disk:
         self._saved.clear()
 
 
-def disk_rig(rigs, tmp_path, **kw):  # noqa: F811
+def disk_rig(rigs, tmp_path, **kw):
     disk = Disk()
     return disk, make(rigs, tmp_path, state_write=disk.write, audit_opener=disk.open, **kw)
 
@@ -65,7 +65,7 @@ def alert_names(r):
 
 
 # ----- defect 1: SIGTERM on a full disk --------------------------------------------------------------------
-def test_sigterm_on_a_full_disk_restores_every_gpu_and_says_what_was_not_recorded(tmp_path, rigs, caplog):  # noqa: F811
+def test_sigterm_on_a_full_disk_restores_every_gpu_and_says_what_was_not_recorded(tmp_path, rigs, caplog):
     disk, r = disk_rig(rigs, tmp_path, policy=EIGHTY)
     r.run(2)
     assert [g.power_limit_w for g in r.sim.gpus] == [560, 560]
@@ -83,7 +83,7 @@ def test_sigterm_on_a_full_disk_restores_every_gpu_and_says_what_was_not_recorde
 
 
 # ----- defect 2: no set without a record first --------------------------------------------------------------
-def test_a_full_disk_stops_actuation_and_pages_until_it_is_freed(tmp_path, rigs):  # noqa: F811
+def test_a_full_disk_stops_actuation_and_pages_until_it_is_freed(tmp_path, rigs):
     disk, r = disk_rig(rigs, tmp_path, scenario=HOT, policy=ENFORCE)
     r.run(5)
     disk.fill()
@@ -105,7 +105,7 @@ def test_a_full_disk_stops_actuation_and_pages_until_it_is_freed(tmp_path, rigs)
     assert any(e["action"] == "set_limit" for e in r.audit())
 
 
-def test_a_cap_set_before_the_disk_filled_stays_restorable(tmp_path, rigs):  # noqa: F811
+def test_a_cap_set_before_the_disk_filled_stays_restorable(tmp_path, rigs):
     disk, r = disk_rig(rigs, tmp_path, scenario=HOT, policy=ENFORCE)
     r.run(600)
     capped = r.sim.gpus[0].power_limit_w
@@ -118,7 +118,7 @@ def test_a_cap_set_before_the_disk_filled_stays_restorable(tmp_path, rigs):  # n
     assert r.sim.gpus[0].power_limit_w == 700
 
 
-def test_the_record_is_written_before_the_set(tmp_path, rigs):  # noqa: F811
+def test_the_record_is_written_before_the_set(tmp_path, rigs):
     order = []
 
     def write(path, text):
@@ -151,7 +151,7 @@ CORRUPT = {
 }
 
 
-def _capped_by_a_dead_run(rigs, tmp_path, body, **kw):  # noqa: F811
+def _capped_by_a_dead_run(rigs, tmp_path, body, **kw):
     """A node whose GPU 0 a dead run left at 500 W, with `body` as its state file (a function of the UUIDs)."""
     first = make(rigs, tmp_path / "probe", gpus=2)
     uuids = [g.uuid for g in first.sim.gpus]
@@ -165,7 +165,7 @@ def _capped_by_a_dead_run(rigs, tmp_path, body, **kw):  # noqa: F811
 
 
 @pytest.mark.parametrize("name", sorted(CORRUPT))
-def test_corrupt_state_falls_back_to_the_nvml_default_never_the_current_cap(tmp_path, rigs, name, caplog):  # noqa: F811
+def test_corrupt_state_falls_back_to_the_nvml_default_never_the_current_cap(tmp_path, rigs, name, caplog):
     r = _capped_by_a_dead_run(rigs, tmp_path, CORRUPT[name], policy={**ENFORCE, "thermal": {"enabled": False}})
     r.run(2)
     state = json.loads((tmp_path / "state.json").read_text())["gpus"]
@@ -177,7 +177,7 @@ def test_corrupt_state_falls_back_to_the_nvml_default_never_the_current_cap(tmp_
 
 
 @pytest.mark.parametrize("value", ["NaN", "-5", "1e9", "50"])
-def test_an_impossible_original_is_replaced_and_sigterm_still_restores(tmp_path, rigs, value, caplog):  # noqa: F811
+def test_an_impossible_original_is_replaced_and_sigterm_still_restores(tmp_path, rigs, value, caplog):
     def body(uuids):
         return (f'{{"version": 1, "gpus": {{"{uuids[0]}": {{"original_w": {value}, "last_set_w": 500}}}}}}'
                 .encode())
@@ -189,7 +189,7 @@ def test_an_impossible_original_is_replaced_and_sigterm_still_restores(tmp_path,
     assert r.value("gpumond_policy_actions_total", action="restore_failed") is None
 
 
-def test_in_dry_run_a_corrupt_state_still_uncaps_to_the_default(tmp_path, rigs):  # noqa: F811
+def test_in_dry_run_a_corrupt_state_still_uncaps_to_the_default(tmp_path, rigs):
     r = _capped_by_a_dead_run(rigs, tmp_path, b"\x00", policy={"mode": "dry_run"})
     r.run(2)
     assert r.sim.gpus[0].power_limit_w == 700
@@ -245,7 +245,6 @@ def _may_trust(body: bytes, uuid: str, lo: float, hi: float) -> bool:
 def test_fuzzed_state_files_never_crash_and_never_lose_the_default(tmp_path_factory):
     from hypothesis import HealthCheck, given, settings
 
-    from tests.contract.test_policy_scenarios import Rig
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
     @given(body=_state_files())
