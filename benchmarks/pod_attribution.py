@@ -39,23 +39,10 @@ from gpumond.agent.sampler import Sampler  # noqa: E402
 from gpumond.agent.sources import Cycle, run_sources  # noqa: E402
 from gpumond.nvml.session import NvmlSession  # noqa: E402
 from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml  # noqa: E402
+from tests.fakes import HostProcess  # noqa: E402
 from tests.podresources_server import PodResourcesServer, pod  # noqa: E402
 
 GPUS, MIG_GPUS, SLICES = 8, 4, 7
-
-
-class _Proc:
-    def __init__(self, pid: int) -> None:
-        self._env = {"GPUMOND_JOB_ID": f"job-{pid % 5}"}
-
-    def create_time(self) -> float:
-        return 1.0
-
-    def environ(self) -> dict[str, str]:
-        return self._env
-
-    def ppid(self) -> int:
-        return 1
 
 
 def _timed(fn: Callable[[], object]) -> tuple[float, float]:
@@ -96,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sim.set_processes(g.index, [pid])
             pid += 1
-    procs = {p: _Proc(p) for p in range(1000, pid)}
+    procs = {p: HostProcess({"GPUMOND_JOB_ID": f"job-{p % 5}"}) for p in range(1000, pid)}
     session = NvmlSession(install=sim.install, clock=clock.now)
     session.open()
     tmp = tempfile.TemporaryDirectory()
@@ -110,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, rounds: int, sim: SimulatedNvml, session: NvmlSession, clock: ManualClock,
-        kubelet: PodResourcesServer, procs: dict[int, _Proc]) -> int:
+        kubelet: PodResourcesServer, procs: dict[int, HostProcess]) -> int:
     kubelet.pods = _kubelet_pods(sim, 100)
     client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0, interval_s=3600.0, clock=clock.now)
     assert client.poll(), client.error

@@ -1,7 +1,9 @@
-"""The fakes the tests share: a clock that moves only when told, and a job-SDK transport that keeps what it is sent.
+"""The fakes the tests share: a clock that moves only when told, a job-SDK transport that keeps what it is sent,
+and a host process as the agent's job attribution reads it.
 
 One of each, so every test steers time and reads pushes the same way (not a copy per module that drifts).
-Stdlib and the job SDK only: tests/integration/ddp_equal_worker.py imports it inside torchrun workers.
+Stdlib and the job SDK only: tests/integration/ddp_equal_worker.py imports it inside torchrun workers, and
+benchmarks/pod_attribution.py uses the host process.
 """
 
 from __future__ import annotations
@@ -49,3 +51,19 @@ class FakeTransport:
     def steps(self) -> list[dict]:
         """Every step pushed, in order."""
         return [s for b in self.bodies for s in b["steps"]]
+
+
+class HostProcess:
+    """A host process as JobAttributor reads it: its environment, a fixed start time, PID 1 as its parent."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._env = env
+
+    def create_time(self) -> float:
+        return 1.0
+
+    def environ(self) -> dict[str, str]:
+        return self._env
+
+    def ppid(self) -> int:
+        return 1

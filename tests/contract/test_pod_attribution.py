@@ -17,31 +17,14 @@ from gpumond.agent.podresources.client import PodResourcesClient  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
 from gpumond.config.agent import PodResourcesConfig  # noqa: E402
 from gpumond.nvml.sim import ManualClock, Scenario  # noqa: E402
+from tests.fakes import HostProcess  # noqa: E402
 from tests.podresources_server import PodResourcesServer, pod  # noqa: E402
 
 MIG = Scenario.model_validate({"gpus": [{"index": 1, "mig": ["3g.40gb", "1g.10gb", "1g.10gb"]}]})
 POD_UID = "1a2b3c4d-0000-4000-8000-00000000abcd"
 WAIT_S = 10.0
-
-
-class Proc:
-    """A host process as JobAttributor reads it (environment, cgroup, parent)."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self._env = env
-
-    def create_time(self) -> float:
-        return 1.0
-
-    def environ(self) -> dict[str, str]:
-        return self._env
-
-    def ppid(self) -> int:
-        return 1
-
-
 POD_UID_A = "9f8e7d6c-0000-4000-8000-00000000beef"
-PROCS = {4242: Proc({"GPUMOND_JOB_ID": "llama-70b"}), 5000: Proc({}), 6000: Proc({})}
+PROCS = {4242: HostProcess({"GPUMOND_JOB_ID": "llama-70b"}), 5000: HostProcess({}), 6000: HostProcess({})}
 CGROUPS = {4242: "0::/user.slice\n", 5000: f"0::/kubepods/burstable/pod{POD_UID}/abc\n",
            6000: f"0::/kubepods/pod{POD_UID_A}/def\n"}
 
