@@ -12,6 +12,7 @@ Slurm backend, a real slurmctld whose node states the test reads with sinfo. Sta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -23,7 +24,15 @@ import pytest
 
 from gpumond.demo.receiver import Receiver
 from tests.integration.alert_helpers import RulesDaemon
-from tests.integration.helpers import AgentProcess, parse_metrics, samples, value, wait_until, write_yaml
+from tests.integration.helpers import (
+    AgentProcess,
+    http_get,
+    parse_metrics,
+    samples,
+    value,
+    wait_until,
+    write_yaml,
+)
 from tests.integration.slurm_helpers import SlurmCluster
 
 pytestmark = pytest.mark.integration
@@ -74,6 +83,24 @@ def _rules(work: Path, agents: dict[str, AgentProcess], slurm: SlurmCluster, gua
     return rules
 
 
+@contextlib.contextmanager
+def _running(rules: RulesDaemon, agents: dict[str, AgentProcess]) -> Iterator[None]:
+    """The rules service first (it knows the agents' ports already: the faults are timed from each agent's start),
+    then the agents; every one stopped after."""
+    rules.start()
+    try:
+        for a in agents.values():
+            a.spawn()
+        for a in agents.values():
+            a.wait_ready()
+        yield
+    finally:
+        for a in agents.values():
+            if a.proc is not None:
+                a.stop()
+        rules.stop()
+
+
 def _audit(work: Path) -> list[dict[str, object]]:
     path = work / "rules-state" / "remediation-audit.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -88,67 +115,54 @@ def test_lost_gpu_drains_the_node_and_it_returns_after_hold_down(fresh: SlurmClu
     # Each node has its own scenario, so the agents are built one by one.
     agents = {n: AgentProcess(["--sim", "2", "--node-name", n, *_agent_args(work / n, per_node[n])], work / n)
               for n in NODES}
-    # The rules service first (it knows the agents' ports already): the faults are timed from each agent's start.
     rules = _rules(work, agents, slurm, {"max_nodes": 2, "max_pool_fraction": 1.0, "max_drains_per_hour": 10})
-    rules.start()
-    try:
-        for a in agents.values():
-            a.spawn()
-        for a in agents.values():
-            a.wait_ready()
-        try:
-            # The fault: node-a's agent exports GPU 1 as lost (polled every 0.1 s; sampling is every 1 s).
-            def gpu_lost() -> bool:
-                return value(agents["node-a"].metrics(), "gpumond_gpu_up", gpu="1") == 0.0
+    with _running(rules, agents):
+        # The fault: node-a's agent exports GPU 1 as lost (polled every 0.1 s; sampling is every 1 s).
+        def gpu_lost() -> bool:
+            return value(agents["node-a"].metrics(), "gpumond_gpu_up", gpu="1") == 0.0
 
-            wait_until(gpu_lost, timeout=30, what="node-a GPU 1 lost", interval=0.1)
-            fault_seen = time.monotonic()
-            wait_until(lambda: slurm.node("node-a")["state"].startswith("drain"), timeout=DRAIN_WITHIN_S,
-                       what="node-a drained in slurmctld", interval=0.1, describe=rules.describe)
-            to_drain = time.monotonic() - fault_seen
-            node_a = slurm.node("node-a")
-            assert node_a["reason"].startswith("gpumond: GPU 1 lost"), node_a
-            print(f"\nfault to drain: {to_drain:.2f} s (agent exports GPU lost → DRAIN in slurmctld)")
+        wait_until(gpu_lost, timeout=30, what="node-a GPU 1 lost", interval=0.1)
+        fault_seen = time.monotonic()
+        wait_until(lambda: slurm.node("node-a")["state"].startswith("drain"), timeout=DRAIN_WITHIN_S,
+                   what="node-a drained in slurmctld", interval=0.1, describe=rules.describe)
+        to_drain = time.monotonic() - fault_seen
+        node_a = slurm.node("node-a")
+        assert node_a["reason"].startswith("gpumond: GPU 1 lost"), node_a
+        print(f"\nfault to drain: {to_drain:.2f} s (agent exports GPU lost → DRAIN in slurmctld)")
 
-            # The operator's view: what gpumond drained and why.
-            listing = subprocess.run([sys.executable, "-m", "gpumond.cli", "remediation", "list", "--state-dir",
-                                      str(work / "rules-state")], capture_output=True, text=True, timeout=30)
-            assert listing.returncode == 0, listing.stderr
-            assert "node-a" in listing.stdout and "GPU 1 lost" in listing.stdout, listing.stdout
-            metrics = parse_metrics(rules_metrics(rules))
-            drained = samples(metrics, "gpumond_remediation_node_drained")
-            assert [s.labels["node"] for s in drained] == ["node-a"], drained
-            alerts = [a for a in json.loads(_get(f"{rules.url}/api/v1/alerts"))["alerts"]
-                      if a["labels"]["alertname"] == "GpumondNodeDrained"]
-            assert alerts and "drained by gpumond: GPU 1 lost" in alerts[0]["annotations"]["summary"], alerts
+        # The operator's view: what gpumond drained and why.
+        listing = subprocess.run([sys.executable, "-m", "gpumond.cli", "remediation", "list", "--state-dir",
+                                  str(work / "rules-state")], capture_output=True, text=True, timeout=30)
+        assert listing.returncode == 0, listing.stderr
+        assert "node-a" in listing.stdout and "GPU 1 lost" in listing.stdout, listing.stdout
+        metrics = parse_metrics(rules_metrics(rules))
+        drained = samples(metrics, "gpumond_remediation_node_drained")
+        assert [s.labels["node"] for s in drained] == ["node-a"], drained
+        alerts = [a for a in json.loads(http_get(f"{rules.url}/api/v1/alerts")[2])["alerts"]
+                  if a["labels"]["alertname"] == "GpumondNodeDrained"]
+        assert alerts and "drained by gpumond: GPU 1 lost" in alerts[0]["annotations"]["summary"], alerts
 
-            # Recovery: the GPU is back at LOST_AT_S + LOST_FOR_S (its XID 79 alert expired 5 s after the event:
-            # the node stays drained while the GPU reads lost); then the hold-down.
-            wait_until(lambda: not gpu_lost(), timeout=LOST_FOR_S + 10, what="node-a GPU 1 back", interval=0.1)
-            back = time.monotonic()
-            assert slurm.node("node-a")["state"].startswith("drain"), "resumed while the GPU was still lost"
-            wait_until(lambda: slurm.node("node-a")["state"] == "idle", timeout=HOLD_DOWN_S + 15,
-                       what="node-a resumed", interval=0.1, describe=rules.describe)
-            resumed = time.monotonic()
-            print(f"GPU back to resume: {resumed - back:.1f} s (hold-down {HOLD_DOWN_S:g} s)")
-            assert resumed - back >= HOLD_DOWN_S - 0.2, "resumed before the hold-down passed"
-            audit = _audit(work)
-            kinds = [(e["action"], e["node"]) for e in audit]
-            assert ("drain", "node-a") in kinds and ("resume", "node-a") in kinds, kinds
-            assert all(e["result"] == "ok" for e in audit if e["node"] == "node-a"), audit
+        # Recovery: the GPU is back at LOST_AT_S + LOST_FOR_S (its XID 79 alert expired 5 s after the event:
+        # the node stays drained while the GPU reads lost); then the hold-down.
+        wait_until(lambda: not gpu_lost(), timeout=LOST_FOR_S + 10, what="node-a GPU 1 back", interval=0.1)
+        back = time.monotonic()
+        assert slurm.node("node-a")["state"].startswith("drain"), "resumed while the GPU was still lost"
+        wait_until(lambda: slurm.node("node-a")["state"] == "idle", timeout=HOLD_DOWN_S + 15,
+                   what="node-a resumed", interval=0.1, describe=rules.describe)
+        resumed = time.monotonic()
+        print(f"GPU back to resume: {resumed - back:.1f} s (hold-down {HOLD_DOWN_S:g} s)")
+        assert resumed - back >= HOLD_DOWN_S - 0.2, "resumed before the hold-down passed"
+        audit = _audit(work)
+        kinds = [(e["action"], e["node"]) for e in audit]
+        assert ("drain", "node-a") in kinds and ("resume", "node-a") in kinds, kinds
+        assert all(e["result"] == "ok" for e in audit if e["node"] == "node-a"), audit
 
-            # node-c lost a GPU too, but a person drained it first: gpumond reports and never touches it.
-            assert ("skip", "node-c") in kinds, kinds
-            assert not any(k in (("drain", "node-c"), ("resume", "node-c")) for k in kinds), kinds
-            time.sleep(HOLD_DOWN_S)
-            assert slurm.node("node-c") == {"state": "drained", "partition": "gpu", "reason": PERSON_REASON}
-            assert slurm.node("node-b")["state"] == "idle"
-        finally:
-            for a in agents.values():
-                if a.proc is not None:
-                    a.stop()
-    finally:
-        rules.stop()
+        # node-c lost a GPU too, but a person drained it first: gpumond reports and never touches it.
+        assert ("skip", "node-c") in kinds, kinds
+        assert not any(k in (("drain", "node-c"), ("resume", "node-c")) for k in kinds), kinds
+        time.sleep(HOLD_DOWN_S)
+        assert slurm.node("node-c") == {"state": "drained", "partition": "gpu", "reason": PERSON_REASON}
+        assert slurm.node("node-b")["state"] == "idle"
 
 
 def test_guard_refuses_the_drain_over_its_limit_and_pages(fresh: SlurmCluster, tmp_path: Path) -> None:
@@ -159,43 +173,25 @@ def test_guard_refuses_the_drain_over_its_limit_and_pages(fresh: SlurmCluster, t
     with Receiver() as receiver:
         rules = _rules(tmp_path, agents, slurm, {"max_nodes": 1, "max_pool_fraction": 1.0, "max_drains_per_hour": 10},
                        alerting={"pagerduty": {"routing_key": PD_KEY, "url": receiver.pagerduty_url}})
-        rules.start()
-        try:
-            for a in agents.values():
-                a.spawn()
-            for a in agents.values():
-                a.wait_ready()
-            try:
-                page = receiver.wait_for(
-                    lambda r: r.kind == "pagerduty" and "GpumondRemediationHalted" in json.dumps(r.json()),
-                    timeout=30)
-                assert page
-                # Whichever node's fault was seen first is drained; the second would exceed max_nodes 1.
-                (drained,) = [e["node"] for e in _audit(tmp_path) if e["action"] == "drain"]
-                (refused,) = [e for e in _audit(tmp_path) if e["action"] == "refuse"]
-                assert {drained, refused["node"]} == {"node-a", "node-b"}
-                assert slurm.node(drained)["state"].startswith("drain")
-                assert slurm.node(refused["node"])["state"] == "idle", "the guard let the second drain through"
-                assert "guard.max_nodes 1" in str(refused["why"])
-                print(f"\nguard refused {refused['node']}: {refused['why']}")
-                metrics = parse_metrics(rules_metrics(rules))
-                assert value(metrics, "gpumond_remediation_breaker_open") == 1.0
-            finally:
-                for a in agents.values():
-                    if a.proc is not None:
-                        a.stop()
-        finally:
-            rules.stop()
-
-
-def _get(url: str) -> bytes:
-    import httpx
-
-    return httpx.get(url, timeout=5.0).content
+        with _running(rules, agents):
+            page = receiver.wait_for(
+                lambda r: r.kind == "pagerduty" and "GpumondRemediationHalted" in json.dumps(r.json()),
+                timeout=30)
+            assert page
+            # Whichever node's fault was seen first is drained; the second would exceed max_nodes 1.
+            (drained,) = [e["node"] for e in _audit(tmp_path) if e["action"] == "drain"]
+            (refused,) = [e for e in _audit(tmp_path) if e["action"] == "refuse"]
+            assert {drained, refused["node"]} == {"node-a", "node-b"}
+            assert slurm.node(drained)["state"].startswith("drain")
+            assert slurm.node(refused["node"])["state"] == "idle", "the guard let the second drain through"
+            assert "guard.max_nodes 1" in str(refused["why"])
+            print(f"\nguard refused {refused['node']}: {refused['why']}")
+            metrics = parse_metrics(rules_metrics(rules))
+            assert value(metrics, "gpumond_remediation_breaker_open") == 1.0
 
 
 def rules_metrics(rules: RulesDaemon) -> str:
-    return _get(f"{rules.url}/metrics").decode()
+    return http_get(f"{rules.url}/metrics")[2].decode()
 
 
 def _health_check(slurm: SlurmCluster, agent: AgentProcess, node: str, work: Path, *mode: str) -> tuple[int, str]:
