@@ -10,6 +10,7 @@ a free one, every file is under the work directory, and the daemons are stopped 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -100,13 +101,18 @@ class SlurmCluster:
         wait_until(pidfile.exists, timeout=10, what=f"{argv[0]} pid file {pidfile.name}")
 
     def stop(self) -> None:
-        for pidfile in reversed(self._pidfiles):  # by pid, each daemon this cluster started
+        """SIGTERM every daemon this cluster started (by pid) at once, then wait for all: their shutdowns overlap;
+        SIGKILL whichever is still there after 10 s."""
+        pids = []
+        for pidfile in reversed(self._pidfiles):
             try:
                 pid = int(pidfile.read_text().strip())
                 os.kill(pid, signal.SIGTERM)
             except (OSError, ValueError):
                 continue
-            deadline = time.monotonic() + 10
+            pids.append(pid)
+        deadline = time.monotonic() + 10
+        for pid in pids:
             while time.monotonic() < deadline:
                 try:
                     os.kill(pid, 0)
@@ -114,7 +120,8 @@ class SlurmCluster:
                     break
                 time.sleep(0.1)
             else:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
     def __enter__(self) -> SlurmCluster:
         return self.start()
