@@ -95,15 +95,6 @@ class RulesDaemon(ManagedProcess):
         env.pop("GPUMOND_RULES_TOKENS", None)
         super().__init__([sys.executable, "-m", "gpumond.cli", "rules", "--config", str(path)], workdir, env=env)
 
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{LOOPBACK}:{self.port}"
-
-    base_url = url
-
-    def ready(self) -> bool:
-        return http_get(f"{self.url}/healthz", timeout=1.0, context=self.tls)[0] == 200
-
 
 class RulesProcess(RulesDaemon):
     """The rules service with no telemetry source and alert sinks; findings come from pushes."""

@@ -199,6 +199,7 @@ class ManagedProcess:
     label = "process"
     ready_path = "/healthz"
     port: int
+    tls: ssl.SSLContext | None = None  # set for a server serving https: how the test reaches (and trusts) it
 
     def __init__(self, argv: Sequence[str], workdir: Path, *, env: Mapping[str, str] | None = None) -> None:
         self.argv = [str(a) for a in argv]
@@ -216,7 +217,7 @@ class ManagedProcess:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.address}"
+        return f"{'https' if self.tls else 'http'}://{self.address}"
 
     url = base_url
 
@@ -233,7 +234,7 @@ class ManagedProcess:
 
     def ready(self) -> bool:
         """Whether it serves yet (GET `ready_path` answers 200)."""
-        return http_get(f"{self.base_url}{self.ready_path}", timeout=1.0)[0] == 200
+        return http_get(f"{self.base_url}{self.ready_path}", timeout=1.0, context=self.tls)[0] == 200
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         what = f"{self.label}: GET {self.base_url}{self.ready_path} to answer 200"
@@ -338,15 +339,6 @@ class AgentProcess(ManagedProcess):
         full_env = dict(os.environ if env is None else env)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         super().__init__([sys.executable, "-m", "gpumond.cli", "agent", *args], workdir, env=full_env)
-
-    @property
-    def base_url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.address}"
-
-    url = base_url
-
-    def ready(self) -> bool:
-        return http_get(f"{self.base_url}/healthz", timeout=1.0, context=self.tls)[0] == 200
 
     def wait_healthy(self, timeout: float = START_TIMEOUT_S) -> None:
         self.wait_ready(timeout)
