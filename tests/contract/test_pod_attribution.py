@@ -87,13 +87,19 @@ def kubelet_pods(sim):
     ]
 
 
-def test_gpus_and_mig_devices_get_their_pods(node, tmp_path: Path) -> None:
-    sim, session = node
+def polled_client(sim, tmp_path: Path) -> PodResourcesClient:
+    """A client that has read kubelet_pods(sim) once from a real pod-resources server (stopped again: the
+    sampler reads the client's last answer)."""
     with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet:
         kubelet.pods = kubelet_pods(sim)
         client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0)
         assert client.poll(), client.error
-        rows = job_rows(Sampler(session, hostname="n", jobs=attributor(), pods=client))
+    return client
+
+
+def test_gpus_and_mig_devices_get_their_pods(node, tmp_path: Path) -> None:
+    sim, session = node
+    rows = job_rows(Sampler(session, hostname="n", jobs=attributor(), pods=polled_client(sim, tmp_path)))
     g0, g1 = sim.gpus[0], sim.gpus[1]
 
     def mig(i: int, profile: str) -> tuple[tuple[str, str], ...]:
@@ -221,12 +227,8 @@ class RecordingPolicy:
 
 def test_the_policy_sees_what_runs_on_each_gpu_and_its_slices(node, tmp_path: Path) -> None:
     sim, session = node
-    with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet:
-        kubelet.pods = kubelet_pods(sim)
-        client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0)
-        assert client.poll(), client.error
     policy = RecordingPolicy()
-    sampler = Sampler(session, hostname="n", jobs=attributor(), pods=client, policy=policy)
+    sampler = Sampler(session, hostname="n", jobs=attributor(), pods=polled_client(sim, tmp_path), policy=policy)
     sampler.slow_cycle()
     sampler.fast_cycle()
     by_gpu = {v.index: v.workload for v in policy.views}
