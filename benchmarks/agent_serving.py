@@ -63,7 +63,7 @@ class Server:
     label: str
     argv: list[str]
     port: int
-    proc: subprocess.Popen | None = None
+    proc: _bench.Proc | None = None
     series: list[int] = field(default_factory=list)
     plain_bytes: int = 0
     gzip_bytes: int = 0
@@ -178,16 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     script.write_text(WRK_REPORT)
     try:
         for s in servers:
-            log = open(logdir / f"{s.key}.log", "wb")  # noqa: SIM115 - closed with the process
-            s.proc = subprocess.Popen(s.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            s.proc = _bench.Proc(s.key, s.argv, logdir / f"{s.key}.log").start()
         for s in servers:
-            _bench.wait_http(s.url, 60, s.proc)
+            s.proc.wait_http(s.url, 60)
         time.sleep(2.0)  # let the agent's first cycles and the scheduler settle
         return run(args, servers, rounds, seconds, idle_s, use_wrk, script, have_ne)
     finally:
         for s in servers:
             if s.proc is not None:
-                _bench.stop(s.proc)
+                s.proc.terminate(10)
         shutil.rmtree(logdir, ignore_errors=True)
 
 
