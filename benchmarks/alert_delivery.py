@@ -1032,7 +1032,7 @@ def report(args: argparse.Namespace, p1: dict[str, Any], a1: dict[str, Any], p3:
     out.append(_bench.md_table(["agent", "killed while", "simulated time", "firing at the kill", "kill → /healthz "
                                 "200", "new alert instances after", "GPUs up at the end",
                                 "XID watcher healthy at the end"], rrows))
-    out.append("")
+    out += ["", restart_story(p1, a1), ""]
 
     # planted faults
     out += ["### Planted faults vs alerts the agents raised", "",
@@ -1063,6 +1063,43 @@ def report(args: argparse.Namespace, p1: dict[str, Any], a1: dict[str, Any], p3:
     out += part3_report(p3)
     out.append(CAVEATS)
     return "\n".join(out)
+
+
+def _name(i: Instance) -> str:
+    lab = i.labels
+    return f"{lab['alertname']}{' XID ' + lab['xid'] if 'xid' in lab else ''} (GPU {lab.get('gpu')})"
+
+
+def restart_story(p1: dict[str, Any], a1: dict[str, Any]) -> str:
+    """What each restart did, from the records and the API (counts and times, no interpretation)."""
+    lines = []
+    sinks: dict[str, SinkTally] = a1["sinks"]
+    for r in p1["restarts"]:
+        mine = sorted((i for i in p1["instances"].values() if i.source == r.node), key=lambda i: i.start)
+        fps = {i.fp for i in mine}
+        pd = [x.json() for x in p1["records"] if x.accepted and x.received_at.timestamp() >= r.killed_at
+              and x.kind == "pagerduty" and x.json()["dedup_key"] in fps]
+        pd_trig = sum(1 for e in pd if e["event_action"] == "trigger")
+        dups = {k: sum(1 for t, fp in s.dup_events if fp in fps and t >= r.killed_at) for k, s in sinks.items()}
+        words = [f"- **{r.node}**, killed while {r.why}: after the kill PagerDuty got {pd_trig} trigger(s) and "
+                 f"{len(pd) - pd_trig} resolve(s) for this node's alerts; duplicates for this node after the kill: "
+                 f"PagerDuty {dups['pagerduty']}, Slack {dups['slack']}, Alertmanager {dups['alertmanager']}."]
+        spur = [(sink, t, i) for sink, tally in sinks.items() for t, i in tally.spurious
+                if i.source == r.node and t >= r.killed_at]
+        for sink, t, i in sorted(spur, key=lambda x: x[1]):
+            words.append(f"{SINK_LABEL[sink]} announced {_name(i)} **resolved** {t - r.killed_at:.0f} s after the "
+                         f"kill while the agent still showed it firing.")
+        by_fp: dict[str, list[Instance]] = defaultdict(list)
+        for i in mine:
+            by_fp[i.fp].append(i)
+        for a, b in ((a, b) for insts in by_fp.values() for a, b in zip(insts, insts[1:])):
+            if a.end is not None and a.end >= r.killed_at and b.start - a.end < 30 and \
+                    a.labels["alertname"] != "GpuSwThermalSlowdown":
+                words.append(f"{_name(a)} resolved {a.end - r.killed_at:.0f} s after the kill and fired again "
+                             f"{b.start - a.end:.1f} s later as a new alert (same fingerprint: a resolve and a "
+                             f"new trigger for the same dedup_key).")
+        lines.append(" ".join(words))
+    return "\n".join(lines)
 
 
 def _ratio(p3: dict[str, Any], kind: str, a: str, b: str, key: str = "p99") -> float:

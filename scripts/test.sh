@@ -18,7 +18,8 @@ command -v munged >/dev/null || need_apt+=(munge)
 command -v prlimit >/dev/null || need_apt+=(util-linux)  # the slow-loris test runs a daemon under prlimit --nofile=1024
 command -v chattr >/dev/null || need_apt+=(e2fsprogs)  # the policy disk-fault tests make state_dir immutable (binds root)
 # The container image test builds the image with buildah from a Debian base made with mmdebstrap, and reads its
-# OCI archive with skopeo.
+# OCI archive with skopeo. The base is made once per machine and kept in ~/.cache/gpumond/test-buildah
+# (GPUMOND_TEST_BUILDAH_STORAGE moves it; GPUMOND_TEST_BUILDAH_STORAGE=tmp makes a throwaway one each run).
 command -v buildah >/dev/null || need_apt+=(buildah)
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 command -v skopeo >/dev/null || need_apt+=(skopeo)

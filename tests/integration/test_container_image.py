@@ -2,13 +2,17 @@
 
 The build is the documented one (`scripts/build-image.sh --local-base`): a Debian base made with mmdebstrap, a
 wheelhouse made on this machine, `pip --no-index` inside the build. It runs once per module in a buildah storage of
-its own (a temporary directory, or GPUMOND_TEST_BUILDAH_STORAGE to keep the base and the layer cache between
-sessions). Containers run with chroot isolation on the host's network, so /metrics and /healthz are read from
-127.0.0.1 as Prometheus would read them.
+its own that outlives the session (GPUMOND_TEST_BUILDAH_STORAGE, default ~/.cache/gpumond/test-buildah): the
+Debian base (~2.5 min of mmdebstrap, and nothing of gpumond's) is made once per machine, as the script reuses a
+base it finds; the wheelhouse and the image are made every time. GPUMOND_TEST_BUILDAH_STORAGE=tmp: a throwaway
+storage, base included, removed after the module. Containers run with chroot isolation on the host's network, so
+/metrics and /healthz are read from 127.0.0.1 as Prometheus would read them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -72,9 +76,36 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltImage]:
     for tool in ("buildah", "mmdebstrap", "skopeo"):
         require_binary(tool)
     work = tmp_path_factory.mktemp("image")
-    kept = os.environ.get("GPUMOND_TEST_BUILDAH_STORAGE")
-    storage = Path(kept or work / "storage")
+    chosen = os.environ.get("GPUMOND_TEST_BUILDAH_STORAGE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpumond" / "test-buildah")
+    kept = chosen != "tmp"
+    storage = Path(chosen) if kept else work / "storage"
     storage.mkdir(parents=True, exist_ok=True)
+    with _only_session_on(storage):
+        yield from _built(work, storage, kept)
+
+
+@contextlib.contextmanager
+def _only_session_on(storage: Path) -> Iterator[None]:
+    """Hold the storage for this session: a kept one is shared by every session of this user, and one session's
+    cleanup (its containers, the images it untagged) must not pull the floor from under another's build."""
+    with open(storage / ".session.lock", "w") as lock:
+        deadline = time.monotonic() + BUILD_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test session held {storage} for over {BUILD_TIMEOUT_S} s")
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _built(work: Path, storage: Path, kept: bool) -> Iterator[BuiltImage]:
     conf = work / "storage.conf"
     conf.write_text(f'[storage]\ndriver = "{os.environ.get("STORAGE_DRIVER", "overlay")}"\n'
                     f'graphroot = "{storage / "root"}"\nrunroot = "{storage / "run"}"\n')
@@ -94,10 +125,12 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltImage]:
     tag = p.stdout.strip().splitlines()[-1]
     print("\n" + "\n".join(line for line in p.stderr.splitlines() if line.startswith("build-image:")))
     yield BuiltImage(tag=tag, env=env, archive=archive, build_s=time.monotonic() - t0, revision=revision)
-    if not kept:  # a temporary storage holds ~700 MB (base, layers, image): not left for pytest's tmp retention
-        subprocess.run(["buildah", "rm", "--all"], env=env, capture_output=True, timeout=120)
+    subprocess.run(["buildah", "rm", "--all"], env=env, capture_output=True, timeout=120)
+    archive.unlink(missing_ok=True)
+    if kept:  # the base stays; earlier builds' images (untagged by this one) do not pile up
+        subprocess.run(["buildah", "rmi", "--prune"], env=env, capture_output=True, timeout=120)
+    else:  # ~700 MB (base, layers, image): not left for pytest's tmp retention
         shutil.rmtree(storage, ignore_errors=True)
-        archive.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
