@@ -124,6 +124,15 @@ def _git() -> str:
     return f"{head}{' + uncommitted changes under gpumond/' if dirty else ''}" if head else "unknown"
 
 
+def tool_version(exe: str) -> str:
+    """The first line `exe --version` prints (stdout or stderr), or "unknown": for a result's machine block."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10)
+        return (out.stdout or out.stderr).splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def machine_block(extra: dict[str, str] | None = None) -> str:
     """A Markdown list stating the machine, the versions and the command, for every result file."""
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

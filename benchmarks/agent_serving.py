@@ -298,11 +298,7 @@ def run(args: argparse.Namespace, servers: list[Server], rounds: int, seconds: i
                  for s in servers]
     versions = {}
     if have_ne:
-        try:
-            v = subprocess.run([NODE_EXPORTER, "--version"], capture_output=True, text=True, timeout=10)
-            versions["node_exporter"] = (v.stdout or v.stderr).splitlines()[0]
-        except (OSError, subprocess.SubprocessError, IndexError):
-            versions["node_exporter"] = "unknown"
+        versions["node_exporter"] = _bench.tool_version(NODE_EXPORTER)
     if use_wrk:
         v = subprocess.run(["wrk", "--version"], capture_output=True, text=True)
         versions["load generator"] = ((v.stdout or v.stderr).splitlines() or ["wrk"])[0].split(" Copyright")[0] + \

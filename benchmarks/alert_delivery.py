@@ -53,7 +53,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -952,7 +951,7 @@ def report(args: argparse.Namespace, p1: dict[str, Any], a1: dict[str, Any], p3:
     n_rules = len(instances) - n_agent
     out = ["# Alert delivery: notifications per sink, duplicates, firing → notification, sampling while a sink hangs",
            "", _bench.machine_block({
-               "alertmanager": _am_version(),
+               "alertmanager": _bench.tool_version(ALERTMANAGER),
                "part 1 setup": f"{len(plan.agents)} agents `--sim 8 --sim-speed {plan.speed:g}` ({plan.run_s:.0f} s "
                                f"wall of planted faults, then a drain), 1 rules service (evaluation every 1 s) with "
                                f"{len(plan.starved)} pushing jobs, 1 Alertmanager (group_wait 1 s, group_interval "
@@ -1263,14 +1262,6 @@ CAVEATS = """
   APScheduler runs the cycles on a fixed grid, so one late cycle shows as a long interval followed
   by a short one.
 """
-
-
-def _am_version() -> str:
-    try:
-        out = subprocess.run([ALERTMANAGER, "--version"], capture_output=True, text=True, timeout=10)
-        return (out.stdout or out.stderr).splitlines()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
