@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from gpumond.nvml.calls import READERS, Call, Reader
+from gpumond.nvml.calls import Call, Reader, build_readers
 from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
 from gpumond.nvml import mig as miglib
 from gpumond.nvml.mig import MigIdentity
@@ -121,7 +121,7 @@ class NvmlSession:
         install: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         retry_max_s: float = 300.0,
-        readers: tuple[Reader, ...] = READERS,
+        readers: tuple[Reader, ...] | None = None,
         remembered: Mapping[int, GpuIdentity] | None = None,
     ) -> None:
         self._install = install
@@ -130,7 +130,7 @@ class NvmlSession:
         self._remembered = dict(remembered or {})
         self._clock = clock
         self._retry_max_s = retry_max_s
-        self._readers = readers
+        self._readers = readers if readers is not None else build_readers()
         self._lock = threading.RLock()
         self._gpus: list[_GpuState] = []
         self._up = False
@@ -153,6 +153,8 @@ class NvmlSession:
         """Shut NVML down; safe to call twice."""
         with self._lock:
             if self._up:
+                for g in self._gpus:
+                    self._release(g)
                 try:
                     pynvml.nvmlShutdown()
                 except pynvml.NVMLError as e:
@@ -201,6 +203,8 @@ class NvmlSession:
                     self._mark_lost(prev, "nvmlDeviceGetHandleByIndex")
                     gpus.append(prev)
                     continue
+                if prev is not None:
+                    self._release(prev)  # what readers held for the old handle
                 if prev is not None and prev.identity.uuid == ident.uuid:
                     prev.handle, prev.lost, prev.verified = h, False, True
                     prev.forget_support()
@@ -399,7 +403,19 @@ class NvmlSession:
             "gpu": g.identity.index, "reader": reader.name, "call": symbol, "error": error_name(e),
             "hint": HINTS.get(d, "skipped on this GPU; the value is left out, not exported as 0")})
 
+    def _release(self, g: _GpuState) -> None:
+        """Let every reader free what it holds for this GPU's handle (GPM samples); never raises."""
+        if g.handle is None:
+            return
+        for reader in self._readers:
+            if reader.release is not None:
+                try:
+                    reader.release(g.handle)
+                except Exception as e:  # noqa: BLE001 - freeing must not take the session down
+                    log.debug("reader release failed", extra={"reader": reader.name, "error": repr(e)})
+
     def _mark_lost(self, g: _GpuState, symbol: str) -> None:
+        self._release(g)
         g.lost = True
         g.backoff = _FIRST_BACKOFF_S
         g.next_retry = self._clock() + g.backoff
