@@ -163,6 +163,7 @@ class Fault(BaseModel):
     noise: Annotated[float, Field(ge=0.0, le=0.5)] | None = None
     intensity: Annotated[float, Field(ge=0.0, le=1.5)] | None = None
     memory_used_fraction: Ratio | None = None
+    sm_activity: Ratio | None = None
 
     @field_validator("kind")
     @classmethod
@@ -208,7 +209,8 @@ class Fault(BaseModel):
         if self.gpu is None and self.kind not in _GPU_OPTIONAL:
             raise FieldProblem("gpu", f"required for kind {self.kind!r}")
         if self.kind in ("slow", "busy_idle") and self.factor is not None and self.factor > 1.0:
-            raise FieldProblem("factor", f"a {self.kind} factor must be in (0, 1]")
+            raise FieldProblem("factor", "a slowdown factor must be in (0, 1]" if self.kind == "slow"
+                               else "an SM activity factor must be in (0, 1]")
         return self
 
     def load_pattern(self) -> LoadPattern:
