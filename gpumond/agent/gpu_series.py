@@ -138,6 +138,28 @@ def mig_memory_series(migs: Iterable[MigIdentity], memory: Mapping[str, tuple[fl
     return out
 
 
+# GPM's per-instance metrics (read key → series); the whole GPU's come from the catalogue (reader "gpm").
+MIG_ACTIVITY: tuple[tuple[str, str, Labels], ...] = (
+    ("sm", "gpumond_gpu_mig_sm_active_ratio", ()),
+    ("occupancy", "gpumond_gpu_mig_sm_occupancy_ratio", ()),
+    ("tensor_any", "gpumond_gpu_mig_tensor_active_ratio", (("precision", "any"),)),
+    ("dram", "gpumond_gpu_mig_dram_active_ratio", ()),
+)
+
+
+def mig_activity_series(migs: Iterable[MigIdentity], activity: Mapping[str, Mapping[str, float]]) -> list[Series]:
+    """Per-instance SM, occupancy, tensor and DRAM activity (GPM percentages as ratios); unread instances left out."""
+    out = []
+    for m in migs:
+        values = activity.get(m.uuid)
+        if not values:
+            continue
+        labels = mig_labels(m)
+        out.extend(Series(metric, labels + extra, values[key] / 100.0)
+                   for key, metric, extra in MIG_ACTIVITY if key in values)
+    return out
+
+
 def _job_labels(row: DeviceJob) -> Labels:
     labels: Labels = (("job", row.job),)
     if row.pod is not None:

@@ -219,12 +219,13 @@ _STATELESS: tuple[Reader, ...] = (
 )
 
 
-def build_readers() -> tuple[Reader, ...]:
-    """Every reader, with fresh state where a reader keeps some (GPM's samples): one set per session."""
+def build_readers(gpm: Any = None) -> tuple[Reader, ...]:
+    """Every reader, with fresh state where a reader keeps some (`gpm`, a GpmSampler: its samples): one set
+    per session."""
     from gpumond.nvml import nvlink
     from gpumond.nvml.gpm import GpmSampler
 
-    gpm = GpmSampler()
+    gpm = gpm if gpm is not None else GpmSampler()
     return _STATELESS + (
         # Two samples per fast interval (the previous cycle's and this one's): rates over the whole interval.
         Reader("gpm", "fast", (Call("nvmlGpmMetricsGet", gpm.read),), release=gpm.release),

@@ -100,3 +100,25 @@ def test_a_planted_degraded_and_a_down_nvlink_become_agent_alerts() -> None:
     finally:
         session.close()
         sim.uninstall()
+
+
+def test_each_mig_instance_reports_its_own_activity() -> None:
+    sim, clock, session = _setup({"gpus": [{"index": 0, "mig": ["3g.40gb", "1g.10gb"]}]}, gpus=1)
+    try:
+        sim.set_mig_processes(0, 0, [4242])  # a job in the 3g instance only
+        session.discover_mig()
+        assert session.read_mig_gpm() == {}  # first samples: no rates yet
+        clock.advance(1)
+        busy, idle = session.mig_identities
+        activity = session.read_mig_gpm()
+        assert activity[busy.uuid]["sm"] > 50 and activity[idle.uuid]["sm"] == 0.0
+        sampler = Sampler(session, hostname="n")
+        sampler.fast_cycle()
+        clock.advance(1)
+        text = sampler.fast_cycle().plain.decode()
+        lines = [x for x in text.splitlines() if x.startswith("gpumond_gpu_mig_sm_active_ratio{")]
+        assert len(lines) == 2 and any(f'mig_uuid="{busy.uuid}"' in x and float(x.split()[-1]) > 0.5 for x in lines)
+    finally:
+        session.close()
+        assert sim._gpm_samples == {}  # the instances' samples too
+        sim.uninstall()
