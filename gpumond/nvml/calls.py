@@ -229,8 +229,10 @@ def build_readers(gpm: Any = None) -> tuple[Reader, ...]:
     return _STATELESS + (
         # Two samples per fast interval (the previous cycle's and this one's): rates over the whole interval.
         Reader("gpm", "fast", (Call("nvmlGpmMetricsGet", gpm.read),), release=gpm.release),
-        Reader("nvlink_state", "fast", (Call("nvmlDeviceGetNvLinkState", nvlink.read_state),)),
-        Reader("nvlink_throughput", "fast", (
+        # Per-link reads in the slow tier: 18 links × 8 GPUs every second would double the fast cycle's cost
+        # (benchmarks/results/agent_sample_cycle.md), and GPM gives the total NVLink bytes/s every fast cycle.
+        Reader("nvlink_state", "slow", (Call("nvmlDeviceGetNvLinkState", nvlink.read_state),)),
+        Reader("nvlink_throughput", "slow", (
             Call("nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA)", nvlink.read_throughput),)),
         Reader("nvlink_errors", "slow", (Call("nvmlDeviceGetNvLinkErrorCounter", nvlink.read_errors),)),
     )

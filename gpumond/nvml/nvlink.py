@@ -1,6 +1,10 @@
-"""NVLink reads: per-link state, data throughput counters and error counters, keyed `<what>@<link>`.
+"""NVLink reads: per-link state, data throughput counters and error counters, keyed `<what>@<link>`, with
+their sums over links as `<what>_total`.
 
-A key `x@N` is exported by the catalogue row with key `x@link`, labelled `link="N"` (see gpu_series). The
+A key `x@N` is exported by the catalogue row with key `x@link`, labelled `link="N"` (see gpu_series); only the
+link state is exported per link, the counters as per-GPU totals: per-link counters would quadruple the
+exposition of an 8-GPU node (benchmarks/results/agent_sample_cycle.md), and the agent's NVLink alerts, which
+read them per link, name the link. The
 links are counted once per read with the field NVML_FI_DEV_NVLINK_LINK_COUNT; a GPU without NVLink
 answers NOT_SUPPORTED there, and its NVLink readers are left out like any unsupported reader.
 """
@@ -34,7 +38,8 @@ def read_state(h: Any) -> Values:
 
 
 def read_throughput(h: Any) -> Values:
-    """tx@N, rx@N: data KiB sent / received on link N since the driver loaded (one batched call)."""
+    """tx@N, rx@N: data KiB sent / received on link N since the driver loaded (one batched call), and
+    tx_total, rx_total over the links."""
     links = link_count(h)
     ids = [(f, link) for link in range(links)
            for f in (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)]
@@ -43,7 +48,9 @@ def read_throughput(h: Any) -> Values:
         ret = entry.nvmlReturn
         if ret == pynvml.NVML_SUCCESS:
             side = "tx" if entry.fieldId == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else "rx"
-            out[f"{side}@{entry.scopeId}"] = field_value(entry)
+            value = field_value(entry)
+            out[f"{side}@{entry.scopeId}"] = value
+            out[f"{side}_total"] = out.get(f"{side}_total", 0.0) + value
         elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise pynvml.NVMLError(ret)
     if not out:

@@ -33,7 +33,7 @@ class GpuView:
     remap_pending: bool | None = None
     remap_failed: bool | None = None
     requested_limit_w: float | None = None  # nvmlDeviceGetPowerManagementLimit: what was asked of the driver
-    # NVLink: (link, active) per link from the fast tier, and (link, replay count) from the slow tier.
+    # NVLink (slow tier): (link, active) and (link, replay count) per link.
     nvlink_up: tuple[tuple[int, bool], ...] = ()
     nvlink_replays: tuple[tuple[int, float], ...] = ()
     # What runs on the GPU and its MIG devices (jobs, pods) at the last attribution, for alert annotations.
