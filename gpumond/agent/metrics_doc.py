@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from gpumond.agent.gpu_series import LINK_SUFFIX
 from gpumond.agent.metrics import AGENT_METRICS
 from gpumond.nvml.calls import READERS
 from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS
@@ -76,6 +77,8 @@ def render() -> str:
         labels = ", ".join(f"{k}=\"{v}\"" for k, v in f.labels)
         if f.scale is None:
             labels = "reason=" + "\\|".join(CLOCK_EVENT_REASONS.values())
+        if f.key.endswith(LINK_SUFFIX):
+            labels = ", ".join(x for x in ("link (0, 1, …)", labels) if x)
         key = (f.metric, f.labels)
         if key in seen:
             continue
