@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import gc
 import gzip
 import io
@@ -50,6 +51,7 @@ from gpumond.agent.jobs import JobAttributor  # noqa: E402
 from gpumond.agent.metrics import metric_types  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
 from gpumond.nvml import calls  # noqa: E402
+from gpumond.nvml.gpm import METRICS as GPM_METRICS  # noqa: E402
 from gpumond.nvml.session import NvmlSession  # noqa: E402
 from gpumond.nvml.sim import ManualClock, SimulatedNvml  # noqa: E402
 
@@ -92,7 +94,59 @@ BARE_CALLS: dict[str, list[str]] = {
         "nvmlDeviceGetRetiredPages(h, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)",
     ],
     "nvmlDeviceGetPcieReplayCounter": ["nvmlDeviceGetPcieReplayCounter(h)"],
+    # GPM and NVLink make several pynvml calls each: written out in _bare_gpm / _bare_nvlink_* below.
+    "nvmlGpmMetricsGet": ["_bare_gpm(h)"],
+    "nvmlDeviceGetNvLinkState": ["_bare_nvlink_state(h)"],
+    "nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA)": ["_bare_nvlink_throughput(h)"],
+    "nvmlDeviceGetNvLinkErrorCounter": ["_bare_nvlink_errors(h)"],
 }
+# The readers added for GPM and NVLink: the cycle without them is measured too, to give their cost.
+GPM_NVLINK_READERS = frozenset({"gpm", "nvlink_state", "nvlink_throughput", "nvlink_errors"})
+
+
+class _BareGpm:
+    """GPM the shortest way: per GPU two samples, one SampleGet and one MetricsGet per call, same metric ids."""
+
+    def __init__(self) -> None:
+        self._pairs: dict[object, list[object]] = {}
+        self._req = pynvml.c_nvmlGpmMetricsGet_t()
+        self._req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        ids = list(gpm_ids())
+        self._req.numMetrics = len(ids)
+        for i, metric_id in enumerate(ids):
+            self._req.metrics[i].metricId = metric_id
+
+    def __call__(self, h: object) -> None:
+        key = ctypes.cast(h, ctypes.c_void_p).value
+        pair = self._pairs.get(key)
+        if pair is None:
+            pair = self._pairs[key] = [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
+            pynvml.nvmlGpmSampleGet(h, pair[0])
+            return
+        pynvml.nvmlGpmSampleGet(h, pair[1])
+        self._req.sample1, self._req.sample2 = pair[0], pair[1]
+        pair.reverse()
+        pynvml.nvmlGpmMetricsGet(self._req)
+
+
+def _links(h: object) -> int:
+    return int(pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])[0].value.uiVal)
+
+
+def _bare_nvlink_state(h: object) -> None:
+    for link in range(_links(h)):
+        pynvml.nvmlDeviceGetNvLinkState(h, link)
+
+
+def _bare_nvlink_throughput(h: object) -> None:
+    pynvml.nvmlDeviceGetFieldValues(h, [(f, link) for link in range(_links(h)) for f in (
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)])
+
+
+def _bare_nvlink_errors(h: object) -> None:
+    for link in range(_links(h)):
+        for counter in range(4):  # replay, recovery, CRC flit, CRC data
+            pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
 
 
 class _PromClientCollector:
@@ -132,9 +186,15 @@ class _NoXids:
         return {}
 
 
+def gpm_ids() -> list[int]:
+    return list(GPM_METRICS)
+
+
 def _namespace() -> dict[str, object]:
     ns: dict[str, object] = {k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith(("nvml", "NVML"))}
     ns["FAST_FIELD_IDS"] = list(calls.FAST_FIELDS)
+    ns.update(_bare_gpm=_BareGpm(), _bare_nvlink_state=_bare_nvlink_state,
+              _bare_nvlink_throughput=_bare_nvlink_throughput, _bare_nvlink_errors=_bare_nvlink_errors)
     return ns
 
 
@@ -315,20 +375,26 @@ def main(argv: list[str] | None = None) -> int:
     sim = SimulatedNvml(gpu_count=GPUS, node="bench-node", clock=clock)
     session = NvmlSession(install=sim.install, clock=clock.now)
     session.open()
+    # The same node read without the GPM and NVLink readers: what those cost per cycle.
+    without = NvmlSession(install=sim.install, clock=clock.now,
+                          readers=tuple(r for r in calls.build_readers() if r.name not in GPM_NVLINK_READERS))
+    without.open()
     try:
-        return run(args, session, clock, fast_rounds, slow_rounds, prof_cycles)
+        return run(args, session, clock, fast_rounds, slow_rounds, prof_cycles, without)
     finally:
+        without.close()
         session.close()
         sim.uninstall()
 
 
 def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast_rounds: int,
-        slow_rounds: int, prof_cycles: int) -> int:
+        slow_rounds: int, prof_cycles: int, without: NvmlSession) -> int:
     # Warm up: the first reads probe each GPU and settle every reader's choice.
     for _ in range(3):
         clock.advance(1.0)
-        session.read("fast")
-        session.read("slow")
+        for s in (session, without):
+            s.read("fast")
+            s.read("slow")
 
     hostname = "bench-node"
     bare_fast, fast_census = make_bare(session, "fast")
@@ -364,6 +430,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "bare": bare_fast,
         "readers": make_readers_loop(session, "fast"),
         "a": lambda: session.read("fast"),
+        "a0": lambda: without.read("fast"),
         "b": lambda: gpu_series.tier_series(session.read("fast"), with_up=True),
         "c": plain.fast_cycle,
         "d": wired.fast_cycle,
@@ -379,6 +446,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "bare": bare_slow,
         "readers": make_readers_loop(session, "slow"),
         "a": lambda: session.read("slow"),
+        "a0": lambda: without.read("slow"),
         "b": lambda: gpu_series.tier_series(session.read("slow"), with_up=False),
         "c": plain.slow_cycle,
         "d": wired.slow_cycle,
@@ -401,6 +469,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "bare": "bare pynvml loop (the floor)",
         "readers": "calls.py reader functions only (decode to dicts, no session)",
         "a": "(a) `NvmlSession.read(\"fast\")`",
+        "a0": "(a0) (a) without the GPM reader",
         "b": "(b) (a) + `gpu_series.tier_series`",
         "c": "(c) `Sampler.fast_cycle()` (NVML only): series + snapshot + render + gzip",
         "d": "(d) `Sampler.fast_cycle()` as `Agent` wires it (+ host evidence via psutil, XID counts)",
@@ -410,6 +479,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "bare": "bare pynvml loop (the floor)",
         "readers": "calls.py reader functions only",
         "a": "(a) `NvmlSession.read(\"slow\")`",
+        "a0": "(a0) (a) without the NVLink readers (state, throughput, error counters of 18 links)",
         "b": "(b) (a) + `gpu_series.tier_series`",
         "c": "(c) `Sampler.slow_cycle()` (NVML only; rendering happens on the next fast cycle)",
         "d": "(d) `Sampler.slow_cycle()` + job attribution (adds 8 `GetComputeRunningProcesses`, not in bare)",
@@ -417,7 +487,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
     }
     hdr = ["variant", "CPU min", "CPU median", "CPU p90", "ratio of medians", "paired ratio min / median / p90",
            "wall-time ratio of medians", f"≤ {TARGET}?"]
-    order = ["bare", "readers", "a", "b", "c", "d", "e"]
+    order = ["bare", "readers", "a0", "a", "b", "c", "d", "e"]
     med = {k: statistics.median(v) for k, v in ft.items()}
 
     def calls_line(census: Counter[str]) -> str:
@@ -454,6 +524,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
             [name, _bench.fmt_us(v), f"{100 * v / med['c']:.0f} %"] for name, v in (
                 ("NVML calls (bare loop)", med["bare"]),
                 ("session bookkeeping + readers' decoding: (a) − bare", med["a"] - med["bare"]),
+                ("  of which the GPM reader: (a) − (a0)", med["a"] - med["a0"]),
                 ("conversion to series: (b) − (a)", med["b"] - med["a"]),
                 ("info/self series, snapshot, render + gzip: (c) − (b)", med["c"] - med["b"]),
             )] + [
@@ -475,6 +546,12 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         ("The agent's encoder output is byte-identical to `generate_latest` on these series."
          if same_bytes else "Note: the agent's encoder output differs from `generate_latest` on these series"
          if encode is not None else ""),
+        "",
+        "GPM and NVLink calls are counted once per reader above (`_bare_gpm`: one `nvmlGpmSampleGet` and one "
+        "`nvmlGpmMetricsGet`; `_bare_nvlink_state`: one field-values call for the link count and one "
+        "`nvmlDeviceGetNvLinkState` per link; `_bare_nvlink_throughput`: two field-values calls; "
+        "`_bare_nvlink_errors`: the link count and four `nvmlDeviceGetNvLinkErrorCounter` per link). The "
+        "simulated driver answers them in microseconds; a real driver's GPM and NVLink calls cost more.",
         "",
         "## Slow tier (every 30 s)",
         "",

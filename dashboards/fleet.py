@@ -135,6 +135,28 @@ def build() -> g.Dashboard:
                             "gpumond would do. Undo one: gpumond remediation undo NODE.",
                 targets=[target(f"gpumond_remediation_node_drained{{{C}}}", "", instant=True, table=True)],
                 transformations=[hide_columns("Time", "Value", "__name__", "job", "instance")]),
+
+        # What the GPUs really do (GPM, Hopper and later): utilization counts any kernel, SM activity the work.
+        Heatmap(title="SM activity across the fleet", dataSource=DATASOURCE, unit="percentunit", scheme="Greens",
+                description="Every GPU's share of SMs busy (GPM; Hopper and later), bucketed at each instant. "
+                            "A GPU high on utilization but low here is busy doing little (spinning in a "
+                            "collective, starved): compare with the utilization panel.",
+                targets=[target(f"gpumond_gpu_sm_active_ratio{{{C}}}", "{{instance}} GPU {{gpu}}")],
+                gridPos=pos(0, 60, 12, 9)),
+        g.TimeSeries(title="Busy but idle: utilization minus SM activity", dataSource=DATASOURCE,
+                     unit="percentunit", valueMin=0, valueMax=1, gridPos=pos(12, 60, 6, 9),
+                     description="Per GPU, the share of time a kernel ran without the SMs doing work; the "
+                                 "highest GPUs of the fleet.",
+                     targets=[target(f"topk(5, gpumond_gpu_utilization_ratio{{{C}}} "
+                                     f"- on(instance, gpu) gpumond_gpu_sm_active_ratio{{{C}}})",
+                                     "{{instance}} GPU {{gpu}}")]),
+        g.TimeSeries(title="NVLink: replays per second and links down", dataSource=DATASOURCE, unit="none",
+                     gridPos=pos(18, 60, 6, 9),
+                     description="A degraded link replays (runbook GpuNvLinkErrorsIncreasing); a link down "
+                                 "(GpuNvLinkDown) slows every collective through it.",
+                     targets=[target(f'sum(rate(gpumond_gpu_nvlink_errors_total{{{C}, type="replay"}}'
+                                     f"[$__rate_interval]))", "replays / s", "A"),
+                              target(f"sum(1 - gpumond_gpu_nvlink_up{{{C}}})", "links down", "B")]),
     ]
     return g.Dashboard(
         title="gpumond / Fleet", uid=UID, tags=["gpumond"], timezone="browser", refresh="30s", graphTooltip=1,

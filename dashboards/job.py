@@ -75,6 +75,15 @@ def build() -> g.Dashboard:
         g.Table(title="Findings for this job", dataSource=DATASOURCE, gridPos=pos(14, 24, 10, 10),
                 targets=[target(f"gpumond_finding{{{J}}}", "", instant=True, table=True)],
                 transformations=[hide_columns("Time", "Value", "__name__", "job")]),
+        _series("SM activity of the job's GPUs", "percentunit", 0, 34,
+                [target(on_job_gpus(f'gpumond_gpu_sm_active_ratio{{cluster=~"$cluster"}}'), "rank {{rank}}")],
+                valueMin=0, valueMax=1,
+                description="Share of SMs busy on each rank's GPU (GPM, Hopper and later). Ranks waiting for a "
+                            "straggler or their data loader do little: their SM activity drops while "
+                            "utilization (any kernel, NCCL spinning included) stays high."),
+        _series("Tensor activity of the job's GPUs", "percentunit", 12, 34,
+                [target(on_job_gpus(f'gpumond_gpu_tensor_active_ratio{{cluster=~"$cluster", precision="any"}}'),
+                        "rank {{rank}}")], valueMin=0, valueMax=1),
     ]
     return g.Dashboard(
         title="gpumond / Job", uid=UID, tags=["gpumond"], timezone="browser", refresh="30s", graphTooltip=1,

@@ -64,6 +64,25 @@ def build() -> g.Dashboard:
                 targets=[target(f"gpumond_alert_active{{{HOST}}}", "", instant=True, table=True)],
                 transformations=[hide_columns("Time", "Value", "__name__", "job")],
                 extraJson={"fieldConfig": {"defaults": {"links": runbook_links()}}}),
+        # GPM (Hopper and later): what the SMs, tensor pipes and memory really do; then NVLink.
+        _series("SM and tensor activity", "percentunit", 0, 42, [
+            target(f"gpumond_gpu_sm_active_ratio{{{GPU}}}", "GPU {{gpu}} SM", "A"),
+            target(f'gpumond_gpu_tensor_active_ratio{{{GPU}, precision="any"}}', "GPU {{gpu}} tensor", "B")],
+                valueMin=0, valueMax=1,
+                description="Share of SMs busy and of time the tensor pipes ran (GPM). Far below utilization: "
+                            "the GPU is busy doing little."),
+        _series("DRAM bandwidth and SM occupancy", "percentunit", 12, 42, [
+            target(f"gpumond_gpu_dram_active_ratio{{{GPU}}}", "GPU {{gpu}} DRAM", "A"),
+            target(f"gpumond_gpu_sm_occupancy_ratio{{{GPU}}}", "GPU {{gpu}} occupancy", "B")], valueMin=0, valueMax=1),
+        _series("NVLink and PCIe traffic", "Bps", 0, 50, [
+            target(f'gpumond_gpu_nvlink_bytes_per_second{{{GPU}, direction="tx"}}', "GPU {{gpu}} NVLink tx", "A"),
+            target(f'gpumond_gpu_pcie_bytes_per_second{{{GPU}, direction="rx"}}', "GPU {{gpu}} PCIe rx", "B")]),
+        _series("NVLink errors per second and links down", "none", 12, 50, [
+            target(f"sum by (gpu, type) (rate(gpumond_gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval]))",
+                   "GPU {{gpu}} {{type}} / s", "A"),
+            target(f"sum by (gpu) (1 - gpumond_gpu_nvlink_up{{{GPU}}})", "GPU {{gpu}} links down", "B")],
+                description="Replays and CRC errors of all links of each GPU, and its links down; the agent's "
+                            "NVLink alerts name the link."),
     ]
     return g.Dashboard(
         title="gpumond / Node", uid=UID, tags=["gpumond"], timezone="browser", refresh="30s", graphTooltip=1,

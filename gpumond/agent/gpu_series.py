@@ -30,6 +30,17 @@ _BY_READER_KEY = index_fields(CATALOGUE)
 _DIVISOR = divisors(CATALOGUE)
 
 
+LINK_SUFFIX = "@link"  # a catalogue key `x@link` exports each read key `x@N` with the label link="N"
+
+
+def _per_link(index: FieldIndex, reader: str, key: str) -> tuple[Sequence[Field], Labels]:
+    """The rows of a per-link key (`replay@3` → the `replay@link` rows) and its `link` label."""
+    name, sep, link = key.rpartition("@")
+    if not sep:
+        return (), ()
+    return index.get((reader, name + LINK_SUFFIX), ()), (("link", link),)
+
+
 def gpu_labels(ident: GpuIdentity) -> Labels:
     """The labels every per-GPU series carries."""
     return (("gpu", str(ident.index)), ("uuid", ident.uuid))
@@ -45,16 +56,21 @@ def field_series(read: TierRead, index: FieldIndex, divisor: Mapping[float, floa
         base = labels_for(g.identity)
         for reader, vals in g.values:
             for key, value in vals.items():
-                for f in index.get((reader, key), ()):
+                fields = index.get((reader, key))
+                labels = base
+                if fields is None:  # not a plain key: maybe one link's value
+                    fields, link = _per_link(index, reader, key)
+                    labels = base + link
+                for f in fields:
                     if f.scale is None:
                         mask = int(value)
                         for bit, reason in CLOCK_EVENT_REASONS.items():
-                            out.append(Series(f.metric, base + (("reason", reason),), 1.0 if mask & bit else 0.0))
+                            out.append(Series(f.metric, labels + (("reason", reason),), 1.0 if mask & bit else 0.0))
                     elif f.scale < 1:
                         # divide by the exact integer (100, 1000, 1e9) so 95 % is 0.95, not 0.9500000000000001
-                        out.append(Series(f.metric, base + f.labels, value / divisor[f.scale]))
+                        out.append(Series(f.metric, labels + f.labels, value / divisor[f.scale]))
                     else:
-                        out.append(Series(f.metric, base + f.labels, value * f.scale))
+                        out.append(Series(f.metric, labels + f.labels, value * f.scale))
     return out
 
 
@@ -119,6 +135,28 @@ def mig_memory_series(migs: Iterable[MigIdentity], memory: Mapping[str, tuple[fl
             labels = mig_labels(m)
             out.append(Series("gpumond_gpu_mig_memory_used_bytes", labels, read[0]))
             out.append(Series("gpumond_gpu_mig_memory_total_bytes", labels, read[1]))
+    return out
+
+
+# GPM's per-instance metrics (read key → series); the whole GPU's come from the catalogue (reader "gpm").
+MIG_ACTIVITY: tuple[tuple[str, str, Labels], ...] = (
+    ("sm", "gpumond_gpu_mig_sm_active_ratio", ()),
+    ("occupancy", "gpumond_gpu_mig_sm_occupancy_ratio", ()),
+    ("tensor_any", "gpumond_gpu_mig_tensor_active_ratio", (("precision", "any"),)),
+    ("dram", "gpumond_gpu_mig_dram_active_ratio", ()),
+)
+
+
+def mig_activity_series(migs: Iterable[MigIdentity], activity: Mapping[str, Mapping[str, float]]) -> list[Series]:
+    """Per-instance SM, occupancy, tensor and DRAM activity (GPM percentages as ratios); unread instances left out."""
+    out = []
+    for m in migs:
+        values = activity.get(m.uuid)
+        if not values:
+            continue
+        labels = mig_labels(m)
+        out.extend(Series(metric, labels + extra, values[key] / 100.0)
+                   for key, metric, extra in MIG_ACTIVITY if key in values)
     return out
 
 

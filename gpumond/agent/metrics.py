@@ -19,6 +19,12 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_gpu_mig_info": ("gauge", "Each MIG device of a MIG-enabled GPU, with its parent GPU; always 1."),
     "gpumond_gpu_mig_memory_used_bytes": ("gauge", "Framebuffer memory used in the MIG device."),
     "gpumond_gpu_mig_memory_total_bytes": ("gauge", "Framebuffer memory of the MIG device."),
+    "gpumond_gpu_mig_sm_active_ratio": ("gauge", "Fraction of the MIG device's SMs busy over the interval (GPM, "
+                                                 "Hopper and later)."),
+    "gpumond_gpu_mig_sm_occupancy_ratio": ("gauge", "Resident warps over the maximum in the MIG device (GPM)."),
+    "gpumond_gpu_mig_tensor_active_ratio": ("gauge", "Fraction of the interval the MIG device's tensor pipes were "
+                                                     "active, any precision (GPM)."),
+    "gpumond_gpu_mig_dram_active_ratio": ("gauge", "Memory bandwidth the MIG device used over the interval (GPM)."),
     "gpumond_nvml_up": ("gauge", "1 while the NVML library is initialised and usable."),
     "gpumond_nvml_errors_total": ("counter", "Failed NVML calls that were retried (Unknown, Timeout, ...)."),
     "gpumond_host_cpu_utilization_ratio": ("gauge", "Host CPU busy fraction (not idle, not iowait) since the last sample."),

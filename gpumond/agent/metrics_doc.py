@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from gpumond.agent.gpu_series import LINK_SUFFIX
 from gpumond.agent.metrics import AGENT_METRICS
 from gpumond.nvml.calls import READERS
 from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS
@@ -57,6 +58,17 @@ def render() -> str:
         "",
         "## NVML fields",
         "",
+        "**GPM** (`gpm` rows: SM, tensor, FP pipe, DRAM activity, PCIe and NVLink bytes per second) is NVML's GPU",
+        "Performance Monitoring, on Hopper and later GPUs (`nvmlGpmQueryDeviceSupport`); elsewhere these series are",
+        "absent. Each fast cycle takes one GPM sample per GPU and reports the rates since the previous cycle's",
+        "sample (so the first cycle after start, or after a GPU comes back, has none). Unlike",
+        "`gpumond_gpu_utilization_ratio`, which counts any kernel running, `gpumond_gpu_sm_active_ratio` is the",
+        "share of SMs doing work: a GPU that is busy but doing little (spinning in a collective, one tiny kernel)",
+        "reads high utilization and low SM activity. A lost GPU's samples are freed with its handle.",
+        "",
+        "**NVLink** rows with a `link` label are exported once per link the GPU reports",
+        "(`NVML_FI_DEV_NVLINK_LINK_COUNT`); a GPU without NVLink has none.",
+        "",
         "| metric | type | extra labels | tier | NVML call(s) | help |",
         "|---|---|---|---|---|---|",
     ]
@@ -65,6 +77,8 @@ def render() -> str:
         labels = ", ".join(f"{k}=\"{v}\"" for k, v in f.labels)
         if f.scale is None:
             labels = "reason=" + "\\|".join(CLOCK_EVENT_REASONS.values())
+        if f.key.endswith(LINK_SUFFIX):
+            labels = ", ".join(x for x in ("link (0, 1, …)", labels) if x)
         key = (f.metric, f.labels)
         if key in seen:
             continue
@@ -107,6 +121,9 @@ MIG_SECTION = [
     "`…GetAttributes`) |",
     "| `gpumond_gpu_mig_memory_used_bytes`, `gpumond_gpu_mig_memory_total_bytes` | `nvmlDeviceGetMemoryInfo` |",
     "| `gpumond_gpu_job_info{mig_uuid,…,job}` | `nvmlDeviceGetComputeRunningProcesses` (and the kubelet) |",
+    "| `gpumond_gpu_mig_sm_active_ratio`, `…_sm_occupancy_ratio`, `…_tensor_active_ratio{precision=\"any\"}`, "
+    "`…_dram_active_ratio` (Hopper and later) | `nvmlGpmMigSampleGet` on the parent, by GPU instance, and "
+    "`nvmlGpmMetricsGet`: the instance's activity since the last fast cycle |",
     "",
     "What NVML does **not** report per MIG device, so gpumond does not export it per instance: GPU and",
     "memory utilization (`nvmlDeviceGetUtilizationRates`; it is not reported for the parent either while",
@@ -114,8 +131,8 @@ MIG_SECTION = [
     "power and energy, clocks and clock-event (throttle) reasons, power limits, ECC and remapped rows, PCIe",
     "counters. These belong to the board; NVML answers `NOT_SUPPORTED` on a MIG device handle. XID events",
     "name the parent GPU (with instance ids in the event data) and are counted per GPU.",
-    "Per-instance activity needs DCGM's profiling fields",
-    "(`DCGM_FI_PROF_*`), which NVML does not have. The rules service joins a rank on a MIG device to its",
+    "Per-instance SM, tensor and DRAM activity comes from GPM where the GPU has it (Hopper and later; table above).",
+    "The rules service joins a rank on a MIG device to its",
     "instance and to the parent's board telemetry through `gpumond_gpu_mig_info`. MIG devices are",
     "enumerated again every slow cycle, so a reconfiguration shows up within `sampling.slow_interval_s`.",
     "A MIG-enabled GPU's own `gpumond_gpu_job_info` rows name the jobs of all its instances (NVML lists",

@@ -269,9 +269,10 @@ class Sampler:
         return out
 
     def _mig_series(self, cycle: Cycle) -> list[Series]:
-        """Each MIG device's identity and memory (what NVML answers per instance)."""
+        """Each MIG device's identity, memory and (with GPM) activity: what NVML answers per instance."""
         migs = self._session.mig_identities
-        return gpu_series.mig_info_series(migs) + gpu_series.mig_memory_series(migs, self._session.read_mig())
+        return (gpu_series.mig_info_series(migs) + gpu_series.mig_memory_series(migs, self._session.read_mig())
+                + gpu_series.mig_activity_series(migs, self._session.read_mig_gpm()))
 
     def _xid_series(self, cycle: Cycle) -> list[Series]:
         assert self._xid is not None

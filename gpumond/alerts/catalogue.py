@@ -61,6 +61,14 @@ ALERTS: dict[str, AlertSpec] = {
         "agent", "warning", "thermal power cap pinned at its floor",
         "The thermal controller holds the power limit at its floor and the GPU is still above "
         "target: the next stop is hardware slowdown."),
+    "GpuNvLinkDown": AlertSpec(
+        "agent", "critical", "NVLink down",
+        "An NVLink of this GPU that was active is down: traffic to its peer takes the remaining links or "
+        "PCIe, and every collective of a job spanning it slows or hangs."),
+    "GpuNvLinkErrorsIncreasing": AlertSpec(
+        "agent", "warning", "NVLink replays rising",
+        "An NVLink of this GPU is replaying (retransmitting) data at a rising rate: a degraded link, cable or "
+        "connector that eats bandwidth and slows every collective through it."),
     "GpumondPolicyNotRecorded": AlertSpec(
         "agent", "critical", "power policy cannot record its actions",
         "The agent cannot write its policy state file or audit log in state_dir (disk full, read-only or "

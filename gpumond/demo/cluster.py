@@ -89,7 +89,8 @@ class RulesProcess:
     """The rules service, in this process (so the demo reads its findings directly), on a loopback port."""
 
     def __init__(self, agents: list[AgentProcess], token: str, workdir: Path,
-                 alerting: dict[str, Any] | None = None) -> None:
+                 alerting: dict[str, Any] | None = None, detectors: Any = None) -> None:
+        """`detectors`: a DetectorConfig instead of the demo's (a test that needs a shorter learning time)."""
         import uvicorn
 
         from gpumond.config.alerting import resolve_alerting
@@ -116,8 +117,8 @@ class RulesProcess:
         # A demo wants answers in tens of seconds: a 30 s feature window instead of 60, and a 20 s long look
         # at compute shares (10 evaluations, from 8 s on) instead of 5 minutes, so a healed straggler clears
         # within the story.
-        self.service = RulesService(cfg, detectors=DetectorConfig(recent_s=30.0, share_long_s=20.0,
-                                                                  share_long_min_s=8.0))
+        self.service = RulesService(cfg, detectors=detectors or DetectorConfig(recent_s=30.0, share_long_s=20.0,
+                                                                               share_long_min_s=8.0))
         self._server = uvicorn.Server(uvicorn.Config(self.service.app, host="127.0.0.1", port=self.port,
                                                      lifespan="off", access_log=False, log_config=None))
         self._thread = threading.Thread(target=self._server.run, name="demo-rules-http", daemon=True)

@@ -45,6 +45,11 @@ def _straggler(ev: Evidence, node: str | None, power: bool) -> list[str]:
     signals = ev.get("signals")
     out = [_signal(str(n), s) for n, s in signals.items() if isinstance(s, Mapping) and (power or n != "power_ratio")] \
         if isinstance(signals, Mapping) else []
+    if "sm_active" in ev:  # GPM: how much of the GPU works, against its peers
+        out.append(f"SM activity {_pct(ev['sm_active'])}"
+                   + (f" vs {_pct(ev['peer_median_sm_active'])} for its peers" if "peer_median_sm_active" in ev else ""))
+    if ev.get("likely_cause") == "nvlink_errors":
+        out.append(_cause(ev, node))
     reasons = ev.get("throttle_reasons")
     if isinstance(reasons, list) and reasons:
         out.append("throttle reasons: " + ", ".join(str(r) for r in reasons))
@@ -60,6 +65,11 @@ def _cause(ev: Evidence, node: str | None) -> str:
     if "host_cpu_iowait" in ev:
         host.append(f"iowait {_pct(ev['host_cpu_iowait'])}")
     seen = f" ({node + ': ' if node else ''}{', '.join(host)})" if host else ""
+    if cause == "nvlink_errors":
+        rates = ev.get("nvlink_replays_per_s")
+        said = (f" ({len(rates)} GPU(s) replaying)" if isinstance(rates, Mapping)
+                else f" ({rates:g} replays/s)" if isinstance(rates, (int, float)) else "")
+        return f"likely cause: NVLink — replays slow every collective through it{said}"
     if cause.startswith("storage"):
         return f"likely cause: storage — the host waits on disk{seen}"
     if cause.startswith("cpu"):
@@ -111,7 +121,7 @@ def _hung(ev: Evidence, node: str | None, power: bool) -> list[str]:
 def _straggler_node(ev: Evidence, node: str | None, power: bool) -> list[str]:
     ranks = ev.get("ranks") if isinstance(ev.get("ranks"), list) else []
     return [f"{ev.get('gpus_flagged', '?')} of its {ev.get('gpus_on_node', '?')} GPUs are slower than their peers"
-            + (f" (ranks {', '.join(str(r) for r in ranks)})" if ranks else "")]
+            + (f" (ranks {', '.join(str(r) for r in ranks)})" if ranks else ""), _cause(ev, node)]
 
 
 _BY_KIND: dict[str, Callable[[Evidence, str | None, bool], list[str]]] = {

@@ -21,11 +21,16 @@ class Call:
 
 @dataclass(frozen=True, slots=True)
 class Reader:
-    """A group of catalogue values that one NVML call (or a fixed few) returns."""
+    """A group of catalogue values that one NVML call (or a fixed few) returns.
+
+    `release(handle)`, where given, frees what the reader holds for a GPU (GPM's sample buffers); the
+    session calls it when that handle goes out of use (GPU lost, re-initialised, NVML closed).
+    """
 
     name: str
     tier: str  # "fast" | "slow"
     calls: tuple[Call, ...]
+    release: Callable[[Any], None] | None = None
 
 
 # Field ids read in one batched nvmlDeviceGetFieldValues call per GPU per fast cycle.
@@ -152,7 +157,7 @@ def _constraints(h: Any) -> Values:
 _GPU = pynvml.NVML_TEMPERATURE_GPU
 _SM, _MEM = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM
 
-READERS: tuple[Reader, ...] = (
+_STATELESS: tuple[Reader, ...] = (
     Reader("temperature", "fast", (
         Call("nvmlDeviceGetTemperatureV", lambda h: {"gpu": pynvml.nvmlDeviceGetTemperatureV(h, _GPU)}),
         Call("nvmlDeviceGetTemperature", lambda h: {"gpu": pynvml.nvmlDeviceGetTemperature(h, _GPU)}),
@@ -212,3 +217,26 @@ READERS: tuple[Reader, ...] = (
         Call("nvmlDeviceGetPcieReplayCounter", lambda h: {"count": pynvml.nvmlDeviceGetPcieReplayCounter(h)}),
     )),
 )
+
+
+def build_readers(gpm: Any = None) -> tuple[Reader, ...]:
+    """Every reader, with fresh state where a reader keeps some (`gpm`, a GpmSampler: its samples): one set
+    per session."""
+    from gpumond.nvml import nvlink
+    from gpumond.nvml.gpm import GpmSampler
+
+    gpm = gpm if gpm is not None else GpmSampler()
+    return _STATELESS + (
+        # Two samples per fast interval (the previous cycle's and this one's): rates over the whole interval.
+        Reader("gpm", "fast", (Call("nvmlGpmMetricsGet", gpm.read),), release=gpm.release),
+        # Per-link reads in the slow tier: 18 links × 8 GPUs every second would double the fast cycle's cost
+        # (benchmarks/results/agent_sample_cycle.md), and GPM gives the total NVLink bytes/s every fast cycle.
+        Reader("nvlink_state", "slow", (Call("nvmlDeviceGetNvLinkState", nvlink.read_state),)),
+        Reader("nvlink_throughput", "slow", (
+            Call("nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA)", nvlink.read_throughput),)),
+        Reader("nvlink_errors", "slow", (Call("nvmlDeviceGetNvLinkErrorCounter", nvlink.read_errors),)),
+    )
+
+
+# The readers' names, tiers and calls, for the catalogue and docs (a session builds its own with build_readers).
+READERS: tuple[Reader, ...] = build_readers()

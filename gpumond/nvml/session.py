@@ -14,8 +14,9 @@ from typing import Any
 
 import pynvml
 
-from gpumond.nvml.calls import READERS, Call, Reader
+from gpumond.nvml.calls import Call, Reader, build_readers
 from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
+from gpumond.nvml.gpm import GpmSampler
 from gpumond.nvml import mig as miglib
 from gpumond.nvml.mig import MigIdentity
 
@@ -121,7 +122,7 @@ class NvmlSession:
         install: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         retry_max_s: float = 300.0,
-        readers: tuple[Reader, ...] = READERS,
+        readers: tuple[Reader, ...] | None = None,
         remembered: Mapping[int, GpuIdentity] | None = None,
     ) -> None:
         self._install = install
@@ -130,7 +131,10 @@ class NvmlSession:
         self._remembered = dict(remembered or {})
         self._clock = clock
         self._retry_max_s = retry_max_s
-        self._readers = readers
+        # The GPM sampler is the "gpm" reader's state, shared with the per-MIG-instance reads (read_mig_gpm).
+        self._gpm = GpmSampler()
+        self._readers = readers if readers is not None else build_readers(self._gpm)
+        self._gpm_mig_unsupported: set[int] = set()  # GPU indexes whose instances GPM cannot sample
         self._lock = threading.RLock()
         self._gpus: list[_GpuState] = []
         self._up = False
@@ -153,6 +157,8 @@ class NvmlSession:
         """Shut NVML down; safe to call twice."""
         with self._lock:
             if self._up:
+                for g in self._gpus:
+                    self._release(g)
                 try:
                     pynvml.nvmlShutdown()
                 except pynvml.NVMLError as e:
@@ -201,6 +207,8 @@ class NvmlSession:
                     self._mark_lost(prev, "nvmlDeviceGetHandleByIndex")
                     gpus.append(prev)
                     continue
+                if prev is not None:
+                    self._release(prev)  # what readers held for the old handle
                 if prev is not None and prev.identity.uuid == ident.uuid:
                     prev.handle, prev.lost, prev.verified = h, False, True
                     prev.forget_support()
@@ -212,6 +220,7 @@ class NvmlSession:
             self._down_reason = None
             self._init_backoff = _FIRST_BACKOFF_S
             self._migs = {}  # MIG handles do not survive a re-initialisation
+            self._gpm_mig_unsupported = set()
             log.info("nvml initialised", extra={"gpus": count, "driver": self.driver_version})
         except pynvml.NVMLError as e:
             self._go_down(e)
@@ -399,7 +408,19 @@ class NvmlSession:
             "gpu": g.identity.index, "reader": reader.name, "call": symbol, "error": error_name(e),
             "hint": HINTS.get(d, "skipped on this GPU; the value is left out, not exported as 0")})
 
+    def _release(self, g: _GpuState) -> None:
+        """Let every reader free what it holds for this GPU's handle (GPM samples); never raises."""
+        if g.handle is None:
+            return
+        for reader in self._readers:
+            if reader.release is not None:
+                try:
+                    reader.release(g.handle)
+                except Exception as e:  # noqa: BLE001 - freeing must not take the session down
+                    log.debug("reader release failed", extra={"reader": reader.name, "error": repr(e)})
+
     def _mark_lost(self, g: _GpuState, symbol: str) -> None:
+        self._release(g)
         g.lost = True
         g.backoff = _FIRST_BACKOFF_S
         g.next_retry = self._clock() + g.backoff
@@ -501,6 +522,30 @@ class NvmlSession:
                     out[ident.uuid] = miglib.read_memory(handle)
                 except pynvml.NVMLError as e:
                     self._fail(g, "nvmlDeviceGetMemoryInfo", e)
+        return out
+
+    def read_mig_gpm(self) -> dict[str, Mapping[str, float]]:
+        """GPM metrics per MIG UUID since the last call (nvmlGpmMigSampleGet on the parent, by GPU instance).
+
+        An instance's first read only takes its first sample; a GPU without GPM is asked once per NVML
+        initialisation and then left out.
+        """
+        out: dict[str, Mapping[str, float]] = {}
+        with self._lock:
+            for g, ident, _ in self._mig_handles():
+                if g.identity.index in self._gpm_mig_unsupported:
+                    continue
+                try:
+                    values = self._gpm.read_mig(g.handle, ident.gpu_instance)
+                except pynvml.NVMLError as e:
+                    if classify(e) in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL,
+                                       Disposition.NO_PERMISSION):
+                        self._gpm_mig_unsupported.add(g.identity.index)
+                    else:
+                        self._fail(g, "nvmlGpmMigSampleGet", e)
+                    continue
+                if values:
+                    out[ident.uuid] = MappingProxyType(dict(values))
         return out
 
     def mig_compute_pids(self) -> dict[str, tuple[int, ...]]:

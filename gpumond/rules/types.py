@@ -105,6 +105,9 @@ GPU_SIGNALS = (
     "throttle_sw_power_cap",  # …{reason="sw_power_cap"}
     "throttle_hw_power_brake",  # …{reason="hw_power_brake_slowdown"}
     "energy_j",  # gpumond_gpu_energy_joules_total: exact mean power over a window, immune to sampling aliasing
+    "sm_active",  # gpumond_gpu_sm_active_ratio (GPM, Hopper and later): share of SMs doing work, 0–1
+    "tensor_active",  # gpumond_gpu_tensor_active_ratio{precision="any"} (GPM)
+    "nvlink_replays_total",  # gpumond_gpu_nvlink_errors_total{type="replay"}: all links of the GPU
 )
 HOST_SIGNALS = (
     "cpu_utilization",  # gpumond_host_cpu_utilization_ratio

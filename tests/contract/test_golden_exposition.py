@@ -25,6 +25,9 @@ SCENARIO = {
         {"gpu": 3, "kind": "nvml_error", "function": "nvmlDeviceGetTotalEnergyConsumption",
          "error": "not_supported", "at_s": 0},
         {"gpu": 3, "kind": "pcie_replay", "count": 7, "at_s": 5},
+        {"gpu": 3, "kind": "nvlink_degraded", "link": 1, "rate": 100, "at_s": 30},
+        {"gpu": 3, "kind": "nvlink_down", "link": 4, "at_s": 40},
+        {"gpu": 3, "kind": "busy_idle", "at_s": 50},
     ],
 }
 
@@ -48,6 +51,7 @@ def render_fixed_scenario() -> str:
         while xid.counts() != {(0, 48): 1, (2, 79): 1} and time.monotonic() < deadline:
             time.sleep(0.02)
         sampler.slow_cycle()
+        clock.advance(1)  # GPM's rates need time between this cycle's sample and the last one's
         return sampler.fast_cycle().plain.decode()
     finally:
         xid.stop()

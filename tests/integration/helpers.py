@@ -155,7 +155,7 @@ def write_yaml(path: Path, data: object) -> Path:
 
 
 # What promtool's linter says about dcgm-exporter's own names, which a drop-in must keep as they are.
-DCGM_NAMING_LINT = re.compile(r"^DCGM_FI_DEV_\w+ (label names should be written in 'snake_case' not 'camelCase'"
+DCGM_NAMING_LINT = re.compile(r"^DCGM_FI_(?:DEV|PROF)_\w+ (label names should be written in 'snake_case' not 'camelCase'"
                               r'|counter metrics should have "_total" suffix'
                               r"|metric name should not include type 'counter')$")
 

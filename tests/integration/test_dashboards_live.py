@@ -50,13 +50,15 @@ CLUSTER = "dash-test"
 JOB = "dash-job"
 NODES = ("dash-node-a", "dash-node-b")
 HOT, XID_GPU, LOST, STARVED = ("dash-node-a", 1), ("dash-node-a", 6), ("dash-node-a", 7), ("dash-node-b", 5)
+BAD_LINK = ("dash-node-b", 2)
 FAULTS = {
     # Cooling fails 10 s (wall) in, after Prometheus's first scrapes: the policy's cuts are then on record.
     "dash-node-a": [{"gpu": 1, "kind": "cooling", "factor": 2.5, "at_s": 40},
                     {"gpu": 6, "kind": "xid", "code": 48, "at_s": 8},
                     {"gpu": 6, "kind": "ecc_uncorrected", "count": 1, "at_s": 8},
                     {"gpu": 7, "kind": "lost", "at_s": 60}],  # 15 s wall: after Prometheus's first scrapes
-    "dash-node-b": [{"gpu": 5, "kind": "load", "pattern": "constant", "utilization": 0.6, "at_s": 0}],
+    "dash-node-b": [{"gpu": 5, "kind": "load", "pattern": "constant", "utilization": 0.6, "at_s": 0},
+                    {"gpu": 2, "kind": "nvlink_degraded", "link": 5, "rate": 500, "at_s": 0}],
 }
 STEP_S = 0.25
 DATA_WAIT_S = 0.15  # the starved rank waits ~40 % of each step on its loader
@@ -220,12 +222,15 @@ def test_the_planted_faults_show_where_they_were_planted(cluster: Cluster) -> No
 
     addr = {node: a.address for node, a in cluster.agents.items()}
     where = {name: (addr[node], str(g)) for name, (node, g) in
-             {"hot": HOT, "xid": XID_GPU, "lost": LOST, "starved": STARVED}.items()}
+             {"hot": HOT, "xid": XID_GPU, "lost": LOST, "starved": STARVED, "link": BAD_LINK}.items()}
     capped = prom.wait_for("gpumond_gpu_power_limit_watts < gpumond_gpu_power_limit_default_watts", timeout=60,
                            what="the hot GPU's power capped by the policy")
     assert where["hot"] in gpus(capped), capped
     assert gpus(prom.query('gpumond_gpu_xid_errors_total{xid="48"}')) == {where["xid"]}
     assert gpus(prom.query("gpumond_gpu_up == 0")) == {where["lost"]}
+    replaying = prom.wait_for('rate(gpumond_gpu_nvlink_errors_total{type="replay"}[1m]) > 0', timeout=60,
+                              what="the degraded NVLink's replays")
+    assert gpus(replaying) == {where["link"]}, replaying
     uuid = {(r["metric"]["instance"], r["metric"]["gpu"]): r["metric"]["uuid"] for r in prom.query("gpumond_gpu_info")}
     stragglers = {r["metric"]["gpu_uuid"] for r in prom.query('gpumond_finding{kind="straggler"}')}
     assert uuid[where["hot"]] in stragglers, (stragglers, uuid[where["hot"]])

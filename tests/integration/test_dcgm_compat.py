@@ -2,9 +2,10 @@
 
 The queries are those of dcgm-exporter's own Grafana dashboard, in both generations: the one on grafana.com
 (12239: `instance` / `gpu` variables from `label_values(DCGM_FI_DEV_GPU_TEMP, …)`) and the one on its main
-branch (`Hostname` / `gpu` variables from `DCGM_FI_DEV_FB_FREE`, `max(…) by (Hostname, gpu, …)`), minus the
-DCGM_FI_PROF_* panels that need DCGM's profiling module (documented in docs/migrating-from-dcgm-exporter.md).
-Each must return one series per GPU, in dcgm-exporter's units, equal to gpumond's own series from the same read.
+branch (`Hostname` / `gpu` variables from `DCGM_FI_DEV_FB_FREE`, `max(…) by (Hostname, gpu, …)`), with their
+DCGM_FI_PROF_* panels (tensor and graphics-engine activity), which the agent serves from NVML's GPM on the
+simulated H100s (docs/migrating-from-dcgm-exporter.md). Each must return one series per GPU, in dcgm-exporter's
+units, equal to gpumond's own series from the same read.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ CLASSIC_PANELS = {
     "GPU SM Clocks": 'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000',
     "GPU Utilization": 'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}',
     "GPU Framebuffer Mem Used": 'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
+    # The profiling panel: its metric under the dashboard's filters.
+    "Tensor Core Utilization": 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}',
 }
 # dcgm-exporter's grafana/dcgm-exporter-dashboard.json on its main branch.
 CURRENT_VARIABLES = {"Hostname": "label_values(DCGM_FI_DEV_FB_FREE, Hostname)",
@@ -43,6 +46,10 @@ CURRENT_PANELS = {
     "GPU SM Clocks": 'max(DCGM_FI_DEV_SM_CLOCK{Hostname=~"$Hostname", gpu=~"$gpu"} * 1000000) by (Hostname, UUID, gpu)',
     "GPU Framebuffer Mem Used": 'max(DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname", gpu=~"$gpu"}) '
                                 'by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)',
+    # The profiling panels: their metrics under the dashboard's filters and grouping.
+    "GPU Utilization": 'max(DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, UUID)',
+    "Tensor Core Utilization": 'max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"$Hostname", gpu=~"$gpu"}) '
+                               'by (Hostname, gpu, UUID)',
 }
 # The same read under both names: DCGM value × factor == gpumond value (same scrape, same sample).
 SAME_READ = {
@@ -57,6 +64,10 @@ SAME_READ = {
     "DCGM_FI_DEV_FB_USED": ("gpumond_gpu_memory_used_bytes", 1048576),
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("gpumond_gpu_pcie_replay_errors_total", 1),
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gpumond_gpu_row_remap_failed", 1),
+    "DCGM_FI_PROF_SM_ACTIVE": ("gpumond_gpu_sm_active_ratio", 1),  # GPM, both as ratios
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("gpumond_gpu_dram_active_ratio", 1),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gpumond_gpu_graphics_engine_active_ratio", 1),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": ('gpumond_gpu_nvlink_errors_total{type="replay"}', 1),
 }
 
 

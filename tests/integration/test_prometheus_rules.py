@@ -150,7 +150,7 @@ def test_no_rule_raises_an_alert_outside_the_catalogue() -> None:
 
 def test_gpu_alerts_wait_as_long_as_the_agent_does() -> None:
     """`for:` follows the agent's defaults (PolicyAlertsConfig, LOST_FOR_S); events have no `for:`."""
-    from gpumond.agent.policy.alert_rules import LOST_FOR_S
+    from gpumond.agent.policy.alert_rules import LOST_FOR_S, NVLINK_DOWN_FOR_S
     from gpumond.config.agent import PolicyAlertsConfig
 
     cfg = PolicyAlertsConfig()
@@ -160,7 +160,7 @@ def test_gpu_alerts_wait_as_long_as_the_agent_does() -> None:
         text = rule.get("for", "0s")
         return float(text[:-1]) * seconds[text[-1]]
 
-    expected = {"GpuLost": LOST_FOR_S, "GpuPowerCapAtFloor": cfg.floor_after_s,
+    expected = {"GpuLost": LOST_FOR_S, "GpuPowerCapAtFloor": cfg.floor_after_s, "GpuNvLinkDown": NVLINK_DOWN_FOR_S,
                 **dict.fromkeys(["GpuHwThermalSlowdown", "GpuHwSlowdown", "GpuHwPowerBrakeSlowdown",
                                  "GpuSwThermalSlowdown"], cfg.throttle_after_s),
                 **dict.fromkeys(["GpuEccUncorrectedIncreasing", "GpuRowRemapPending", "GpuRowRemapFailed",

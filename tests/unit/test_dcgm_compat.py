@@ -25,10 +25,33 @@ DCGM_DEFAULT_NVML_FIELDS = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "counter",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
 }
+# Its profiling (DCP) fields, in default-counters.csv and dcp-metrics-included.csv: from NVML's GPM on Hopper and
+# later; and the NVLink error totals of dcp-metrics-included.csv.
+DCGM_PROF_AND_NVLINK_FIELDS = {
+    **dict.fromkeys(["DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
+                     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+                     "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
+                     "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"],
+                    "gauge"),
+    **dict.fromkeys(["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+                     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"],
+                    "counter"),
+}
 
 
 def test_names_and_types_are_dcgm_exporters() -> None:
-    assert {k: v[0] for k, v in dcgm_types().items()} == DCGM_DEFAULT_NVML_FIELDS
+    assert {k: v[0] for k, v in dcgm_types().items()} == DCGM_DEFAULT_NVML_FIELDS | DCGM_PROF_AND_NVLINK_FIELDS
+
+
+def test_prof_fields_are_ratios_and_bytes_per_second_as_in_dcgm() -> None:
+    read = TierRead(True, (GpuRead(G0, True, read_of(
+        ("gpm", "sm", 81.0), ("gpm", "tensor_any", 48.0), ("gpm", "dram", 52.0), ("gpm", "pcie_tx", 2.0),
+        ("gpm", "nvlink_rx", 1.5), ("nvlink_errors", "replay_total", 30.0), ("nvlink_errors", "replay@1", 30.0))),),)
+    s = {k: v[0][1] for k, v in by_name(DcgmCompat(hostname="n1").tier_series(read, "570.1")).items()}
+    assert s == {"DCGM_FI_PROF_SM_ACTIVE": 0.81, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.48,  # GPM % → ratio
+                 "DCGM_FI_PROF_DRAM_ACTIVE": 0.52,
+                 "DCGM_FI_PROF_PCIE_TX_BYTES": 2 * 1048576.0, "DCGM_FI_PROF_NVLINK_RX_BYTES": 1.5 * 1048576.0,
+                 "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 30.0}  # the per-link value has no dcgm row
     assert all(not f.labels for f in DCGM_CATALOGUE)
 
 

@@ -69,3 +69,11 @@ def test_job_level_kinds():
 def test_an_unknown_kind_shows_every_field_whole():
     long = "x" * 300
     assert describe("new_kind", {"a": 1, "b": long}) == ("a: 1", f"b: {long}")
+
+
+def test_nvlink_as_the_cause_of_a_straggler_node_and_sm_activity_of_a_straggler_in_words():
+    node = describe("straggler_node", {"gpus_flagged": 8, "gpus_on_node": 8, "likely_cause": "nvlink_errors",
+                                       "nvlink_replays_per_s": {"GPU-1": 2000.0, "GPU-2": 1900.0}})
+    assert node[-1] == "likely cause: NVLink — replays slow every collective through it (2 GPU(s) replaying)"
+    rank = describe("straggler", {"signals": {}, "sm_active": 0.05, "peer_median_sm_active": 0.8})
+    assert rank == ("SM activity 5 % vs 80 % for its peers",)

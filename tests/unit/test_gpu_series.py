@@ -61,3 +61,19 @@ def test_info_xid_error_and_job_series_carry_identity():
     assert sorted(dict(s.labels)["job"] for s in jobs) == ["123", "k8s-pod/abc"]
     # the per-GPU label set is the contract: gpu, uuid, job (pod labels only when the kubelet named one)
     assert {tuple(k for k, _ in s.labels) for s in jobs} == {("gpu", "uuid", "job")}
+
+
+def test_a_per_link_key_is_exported_with_its_link_label_and_gpm_percent_as_a_ratio():
+    read = TierRead(True, (GpuRead(G0, True, read_of(
+        ("nvlink_state", "up@0", 1.0), ("nvlink_state", "up@17", 0.0), ("nvlink_state", "bogus@3", 1.0),
+        ("nvlink_errors", "replay@2", 9.0), ("nvlink_errors", "replay_total", 9.0),
+        ("gpm", "sm", 81.0), ("gpm", "pcie_rx", 2.0))),),)
+    s = by_name(tier_series(read, with_up=False))
+    assert s["gpumond_gpu_nvlink_up"] == [({"gpu": "0", "uuid": "GPU-aaa", "link": "0"}, 1.0),
+                                          ({"gpu": "0", "uuid": "GPU-aaa", "link": "17"}, 0.0)]
+    # Counters are exported per GPU (the per-link value is read for the agent's alerts, not exported).
+    assert s["gpumond_gpu_nvlink_errors_total"] == [({"gpu": "0", "uuid": "GPU-aaa", "type": "replay"}, 9.0)]
+    assert s["gpumond_gpu_sm_active_ratio"][0][1] == 0.81
+    assert s["gpumond_gpu_pcie_bytes_per_second"] == [
+        ({"gpu": "0", "uuid": "GPU-aaa", "direction": "rx"}, 2 * 1048576.0)]
+    assert not any("bogus" in name for name in s)

@@ -103,3 +103,18 @@ def test_gpu_order_is_numeric() -> None:
 def test_unmapped_throttle_reasons_are_not_signals(reason: str) -> None:
     r = _read(f'gpumond_gpu_clocks_event_active{{gpu="0",reason="{reason}",uuid="{U0}"}} 1\n')
     assert dict(r.gpus[0].values) == {}
+
+
+def test_gpm_activity_and_nvlink_replays_map_to_their_signals_by_label() -> None:
+    u = "GPU-1111"
+    text = "\n".join([
+        f'gpumond_gpu_info{{gpu="0",uuid="{u}",name="H100",pci_bus_id="0",hostname="n1"}} 1',
+        f'gpumond_gpu_up{{gpu="0",uuid="{u}"}} 1',
+        f'gpumond_gpu_sm_active_ratio{{gpu="0",uuid="{u}"}} 0.05',
+        f'gpumond_gpu_tensor_active_ratio{{gpu="0",precision="hmma",uuid="{u}"}} 0.5',
+        f'gpumond_gpu_tensor_active_ratio{{gpu="0",precision="any",uuid="{u}"}} 0.03',
+        f'gpumond_gpu_nvlink_errors_total{{gpu="0",type="crc_flit",uuid="{u}"}} 7',
+        f'gpumond_gpu_nvlink_errors_total{{gpu="0",type="replay",uuid="{u}"}} 12000',
+        ""])
+    (g,) = _read(text).gpus
+    assert dict(g.values) == {"sm_active": 0.05, "tensor_active": 0.03, "nvlink_replays_total": 12000.0}

@@ -112,8 +112,11 @@ def test_queries_are_one_per_metric_and_cover_every_signal() -> None:
     metrics = {m for m, _ in signals.GPU_SERIES.values()} | set(signals.HOST_SERIES.values())
     assert metrics | {IDENTITY, TARGETS, signals.GPU_UP, signals.JOB_INFO, signals.MIG_INFO,
                       signals.ALERT_ACTIVE} == set(q)
-    reasons = {r for _, r in signals.GPU_SERIES.values() if r}
-    assert all(r in q[signals.CLOCKS_EVENT] for r in reasons) and "gpu_idle" not in q[signals.CLOCKS_EVENT]
+    selected = [(m, v) for m, v in signals.GPU_SERIES.values() if v]
+    assert all(f'{signals.SELECTOR_LABEL[m]}=~"' in q[m] and v in q[m] for m, v in selected)
+    assert "gpu_idle" not in q[signals.CLOCKS_EVENT]
+    assert q[signals.TENSOR_ACTIVE] == 'gpumond_gpu_tensor_active_ratio{precision=~"any"}'
+    assert q[signals.NVLINK_ERRORS] == 'gpumond_gpu_nvlink_errors_total{type=~"replay"}'
 
 
 # ----- over HTTP ---------------------------------------------------------------------------------

@@ -24,6 +24,10 @@ from gpumond.alerts.model import Condition, rfc3339
 from gpumond.config import PolicyAlertsConfig
 
 LOST_FOR_S = 15.0  # one failed read is not a lost GPU; XID 79 alerts at once anyway
+NVLINK_DOWN_FOR_S = 10.0  # a link retraining comes back within seconds; one that stays down is a fault
+# Replays per second on one link, between two readings of its counter, that count as "rising". A healthy link
+# replays rarely (a few an hour); a degraded one thousands per second, and every collective through it slows.
+NVLINK_REPLAY_PER_S = 1.0
 
 
 # Clock-event bits → alert, checked in this order.
@@ -58,6 +62,9 @@ class AgentAlertState:
     ecc_counts: tuple[tuple[str, float | None, float | None], ...] = ()  # (uuid, volatile, aggregate)
     ecc_events: tuple[EventRecord, ...] = ()
     xid_events: tuple[tuple[int, EventRecord], ...] = ()  # (xid, record)
+    nvlink_seen_up: frozenset[tuple[str, int]] = frozenset()  # (uuid, link) seen active: only those can go down
+    nvlink_replays: tuple[tuple[str, int, float, float], ...] = ()  # (uuid, link, count, when it last changed)
+    nvlink_events: tuple[tuple[int, EventRecord], ...] = ()  # (link, record) of replay-rate rises
 
 
 def agent_conditions(
@@ -76,6 +83,7 @@ def agent_conditions(
     wall_now = now if wall is None else wall
     state = _track_ecc(prev, views, now, wall_now, cfg.event_hold_s)
     state = _track_xids(state, views, new_xids, now, wall_now, cfg.event_hold_s)
+    state = _track_nvlink(state, views, now, wall_now, cfg.event_hold_s)
     conditions: list[Condition] = []
     for view in views:
         on = view.workload
@@ -89,6 +97,10 @@ def agent_conditions(
         if view.remap_pending:
             conditions.append(_condition("GpuRowRemapPending", view.index, view.uuid, node, 0.0, _values(view),
                                          workload=on))
+        for link, active in view.nvlink_up:
+            if not active and (view.uuid, link) in state.nvlink_seen_up:
+                conditions.append(_condition("GpuNvLinkDown", view.index, view.uuid, node, NVLINK_DOWN_FOR_S,
+                                             f"NVLink {link} is inactive.", workload=on, link=link))
         if view.uuid in at_floor:
             conditions.append(_condition("GpuPowerCapAtFloor", view.index, view.uuid, node, cfg.floor_after_s,
                                          _values(view), workload=on))
@@ -109,6 +121,12 @@ def agent_conditions(
         conditions.append(_condition("GpuEccUncorrectedIncreasing", record.gpu, record.uuid, node, 0.0,
                                      f"{record.count:g} new error(s) {_span(record)}.{counters}",
                                      workload=view.workload if view is not None else ()))
+    for link, record in state.nvlink_events:
+        view = by_uuid.get(record.uuid)
+        conditions.append(_condition(
+            "GpuNvLinkErrorsIncreasing", record.gpu, record.uuid, node, 0.0,
+            f"NVLink {link}: {record.count:g} replays {_span(record)} (alerting from {NVLINK_REPLAY_PER_S:g}/s).",
+            workload=view.workload if view is not None else (), link=link))
     for code, record in state.xid_events:
         info = xid_info(code)
         view = by_uuid.get(record.uuid)
@@ -171,13 +189,46 @@ def _track_xids(state: AgentAlertState, views: Sequence[GpuView], new_xids: Sequ
     return replace(state, xid_events=tuple((code, record) for (code, _), record in ordered))
 
 
+def _track_nvlink(state: AgentAlertState, views: Sequence[GpuView], now: float, wall: float,
+                  hold_s: float) -> AgentAlertState:
+    """Links seen active, and replay counters: a rise at NVLINK_REPLAY_PER_S or more since the counter last
+    changed is an event, held like an ECC increase. The first reading, or a drop (reset), is a new baseline."""
+    seen = set(state.nvlink_seen_up)
+    base = {(uuid, link): (count, at) for uuid, link, count, at in state.nvlink_replays}
+    events = {(r.uuid, link): r for link, r in state.nvlink_events if now - r.last_at < hold_s}
+    for view in views:
+        seen.update((view.uuid, link) for link, active in view.nvlink_up if active)
+        for link, count in view.nvlink_replays:
+            key = (view.uuid, link)
+            before = base.get(key)
+            if before is not None and count == before[0]:
+                continue
+            base[key] = (count, now)
+            if before is None or count < before[0]:
+                continue
+            rise = count - before[0]
+            if rise / max(now - before[1], 1e-9) < NVLINK_REPLAY_PER_S:
+                continue
+            old = events.get(key)
+            events[key] = (replace(old, last_at=now, last_wall=wall, count=old.count + rise, gpu=view.index) if old
+                           else EventRecord(view.index, view.uuid, now, now, rise, wall, wall))
+    return replace(
+        state, nvlink_seen_up=frozenset(seen),
+        nvlink_replays=tuple(sorted((u, link, c, t) for (u, link), (c, t) in base.items())),
+        nvlink_events=tuple((link, r) for (_, link), r in sorted(events.items(), key=lambda i: (i[1].gpu, i[0][1]))),
+    )
+
+
 def _condition(alertname: str, gpu: int, uuid: str, node: str, for_s: float, details: str = "",
-               severity: str | None = None, xid: int | None = None, workload: tuple[str, ...] = ()) -> Condition:
+               severity: str | None = None, xid: int | None = None, workload: tuple[str, ...] = (),
+               link: int | None = None) -> Condition:
     spec = ALERTS[alertname]
     labels: dict[str, object] = {"alertname": alertname, "severity": severity or spec.severity,
                                  "node": node, "gpu": gpu, "uuid": uuid}
     if xid is not None:
         labels["xid"] = xid
+    if link is not None:
+        labels["link"] = link
     annotations = {
         "summary": f"GPU {gpu} on {node}: {spec.summary}" + (f" (XID {xid})" if xid is not None else ""),
         "description": f"{spec.meaning} {details}".strip(),

@@ -30,7 +30,7 @@ from gpumond.types import Series
 log = logging.getLogger("gpumond.policy")
 
 _TOLERANCE_W = 1.0  # NVML reports whole watts (mW granularity varies by board): closer than this is equal
-_ALERT_LABELS = ("alertname", "severity", "node", "gpu", "uuid", "xid")
+_ALERT_LABELS = ("alertname", "severity", "node", "gpu", "uuid", "xid", "link")  # link: one NVLink alert per link
 
 
 class Actuator(Protocol):

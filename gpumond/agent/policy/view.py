@@ -33,6 +33,9 @@ class GpuView:
     remap_pending: bool | None = None
     remap_failed: bool | None = None
     requested_limit_w: float | None = None  # nvmlDeviceGetPowerManagementLimit: what was asked of the driver
+    # NVLink (slow tier): (link, active) and (link, replay count) per link.
+    nvlink_up: tuple[tuple[int, bool], ...] = ()
+    nvlink_replays: tuple[tuple[int, float], ...] = ()
     # What runs on the GPU and its MIG devices (jobs, pods) at the last attribution, for alert annotations.
     workload: tuple[str, ...] = ()
 
@@ -80,8 +83,14 @@ def build_views(fast: TierRead, slow: TierRead | None,
             triples = list(g.triples())
             if g.identity.index in slow_reads:
                 triples += slow_reads[g.identity.index].triples()
+        links_up: list[tuple[int, bool]] = []
+        replays: list[tuple[int, float]] = []
         for reader, key, value in triples:
-            if (reader, key) == ("clocks_event", "mask"):
+            if reader == "nvlink_state" and key.startswith("up@"):
+                links_up.append((int(key[3:]), bool(value)))
+            elif reader == "nvlink_errors" and key.startswith("replay@"):
+                replays.append((int(key[7:]), value))
+            elif (reader, key) == ("clocks_event", "mask"):
                 kw["clocks_event_mask"] = int(value)
             elif (reader, key) == ("remapped_rows", "pending"):
                 kw["remap_pending"] = bool(value)
@@ -90,6 +99,7 @@ def build_views(fast: TierRead, slow: TierRead | None,
             elif (reader, key) in _FIELDS:
                 name, div = _FIELDS[(reader, key)]
                 kw[name] = value / div
+        kw["nvlink_up"], kw["nvlink_replays"] = tuple(links_up), tuple(replays)
         views.append(GpuView(index=g.identity.index, uuid=g.identity.uuid, name=g.identity.name, up=g.up,
                              workload=(workloads or {}).get(g.identity.uuid, ()), **kw))  # type: ignore[arg-type]
     return views

@@ -29,6 +29,11 @@ _UUID_NAMESPACE = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, "sim.gpumond")
 
 XID_GPU_FELL_OFF_BUS = 79
 
+# GPM counters (see SimGpu._accumulate) and NVLink error counters (nvmlNvLinkErrorCounter_t order).
+ACTIVITY_KEYS = ("graphics", "sm", "occupancy", "tensor", "hmma", "fp32", "fp16", "fp64", "dram",
+                 "pcie_rx", "pcie_tx")
+NVLINK_ERRORS = ("replay", "recovery", "crc_flit", "crc_data")
+
 
 def gpu_uuid(node: str, index: int) -> str:
     return "GPU-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{node}/{index}"))
@@ -109,6 +114,16 @@ class SimGpu:
         self.pcie_replay = 0
         self.xid_counts: dict[int, int] = {}
         self.violation_ns = {bit: 0.0 for bit in COUNTED_REASONS}
+        # GPM's counters: time integrals of each activity (seconds busy) and bytes moved; a GPM sample is a
+        # copy of them, and a metric is the difference of two samples over the time between them.
+        self.activity = dict.fromkeys(ACTIVITY_KEYS, 0.0)
+        links = spec.nvlink_links
+        self.nvlink_up = [True] * links
+        self.nvlink_tx_bytes = [0.0] * links
+        self.nvlink_rx_bytes = [0.0] * links
+        self.nvlink_errors = [dict.fromkeys(NVLINK_ERRORS, 0.0) for _ in range(links)]
+        self._nvlink_replay_rate = [0.0] * links  # replays/s on a degraded link (0: healthy)
+        self.sm_activity_factor = physics.sm_activity_factor(base_load, None)
 
         # Physics state, starting in equilibrium with the load at t0.
         self.t = t0
@@ -189,6 +204,7 @@ class SimGpu:
             self.temperature_c = physics.relax(self.temperature_c, target, h, spec.tau_s)
             self.power_avg_w = physics.relax(self.power_avg_w, power, h, POWER_AVERAGE_TAU_S)
             self.energy_j += power * h
+            self._accumulate(h)
             reasons = self.clock_event_reasons
             for bit in COUNTED_REASONS:
                 if reasons & bit:
@@ -196,6 +212,36 @@ class SimGpu:
             t = end
         self.t = t
         self._refresh(t)
+
+    def _accumulate(self, h: float) -> None:
+        """Add `h` seconds at the current operating point to the GPM and NVLink counters."""
+        spec, acc, u = self.spec, self.activity, self.utilization
+        sm = u * self.sm_activity_factor
+        tensor = sm * spec.tensor_share
+        acc["graphics"] += h * u
+        acc["sm"] += h * sm
+        acc["occupancy"] += h * sm * spec.occupancy_share
+        acc["tensor"] += h * tensor
+        acc["hmma"] += h * tensor  # mixed-precision training: every tensor instruction is FP16/BF16/TF32
+        acc["fp32"] += h * sm * 0.2
+        acc["fp16"] += h * sm * 0.1
+        acc["fp64"] += h * sm * 0.01
+        acc["dram"] += h * min(1.0, sm * spec.memory_bandwidth_share / 0.85)
+        acc["pcie_rx"] += h * u * spec.pcie_bytes_per_s * 0.7  # batches in
+        acc["pcie_tx"] += h * u * spec.pcie_bytes_per_s * 0.3
+        per_link = h * u * spec.nvlink_bytes_per_s
+        for link in range(spec.nvlink_links):
+            if not self.nvlink_up[link]:
+                continue
+            rate = self._nvlink_replay_rate[link]
+            moved = per_link * (0.5 if rate else 1.0)  # replays eat the link's bandwidth
+            self.nvlink_tx_bytes[link] += moved
+            self.nvlink_rx_bytes[link] += moved
+            if rate:
+                errors = self.nvlink_errors[link]
+                errors["replay"] += rate * h
+                errors["crc_flit"] += rate * 0.5 * h
+                errors["crc_data"] += rate * 0.01 * h
 
     def set_power_limit(self, watts: float) -> None:
         self.power_limit_w = watts
@@ -217,6 +263,9 @@ class SimGpu:
         cooling, inlet, slow = 1.0, 0.0, 1.0
         load = self.base_load
         lost = no_perm = failure = False
+        busy_idle: float | None = None
+        links_down: set[int] = set()
+        replay = [0.0] * self.spec.nvlink_links
         for fault in self._active.values():  # insertion order: the latest load wins
             kind = fault.kind
             if kind == "cooling":
@@ -233,6 +282,22 @@ class SimGpu:
                 no_perm = True
             elif kind == "remap_failure":
                 failure = True
+            elif kind == "busy_idle":
+                busy_idle = fault.factor or 0.05
+            elif kind == "nvlink_degraded":
+                replay[fault.link or 0] += fault.rate or 2000.0
+            elif kind == "nvlink_down":
+                links_down.add(fault.link or 0)
+        if busy_idle is not None:
+            # A kernel always runs (utilization holds) but does almost nothing: power falls with the work.
+            load = load.model_copy(update={"intensity": min(load.intensity, 0.3)})
+        for link in range(self.spec.nvlink_links):
+            up = link not in links_down
+            if self.nvlink_up[link] and not up:
+                self.nvlink_errors[link]["recovery"] += 1  # the link layer tried to retrain it
+            self.nvlink_up[link] = up
+        self._nvlink_replay_rate = replay
+        self.sm_activity_factor = physics.sm_activity_factor(load, busy_idle)
         self.cooling_factor, self.inlet_delta_c, self.slow_factor = cooling, inlet, slow
         self.load, self.lost, self.no_permission_on_set = load, lost, no_perm
         self.remap_failure = failure

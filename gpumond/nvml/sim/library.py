@@ -633,9 +633,17 @@ _ECC_FIELDS = {
 }
 
 
+# Field handlers that other modules register (nvlink.py): each answers its fields and None to the rest.
+_FIELD_HANDLERS: list[Callable[[SimGpu, int, int], tuple[int, int, int] | None]] = []
+
+
 def _field(gpu: SimGpu, field_id: int, scope: int) -> tuple[int, int, int]:
     """(nvmlReturn, valueType, value) of one field."""
     spec = gpu.spec
+    for handler in _FIELD_HANDLERS:
+        answer = handler(gpu, field_id, scope)
+        if answer is not None:
+            return answer
     if field_id in _VIOLATION_FIELDS:
         return OK, _ULL, int(gpu.violation_ns[_VIOLATION_FIELDS[field_id]])
     if field_id in (N.NVML_FI_DEV_POWER_AVERAGE, N.NVML_FI_DEV_POWER_INSTANT):
@@ -832,6 +840,9 @@ def _error_string_callback() -> Callable[[int], int]:
             return _error_string_address(UNKNOWN)
     return call
 
+
+# The GPM and NVLink symbols live in their own modules, which register through the decorators above.
+from . import gpm, nvlink  # noqa: E402,F401
 
 _SPECIAL = ("nvmlEventSetWait_v2", "nvmlErrorString")
 SYMBOLS = frozenset(_DEVICE) | frozenset(_SYSTEM) | frozenset(_SPECIAL)

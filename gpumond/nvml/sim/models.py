@@ -80,6 +80,17 @@ class GpuModelSpec:
     has_retired_pages: bool  # before Ampere
     has_mig: bool
     supported_events: int
+    # GPU Performance Monitoring (nvmlGpm*): Hopper and later. Without it nvmlGpmQueryDeviceSupport says
+    # isSupportedDevice 0 and nvmlGpmSampleGet answers NOT_SUPPORTED.
+    has_gpm: bool = False
+    # Activity model behind GPM (shares of the busy time; see gpu.SimGpu._accumulate).
+    tensor_share: float = 0.0  # tensor-pipe activity per unit of SM activity (mixed-precision training)
+    occupancy_share: float = 0.0  # resident warps / maximum, per unit of SM activity
+    pcie_bytes_per_s: float = 0.0  # host traffic at full utilization (input batches, checkpoints)
+    # NVLink: links per GPU, the NVML version enum of them, and data bandwidth per link and direction.
+    nvlink_links: int = 0
+    nvlink_version: int = 0  # NVML_NVLINK_VERSION_*
+    nvlink_bytes_per_s: float = 0.0
     # MIG GPU-instance profiles this model offers: name -> (slices of 7, memory MiB, SMs). Empty without MIG.
     mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
 
@@ -131,6 +142,13 @@ H100_SXM = GpuModelSpec(
     has_retired_pages=False,
     has_mig=True,
     supported_events=_XID_AND_ECC,
+    has_gpm=True,
+    tensor_share=0.6,
+    occupancy_share=0.45,
+    pcie_bytes_per_s=2.0e9,
+    nvlink_links=18,  # NVLink 4 on HGX H100: 18 links, 25 GB/s per direction each (450 GB/s)
+    nvlink_version=6,  # NVML_NVLINK_VERSION_4_0
+    nvlink_bytes_per_s=25.0e9 * 0.4,  # what a training job's all-reduce keeps busy on average
     # `nvidia-smi mig -lgip` on an H100 80GB: memory rounded to what the profile names, SMs per slice.
     mig_profiles=_profiles(("1g.10gb", 1, 9856, 16), ("1g.20gb", 1, 19968, 26), ("2g.20gb", 2, 19968, 32),
                            ("3g.40gb", 3, 40192, 60), ("4g.40gb", 4, 40192, 64), ("7g.80gb", 7, 80384, 132)),
@@ -171,6 +189,10 @@ V100_SXM2 = GpuModelSpec(
     has_retired_pages=True,
     has_mig=False,
     supported_events=_XID_AND_ECC,
+    has_gpm=False,  # Volta: no GPM (DCGM's profiling fields only)
+    nvlink_links=6,  # NVLink 2 on SXM2: 6 links, 25 GB/s per direction each
+    nvlink_version=2,  # NVML_NVLINK_VERSION_2_0
+    nvlink_bytes_per_s=25.0e9 * 0.4,
 )
 
 MODELS: dict[str, GpuModelSpec] = {m.key: m for m in (H100_SXM, V100_SXM2)}

@@ -77,6 +77,15 @@ def memory_used_fraction(load: LoadPattern) -> float:
     return 0.005 if load.pattern == "idle" else 0.85
 
 
+def sm_activity_factor(load: LoadPattern, busy_idle: float | None) -> float:
+    """SM activity (share of SMs busy) per unit of utilization: a busy-but-idle fault overrides the load."""
+    if busy_idle is not None:
+        return busy_idle
+    if load.sm_activity is not None:
+        return load.sm_activity
+    return min(1.0, 0.85 * load.intensity)
+
+
 def inlet_at(inlet: InletProfile, t: float) -> float:
     if not inlet.swing_c:
         return inlet.base_c

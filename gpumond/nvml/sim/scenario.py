@@ -43,6 +43,9 @@ class LoadPattern(BaseModel):
     # utilization at low power: model that as high utilization with low intensity.
     intensity: Annotated[float, Field(ge=0.0, le=1.5)] = 1.0
     memory_used_fraction: Ratio | None = None  # None: 85 % when running, ~0 when idle
+    # SM activity (GPM's SM_UTIL: share of SMs busy) per unit of utilization. None: 0.85 × intensity, so
+    # a GPU spinning in collectives (high utilization, low intensity) also shows low SM activity.
+    sm_activity: Ratio | None = None
 
 
 LOAD_FIELDS = tuple(LoadPattern.model_fields)
@@ -111,6 +114,14 @@ FAULT_PARAMS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "load": (frozenset({"pattern"}), frozenset(LOAD_FIELDS) - {"pattern"}),
     "nvml_error": (frozenset({"function", "error"}), frozenset({"count"})),
     "no_permission_on_set": (frozenset(), frozenset()),
+    # Busy but idle: utilization unchanged (a kernel always runs) while SM activity and power collapse;
+    # `factor` is the SM activity per unit of utilization that remains (default 0.05).
+    "busy_idle": (frozenset(), frozenset({"factor"})),
+    # One NVLink (`link`, default 0) replays: `rate` replays per second (default 2000), CRC flit errors at
+    # half that rate, and its throughput halves while the fault lasts.
+    "nvlink_degraded": (frozenset(), frozenset({"link", "rate"})),
+    # One NVLink goes down (state inactive, no traffic; one recovery counted) while the fault lasts.
+    "nvlink_down": (frozenset(), frozenset({"link"})),
 }
 FAULT_KINDS = tuple(FAULT_PARAMS)
 # Kinds that may leave `gpu` out: inlet air is shared; an NVML error may hit system calls.
@@ -140,6 +151,8 @@ class Fault(BaseModel):
     count: Annotated[int, Field(ge=1)] | None = None
     function: str | None = None
     error: str | None = None
+    link: Annotated[int, Field(ge=0)] | None = None
+    rate: Annotated[float, Field(gt=0.0)] | None = None
     # `load` parameters, flat in the entry (same meaning as in LoadPattern).
     pattern: Literal["constant", "idle", "training"] | None = None
     utilization: Ratio | None = None
@@ -150,6 +163,7 @@ class Fault(BaseModel):
     noise: Annotated[float, Field(ge=0.0, le=0.5)] | None = None
     intensity: Annotated[float, Field(ge=0.0, le=1.5)] | None = None
     memory_used_fraction: Ratio | None = None
+    sm_activity: Ratio | None = None
 
     @field_validator("kind")
     @classmethod
@@ -194,8 +208,9 @@ class Fault(BaseModel):
             raise FieldProblem(name, f"not a parameter of kind {self.kind!r}")
         if self.gpu is None and self.kind not in _GPU_OPTIONAL:
             raise FieldProblem("gpu", f"required for kind {self.kind!r}")
-        if self.kind == "slow" and self.factor is not None and self.factor > 1.0:
-            raise FieldProblem("factor", "a slowdown factor must be in (0, 1]")
+        if self.kind in ("slow", "busy_idle") and self.factor is not None and self.factor > 1.0:
+            raise FieldProblem("factor", "a slowdown factor must be in (0, 1]" if self.kind == "slow"
+                               else "an SM activity factor must be in (0, 1]")
         return self
 
     def load_pattern(self) -> LoadPattern:

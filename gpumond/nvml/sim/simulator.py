@@ -79,6 +79,7 @@ class SimulatedNvml:
         self._cond = threading.Condition(self._lock)
         self._init_count = 0
         self._hub = EventHub()
+        self._gpm_samples: dict[int, Any] = {}  # address of an allocated GPM sample → gpm.Sample
         self._schedule: list[tuple[float, int, str, int]] = []  # heap of (t, seq, start|end, id)
         self._faults: dict[int, Fault] = {}
         self._error_faults: dict[str, list[_ErrorFault]] = {}
@@ -252,6 +253,12 @@ class SimulatedNvml:
     def _check_gpu(self, fault: Fault, where: str) -> None:
         if isinstance(fault.gpu, int) and fault.gpu >= len(self._gpus):
             raise ScenarioError(f"{where}: GPU {fault.gpu} does not exist (gpu_count={len(self._gpus)})")
+        if fault.kind.startswith("nvlink_"):
+            link = fault.link or 0
+            for gpu in self._targets(fault):
+                if link >= gpu.spec.nvlink_links:
+                    raise ScenarioError(f"{where}: GPU {gpu.index} ({gpu.model}) has no NVLink {link} "
+                                        f"({gpu.spec.nvlink_links} links)")
 
     def _schedule_fault(self, fault: Fault, start: float) -> None:
         fault_id = next(self._seq)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpumond.rules.detectors.activity import with_activity
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.compute_share import job_shares
 from gpumond.rules.detectors.config import DetectorConfig
@@ -65,6 +66,7 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     share_times = dict(state.share_times)
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
+        job_start = len(out)  # where this job's candidates start
         # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
         feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim,
                                       short_s=cfg.share_short_s)
@@ -117,6 +119,9 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         if found.judged:
             structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
         out.extend(c for c in found.candidates if c.rank not in explained)
+        # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
+        job_gpus = {r.gpu_uuid: r.node for r in reporting}
+        out[job_start:] = [with_activity(c, inputs.gpu_windows, job_gpus, since) for c in out[job_start:]]
     for kept in (baselines, share_state, structure, shares_since, share_times):
         for job in [j for j in kept if j not in inputs.jobs]:
             del kept[job]  # the job expired from the store: forget it

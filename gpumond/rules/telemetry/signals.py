@@ -10,9 +10,13 @@ GPU_UP = "gpumond_gpu_up"
 JOB_INFO = "gpumond_gpu_job_info"
 MIG_INFO = "gpumond_gpu_mig_info"
 CLOCKS_EVENT = "gpumond_gpu_clocks_event_active"
+TENSOR_ACTIVE = "gpumond_gpu_tensor_active_ratio"
+NVLINK_ERRORS = "gpumond_gpu_nvlink_errors_total"
 ALERT_ACTIVE = "gpumond_alert_active"  # what the agent has firing: remediation acts on it
 
-# signal → (metric, value of its `reason` label or None); keys are exactly types.GPU_SIGNALS.
+# signal → (metric, value of its selecting label or None); keys are exactly types.GPU_SIGNALS. The selecting label
+# of a metric is in SELECTOR_LABEL (`reason` of the clock events, `precision` of tensor activity, `type` of the
+# NVLink errors).
 GPU_SERIES: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "sm_clock_hz": ("gpumond_gpu_sm_clock_hertz", None),
     "sm_clock_max_hz": ("gpumond_gpu_sm_clock_max_hertz", None),
@@ -26,7 +30,12 @@ GPU_SERIES: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "throttle_sw_power_cap": (CLOCKS_EVENT, "sw_power_cap"),
     "throttle_hw_power_brake": (CLOCKS_EVENT, "hw_power_brake_slowdown"),
     "energy_j": ("gpumond_gpu_energy_joules_total", None),
+    "sm_active": ("gpumond_gpu_sm_active_ratio", None),
+    "tensor_active": (TENSOR_ACTIVE, "any"),
+    "nvlink_replays_total": (NVLINK_ERRORS, "replay"),
 })
+SELECTOR_LABEL: Mapping[str, str] = MappingProxyType({CLOCKS_EVENT: "reason", TENSOR_ACTIVE: "precision",
+                                                      NVLINK_ERRORS: "type"})
 
 # signal → metric; keys are exactly types.HOST_SIGNALS. Host series carry no GPU labels.
 HOST_SERIES: Mapping[str, str] = MappingProxyType({
@@ -47,7 +56,8 @@ def gpu_signal(metric: str, labels: Mapping[str, str]) -> str | None:
     by_reason = _GPU_BY_METRIC.get(metric)
     if by_reason is None:
         return None
-    return by_reason.get(labels.get("reason")) if metric == CLOCKS_EVENT else by_reason.get(None)
+    label = SELECTOR_LABEL.get(metric)
+    return by_reason.get(labels.get(label)) if label else by_reason.get(None)
 
 
 def host_signal(metric: str) -> str | None:
@@ -59,7 +69,7 @@ def gpu_selectors() -> dict[str, str]:
     """One PromQL selector per metric behind the GPU signals, keyed by metric name."""
     out: dict[str, str] = {}
     for metric, by_reason in _GPU_BY_METRIC.items():
-        reasons = sorted(r for r in by_reason if r is not None)
-        # Only the reasons we map: the agent exports ~9 per GPU and we would discard the rest.
-        out[metric] = f'{metric}{{reason=~"{"|".join(reasons)}"}}' if reasons else metric
+        values = sorted(r for r in by_reason if r is not None)
+        # Only the label values we map (the agent exports ~9 clock-event reasons per GPU): not the rest.
+        out[metric] = f'{metric}{{{SELECTOR_LABEL[metric]}=~"{"|".join(values)}"}}' if values else metric
     return out
