@@ -126,7 +126,7 @@ class StepBuffer:
     def _grow(self, k: int) -> None:
         # New cells, never a shift in place: views handed out keep seeing the old ones.
         live = self._stop - self._start
-        block = np.empty((_ROWS, live + k + max(_MIN_ROOM, live // 8)))
+        block = np.empty((_ROWS, live + k + max(_MIN_ROOM, live // 16)))
         block[:, :live] = self._block[:, self._start:self._stop]
         self._set(block)
         self._start, self._stop = 0, live
