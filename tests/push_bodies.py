@@ -66,3 +66,22 @@ def encode(body: Any, encoding: str) -> bytes | None:
     out = {k: v for k, v in body.items() if k != "steps"}
     out["columns"] = columns
     return json.dumps(out).encode()
+
+
+def steps_of(body: bytes) -> list[dict]:
+    """The step objects a body of either encoding carries (a columnar body read back into objects; NaN comm wait
+    and -1 samples as absent)."""
+    data = json.loads(body)
+    if "steps" in data:
+        return data["steps"]
+    cols = data["columns"]
+    read = {k: struct.unpack(f"<{len(base64.b64decode(v)) // 8}{'q' if k in ('step', 'samples') else 'd'}",
+                             base64.b64decode(v)) for k, v in cols.items()}
+    out = []
+    for i in range(len(read["step"])):
+        s = {k: read[k][i] for k in ("step", "end", "duration_s", "data_wait_s")}
+        s["samples"] = None if "samples" not in read or read["samples"][i] == -1 else read["samples"][i]
+        if "comm_wait_s" in read and not math.isnan(read["comm_wait_s"][i]):
+            s["comm_wait_s"] = read["comm_wait_s"][i]
+        out.append(s)
+    return out
