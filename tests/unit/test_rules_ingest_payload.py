@@ -258,3 +258,15 @@ def test_the_openapi_document_shows_the_optional_comm_wait() -> None:
     step_schema = schemas["Step"]
     assert "comm_wait_s" in step_schema["properties"] and "comm_wait_s" not in step_schema["required"]
     assert schemas["Push"]["properties"]["steps"]["items"] == {"$ref": "#/components/schemas/Step"}
+
+
+def test_the_openapi_document_offers_both_encodings() -> None:
+    from gpumond.rules.ingest.openapi import openapi_document
+
+    doc = openapi_document(MODEL, "test", COLUMNS)
+    content = doc["paths"]["/api/v1/push"]["post"]["requestBody"]["content"]
+    assert content == {"application/json": {"schema": {"$ref": "#/components/schemas/Push"}},
+                       "application/vnd.gpumond.columns+json": {"schema": {"$ref": "#/components/schemas/ColumnsPush"}}}
+    columns = doc["components"]["schemas"]["ColumnsPush"]
+    assert "columns" in columns["required"] and "steps" not in columns["properties"]
+    assert set(doc["components"]["schemas"]["Columns"]["required"]) == {"step", "end", "duration_s", "data_wait_s"}
