@@ -14,15 +14,16 @@ Servers, all started by this script on 127.0.0.1:
 - optional (`--daemon`): the whole `gpumond rules` daemon with the same limits and no telemetry, so
   its detectors run over the pushed ranks every 10 s next to the ingest.
 - optional (`--unguarded-variant`): the ingest server over uvicorn's own protocol choice (httptools
-  when installed, else h11) without the connection guard: what the C parser would save. Not shipped:
-  the guard extends h11 only.
+  when installed, else h11) without the connection guard, sent columnar pushes: what the C parser would
+  save on top of the columnar encoding. Not shipped: the guard extends h11 only.
 - optional (`--gc-variant`): the ingest server with the cyclic GC's thresholds raised
   (`gc.set_threshold(100000, 50, 1000)`): held steps are GC-tracked objects, and a full collection
   walks all of them. Not the shipped configuration either.
 
 The same information to both: a push is one rank's 64 steps (step, end, duration_s, data_wait_s,
-samples) plus who the rank is (job, rank, world_size, node, gpu_uuid). gpumond gets the JSON of the
-push API; the Pushgateway gets, for grouping key job/<job>/rank/<rank> (PUT: the group holds the
+samples) plus who the rank is (job, rank, world_size, node, gpu_uuid). gpumond gets the push API's
+JSON encoding (one server) and its columnar encoding (another server, same code: base64 8-byte columns
+that wrk's LuaJIT packs through ffi); the Pushgateway gets, for grouping key job/<job>/rank/<rank> (PUT: the group holds the
 rank's latest push, which is all it can hold), the text exposition of four gauges with a `step`
 label — gpumond_step_{duration_seconds,data_wait_seconds,end_timestamp_seconds,samples}{step="N"} —
 and gpumond_rank_info{world_size,node,gpu_uuid} 1. Ranks are 32 per job and pushed round-robin;
@@ -290,8 +291,10 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant
         # uvicorn's "auto" picks httptools when it is importable, else h11.
         parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
         p = port()
-        servers.append(Server("gpumond_unguarded", f"gpumond ingest ({parser}, no connection guard; not shipped)",
-                              "gpumond", [sys.executable, me, "--serve", str(p), "--unguarded"], p, logdir / "gu.log"))
+        servers.append(Server("gpumond_unguarded",
+                              f"gpumond ingest ({parser}, no connection guard; not shipped), columnar pushes",
+                              "gpumond", [sys.executable, me, "--serve", str(p), "--unguarded"], p, logdir / "gu.log",
+                              body="columns"))
     if gc_variant:
         p = port()
         servers.append(Server("gpumond_gc",
