@@ -207,3 +207,21 @@ def test_gpu_columns_always_equal_the_samples(fetches):
                 taken.append((w, w.columns.data.copy()))
     for w, data in taken:  # later fetches never wrote under an earlier window
         assert np.array_equal(w.columns.data, data, equal_nan=True)
+
+
+def test_a_windows_steps_read_as_records_by_index_slice_and_iteration():
+    s = RankStore(window_s=300, expire_after_s=900, max_jobs=1, max_ranks=1, max_gpus=1, max_steps_per_rank=50,
+                  max_steps_held=50)
+    records = [StepRecord(i, NOW - 5 + i, 1.0 + i, 0.1, 32, None if i % 2 else 0.25) for i in range(5)]
+    s.add(RankInfo("job", 0, 1, "n", "GPU-a"), records, NOW)
+    steps = s.jobs(NOW)["job"][0].steps
+    held = [StepRecord(r.step, r.end, r.duration_s, r.data_wait_s, None, r.comm_wait_s) for r in records]
+    assert len(steps) == 5 and bool(steps) and list(steps) == held and steps == tuple(held)
+    assert steps[0] == held[0] and steps[-1] == held[-1] and steps[1:3] == tuple(held[1:3])
+    assert type(steps[0].step) is int and type(steps[0].end) is float
+    with pytest.raises(IndexError):
+        steps[5]
+    empty = RankStore(window_s=300, expire_after_s=900, max_jobs=1, max_ranks=1, max_gpus=1, max_steps_per_rank=5,
+                      max_steps_held=5)
+    empty.add(RankInfo("job", 0, 1, "n", "GPU-a"), [], NOW)
+    assert not empty.jobs(NOW)["job"][0].steps
