@@ -17,15 +17,15 @@ Servers, all started by this script on 127.0.0.1:
   when installed, else h11) without the connection guard, sent columnar pushes: what the C parser would
   save on top of the columnar encoding. Not shipped: the guard extends h11 only.
 - optional (`--gc-variant`): the ingest server with the cyclic GC's thresholds raised
-  (`gc.set_threshold(100000, 50, 1000)`): held steps are GC-tracked objects, and a full collection
-  walks all of them. Not the shipped configuration either.
+  (`gc.set_threshold(100000, 50, 1000)`), as the daemon does: a JSON push makes a GC-tracked object
+  per step while it is parsed (held steps are columns now). Not the ingest server's configuration.
 
 The same information to both: a push is one rank's 64 steps (step, end, duration_s, data_wait_s,
 samples) plus who the rank is (job, rank, world_size, node, gpu_uuid). gpumond gets the push API's
 JSON encoding (one server) and its columnar encoding (another server, same code: base64 8-byte columns
-that wrk's LuaJIT packs through ffi); the Pushgateway gets, for grouping key job/<job>/rank/<rank> (PUT: the group holds the
-rank's latest push, which is all it can hold), the text exposition of four gauges with a `step`
-label — gpumond_step_{duration_seconds,data_wait_seconds,end_timestamp_seconds,samples}{step="N"} —
+that wrk's LuaJIT packs through ffi); the Pushgateway gets, for grouping key job/<job>/rank/<rank>
+(PUT: the group holds the rank's latest push, which is all it can hold), the text exposition of four
+gauges with a `step` label — gpumond_step_{duration_seconds,data_wait_seconds,end_timestamp_seconds,samples}{step="N"} —
 and gpumond_rank_info{world_size,node,gpu_uuid} 1. Ranks are 32 per job and pushed round-robin;
 step numbers only ever grow, so every gpumond push is new data (the counters check it).
 
@@ -77,7 +77,7 @@ STEPS = 64
 RANKS_PER_JOB = 32
 TARGET = 2.0
 EVALUATION_INTERVAL_S = 10.0
-# Fewer young collections and far fewer full ones: a full collection walks every held StepRecord.
+# Fewer young collections and far fewer full ones: a JSON push makes a GC-tracked StepRecord per step.
 GC_THRESHOLDS = (100_000, 50, 1000)
 
 LUA = r"""
@@ -129,7 +129,8 @@ function request()
     end
     local body = string.format('{"job":"%s","rank":%d,"world_size":32,"node":"%s","gpu_uuid":"%s","columns":'
       .. '{"step":"%s","end":"%s","duration_s":"%s","data_wait_s":"%s","samples":"%s"}}', job, rank, node, uuid(r),
-      int64s(nsteps, function(i) return first + i end), doubles(nsteps, function(i) return now - (nsteps - i) * 0.1 end),
+      int64s(nsteps, function(i) return first + i end),
+      doubles(nsteps, function(i) return now - (nsteps - i) * 0.1 end),
       const.duration, const.wait, const.samples)
     return wrk.format("POST", "/api/v1/push", {["Content-Type"] = "application/vnd.gpumond.columns+json",
       ["Authorization"] = "Bearer " .. token}, body)

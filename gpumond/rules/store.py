@@ -251,7 +251,8 @@ class RankStore:
         ends = values[0]
         # The SDK's usual push: new steps in increasing order, all inside the window. One vectorised check,
         # because it is most of the work of a push.
-        if numbers[0] > rank.last_step and ends.min() >= cutoff and (n == 1 or bool((numbers[1:] > numbers[:-1]).all())):
+        if numbers[0] > rank.last_step and ends.min() >= cutoff \
+                and (n == 1 or bool((numbers[1:] > numbers[:-1]).all())):
             return numbers, values, int(numbers[-1])
         live = np.flatnonzero(ends >= cutoff)
         self._stale += n - len(live)
