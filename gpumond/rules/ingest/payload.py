@@ -25,7 +25,7 @@ array of little-endian 8-byte values per field, decoded and checked whole by num
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetPydanticSchema,
                       PrivateAttr, ValidationError, ValidationInfo, field_validator)
@@ -176,13 +176,14 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
 def columns_model(max_string_len: int, max_steps: int) -> type[PushBody]:
     """The columnar encoding's push (Content-Type application/vnd.gpumond.columns+json) with these limits."""
     most = 4 * -(-8 * max_steps // 3)  # base64 length of max_steps 8-byte values
+    max_steps_per_push = max_steps  # the class body cannot see a function argument of the same name
 
     class ColumnsPush(_head(max_string_len)):  # type: ignore[misc]
+        max_steps: ClassVar[int] = max_steps_per_push
         columns: Columns = Field(description=f"the steps, one array per field (at most {max_steps} values, "
                                              f"{most} base64 characters, each)")
 
     ColumnsPush.__name__ = ColumnsPush.__qualname__ = "ColumnsPush"
-    ColumnsPush.max_steps = max_steps  # type: ignore[attr-defined]
     return ColumnsPush
 
 
