@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["benchmarks/tls_cost.py", "--quick"], "scrape, new connection"),
     (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
     (["benchmarks/rules_store.py", "--quick"], "RSS per held step"),
+    (["benchmarks/fleet_scale.py", "--quick"], "planted found"),
 ])
 def test_benchmark_quick_mode_runs(argv, expect):
     p = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=240)
