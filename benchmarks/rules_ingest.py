@@ -14,17 +14,18 @@ Servers, all started by this script on 127.0.0.1:
 - optional (`--daemon`): the whole `gpumond rules` daemon with the same limits and no telemetry, so
   its detectors run over the pushed ranks every 10 s next to the ingest.
 - optional (`--unguarded-variant`): the ingest server over uvicorn's own protocol choice (httptools
-  when installed, else h11) without the connection guard: what the C parser would save. Not shipped:
-  the guard extends h11 only.
+  when installed, else h11) without the connection guard, sent columnar pushes: what the C parser would
+  save on top of the columnar encoding. Not shipped: the guard extends h11 only.
 - optional (`--gc-variant`): the ingest server with the cyclic GC's thresholds raised
-  (`gc.set_threshold(100000, 50, 1000)`): held steps are GC-tracked objects, and a full collection
-  walks all of them. Not the shipped configuration either.
+  (`gc.set_threshold(100000, 50, 1000)`), as the daemon does: a JSON push makes a GC-tracked object
+  per step while it is parsed (held steps are columns now). Not the ingest server's configuration.
 
 The same information to both: a push is one rank's 64 steps (step, end, duration_s, data_wait_s,
-samples) plus who the rank is (job, rank, world_size, node, gpu_uuid). gpumond gets the JSON of the
-push API; the Pushgateway gets, for grouping key job/<job>/rank/<rank> (PUT: the group holds the
-rank's latest push, which is all it can hold), the text exposition of four gauges with a `step`
-label — gpumond_step_{duration_seconds,data_wait_seconds,end_timestamp_seconds,samples}{step="N"} —
+samples) plus who the rank is (job, rank, world_size, node, gpu_uuid). gpumond gets the push API's
+JSON encoding (one server) and its columnar encoding (another server, same code: base64 8-byte columns
+that wrk's LuaJIT packs through ffi); the Pushgateway gets, for grouping key job/<job>/rank/<rank>
+(PUT: the group holds the rank's latest push, which is all it can hold), the text exposition of four
+gauges with a `step` label — gpumond_step_{duration_seconds,data_wait_seconds,end_timestamp_seconds,samples}{step="N"} —
 and gpumond_rank_info{world_size,node,gpu_uuid} 1. Ranks are 32 per job and pushed round-robin;
 step numbers only ever grow, so every gpumond push is new data (the counters check it).
 
@@ -76,12 +77,38 @@ STEPS = 64
 RANKS_PER_JOB = 32
 TARGET = 2.0
 EVALUATION_INTERVAL_S = 10.0
-# Fewer young collections and far fewer full ones: a full collection walks every held StepRecord.
+# Fewer young collections and far fewer full ones: a JSON push makes a GC-tracked StepRecord per step.
 GC_THRESHOLDS = (100_000, 50, 1000)
 
 LUA = r"""
+local ffi = require("ffi")  -- wrk runs LuaJIT: the columnar body's 8-byte values through ffi
 local kind, ranks, nsteps, token, base
 local counter, step_of = 0, {}
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local function b64(s)
+  local out, n = {}, #s
+  for i = 1, n - 2, 3 do
+    local a, b, c = s:byte(i, i + 2)
+    local v = a * 65536 + b * 256 + c
+    out[#out + 1] = B64:sub(math.floor(v / 262144) + 1, math.floor(v / 262144) + 1)
+      .. B64:sub(math.floor(v / 4096) % 64 + 1, math.floor(v / 4096) % 64 + 1)
+      .. B64:sub(math.floor(v / 64) % 64 + 1, math.floor(v / 64) % 64 + 1) .. B64:sub(v % 64 + 1, v % 64 + 1)
+  end
+  local rest = n % 3
+  if rest > 0 then
+    local a, b = s:byte(n - rest + 1, n)
+    local v = a * 65536 + (b or 0) * 256
+    out[#out + 1] = B64:sub(math.floor(v / 262144) + 1, math.floor(v / 262144) + 1)
+      .. B64:sub(math.floor(v / 4096) % 64 + 1, math.floor(v / 4096) % 64 + 1)
+      .. (rest == 2 and B64:sub(math.floor(v / 64) % 64 + 1, math.floor(v / 64) % 64 + 1) or "=") .. "="
+  end
+  return table.concat(out)
+end
+local function doubles(n, f) local a = ffi.new("double[?]", n) for i = 0, n - 1 do a[i] = f(i) end
+  return b64(ffi.string(a, 8 * n)) end
+local function int64s(n, f) local a = ffi.new("int64_t[?]", n) for i = 0, n - 1 do a[i] = f(i) end
+  return b64(ffi.string(a, 8 * n)) end
+local const = {}
 function init(args)
   kind, ranks, nsteps, token, base = args[1], tonumber(args[2]), tonumber(args[3]), args[4], tonumber(args[5])
   counter = tonumber(args[6])
@@ -94,6 +121,20 @@ function request()
   local first = base + (step_of[r] or 0)
   step_of[r] = (step_of[r] or 0) + nsteps
   local now, parts = os.time(), {}
+  if kind == "columns" then
+    if not const.duration then
+      const.duration = doubles(nsteps, function() return 0.84 end)
+      const.wait = doubles(nsteps, function() return 0.02 end)
+      const.samples = int64s(nsteps, function() return 32 end)
+    end
+    local body = string.format('{"job":"%s","rank":%d,"world_size":32,"node":"%s","gpu_uuid":"%s","columns":'
+      .. '{"step":"%s","end":"%s","duration_s":"%s","data_wait_s":"%s","samples":"%s"}}', job, rank, node, uuid(r),
+      int64s(nsteps, function(i) return first + i end),
+      doubles(nsteps, function(i) return now - (nsteps - i) * 0.1 end),
+      const.duration, const.wait, const.samples)
+    return wrk.format("POST", "/api/v1/push", {["Content-Type"] = "application/vnd.gpumond.columns+json",
+      ["Authorization"] = "Bearer " .. token}, body)
+  end
   if kind == "gpumond" then
     for i = 0, nsteps - 1 do
       parts[#parts + 1] = string.format('{"step":%d,"end":%.3f,"duration_s":0.84,"data_wait_s":0.02,"samples":32}',
@@ -191,6 +232,7 @@ class Server:
     held_at_end: str = ""
     held_steps: int = 0
     base: int = 0  # first step number of the next load run
+    body: str = ""  # what wrk sends it, when not its kind's default: "columns" (the columnar push encoding)
 
     @property
     def url(self) -> str:
@@ -231,8 +273,11 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant
     me = str(Path(__file__).resolve())
     servers = []
     p = port()
-    servers.append(Server("gpumond", "gpumond ingest (uvicorn, guarded h11)", "gpumond", [sys.executable, me, "--serve",
-                                                                                          str(p)], p, logdir / "g.log"))
+    servers.append(Server("gpumond", "gpumond ingest (uvicorn, guarded h11), JSON pushes", "gpumond",
+                          [sys.executable, me, "--serve", str(p)], p, logdir / "g.log"))
+    p = port()
+    servers.append(Server("gpumond_columns", "gpumond ingest (uvicorn, guarded h11), columnar pushes", "gpumond",
+                          [sys.executable, me, "--serve", str(p)], p, logdir / "gc.log", body="columns"))
     if daemon:
         config = logdir / "rules.yaml"
         config.write_text(f"tokens: [{TOKEN}]\nstate_dir: {logdir / 'rules-state'}\n"
@@ -247,8 +292,10 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant
         # uvicorn's "auto" picks httptools when it is importable, else h11.
         parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
         p = port()
-        servers.append(Server("gpumond_unguarded", f"gpumond ingest ({parser}, no connection guard; not shipped)",
-                              "gpumond", [sys.executable, me, "--serve", str(p), "--unguarded"], p, logdir / "gu.log"))
+        servers.append(Server("gpumond_unguarded",
+                              f"gpumond ingest ({parser}, no connection guard; not shipped), columnar pushes",
+                              "gpumond", [sys.executable, me, "--serve", str(p), "--unguarded"], p, logdir / "gu.log",
+                              body="columns"))
     if gc_variant:
         p = port()
         servers.append(Server("gpumond_gc",
@@ -316,7 +363,7 @@ def load(server: Server, ranks: int, seconds: int, conns: int, script: Path) -> 
     """One closed-loop wrk run against the server; throughput, latency and CPU of the cell."""
     start_rank = random.randrange(ranks)
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--timeout", "30s", "-s", str(script), server.url, "--",
-            server.kind, str(ranks), str(STEPS), TOKEN, str(server.base), str(start_rank)]
+            server.body or server.kind, str(ranks), str(STEPS), TOKEN, str(server.base), str(start_rank)]
     server.base += 10_000_000  # every run pushes step numbers no earlier run used
     accepted0, cpu0 = server.accepted_steps(), server.cpu_s()
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120, check=True).stdout

@@ -1,10 +1,19 @@
-"""Encode queued step records as one push body, in the contract's shape."""
+"""Encode queued step records as one push body, in the contract's shape: JSON step objects, or columns.
+
+Two encodings (docs/rules-api.md): `json` (Content-Type application/json, a list of step objects, what every
+rules service version reads) and `columns` (application/vnd.gpumond.columns+json, one base64 array of
+little-endian 8-byte values per field, which the service decodes without an object per step: several times
+less of its CPU per step; it needs a service that knows it).
+"""
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Mapping, Sequence
-from math import isfinite
+import sys
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from math import isfinite, nan
 
 # A queued record, as the training thread appends it (plain tuple: cheapest to build):
 # (step, end on the monotonic clock, duration_s, data_wait_s, samples or None[, comm_wait_s]).
@@ -19,11 +28,21 @@ _STEP_COMM = '{"step":%d,"end":%.6f,"duration_s":%.6f,"data_wait_s":%.6f,"sample
 # The service allows data_wait_s + comm_wait_s to exceed duration_s by 1 µs; rounding the three to
 # 6 decimals can add up to 1.5 µs, so comm wait is kept 1 µs clear of the step's end before rounding.
 _ROUNDING_S = 1e-6
+ENCODINGS = ("json", "columns")
+CONTENT_TYPES = {"json": "application/json", "columns": "application/vnd.gpumond.columns+json"}
+_OPENINGS = {"json": ',"steps":[', "columns": ',"columns":'}
+
+Encoder = Callable[..., bytes]  # (head, records, wall_now, mono_now, *, final=False) -> body
 
 
-def encode_head(head: Mapping[str, object]) -> str:
+def encode_head(head: Mapping[str, object], encoding: str = "json") -> str:
     """The fixed fields as the opening of a JSON object, encoded once per reporter."""
-    return json.dumps(dict(head), separators=(",", ":"), ensure_ascii=False)[:-1] + ',"steps":['
+    return json.dumps(dict(head), separators=(",", ":"), ensure_ascii=False)[:-1] + _OPENINGS[encoding]
+
+
+def encoder(encoding: str) -> Encoder:
+    """The body encoder of `encoding` ("json" or "columns"); its head comes from encode_head(head, encoding)."""
+    return encode if encoding == "json" else encode_columns
 
 
 def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: float, *, final: bool = False) -> bytes:
@@ -50,6 +69,49 @@ def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: floa
         else:
             parts.append(_STEP_COMM % (step, end, duration, wait, count, _fit_comm_wait(comm, duration, wait)))
     return (head + ",".join(parts) + ("],\"final\":true}" if final else "]}")).encode()
+
+
+def encode_columns(head: str, records: Sequence[Record], wall_now: float, mono_now: float, *,
+                   final: bool = False) -> bytes:
+    """The columnar body for `records` (same rules as `encode`; full float64 precision, no rounding)."""
+    offset = wall_now - mono_now
+    steps, samples = array("q"), array("q")
+    ends, durations, waits, comms = array("d"), array("d"), array("d"), array("d")
+    measured = counted = False
+    for record in records:
+        if len(record) == 5:
+            step, end, duration, wait, count = record
+            comm = None
+        else:
+            step, end, duration, wait, count, comm = record
+        end += offset
+        if not (isfinite(end) and isfinite(duration) and isfinite(wait)):
+            raise ValueError(f"step {step} has a non-finite time")
+        steps.append(step)
+        ends.append(end)
+        durations.append(duration)
+        waits.append(wait)
+        samples.append(-1 if count is None else count)
+        counted = counted or count is not None
+        if comm is None:
+            comms.append(nan)  # NaN: not measured
+        else:
+            comms.append(_fit_comm_wait(comm, duration, wait))
+            measured = True
+    fields = {"step": steps, "end": ends, "duration_s": durations, "data_wait_s": waits}
+    if measured:
+        fields["comm_wait_s"] = comms
+    if counted:
+        fields["samples"] = samples
+    columns = ",".join(f'"{name}":"{_base64(values)}"' for name, values in fields.items())
+    return (head + "{" + columns + ("},\"final\":true}" if final else "}}")).encode()
+
+
+def _base64(values: array) -> str:
+    if sys.byteorder != "little":  # the contract's byte order
+        values = array(values.typecode, values)
+        values.byteswap()
+    return base64.b64encode(values.tobytes()).decode("ascii")
 
 
 def _fit_comm_wait(comm: float, duration: float, wait: float) -> float:

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from gpumond.job.payload import Record, encode, encode_head
+from gpumond.job.payload import Record, encode_head, encoder
 from gpumond.job.transport import Transport
 from gpumond.retry import Backoff, retryable
 from gpumond.safetext import one_line
@@ -37,12 +37,13 @@ class Pusher:
 
     def __init__(self, queue: deque[Record], head: Mapping[str, object], transport: Transport, *,
                  interval_s: float, max_steps: int, timeout_s: float,
-                 clock: Callable[[], float], wall: Callable[[], float]) -> None:
+                 clock: Callable[[], float], wall: Callable[[], float], encoding: str = "json") -> None:
         if queue.maxlen is None:
             raise ValueError("the queue must be bounded")
         self._q = queue
         self._max_queue = queue.maxlen
-        self._head = encode_head(head)
+        self._head = encode_head(head, encoding)
+        self._encode = encoder(encoding)
         self._transport = transport
         self._interval = interval_s
         self._timeout = timeout_s
@@ -108,7 +109,7 @@ class Pusher:
         Never retried: the next heartbeat comes one interval later, and a lost final push costs at most a
         finding resolving on its own schedule."""
         try:
-            body = encode(self._head, (), self._wall(), self._clock(), final=final)
+            body = self._encode(self._head, (), self._wall(), self._clock(), final=final)
             reply = self._transport.post(body, timeout_s)
         except Exception as exc:  # no answer: counted like any failed request
             self.failed += 1
@@ -170,7 +171,7 @@ class Pusher:
             if not self._pending:
                 continue
             try:
-                body = encode(self._head, self._pending, self._wall(), self._clock())
+                body = self._encode(self._head, self._pending, self._wall(), self._clock())
             except (TypeError, ValueError) as exc:
                 self._drop(f"cannot encode steps: {exc}", key="encode")
                 continue

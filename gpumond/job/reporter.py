@@ -23,11 +23,11 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from gpumond.job.device import local_gpu_uuid
-from gpumond.job.payload import Record
+from gpumond.job.payload import CONTENT_TYPES, Record
 from gpumond.job.pusher import Pusher
 from gpumond.job.routing import shard_endpoint
-from gpumond.job.settings import (ConfigError, Identity, resolve_endpoint, resolve_identity, resolve_shards,
-                                  resolve_tls, resolve_token)
+from gpumond.job.settings import (ConfigError, Identity, resolve_encoding, resolve_endpoint, resolve_identity,
+                                  resolve_shards, resolve_tls, resolve_token)
 from gpumond.job.stats import Stats
 from gpumond.job.transport import HttpTransport, Transport
 
@@ -51,7 +51,8 @@ class Reporter:
                  push_interval_s: float = 5.0,
                  max_queue: int = 10_000, max_steps_per_push: int = 512, timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 transport: Transport | None = None, handle_sigterm: bool = True) -> None:
+                 transport: Transport | None = None, handle_sigterm: bool = True,
+                 encoding: str | None = None) -> None:
         # Hot-path state comes first, so a reporter whose setup fails below is still safe to call.
         self._off = True
         self._closed = False
@@ -80,6 +81,7 @@ class Reporter:
             _check_numbers(push_interval_s, max_queue, max_steps_per_push, timeout_s)
             route: tuple[str, str, int | None] | None = None
             tls = None
+            form = resolve_encoding(encoding, os.environ)
             if transport is None:
                 # Before the GPU lookup: without a place to send to there is no point running nvidia-smi.
                 url = resolve_endpoint(endpoint, os.environ)
@@ -91,7 +93,8 @@ class Reporter:
             if route is not None:
                 # A job's shard is fixed for its run, so its address is chosen once, here.
                 url, secret, count = route
-                transport = HttpTransport(shard_endpoint(url, self._identity.job, count), secret, tls)
+                transport = HttpTransport(shard_endpoint(url, self._identity.job, count), secret, tls,
+                                          CONTENT_TYPES[form])
             assert transport is not None  # route is set exactly when no transport was given
             self._q = deque(maxlen=max_queue)
             # One id per process: a restarted process (same job and rank, step numbers reused from a
@@ -100,7 +103,8 @@ class Reporter:
             self.incarnation = f"{self._pid:x}-{secrets.token_hex(6)}"
             head = {**self._identity.head(), "incarnation": self.incarnation}
             self._pusher = Pusher(self._q, head, transport, interval_s=push_interval_s,
-                                  max_steps=max_steps_per_push, timeout_s=timeout_s, clock=clock, wall=wall)
+                                  max_steps=max_steps_per_push, timeout_s=timeout_s, clock=clock, wall=wall,
+                                  encoding=form)
             self._start = self._last_end = clock()
             self._pusher.start()
         except ConfigError as exc:

@@ -102,6 +102,15 @@ def resolve_endpoint(endpoint: str | None, environ: Mapping[str, str]) -> str:
     return value
 
 
+def resolve_encoding(encoding: str | None, environ: Mapping[str, str]) -> str:
+    """The push encoding from the argument, else GPUMOND_PUSH_ENCODING: "json" (default) or "columns"."""
+    value = clean_label(encoding) or clean_label(environ.get("GPUMOND_PUSH_ENCODING")) or "json"
+    if value not in ("json", "columns"):
+        raise ConfigError(f"push encoding must be json or columns (got {value!r}; GPUMOND_PUSH_ENCODING or "
+                          "encoding=)")
+    return value
+
+
 def resolve_shards(shards: int | None, endpoint: str, environ: Mapping[str, str]) -> int | None:
     """How many rules shards to route among (argument, else GPUMOND_SHARDS), checked against `{shard}`."""
     count = None

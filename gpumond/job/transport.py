@@ -52,7 +52,8 @@ class HttpTransport:
 
     Over https the server is verified with `tls` (the system CA bundle when None)."""
 
-    def __init__(self, endpoint: str, token: str, tls: ClientTLS | None = None) -> None:
+    def __init__(self, endpoint: str, token: str, tls: ClientTLS | None = None,
+                 content_type: str = "application/json") -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(f"endpoint must be an http:// or https:// URL with a host (got {endpoint!r})")
@@ -72,7 +73,7 @@ class HttpTransport:
         self.path = url.path.rstrip("/") + PUSH_PATH
         self._headers = {
             "Authorization": f"Bearer {token}",
-            "Content-Type": "application/json",
+            "Content-Type": content_type,  # the push encoding's (gpumond.job.payload.CONTENT_TYPES)
             "User-Agent": f"gpumond-job/{__version__}",
         }
         self._conn: http.client.HTTPConnection | None = None

@@ -1,9 +1,9 @@
 """Columnar copies of the store's windows, kept up to date as data arrives so a snapshot costs O(1).
 
 A buffer holds the live rows in cells [start, stop) of preallocated arrays. Appends write at `stop` and
-beyond; expiry only moves `start`; when the cells run out the live rows move to new, larger arrays. So a
-cell inside any view handed out is never written again: snapshots are read by the evaluator thread while
-ingest goes on, without copying and without a lock.
+beyond; expiry only moves `start`; when the cells run out the live rows move to new arrays with a little
+room. So a cell inside any view handed out is never written again: snapshots are read by the evaluator
+thread while ingest goes on, without copying and without a lock.
 """
 
 from __future__ import annotations
@@ -20,10 +20,6 @@ _MIN_CAP = 16
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
-
-
-def _read_only(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    return tuple(_frozen(a.view()) for a in arrays)
 
 
 def step_rows(steps: Sequence[StepRecord]) -> tuple[np.ndarray, np.ndarray]:
@@ -43,69 +39,122 @@ def step_columns(steps: Sequence[StepRecord]) -> StepColumns | None:
     return StepColumns(_frozen(numbers), _frozen(np.ascontiguousarray(values)))
 
 
-class StepBuffer:
-    """One rank's steps in arrival order, as growable columns aligned with the store's deque."""
+class StepView(Sequence[StepRecord]):
+    """A rank's held steps read as StepRecords, made one at a time from its columns when asked.
 
-    __slots__ = ("_step", "_values", "_read", "_start", "_stop", "_broken")
+    The store keeps no object per step (an object and its floats cost ~250 bytes, the columns 40): whoever
+    reads `RankWindow.steps` pays for the records it reads, when it reads them. `samples` is not held."""
+
+    __slots__ = ("_cols",)
+
+    def __init__(self, cols: StepColumns) -> None:
+        self._cols = cols
+
+    def __len__(self) -> int:
+        return len(self._cols)
+
+    def _record(self, i: int) -> StepRecord:
+        c = self._cols
+        comm = float(c.values[3, i])
+        return StepRecord(int(c.step[i]), float(c.values[0, i]), float(c.values[1, i]), float(c.values[2, i]),
+                          None, None if comm != comm else comm)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self._record(j) for j in range(*i.indices(len(self))))
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("step index out of range")
+        return self._record(i)
+
+    def __iter__(self):  # type: ignore[override]
+        c = self._cols
+        for step, end, duration, wait, comm in zip(c.step.tolist(), *c.values.tolist()):
+            yield StepRecord(step, end, duration, wait, None, None if comm != comm else comm)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"StepView({len(self)} steps)"
+
+
+_ROWS = 5  # step number (int64 bits), end, duration_s, data_wait_s, comm_wait_s
+_MIN_ROOM = 16
+
+
+class StepBuffer:
+    """One rank's held steps in arrival order, as one preallocated (5, capacity) block of columns.
+
+    Row 0 holds the step numbers (int64 viewed in place), rows 1..4 the StepColumns values. Growth leaves
+    an eighth of the live steps as room (at least 16 cells), so held capacity stays within ~6 % of the
+    steps on average instead of the 50 % a doubling would waste: RSS per held step is what bounds a shard."""
+
+    __slots__ = ("_block", "_read", "_start", "_stop")
 
     def __init__(self) -> None:
-        self._step = np.empty(0, dtype=np.int64)
-        self._values = np.empty((4, 0))
-        self._read = _read_only(self._step, self._values)  # slices of read-only views are read-only: no flag per snapshot
+        self._set(np.empty((_ROWS, 0)))
         self._start = self._stop = 0
-        self._broken = False  # a step number did not fit int64: rebuilt from the records when asked
+
+    def _set(self, block: np.ndarray) -> None:
+        self._block = block
+        read = _frozen(block.view())  # slices of a read-only view are read-only: no flag per snapshot
+        self._read = (read[0].view(np.int64), read[1:])
 
     def __len__(self) -> int:
         return self._stop - self._start
 
-    def extend(self, steps: Sequence[StepRecord]) -> None:
-        """Append steps after those held."""
-        if not steps:
-            return
-        if self._broken:
-            self._start = self._stop = 0  # rebuilt from the records anyway
-            return
-        try:
-            numbers, values = step_rows(steps)
-        except OverflowError:
-            self._broken = True
-            return
+    def extend(self, numbers: np.ndarray, values: np.ndarray) -> None:
+        """Append k steps (int64 numbers, (4, k) float64 values) after those held."""
         k = len(numbers)
-        if self._stop + k > len(self._step):
+        if not k:
+            return
+        if self._stop + k > self._block.shape[1]:
             self._grow(k)
-        self._step[self._stop:self._stop + k] = numbers
-        self._values[:, self._stop:self._stop + k] = values
-        self._stop += k
+        a, b = self._stop, self._stop + k
+        self._block[0, a:b].view(np.int64)[:] = numbers
+        self._block[1:, a:b] = values
+        self._stop = b
 
     def _grow(self, k: int) -> None:
-        # New arrays, never a shift in place: views handed out keep seeing the old cells.
+        # New cells, never a shift in place: views handed out keep seeing the old ones.
         live = self._stop - self._start
-        cap = max(_MIN_CAP, 2 * (live + k))
-        step = np.empty(cap, dtype=np.int64)
-        values = np.empty((4, cap))
-        step[:live] = self._step[self._start:self._stop]
-        values[:, :live] = self._values[:, self._start:self._stop]
-        self._step, self._values, self._start, self._stop = step, values, 0, live
-        self._read = _read_only(step, values)
+        block = np.empty((_ROWS, live + k + max(_MIN_ROOM, live // 16)))
+        block[:, :live] = self._block[:, self._start:self._stop]
+        self._set(block)
+        self._start, self._stop = 0, live
 
     def drop(self, n: int) -> None:
         """Forget the `n` oldest steps."""
-        if self._broken:
-            return
         self._start += n
         assert self._start <= self._stop
 
-    def columns(self, steps: Sequence[StepRecord]) -> StepColumns | None:
-        """Read-only views of the steps held; `steps` are the same steps as records, read only to rebuild
-        after a step number that did not fit (None while one is still held)."""
-        if self._broken:
-            cols = step_columns(steps)
-            if cols is None:
-                return None
-            self._broken = False
-            self._step, self._values = np.array(cols.step), np.array(cols.values)
-            self._read = _read_only(self._step, self._values)
-            self._start, self._stop = 0, len(steps)
+    def clear(self) -> None:
+        """Forget every step, and the cells that held them."""
+        self._set(np.empty((_ROWS, 0)))
+        self._start = self._stop = 0
+
+    def numbers(self) -> np.ndarray:
+        """The held step numbers (read-only int64 view)."""
+        return self._read[0][self._start:self._stop]
+
+    def first_end(self) -> float:
+        """The end of the oldest held step (there must be one)."""
+        return float(self._block[1, self._start])
+
+    def ends(self) -> np.ndarray:
+        """The held steps' ends (read-only view)."""
+        return self._read[1][0, self._start:self._stop]
+
+    def columns(self) -> StepColumns:
+        """Read-only views of the steps held."""
         a, b = self._start, self._stop
         step, values = self._read
         return StepColumns(step[a:b], values[:, a:b])

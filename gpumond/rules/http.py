@@ -38,7 +38,7 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
     # findings, metrics and ready are called on a worker thread: they must be thread-safe, and
     # may then take a moment without stalling pushes.
     ingest = Ingest(config=config, store=rank_store, clock=clock, stats=stats)
-    spec = _json(openapi_document(ingest.model, _version()))
+    spec = _json(openapi_document(ingest.model, _version(), ingest.columns_model))
 
     async def push(request: Request) -> Response:
         h = request.headers

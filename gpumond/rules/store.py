@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpumond.identity import legacy_mig_uuid
-from gpumond.rules.columns import SampleBuffer, StepBuffer, sample_matrix
-from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
+from gpumond.rules.columns import SampleBuffer, StepBuffer, StepView, sample_matrix, step_rows
+from gpumond.rules.types import (GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord,
+                                 TelemetryBatch)
 
 if TYPE_CHECKING:
     from gpumond.config.rules import RulesConfig
@@ -67,15 +68,14 @@ class Stored:
 
 
 class _Rank:
-    """One (job, rank): its latest RankInfo and its steps in arrival order."""
+    """One (job, rank): its latest RankInfo and its steps in arrival order, as columns (no object per step)."""
 
-    __slots__ = ("info", "incarnation", "steps", "cols", "last_push", "last_step", "view", "last_beat", "ended")
+    __slots__ = ("info", "incarnation", "cols", "last_push", "last_step", "view", "last_beat", "ended")
 
     def __init__(self, info: RankInfo, incarnation: str | None = None) -> None:
         self.info = info
         self.incarnation = incarnation  # the pushing process's id (the SDK's, per process); None: not sent
-        self.steps: deque[StepRecord] = deque()
-        self.cols = StepBuffer()  # the same steps as columns, for the detectors
+        self.cols = StepBuffer()
         self.last_push = 0.0
         self.last_step = -1  # highest step number ever held: steps above it cannot be duplicates
         self.view: RankWindow | None = None  # the last snapshot, reused until something changes
@@ -84,7 +84,7 @@ class _Rank:
 
 
 class RankStore:
-    """Thread-safe per-(job, rank) windows of StepRecords, under caps on jobs, ranks, GPUs and steps."""
+    """Thread-safe per-(job, rank) windows of steps, held as columns, under caps on jobs, ranks, GPUs and steps."""
 
     def __init__(self, *, window_s: float, expire_after_s: float, max_jobs: int, max_ranks: int, max_gpus: int,
                  max_steps_per_rank: int, max_steps_held: int) -> None:
@@ -114,13 +114,16 @@ class RankStore:
                    max_steps_per_rank=limits.max_steps_per_rank, max_steps_held=limits.max_steps_held)
 
     # ----- writing ---------------------------------------------------------------------------------
-    def add(self, info: RankInfo, steps: Sequence[StepRecord], now: float) -> int:
+    def add(self, info: RankInfo, steps: Sequence[StepRecord] | StepColumns, now: float) -> int:
         """Record a push; return how many steps were new and kept. Raises CapExceeded (nothing stored)."""
         return self.record(info, steps, now).accepted
 
-    def record(self, info: RankInfo, steps: Sequence[StepRecord], now: float, incarnation: str | None = None, *,
-               final: bool = False) -> Stored:
+    def record(self, info: RankInfo, steps: Sequence[StepRecord] | StepColumns, now: float,
+               incarnation: str | None = None, *, final: bool = False) -> Stored:
         """Record a push; say what was kept and what was not, and why. Raises CapExceeded (nothing stored).
+
+        `steps` are records or, as the push API decodes them, columns (step numbers within int64: an
+        OverflowError otherwise, before anything is stored).
 
         A push whose `incarnation` differs from the one the rank holds comes from a restarted process (a
         torchelastic restart keeps the job and rank, and numbers its steps again from its checkpoint): the
@@ -131,10 +134,11 @@ class RankStore:
         released at once (its steps, ranks and GPUs) and reported by take_ended(), so that its findings
         resolve now rather than after expire_after_s."""
         cutoff = now - self.window_s
+        batch = steps if isinstance(steps, StepColumns) else StepColumns(*step_rows(steps))
         with self._lock:
             job = self._jobs.get(info.job)
             rank = job.get(info.rank) if job is not None else None
-            self._admit(info, job, rank, bool(steps))
+            self._admit(info, job, rank, len(batch) > 0)
             if job is None:
                 job = self._jobs[info.job] = {}
             if rank is None:
@@ -151,36 +155,36 @@ class RankStore:
             if incarnation is not None:
                 rank.incarnation = incarnation
             duplicate, stale = self._duplicate, self._stale
-            fresh, highest = self._fresh(rank, steps, cutoff)
+            numbers, values, highest = self._fresh(rank, batch, cutoff)
             duplicate, stale = self._duplicate - duplicate, self._stale - stale
             self._trim(rank, cutoff)
-            past_window = max(0, len(fresh) - self._per_rank)
+            past_window = max(0, len(numbers) - self._per_rank)
             if past_window:
                 # One rank's window keeps at most max_steps_per_rank: the push's oldest new steps would be
                 # rolled out by its newest at once. Not a lack of room: named apart so the client knows.
-                fresh = fresh[past_window:]
+                numbers, values = numbers[past_window:], values[:, past_window:]
                 self._past_window += past_window
-            fresh, no_room = self._fit(rank, fresh)
-            rank.steps.extend(fresh)
-            rank.cols.extend(fresh)
-            self._steps += len(fresh)
-            self._accepted += len(fresh)
+            no_room = self._fit(rank, len(numbers))
+            if no_room:
+                numbers, values = numbers[no_room:], values[:, no_room:]  # the oldest of the new steps go first
+            rank.cols.extend(numbers, values)
+            kept = len(numbers)
+            self._steps += kept
+            self._accepted += kept
             rank.last_step = max(rank.last_step, highest)
             rank.last_push = now
-            if not steps:
+            if not len(batch):
                 rank.last_beat = now
             rank.ended = final  # a push without it after one with it: the rank was restarted
             rank.view = None
             if final and all(r.ended for r in job.values()):
                 self._release(info.job)
-            return Stored(len(fresh), past_window, no_room, duplicate, stale, restarted)
+            return Stored(kept, past_window, no_room, duplicate, stale, restarted)
 
     def _forget_steps(self, rank: _Rank) -> None:
         """A restarted rank: its held steps (the previous process's) go; its step numbers start afresh."""
-        n = len(rank.steps)
-        rank.steps.clear()
-        rank.cols.drop(n)
-        self._steps -= n
+        self._steps -= len(rank.cols)
+        rank.cols.clear()
         rank.last_step = -1
         rank.view = None
 
@@ -188,7 +192,7 @@ class RankStore:
         """Drop a job whose ranks all ended (under the lock)."""
         for rank in self._jobs.pop(name).values():
             self._ranks -= 1
-            self._steps -= len(rank.steps)
+            self._steps -= len(rank.cols)
             self._release_gpu(rank.info.gpu_uuid)
         if len(self._ended) < self.limits["jobs"]:  # bounded even if nobody ever asks
             self._ended.add(name)
@@ -211,7 +215,7 @@ class RankStore:
                 self._refuse("gpus", f"GPU {info.gpu_uuid}")
             if has_steps and self._steps >= self.limits["steps"]:
                 self._refuse("steps", f"rank {info.rank} of job {info.job!r}")
-        elif has_steps and not rank.steps and self._steps >= self.limits["steps"]:
+        elif has_steps and not len(rank.cols) and self._steps >= self.limits["steps"]:
             # A rank created by a heartbeat (or emptied by its window) holds nothing it could roll: like a
             # new rank with steps, it is refused while the total is full, instead of accepting 0 forever.
             self._refuse("steps", f"steps for rank {info.rank} of job {info.job!r} (it holds none it could roll out)")
@@ -237,65 +241,58 @@ class RankStore:
         else:
             del self._gpus[uuid]
 
-    def _fresh(self, rank: _Rank, steps: Sequence[StepRecord], cutoff: float) -> tuple[list[StepRecord], int]:
-        """The steps of a push neither already held (retries) nor older than the window, and their highest number."""
-        numbers = [s.step for s in steps]
-        # The SDK's usual push: new steps in increasing order, all inside the window. Checked with
-        # C-speed builtins because it is most of the work of a push.
-        if numbers and numbers[0] > rank.last_step and min([s.end for s in steps]) >= cutoff \
-                and numbers == sorted(set(numbers)):
-            return list(steps), numbers[-1]
-        fresh: list[StepRecord] = []
-        seen: set[int] = set()
-        held: set[int] | None = None
-        for s in steps:
-            if s.end < cutoff:
-                self._stale += 1
-            elif s.step in seen:
-                self._duplicate += 1
-            else:
-                if s.step <= rank.last_step:
-                    if held is None:  # only a retry or a restarted job pays for this set
-                        held = {r.step for r in rank.steps}
-                    if s.step in held:
-                        self._duplicate += 1
-                        continue
-                seen.add(s.step)
-                fresh.append(s)
-        return fresh, max(seen, default=-1)
+    def _fresh(self, rank: _Rank, batch: StepColumns, cutoff: float) -> tuple[np.ndarray, np.ndarray, int]:
+        """The steps of a push neither already held (retries) nor older than the window, in push order, as
+        (numbers, values), and their highest number (-1 for none)."""
+        numbers, values = batch.step, batch.values
+        n = len(numbers)
+        if not n:
+            return numbers, values, -1
+        ends = values[0]
+        # The SDK's usual push: new steps in increasing order, all inside the window. One vectorised check,
+        # because it is most of the work of a push.
+        if numbers[0] > rank.last_step and ends.min() >= cutoff \
+                and (n == 1 or bool((numbers[1:] > numbers[:-1]).all())):
+            return numbers, values, int(numbers[-1])
+        live = np.flatnonzero(ends >= cutoff)
+        self._stale += n - len(live)
+        # Of the steps inside the window, the first of each number is new unless held; any later copy is a duplicate.
+        keep = np.zeros(n, dtype=bool)
+        keep[live[np.unique(numbers[live], return_index=True)[1]]] = True
+        maybe_held = keep & (numbers <= rank.last_step)
+        if maybe_held.any():  # only a retry or a restarted job pays for this look-up
+            keep[maybe_held] = ~np.isin(numbers[maybe_held], rank.cols.numbers())
+        self._duplicate += len(live) - int(keep.sum())
+        fresh = numbers[keep]
+        return fresh, values[:, keep], int(fresh.max()) if len(fresh) else -1
 
-    def _fit(self, rank: _Rank, fresh: list[StepRecord]) -> tuple[list[StepRecord], int]:
-        """Make room for `fresh` under the per-rank cap and the global cap; return what can be kept, and
-        how many new steps found no room under the global cap."""
-        held = len(rank.steps)
+    def _fit(self, rank: _Rank, k: int) -> int:
+        """Make room for `k` new steps under the per-rank cap and the global cap (rolling the rank's oldest
+        out); return how many of the new ones found no room under the global cap."""
+        held = len(rank.cols)
         # This rank may grow into the free room, or else only roll its own window.
         allowed = min(self._per_rank, held + max(0, self.limits["steps"] - self._steps))
-        excess = held + len(fresh) - allowed
+        excess = held + k - allowed
         if excess <= 0:
-            return fresh, 0
+            return 0
         drop_old = min(excess, held)
-        for _ in range(drop_old):
-            rank.steps.popleft()
         rank.cols.drop(drop_old)
         self._steps -= drop_old
         drop_new = excess - drop_old
-        if drop_new:
-            # Only possible when the global cap is full (len(fresh) <= max_steps_per_rank here); the oldest
-            # of the new steps go first.
-            self._refused_steps += drop_new
-            fresh = fresh[drop_new:]
-        return fresh, drop_new
+        # Only possible when the global cap is full (k <= max_steps_per_rank here).
+        self._refused_steps += drop_new
+        return drop_new
 
     def _trim(self, rank: _Rank, cutoff: float) -> int:
-        steps = rank.steps
-        n = 0
-        while steps and steps[0].end < cutoff:
-            steps.popleft()
-            n += 1
-        if n:
-            rank.cols.drop(n)
-            self._steps -= n
-            rank.view = None
+        """Drop the rank's oldest steps (in arrival order) that ended before `cutoff`."""
+        cols = rank.cols
+        if not len(cols) or cols.first_end() >= cutoff:  # the usual case: one scalar read
+            return 0
+        old = cols.ends() < cutoff
+        n = len(old) if old.all() else int(old.argmin())
+        cols.drop(n)
+        self._steps -= n
+        rank.view = None
         return n
 
     def expire(self, now: float) -> RankCounts:
@@ -309,7 +306,7 @@ class RankStore:
                     if rank.last_push < silent_before:
                         del ranks[number]
                         self._ranks -= 1
-                        self._steps -= len(rank.steps)
+                        self._steps -= len(rank.cols)
                         self._expired["ranks"] += 1
                         gpus = len(self._gpus)
                         self._release_gpu(rank.info.gpu_uuid)
@@ -339,9 +336,9 @@ class RankStore:
                 for number, rank in ranks.items():
                     self._trim(rank, cutoff)
                     if rank.view is None:
-                        steps = tuple(rank.steps)
-                        rank.view = RankWindow(rank.info, steps, rank.last_push, rank.cols.columns(steps),
-                                               rank.last_beat, rank.ended)
+                        cols = rank.cols.columns()
+                        rank.view = RankWindow(rank.info, StepView(cols), rank.last_push, cols, rank.last_beat,
+                                               rank.ended)
                     views[number] = rank.view
             out[name] = MappingProxyType(views)
         return MappingProxyType(out)

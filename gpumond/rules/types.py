@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -78,7 +78,9 @@ class RankWindow:
     """A rank's recent steps, oldest first, bounded in time and count."""
 
     info: RankInfo
-    steps: tuple[StepRecord, ...]
+    # A tuple where a window is built from records; the store's is a read-only Sequence over `columns`
+    # (gpumond.rules.columns.StepView) that makes each StepRecord when read, with `samples` None.
+    steps: Sequence[StepRecord]
     last_push: float  # unix seconds of the last accepted push
     # The same steps as arrays, when whoever built the window keeps them (the store, the simulator);
     # detectors fall back to reading `steps` when any window of a job lacks them.

@@ -8,6 +8,7 @@ Everything talks to 127.0.0.1 only, and every loop and wait is bounded.
 from __future__ import annotations
 
 import json
+import math
 import random
 import socket
 import threading
@@ -15,6 +16,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.push_bodies import CONTENT_TYPES, encode, pack
 
 UUID_FMT = "GPU-{:08x}-0000-4000-8000-{:012x}"
 
@@ -48,14 +51,17 @@ def raw_request(port: int, data: bytes, *, timeout: float = 5.0, half_close: boo
 
 
 def post(path: str, body: bytes, token: str | None, *, headers: dict[str, str] | None = None,
-         content_length: str | None = None) -> bytes:
+         content_length: str | None = None, content_type: str = "application/json") -> bytes:
     """A raw POST; `content_length` overrides the honest one (a lie, or garbage)."""
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close", "Content-Type: application/json"]
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close", f"Content-Type: {content_type}"]
     if token is not None:
         lines.append(f"Authorization: Bearer {token}")
     lines.append(f"Content-Length: {len(body) if content_length is None else content_length}")
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+_post = post  # hostile_requests sends every body with its encoding's Content-Type through this
 
 
 def valid_push(job: str = "job", rank: int = 0, gpu: int = 0, steps: int = 2, first: int = 0,
@@ -67,16 +73,28 @@ def valid_push(job: str = "job", rank: int = 0, gpu: int = 0, steps: int = 2, fi
 
 
 def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | None = None,
-                     movable_ranks: int = 50, held_jobs: int = 20) -> Iterator[tuple[str, bytes, bool]]:
+                     movable_ranks: int = 50, held_jobs: int = 20,
+                     encoding: str = "json") -> Iterator[tuple[str, bytes, bool]]:
     """(kind, raw request, half_close) for the push API: every kind of hostile input, then label floods.
 
     `floods` says how many distinct jobs / ranks / GPUs / steps to push (past the service's caps). The GPU
     flood moves ranks 0..movable_ranks-1 of job "job" (held after the rank flood) to new GPUs; the step flood
     pushes 1,000 steps to rank 0 of each job the job flood left held (held_jobs), one push per rank first.
+    `encoding`: the push encoding of every body (tests/push_bodies.py); the columnar one adds hostile columns.
     """
     rng = random.Random(seed)
-    p = "/api/v1/push"
-    good = json.dumps(valid_push()).encode()
+    path = "/api/v1/push"
+
+    def p_body(push: dict) -> bytes:
+        raw = encode(push, encoding)
+        assert raw is not None
+        return raw
+
+    def post(p: str, body: bytes, token: str | None, **kw) -> bytes:  # every body with `encoding`'s type
+        return _post(p, body, token, content_type=CONTENT_TYPES[encoding], **kw)
+
+    p = path
+    good = p_body(valid_push())
     # ----- malformed JSON
     for cut in range(1, len(good), max(1, len(good) // 40)):
         yield "malformed_json", post(p, good[:cut], token), True
@@ -91,7 +109,7 @@ def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | Non
         yield "lying_length", post(p, good, token, content_length=declared), True
     yield "lying_length", post(p, good, token, headers={"Content-Length": "7"}), True  # two different lengths
     yield "lying_length", post(p, good, token, headers={"Transfer-Encoding": "chunked"}), True
-    chunked = (f"POST {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    chunked = (f"POST {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: {CONTENT_TYPES[encoding]}\r\n"
                f"Authorization: Bearer {token}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
     for body in (b"ffffffff\r\n" + good, b"zz\r\n" + good + b"\r\n0\r\n\r\n",
                  f"{len(good):x}\r\n".encode() + good + b"\r\n0\r\n\r\n"):
@@ -99,7 +117,7 @@ def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | Non
     # ----- deep nesting
     for depth in (100, 1_000, 10_000, 100_000):
         yield "deep_nesting", post(p, b"[" * depth + b"]" * depth, token), True
-        nested = json.dumps(valid_push())[:-1].encode() + b', "extra": ' + b"[" * depth + b"]" * depth + b"}"
+        nested = good[:-1] + b', "extra": ' + b"[" * depth + b"]" * depth + b"}"
         yield "deep_nesting", post(p, nested, token), True
         yield "deep_nesting", post(p, good.replace(b'"job"', b'"job", "x": ' + b'{"a":' * depth + b"1"
                                                    + b"}" * depth + b', "y"', 1), token), True
@@ -110,12 +128,26 @@ def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | Non
                     b'"step": 0'):
             name = key.split(b":")[0]
             yield "numbers", post(p, good.replace(key, name + b": " + literal, 1), token), True
+    if encoding == "columns":  # the same numbers inside the arrays, and arrays that are not arrays
+        for value in (math.nan, math.inf, -math.inf, -1.0, 1e300, -0.0, 5e-324, 2.0**63):
+            for field in ("end", "duration_s", "data_wait_s", "comm_wait_s"):
+                body = json.loads(good)
+                body["columns"][field] = pack("d", [value, 0.5])
+                yield "numbers", post(p, json.dumps(body).encode(), token), True
+        for value in (-1, -2**63, 2**63 - 1):
+            body = json.loads(good)
+            body["columns"]["step"] = pack("q", [value, 1])
+            yield "numbers", post(p, json.dumps(body).encode(), token), True
+        for junk in ("", "====", "AAAA", "not base64", "A" * 100_000, "\u0000", pack("d", [1.0] * 5)):
+            body = json.loads(good)
+            body["columns"]["duration_s"] = junk
+            yield "numbers", post(p, json.dumps(body).encode(), token), True
     # ----- control characters and other unsafe text in every label
     for label in ("job", "node", "group"):
         for char in ("\x00", "\x1b[31m", "\x85", "\u2028", "\u2029", "\u202e", "\u2066", "\ud800", "\n", "\t"):
             body = valid_push()
             body[label] = f"evil{char}name"
-            yield "control_chars", post(p, json.dumps(body).encode(), token), True
+            yield "control_chars", post(p, p_body(body), token), True
     yield "control_chars", post(p, good, token, headers={"X-Evil": "a\x85b"}), True
     # ----- headers, methods, auth
     yield "headers", post(p, good, token, headers={"X-Big": "a" * 70_000}), True
@@ -133,16 +165,16 @@ def hostile_requests(token: str, *, seed: int = 13, floods: dict[str, int] | Non
     floods = floods or {}
     yield "flood_jobs", post(p, good, token), True  # job "job" exists: the rank and GPU floods grow it
     for i in range(floods.get("jobs", 0)):
-        yield "flood_jobs", post(p, json.dumps(valid_push(job=f"flood-job-{i}", gpu=i % 7)).encode(), token), True
+        yield "flood_jobs", post(p, p_body(valid_push(job=f"flood-job-{i}", gpu=i % 7)), token), True
     for i in range(floods.get("ranks", 0)):
-        yield "flood_ranks", post(p, json.dumps(valid_push(rank=i, gpu=i % 7)).encode(), token), True
+        yield "flood_ranks", post(p, p_body(valid_push(rank=i, gpu=i % 7)), token), True
     for i in range(floods.get("gpus", 0)):  # ranks of job "job" move to new GPUs, their old ones still used
         body = valid_push(rank=i % movable_ranks, gpu=10_000_000 + i)
-        yield "flood_gpus", post(p, json.dumps(body).encode(), token), True
+        yield "flood_gpus", post(p, p_body(body), token), True
     for i in range(floods.get("steps", 0) // 1000):
         job = i % held_jobs
-        yield "flood_steps", post(p, json.dumps(valid_push(job=f"flood-job-{job}", gpu=job % 7, steps=1000,
-                                                           first=i * 1000)).encode(), token), True
+        yield "flood_steps", post(p, p_body(valid_push(job=f"flood-job-{job}", gpu=job % 7, steps=1000,
+                                                       first=i * 1000)), token), True
 
 
 # A TLS record header announcing a 512-byte ClientHello, and the first bytes of it: the rest never comes.

@@ -30,6 +30,8 @@ ALERTMANAGER = pytest.mark.skipif(shutil.which("prometheus-alertmanager") is Non
     (["benchmarks/hostile_network.py", "--quick"], "Hostile network (quick)"),
     (["benchmarks/tls_cost.py", "--quick"], "scrape, new connection"),
     (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
+    (["benchmarks/rules_store.py", "--quick"], "RSS per held step"),
+    (["benchmarks/fleet_scale.py", "--quick"], "planted found"),
     pytest.param(["benchmarks/ddp_overhead.py", "--quick"], "gpumond vs plain", marks=TORCH),
     pytest.param(["benchmarks/ddp_signal.py", "--quick"], "rank 1 slowed", marks=TORCH),
     pytest.param(["benchmarks/fsdp_signal.py", "--quick"], "forward all-gathers", marks=TORCH),

@@ -14,6 +14,7 @@ from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.safetext import UNSAFE
 from tests.fakes import FakeClock
+from tests.push_bodies import CONTENT_TYPES, ENCODINGS, encode
 
 TOKEN = "push-token-0123456789"
 NOW = 1_763_760_000.0
@@ -27,8 +28,10 @@ def make(**limits: Any) -> tuple[Ingest, FakeClock]:
 
 
 def admit(ingest: Ingest, authorization: str | None = f"Bearer {TOKEN}", address: str = "10.0.0.1",
-          content_type: str | None = "application/json", content_encoding: str | None = None,
+          content_type: str | None = "", content_encoding: str | None = None,
           content_length: str | None = "100") -> Client | Reply:
+    if content_type == "":
+        content_type = CONTENT_TYPES[ENCODING[0]]
     return ingest.admit(authorization=authorization, address=address, content_type=content_type,
                         content_encoding=content_encoding, content_length=content_length)
 
@@ -37,10 +40,23 @@ def body(job: str = "j", rank: int = 0, first: int = 0, count: int = 2, end: flo
     data = {"job": job, "rank": rank, "world_size": 8, "node": "n", "gpu_uuid": UUID[:-2] + f"{rank:02x}",
             "steps": [{"step": first + i, "end": end, "duration_s": 1.0, "data_wait_s": 0.1} for i in range(count)]}
     data.update(over)
-    return json.dumps(data).encode()
+    raw = encode(data, ENCODING[0])
+    assert raw is not None
+    return raw
 
 
+# Every test here runs on both push encodings: the body() of this module and the admitted client follow it.
+ENCODING = ["json"]
 CLIENT = Client("token#0", "10.0.0.1")
+
+
+@pytest.fixture(autouse=True, params=ENCODINGS)
+def encoding(request: pytest.FixtureRequest):
+    global CLIENT
+    ENCODING[0] = request.param
+    CLIENT = Client("token#0", "10.0.0.1", request.param == "columns")
+    yield request.param
+    ENCODING[0], CLIENT = "json", Client("token#0", "10.0.0.1")
 
 
 def test_a_valid_push_is_stored_and_counted() -> None:
@@ -61,7 +77,8 @@ def test_a_valid_push_is_stored_and_counted() -> None:
          ("WWW-Authenticate", 'Bearer realm="gpumond"')),
         ({"authorization": "Bearer wrong-token-0123456789"}, 401, "invalid bearer token",
          ("WWW-Authenticate", 'Bearer realm="gpumond", error="invalid_token"')),
-        ({"content_type": "text/plain"}, 415, "Content-Type must be application/json (got 'text/plain')", None),
+        ({"content_type": "text/plain"}, 415, "Content-Type must be application/json (steps as objects) or "
+         "application/vnd.gpumond.columns+json (steps as columns) (got 'text/plain')", None),
         ({"content_encoding": "gzip"}, 415, "Content-Encoding 'gzip' is not supported; send the JSON uncompressed",
          None),
         ({"content_length": str(1_048_577)}, 413, "body larger than limits.max_body_bytes (1048576 bytes)", None),
@@ -134,7 +151,8 @@ def test_a_cap_refusal_is_429_with_retry_after_and_names_the_cap() -> None:
 def test_limits_come_from_the_config() -> None:
     ingest, _ = make(max_steps_per_push=2, max_string_len=16)
     reply = ingest.accept(CLIENT, body(count=3))
-    assert str(reply.body["error"]).startswith("steps: must have at most 2 items (got [{'step': 0, ")
+    assert str(reply.body["error"]).startswith({"json": "steps: must have at most 2 items (got [{'step': 0, ",
+                                                "columns": "columns: must have at most 2 steps (got 3)"}[ENCODING[0]])
     assert ingest.accept(CLIENT, body(job="j" * 17)).status == 422
 
 

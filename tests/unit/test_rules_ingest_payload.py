@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 
-from gpumond.rules.ingest.payload import PayloadError, parse, push_model
+from gpumond.rules.ingest.payload import PayloadError, columns_model, parse, push_model
 from gpumond.rules.types import RankInfo, StepRecord
+from tests.push_bodies import ENCODINGS, encode, pack
 
 MODEL = push_model(32, 8)  # max_string_len, max_steps
+COLUMNS = columns_model(32, 8)
+MODELS = {"json": MODEL, "columns": COLUMNS}
 UUID = "GPU-5b0c1234-aaaa-bbbb-cccc-0123456789ab"
 
 
@@ -26,19 +31,38 @@ def push(**over: Any) -> dict[str, Any]:
     return body
 
 
-def refused(body: Any) -> tuple[int, str]:
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+def refused(body: Any, encoding: str = "json") -> tuple[int, str]:
+    raw = body if isinstance(body, bytes) else encode(body, encoding)
+    if raw is None:
+        pytest.skip("only the JSON encoding can say this body")
     with pytest.raises(PayloadError) as info:
-        parse(MODEL, raw)
+        parse(MODELS[encoding], raw)
     assert "\n" not in info.value.message
     return info.value.status, info.value.message
 
 
-def test_the_design_example_parses_into_the_shared_types() -> None:
-    p = parse(MODEL, json.dumps(push()).encode())
+def parsed(body: Any, encoding: str):
+    raw = encode(body, encoding)
+    assert raw is not None
+    return parse(MODELS[encoding], raw)
+
+
+def held(p) -> list[tuple]:
+    """The push's steps as its columns say: (step, end, duration_s, data_wait_s, comm_wait_s or None)."""
+    c = p.step_columns()
+    return [(n, e, d, w, None if math.isnan(x) else x) for n, (e, d, w, x) in zip(c.step.tolist(), c.values.T.tolist())]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_the_design_example_parses_into_the_shared_types(encoding: str) -> None:
+    p = parsed(push(), encoding)
     assert p.rank_info() == RankInfo("llama-70b-r3", 17, 64, "gpu-node-03", UUID, "pp-stage-2")
-    assert p.steps == [StepRecord(1200, 1763760000.12, 0.84, 0.02, 32)]
-    assert type(p.steps[0]) is StepRecord
+    assert held(p) == [(1200, 1763760000.12, 0.84, 0.02, None)]
+    c = p.step_columns()
+    assert c.step.dtype == np.int64 and c.values.dtype == np.float64 and c.values.shape == (4, 1)
+    if encoding == "json":
+        assert p.steps == [StepRecord(1200, 1763760000.12, 0.84, 0.02, 32)]
+        assert type(p.steps[0]) is StepRecord
 
 
 def test_optional_fields_and_an_empty_heartbeat() -> None:
@@ -49,23 +73,26 @@ def test_optional_fields_and_an_empty_heartbeat() -> None:
     assert parse(MODEL, json.dumps(push(steps=[])).encode()).steps == []
 
 
-def test_comm_wait_is_optional_and_kept_when_given() -> None:
-    without = parse(MODEL, json.dumps(push()).encode())
-    assert without.steps[0].comm_wait_s is None  # an older SDK
-    null = parse(MODEL, json.dumps(push(steps=[step(comm_wait_s=None)])).encode())
-    assert null.steps[0].comm_wait_s is None
-    given = parse(MODEL, json.dumps(push(steps=[step(comm_wait_s=0.31), step(1201, comm_wait_s=0)])).encode())
-    assert [s.comm_wait_s for s in given.steps] == [0.31, 0.0]
-    assert given.steps[0] == StepRecord(1200, 1763760000.12, 0.84, 0.02, 32, 0.31)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_comm_wait_is_optional_and_kept_when_given(encoding: str) -> None:
+    without = parsed(push(), encoding)
+    assert held(without)[0][4] is None  # an older SDK
+    null = parsed(push(steps=[step(comm_wait_s=None)]), encoding)
+    assert held(null)[0][4] is None
+    given = parsed(push(steps=[step(comm_wait_s=0.31), step(1201, comm_wait_s=0)]), encoding)
+    assert [s[4] for s in held(given)] == [0.31, 0.0]
+    if encoding == "json":
+        assert given.steps[0] == StepRecord(1200, 1763760000.12, 0.84, 0.02, 32, 0.31)
 
 
-def test_comm_wait_may_fill_the_step_with_the_data_wait_up_to_the_rounding_slack() -> None:
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_comm_wait_may_fill_the_step_with_the_data_wait_up_to_the_rounding_slack(encoding: str) -> None:
     # 0.84 - 0.02 exactly, then 1 µs over it: both within the slack the data wait check also allows.
     for comm in (0.82, 0.82 + 1e-6, 0.84 + 1e-6 - 0.02):
-        p = parse(MODEL, json.dumps(push(steps=[step(comm_wait_s=comm)])).encode())
-        assert p.steps[0].comm_wait_s == comm
-    p = parse(MODEL, json.dumps(push(steps=[step(data_wait_s=0, comm_wait_s=0.84)])).encode())
-    assert p.steps[0].comm_wait_s == 0.84
+        p = parsed(push(steps=[step(comm_wait_s=comm)]), encoding)
+        assert held(p)[0][4] == comm
+    p = parsed(push(steps=[step(data_wait_s=0, comm_wait_s=0.84)]), encoding)
+    assert held(p)[0][4] == 0.84
 
 
 def test_gpu_uuid_is_stored_lowercase_like_the_agent_exports_it() -> None:
@@ -82,9 +109,10 @@ def test_mig_devices_are_accepted_in_both_forms(pushed: str, stored: str) -> Non
     assert p.gpu_uuid == stored
 
 
-def test_integer_numbers_are_fine_where_floats_are_expected() -> None:
-    p = parse(MODEL, json.dumps(push(steps=[step(end=1763760000, duration_s=1, data_wait_s=1)])).encode())
-    assert p.steps[0].duration_s == 1.0
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_integer_numbers_are_fine_where_floats_are_expected(encoding: str) -> None:
+    p = parsed(push(steps=[step(end=1763760000, duration_s=1, data_wait_s=1)]), encoding)
+    assert held(p)[0][2] == 1.0
 
 
 def test_unknown_keys_are_ignored_for_newer_sdks() -> None:
@@ -147,15 +175,55 @@ def test_unknown_keys_are_ignored_for_newer_sdks() -> None:
         ({}, 422, "job: required key is missing (+5 more)"),
     ],
 )
-def test_refusals_name_the_field(body: Any, status: int, message: str) -> None:
-    got_status, got = refused(body)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_refusals_name_the_field(body: Any, status: int, message: str, encoding: str) -> None:
+    got_status, got = refused(body, encoding)
     assert got_status == status
+    if encoding == "columns":
+        message = IN_COLUMNS.get(message, message)
     assert got.startswith(message), got
+
+
+# Where the columnar encoding words a refusal differently (it has no list of steps to count).
+IN_COLUMNS = {"steps: must have at most 8 items": "columns: must have at most 8 steps (got 9)"}
+
+
+def columnar(**columns: Any) -> bytes:
+    body = {k: v for k, v in push().items() if k != "steps"}
+    body["columns"] = {"step": pack("q", [1]), "end": pack("d", [1763760000.0]), "duration_s": pack("d", [0.84]),
+                       "data_wait_s": pack("d", [0.02]), **columns}
+    return json.dumps({**body, "columns": {k: v for k, v in body["columns"].items() if v is not None}}).encode()
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (columnar(end="not base64!"), "columns.end: must be standard base64 with padding"),
+    (columnar(end=pack("d", [1.0])[:-1]), "columns.end: must be standard base64 with padding"),
+    (columnar(end="AAAA"), "columns.end: must hold 8-byte values (got 3 bytes)"),
+    (columnar(end=pack("d", [1.0, 2.0])), "columns.end: must hold as many values as columns.step (1) (got 2)"),
+    (columnar(duration_s=None), "columns.duration_s: required key is missing"),
+    (columnar(step=pack("q", [-1])), "steps[0].step: must be at least 0 (got -1)"),
+    (columnar(duration_s=pack("d", [math.nan])), "steps[0].duration_s: must be a finite number"),
+    (columnar(end=pack("d", [math.inf])), "steps[0].end: must be a finite number"),
+    (columnar(comm_wait_s=pack("d", [math.inf])), "steps[0].comm_wait_s: must be a finite number, or NaN"),
+    (columnar(comm_wait_s=pack("d", [-0.5])), "steps[0].comm_wait_s: must be at least 0 (got -0.5)"),
+    (columnar(samples=pack("q", [-2])), "steps[0].samples: must be at least 0, or -1 for none (got -2)"),
+    (columnar(step=pack("q", [1] * 9), **{k: pack("d", [0.1] * 9) for k in ("end", "duration_s", "data_wait_s")}),
+     "columns: must have at most 8 steps (got 9)"),
+    (json.dumps({k: v for k, v in push().items() if k != "steps"}).encode(), "columns: required key is missing"),
+])
+def test_columnar_refusals_name_the_column_or_the_step(body: bytes, message: str) -> None:
+    assert refused(body, "columns") == (422, refused(body, "columns")[1])
+    assert refused(body, "columns")[1].startswith(message), refused(body, "columns")
+
+
+def test_columnar_nan_comm_wait_means_not_measured_and_samples_may_be_minus_one() -> None:
+    p = parse(COLUMNS, columnar(comm_wait_s=pack("d", [math.nan]), samples=pack("q", [-1])))
+    assert held(p) == [(1, 1763760000.0, 0.84, 0.02, None)]
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
 @pytest.mark.parametrize("key", ["duration_s", "comm_wait_s"])
-def test_non_finite_numbers_are_refused(literal: bytes, key: str) -> None:
+def test_non_finite_numbers_are_refused(literal: bytes, key: str) -> None:  # JSON; columns: above
     raw = json.dumps(push(steps=[step(**{key: 777.5})])).encode().replace(b"777.5", literal)
     status, message = refused(raw)
     assert status == 422
@@ -163,7 +231,7 @@ def test_non_finite_numbers_are_refused(literal: bytes, key: str) -> None:
 
 
 def test_the_model_is_cached_per_limits() -> None:
-    assert push_model(32, 8) is MODEL
+    assert push_model(32, 8) is MODEL and columns_model(32, 8) is COLUMNS
     assert push_model(64, 8) is not MODEL
 
 
@@ -190,3 +258,15 @@ def test_the_openapi_document_shows_the_optional_comm_wait() -> None:
     step_schema = schemas["Step"]
     assert "comm_wait_s" in step_schema["properties"] and "comm_wait_s" not in step_schema["required"]
     assert schemas["Push"]["properties"]["steps"]["items"] == {"$ref": "#/components/schemas/Step"}
+
+
+def test_the_openapi_document_offers_both_encodings() -> None:
+    from gpumond.rules.ingest.openapi import openapi_document
+
+    doc = openapi_document(MODEL, "test", COLUMNS)
+    content = doc["paths"]["/api/v1/push"]["post"]["requestBody"]["content"]
+    assert content == {"application/json": {"schema": {"$ref": "#/components/schemas/Push"}},
+                       "application/vnd.gpumond.columns+json": {"schema": {"$ref": "#/components/schemas/ColumnsPush"}}}
+    columns = doc["components"]["schemas"]["ColumnsPush"]
+    assert "columns" in columns["required"] and "steps" not in columns["properties"]
+    assert set(doc["components"]["schemas"]["Columns"]["required"]) == {"step", "end", "duration_s", "data_wait_s"}

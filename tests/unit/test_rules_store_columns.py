@@ -4,9 +4,11 @@ stale steps, caps, expiry, ranks moving GPU; and a snapshot's arrays never chang
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpumond.rules.columns import step_columns
 from gpumond.rules.store import CapExceeded, GpuStore, RankStore
 from gpumond.rules.types import GPU_SIGNALS, GpuSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
 
@@ -21,9 +23,6 @@ def expected_columns(w: RankWindow) -> tuple[list[int], np.ndarray]:
 def assert_columns_match(w: RankWindow) -> None:
     numbers, values = expected_columns(w)
     cols = w.columns
-    if cols is None:  # only while a step number past int64 is held
-        assert any(not -2**63 <= n < 2**63 for n in numbers)
-        return
     assert cols.step.dtype == np.int64 and cols.values.dtype == np.float64
     assert cols.step.tolist() == numbers
     assert np.array_equal(cols.values, values, equal_nan=True)
@@ -31,39 +30,118 @@ def assert_columns_match(w: RankWindow) -> None:
     assert not cols.step.flags.writeable and not cols.values.flags.writeable
 
 
-step_number = st.one_of(st.integers(0, 30), st.just(2**70))
+class Reference:
+    """The store's step rules written plainly, one record at a time (what the columnar store must equal):
+    stale steps, duplicates within a push and against held steps, trimming, max_steps_per_rank, max_steps_held."""
+
+    def __init__(self, window_s: float, per_rank: int, held: int) -> None:
+        self.window_s, self.per_rank, self.cap = window_s, per_rank, held
+        self.ranks: dict[int, list[StepRecord]] = {}
+        self.last: dict[int, int] = {}
+        self.pushed: dict[int, float] = {}
+        self.accepted = self.duplicate = self.stale = self.refused = self.past = 0
+
+    def total(self) -> int:
+        return sum(map(len, self.ranks.values()))
+
+    def trim(self, rank: int, cutoff: float) -> None:
+        held = self.ranks[rank]
+        while held and held[0].end < cutoff:
+            held.pop(0)
+
+    def add(self, rank: int, steps: list[StepRecord], now: float) -> bool:
+        """False: refused whole (steps for a rank holding none while max_steps_held is full)."""
+        cutoff = now - self.window_s
+        if steps and not self.ranks.get(rank) and self.total() >= self.cap:
+            return False
+        held = self.ranks.setdefault(rank, [])
+        fresh: list[StepRecord] = []
+        for s in steps:
+            if s.end < cutoff:
+                self.stale += 1
+            elif s.step in {f.step for f in fresh} or s.step in {h.step for h in held}:
+                self.duplicate += 1
+            else:
+                fresh.append(s)
+        self.trim(rank, cutoff)
+        if len(fresh) > self.per_rank:
+            self.past += len(fresh) - self.per_rank
+            fresh = fresh[len(fresh) - self.per_rank:]
+        allowed = min(self.per_rank, len(held) + max(0, self.cap - self.total()))
+        excess = len(held) + len(fresh) - allowed
+        if excess > 0:
+            drop_old = min(excess, len(held))
+            del held[:drop_old]
+            drop_new = excess - drop_old
+            self.refused += drop_new
+            fresh = fresh[drop_new:]
+        held.extend(fresh)
+        self.accepted += len(fresh)
+        self.last[rank] = max([self.last.get(rank, -1), *(s.step for s in fresh)])
+        self.pushed[rank] = now
+        return True
+
+    def expire(self, now: float, after: float) -> None:
+        for rank in [r for r, t in self.pushed.items() if t < now - after]:
+            del self.ranks[rank], self.pushed[rank]
+        for rank in self.ranks:
+            self.trim(rank, now - self.window_s)
+
+
 comm = st.one_of(st.none(), st.floats(0.0, 2.0, allow_nan=False))
-# (rank, gpu, [(step, seconds before now, comm_wait_s)], seconds to advance, expire?)
-push = st.tuples(st.integers(0, 3), st.integers(0, 4),
-                 st.lists(st.tuples(step_number, st.sampled_from([0.0, 1.0, 5.0, 25.0, 40.0]), comm), max_size=6),
+# (rank, [(step, seconds before now, comm_wait_s)], seconds to advance, expire?)
+push = st.tuples(st.integers(0, 3),
+                 st.lists(st.tuples(st.integers(0, 30), st.sampled_from([0.0, 1.0, 5.0, 25.0, 40.0]), comm),
+                          max_size=6),
                  st.sampled_from([0.0, 1.0, 7.0, 30.0]), st.booleans())
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(push, max_size=25), st.sampled_from([(4, 10), (8, 100), (100, 1000)]))
-def test_columns_always_equal_the_steps(pushes, caps):
+@given(st.lists(push, max_size=25), st.sampled_from([(4, 10), (8, 100), (100, 1000)]), st.booleans())
+def test_the_columnar_store_keeps_what_the_record_rules_keep(pushes, caps, as_columns):
     per_rank, held = caps
-    s = RankStore(window_s=30, expire_after_s=20, max_jobs=2, max_ranks=3, max_gpus=3,
+    s = RankStore(window_s=30, expire_after_s=20, max_jobs=1, max_ranks=4, max_gpus=4,
                   max_steps_per_rank=per_rank, max_steps_held=held)
+    ref = Reference(30, per_rank, held)
     now = NOW
     taken: list[tuple[RankWindow, list[int], np.ndarray]] = []
-    for rank, gpu, batch, advance, expire in pushes:
+    for rank, batch, advance, expire in pushes:
         steps = [StepRecord(n, now - ago, 1.0 + ago, 0.25, None, c) for n, ago, c in batch]
-        try:
-            s.add(RankInfo("job", rank, 4, "node", f"GPU-{gpu}"), steps, now)
-        except CapExceeded:
-            pass
+        if steps or rank in ref.ranks:
+            try:
+                s.add(RankInfo("job", rank, 4, "node", f"GPU-{rank}"), step_columns(steps) if as_columns else steps,
+                      now)
+                stored = True
+            except CapExceeded:
+                stored = False
+            assert ref.add(rank, steps, now) == stored
         now += advance
         if expire:
             s.expire(now)
-        for ranks in s.jobs(now).values():
-            for w in ranks.values():
-                assert_columns_match(w)
-                if w.columns is not None:
-                    taken.append((w, *expected_columns(w)))
+            ref.expire(now, 20)
+        snapshot = s.jobs(now).get("job", {})
+        for rank, held_steps in ref.ranks.items():
+            ref.trim(rank, now - 30)
+            w = snapshot[rank]
+            assert list(w.steps) == held_steps
+            assert_columns_match(w)
+            taken.append((w, *expected_columns(w)))
+        assert set(snapshot) == set(ref.ranks)
+        c = s.counts()
+        assert (c.steps, c.steps_accepted, c.steps_duplicate, c.steps_stale, c.steps_refused,
+                c.steps_per_rank_window) == (ref.total(), ref.accepted, ref.duplicate, ref.stale, ref.refused, ref.past)
     for w, numbers, values in taken:  # later pushes never wrote under an earlier snapshot
         assert w.columns.step.tolist() == numbers
         assert np.array_equal(w.columns.values, values, equal_nan=True)
+
+
+def test_a_step_number_past_int64_is_refused_before_anything_is_stored():
+    s = RankStore(window_s=30, expire_after_s=20, max_jobs=1, max_ranks=1, max_gpus=1, max_steps_per_rank=10,
+                  max_steps_held=10)
+    with pytest.raises(OverflowError):
+        s.add(RankInfo("job", 0, 1, "n", "GPU-a"), [StepRecord(1, NOW, 1.0, 0.1), StepRecord(2**70, NOW, 1.0, 0.1)],
+              NOW)
+    assert s.counts().ranks == 0 and s.counts().steps == 0
 
 
 def test_a_rank_moving_gpu_keeps_its_columns():
@@ -129,3 +207,21 @@ def test_gpu_columns_always_equal_the_samples(fetches):
                 taken.append((w, w.columns.data.copy()))
     for w, data in taken:  # later fetches never wrote under an earlier window
         assert np.array_equal(w.columns.data, data, equal_nan=True)
+
+
+def test_a_windows_steps_read_as_records_by_index_slice_and_iteration():
+    s = RankStore(window_s=300, expire_after_s=900, max_jobs=1, max_ranks=1, max_gpus=1, max_steps_per_rank=50,
+                  max_steps_held=50)
+    records = [StepRecord(i, NOW - 5 + i, 1.0 + i, 0.1, 32, None if i % 2 else 0.25) for i in range(5)]
+    s.add(RankInfo("job", 0, 1, "n", "GPU-a"), records, NOW)
+    steps = s.jobs(NOW)["job"][0].steps
+    held = [StepRecord(r.step, r.end, r.duration_s, r.data_wait_s, None, r.comm_wait_s) for r in records]
+    assert len(steps) == 5 and bool(steps) and list(steps) == held and steps == tuple(held)
+    assert steps[0] == held[0] and steps[-1] == held[-1] and steps[1:3] == tuple(held[1:3])
+    assert type(steps[0].step) is int and type(steps[0].end) is float
+    with pytest.raises(IndexError):
+        steps[5]
+    empty = RankStore(window_s=300, expire_after_s=900, max_jobs=1, max_ranks=1, max_gpus=1, max_steps_per_rank=5,
+                      max_steps_held=5)
+    empty.add(RankInfo("job", 0, 1, "n", "GPU-a"), [], NOW)
+    assert not empty.jobs(NOW)["job"][0].steps

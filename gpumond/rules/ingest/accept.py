@@ -10,14 +10,13 @@ from gpumond.config.rules import RulesConfig
 from gpumond.job.routing import shard_of
 from gpumond.rules.ingest.auth import TokenAuth
 from gpumond.rules.ingest.body import declared_too_large
-from gpumond.rules.ingest.payload import PayloadError, parse, push_model
+from gpumond.rules.ingest.payload import COLUMNS_TYPE, JSON_TYPE, PayloadError, columns_model, parse, push_model
 from gpumond.rules.ingest.ratelimit import RateLimiter, retry_after
 from gpumond.rules.ingest.stats import IngestStats
 from gpumond.rules.store import CapExceeded, RankStore
 
 log = logging.getLogger("gpumond.rules.ingest")
 
-_JSON_TYPES = ("application/json",)
 _WARN_EVERY_S = 60.0  # one log line per kind of refusal per minute; the counters have the totals
 # A cap refusal is 429, not 503: the service is up and other series are accepted; room comes back as held
 # entries expire or windows roll, so the client should back off and retry (the SDK does on 429), and a load
@@ -47,6 +46,7 @@ class Client:
 
     identity: str
     address: str
+    columns: bool = False  # the body is in the columnar encoding (its Content-Type said so)
 
 
 class Ingest:
@@ -59,6 +59,7 @@ class Ingest:
         self.stats = stats or IngestStats(store)
         self.max_body_bytes = limits.max_body_bytes
         self.model = push_model(limits.max_string_len, limits.max_steps_per_push)
+        self.columns_model = columns_model(limits.max_string_len, limits.max_steps_per_push)
         self._auth = TokenAuth(config.tokens, config.allow_unauthenticated)
         self._limiter = RateLimiter(limits.pushes_per_second_per_client, limits.burst, limits.max_clients, clock)
         self._rate_text = f"{limits.pushes_per_second_per_client:g} pushes/s (burst {limits.burst})"
@@ -82,14 +83,16 @@ class Ingest:
             self._warn("rate", "push refused: rate limit", address=address, client=auth.identity)
             return self._reply(429, f"rate limit: more than {self._rate_text} from this client; "
                                     f"retry after {after} s", ("Retry-After", after))
-        if content_type is not None and content_type.split(";")[0].strip().lower() not in _JSON_TYPES:
-            return self._reply(415, f"Content-Type must be application/json (got {content_type[:64]!r})")
+        media = JSON_TYPE if content_type is None else content_type.split(";")[0].strip().lower()
+        if media not in (JSON_TYPE, COLUMNS_TYPE):
+            return self._reply(415, f"Content-Type must be {JSON_TYPE} (steps as objects) or {COLUMNS_TYPE} "
+                                    f"(steps as columns) (got {content_type[:64]!r})")
         if content_encoding is not None and content_encoding.strip().lower() not in ("", "identity"):
             return self._reply(415, f"Content-Encoding {content_encoding[:32]!r} is not supported; send the JSON "
                                     "uncompressed")
         if declared_too_large(content_length, self.max_body_bytes):
             return self.too_large()
-        return Client(auth.identity, address)
+        return Client(auth.identity, address, media == COLUMNS_TYPE)
 
     def too_large(self) -> Reply:
         """The answer to a body over limits.max_body_bytes."""
@@ -98,21 +101,22 @@ class Ingest:
     def accept(self, client: Client, body: bytes) -> Reply:
         """Validate and store one push body from an admitted client."""
         try:
-            push = parse(self.model, body)
+            push = parse(self.columns_model if client.columns else self.model, body)
         except PayloadError as err:
             return self._reply(err.status, err.message)
         if self._shard is not None and (owner := shard_of(push.job, self._shard.count)) != self._shard.index:
             return self._misrouted(push.job, owner, client)
         now = self._clock()
-        records = push.steps
-        for i, s in enumerate(records):
-            if s.end > now + self._skew_s:
-                return self._reply(422, f"steps[{i}].end: {s.end - now:.0f} s in the future, more than "
-                                        f"limits.max_clock_skew_s ({self._skew_s:g}); check the clock of node "
-                                        f"{push.node!r}")
+        steps = push.step_columns()
+        ahead = steps.end > now + self._skew_s
+        if ahead.any():
+            i = int(ahead.argmax())
+            return self._reply(422, f"steps[{i}].end: {steps.end[i] - now:.0f} s in the future, more than "
+                                    f"limits.max_clock_skew_s ({self._skew_s:g}); check the clock of node "
+                                    f"{push.node!r}")
         info = push.rank_info()
         try:
-            stored = self.ranks.record(info, records, now, push.incarnation, final=push.final)
+            stored = self.ranks.record(info, steps, now, push.incarnation, final=push.final)
         except CapExceeded as err:
             self._warn(f"cap:{err.cap}", "push refused: cap reached", cap=err.cap, job=info.job, client=client.identity)
             self.stats.count(CAP_STATUS)

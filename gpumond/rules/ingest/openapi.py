@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumond.rules.ingest.payload import PushBody
+from gpumond.rules.ingest.payload import COLUMNS_TYPE, JSON_TYPE, PushBody
 from gpumond.rules.store import CAPS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -18,11 +18,22 @@ def _error(description: str, **headers: str) -> dict[str, Any]:
     return out
 
 
-def openapi_document(push: type[PushBody], version: str) -> dict[str, Any]:
-    """The whole document, with the configured limits in the push schema."""
+def openapi_document(push: type[PushBody], version: str, columns: type[PushBody] | None = None) -> dict[str, Any]:
+    """The whole document, with the configured limits in the push schemas (both encodings when `columns`)."""
     schema = push.model_json_schema(ref_template="#/components/schemas/{model}")
     components = schema.pop("$defs", {})
     components["Push"] = schema
+    body = {JSON_TYPE: {"schema": {"$ref": "#/components/schemas/Push"}}}
+    if columns is not None:
+        schema = columns.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        schema["description"] = (
+            "The columnar encoding of a push: the same fields, and `columns` instead of `steps`. Each column is "
+            "standard base64 (padded) of little-endian 8-byte values, all columns the same length (the number "
+            "of steps); step and samples are int64, the others float64. Every value obeys the Step rules; a "
+            "NaN comm_wait_s is a step that did not measure it, a samples of -1 one that did not count them.")
+        components["ColumnsPush"] = schema
+        body[COLUMNS_TYPE] = {"schema": {"$ref": "#/components/schemas/ColumnsPush"}}
     components["Error"] = {
         "type": "object", "required": ["error"],
         "properties": {"error": {"type": "string", "minLength": 1, "description": "one line naming the problem"}},
@@ -69,7 +80,8 @@ def openapi_document(push: type[PushBody], version: str) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "gpumond rules service", "version": version,
                  "description": "Training jobs push step times; operators read findings. See docs/rules-api.md."},
-        "paths": {"/api/v1/push": {"post": _PUSH}, "/api/v1/findings": {"get": _FINDINGS}},
+        "paths": {"/api/v1/push": {"post": {**_PUSH, "requestBody": {"required": True, "content": body}}},
+                  "/api/v1/findings": {"get": _FINDINGS}},
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
@@ -79,16 +91,15 @@ _PUSH = {
     "operationId": "push",
     "summary": "Push one rank's recent training steps",
     "security": [{"bearer": []}],
-    "requestBody": {"required": True,
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Push"}}}},
     "responses": {
         "202": {"description": "stored (repeating a push is harmless: known steps are not stored twice)",
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Accepted"}}}},
         "400": _error("not JSON; the message says where"),
         "401": _error("missing or wrong bearer token", **{"WWW-Authenticate": "Bearer challenge"}),
         "413": _error("body larger than limits.max_body_bytes"),
-        "415": _error("not application/json, or compressed"),
-        "422": _error("JSON that is not a valid push; the message names the field, e.g. steps[3].duration_s, "
+        "415": _error("neither application/json nor application/vnd.gpumond.columns+json, or compressed"),
+        "422": _error("JSON that is not a valid push; the message names the field, e.g. steps[3].duration_s (in "
+                      "either encoding: a step by its place in the push) or columns.end, "
                       "including the rules between fields the Step schema states in words (comm_wait_s <= "
                       "duration_s - data_wait_s)"),
         "421": {"description": "Misdirected Request: this replica runs with shard I/N and the push's job belongs "

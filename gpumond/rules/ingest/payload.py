@@ -16,25 +16,30 @@ Rules beyond the types (documented in docs/rules-api.md):
   SDK can add fields without breaking an older service;
 - `incarnation` is optional (SDKs before it never send it): an id of the pushing process, the same on
   every push of that process; a new one for a known rank means the process restarted (see RankStore.store).
+
+Two encodings of the steps, chosen by Content-Type: `application/json` carries `steps`, a list of objects
+(pydantic checks them as it parses); `application/vnd.gpumond.columns+json` carries `columns`, one base64
+array of little-endian 8-byte values per field, decoded and checked whole by numpy (ingest/steps.py).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetPydanticSchema,
-                      ValidationError, ValidationInfo, field_validator)
+                      PrivateAttr, ValidationError, ValidationInfo, field_validator)
 from pydantic_core import core_schema
 
 from gpumond.config.errors import validation_problem
 from gpumond.identity import DEVICE_UUID, canonical_device_uuid
-from gpumond.rules.types import RankInfo, StepRecord
+from gpumond.rules.ingest.steps import MAX_STEP_DURATION_S, StepsError, check_waits, decode, from_records
+from gpumond.rules.types import RankInfo, StepColumns, StepRecord
 from gpumond.safetext import UNSAFE_CLASS, first_unsafe
 
 MAX_WORLD_SIZE = 1_048_576  # a sanity bound; how many ranks are *held* is limits.max_ranks
-MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
-_WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow their rounding
+JSON_TYPE = "application/json"
+COLUMNS_TYPE = "application/vnd.gpumond.columns+json"
 _INT64 = 2**63 - 1
 _PRINTABLE = f"^[^{UNSAFE_CLASS}]+$"  # the JSON Schema spelling of _printable
 _MODEL = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, extra="ignore")
@@ -87,7 +92,7 @@ Step = Annotated[StepRecord, GetPydanticSchema(_step_schema)]
 
 
 class PushBody(BaseModel):
-    """The whole push; subclasses made by `push_model` carry the configured limits."""
+    """The whole push; subclasses made by `push_model` / `columns_model` carry the configured limits."""
 
     model_config = _MODEL
 
@@ -98,23 +103,39 @@ class PushBody(BaseModel):
     gpu_uuid: str
     group: str | None = None
     incarnation: str | None = None
-    steps: list[Step]
     # The rank's last push: its process is ending (the SDK sends it from close(), at exit and on SIGTERM).
     final: bool = False
+    _columns: StepColumns | None = PrivateAttr(default=None)
 
     def rank_info(self) -> RankInfo:
         """Who sent it, as the shared RankInfo."""
         return RankInfo(self.job, self.rank, self.world_size, self.node, self.gpu_uuid, self.group)
 
+    def step_columns(self) -> StepColumns:
+        """The push's steps as columns, checked (set by `parse`)."""
+        assert self._columns is not None, "parse() sets the columns"
+        return self._columns
 
 
-@functools.cache
-def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
-    """A PushBody with these limits built into its schema (so the OpenAPI document states them too)."""
+class Columns(BaseModel):
+    """The columnar encoding's steps: one base64 string of little-endian 8-byte values per field."""
+
+    model_config = _MODEL
+
+    step: str = Field(description="int64 step numbers, each >= 0, unique per rank")
+    end: str = Field(description="float64 unix seconds each step ended")
+    duration_s: str = Field(description="float64 wall time of each step, 0 to 86400")
+    data_wait_s: str = Field(description="float64 data-loader wait of each step, 0 to duration_s")
+    comm_wait_s: str | None = Field(None, description="float64 comm wait of each step, NaN where not measured; "
+                                                      "data_wait_s + comm_wait_s <= duration_s (optional)")
+    samples: str | None = Field(None, description="int64 samples of each step, -1 for none (optional)")
+
+
+def _head(max_string_len: int) -> type[PushBody]:
     text = Annotated[str, Field(min_length=1, max_length=max_string_len, json_schema_extra={"pattern": _PRINTABLE}),
                      AfterValidator(_printable)]
 
-    class Push(PushBody):
+    class Head(PushBody):
         job: text  # type: ignore[valid-type]
         # world_size before rank: the rank validator reads it.
         world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
@@ -125,7 +146,6 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
         group: text | None = None  # type: ignore[valid-type]
         incarnation: text | None = Field(None, description="the pushing process's id, the same on all its pushes; "  # type: ignore[valid-type]
                                          "a new one for a known rank means a restart: its steps count afresh")
-        steps: list[Step] = Field(max_length=max_steps)
         final: bool = Field(default=False, description="true on the rank's last push: its process is ending; "
                                                        "when every held rank of the job has sent it, the job's "
                                                        "findings resolve and its state is released")
@@ -138,8 +158,33 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
                 raise ValueError(f"must be less than world_size ({world})")
             return value
 
+    return Head
+
+
+@functools.cache
+def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
+    """The JSON encoding's push with these limits built into its schema (so the OpenAPI document states them too)."""
+
+    class Push(_head(max_string_len)):  # type: ignore[misc]
+        steps: list[Step] = Field(max_length=max_steps)
+
     Push.__name__ = Push.__qualname__ = "Push"
     return Push
+
+
+@functools.cache
+def columns_model(max_string_len: int, max_steps: int) -> type[PushBody]:
+    """The columnar encoding's push (Content-Type application/vnd.gpumond.columns+json) with these limits."""
+    most = 4 * -(-8 * max_steps // 3)  # base64 length of max_steps 8-byte values
+    max_steps_per_push = max_steps  # the class body cannot see a function argument of the same name
+
+    class ColumnsPush(_head(max_string_len)):  # type: ignore[misc]
+        max_steps: ClassVar[int] = max_steps_per_push
+        columns: Columns = Field(description=f"the steps, one array per field (at most {max_steps} values, "
+                                             f"{most} base64 characters, each)")
+
+    ColumnsPush.__name__ = ColumnsPush.__qualname__ = "ColumnsPush"
+    return ColumnsPush
 
 
 class PayloadError(ValueError):
@@ -152,24 +197,20 @@ class PayloadError(ValueError):
 
 
 def parse(model: type[PushBody], body: bytes) -> PushBody:
-    """Parse and validate a push body in one pass; PayloadError names where it is wrong."""
+    """Parse and validate a push body of either encoding in one pass; PayloadError names where it is wrong."""
     try:
         push = model.model_validate_json(body)
     except ValidationError as err:
         raise PayloadError(*describe(err, model)) from None
-    for i, s in enumerate(push.steps):
-        most = s.duration_s + _WAIT_SLACK_S
-        if s.data_wait_s > most:
-            raise PayloadError(422, f"steps[{i}].data_wait_s: must be at most duration_s ({s.duration_s:g}) "
-                                    f"(got {s.data_wait_s:g})")
-        comm = s.comm_wait_s
-        if comm is not None and comm + s.data_wait_s > most:
-            # The two waits are spent one after the other within the step: together they fit in it.
-            if comm > most:
-                raise PayloadError(422, f"steps[{i}].comm_wait_s: must be at most duration_s ({s.duration_s:g}) "
-                                        f"(got {comm:g})")
-            raise PayloadError(422, f"steps[{i}].comm_wait_s: must be at most duration_s - data_wait_s "
-                                    f"({s.duration_s - s.data_wait_s:g}) (got {comm:g})")
+    try:
+        if isinstance(getattr(push, "columns", None), Columns):
+            push._columns = decode(push.columns.__dict__, model.max_steps)  # type: ignore[attr-defined]
+        else:
+            cols = from_records(push.steps)  # type: ignore[attr-defined]
+            check_waits(cols)
+            push._columns = cols
+    except StepsError as err:
+        raise PayloadError(422, str(err)) from None
     return push
 
 

@@ -1,0 +1,146 @@
+"""A push's steps as columns, from either encoding, and the rules on their values checked on whole columns.
+
+The JSON encoding's types and per-field bounds are checked by pydantic as it parses; what pydantic cannot
+say (a wait within its step) and, for the columnar encoding, everything about the values is checked here
+with one numpy expression per rule, so a push costs no Python object per step. Either way a refusal names
+the step by its place in the push, `steps[3].duration_s: …`, with the same words.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpumond.rules.columns import step_rows
+from gpumond.rules.types import StepColumns, StepRecord
+
+MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
+WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow their rounding
+# Fields of the columnar encoding, in StepColumns order after `step`: (name, required).
+FLOAT_FIELDS = (("end", True), ("duration_s", True), ("data_wait_s", True), ("comm_wait_s", False))
+INT_FIELDS = (("step", True), ("samples", False))
+_LE_I8 = np.dtype("<i8")
+_LE_F8 = np.dtype("<f8")
+
+
+class StepsError(ValueError):
+    """A push's steps break a rule; the message is one line naming the step and field."""
+
+
+def from_records(steps: Sequence[StepRecord]) -> StepColumns:
+    """The JSON encoding's validated records as columns (step numbers are within int64 by then)."""
+    numbers, values = step_rows(steps)
+    return StepColumns(numbers, np.ascontiguousarray(values))
+
+
+def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
+    """The columnar encoding's base64 arrays as StepColumns, every value checked (StepsError names the first)."""
+    raw: dict[str, bytes] = {}
+    for name, required in (*INT_FIELDS, *FLOAT_FIELDS):
+        text = columns.get(name)
+        if text is None:
+            if required:
+                raise StepsError(f"columns.{name}: required key is missing")
+            continue
+        try:
+            raw[name] = binascii.a2b_base64(text, strict_mode=True)
+        except (binascii.Error, ValueError):
+            raise StepsError(f"columns.{name}: must be standard base64 with padding") from None
+        if len(raw[name]) % 8:
+            raise StepsError(f"columns.{name}: must hold 8-byte values (got {len(raw[name])} bytes)")
+    n = len(raw["step"]) // 8
+    if n > max_steps:
+        raise StepsError(f"columns: must have at most {max_steps} steps (got {n})")
+    for name, data in raw.items():
+        if len(data) != 8 * n:
+            raise StepsError(f"columns.{name}: must hold as many values as columns.step ({n}) (got {len(data) // 8})")
+    numbers = np.frombuffer(raw["step"], dtype=_LE_I8).astype(np.int64, copy=False)
+    # The four float columns as one (4, n) array in one copy; a missing comm wait is NaN (not measured).
+    comm = raw.get("comm_wait_s", b"")
+    values = np.frombuffer(b"".join((raw["end"], raw["duration_s"], raw["data_wait_s"], comm)), dtype=_LE_F8)
+    values = values.astype(np.float64, copy=False).reshape(3 + bool(comm), n)
+    if not comm:
+        values = np.vstack((values, np.full((1, n), np.nan)))
+    samples = np.frombuffer(raw["samples"], dtype=_LE_I8) if "samples" in raw else None
+    cols = StepColumns(numbers, values)
+    if n and not _plainly_valid(cols, samples):
+        _name_the_first_problem(cols, samples)
+    check_waits(cols)
+    return cols
+
+
+def _plainly_valid(cols: StepColumns, samples: np.ndarray | None) -> bool:
+    """Every per-value rule at once, in a few whole-array operations (NaN fails every comparison)."""
+    first3 = cols.values[:3]
+    comm = cols.values[3]
+    return bool(cols.step.min() >= 0 and np.isfinite(first3).all() and first3.min() >= 0
+                and cols.values[1].max() <= MAX_STEP_DURATION_S
+                and not (np.isinf(comm).any() or (comm < 0).any())
+                and (samples is None or samples.min() >= -1))
+
+
+def _name_the_first_problem(cols: StepColumns, samples: np.ndarray | None) -> None:
+    """Raise StepsError for the first value that breaks a rule, in field order (only for a refused push)."""
+    values = cols.values
+    _at_least_zero(cols.step, "step")
+    if samples is not None:
+        _at_least(samples, -1, "samples", "at least 0, or -1 for none")
+    bad = ~np.isfinite(values[:3])
+    if bad.any():
+        row, i = _first(bad)
+        raise StepsError(f"steps[{i}].{FLOAT_FIELDS[row][0]}: must be a finite number")
+    comm = values[3]
+    if np.isinf(comm).any():  # NaN says "not measured"; an infinity is a mistake
+        raise StepsError(f"steps[{_first_index(np.isinf(comm))}].comm_wait_s: must be a finite number, or NaN for "
+                         "not measured")
+    _at_least_zero(values[0], "end")
+    _at_least_zero(values[1], "duration_s")
+    over = values[1] > MAX_STEP_DURATION_S
+    if over.any():
+        i = _first_index(over)
+        raise StepsError(f"steps[{i}].duration_s: must be at most {MAX_STEP_DURATION_S:g} (got {values[1, i]:g})")
+    _at_least_zero(values[2], "data_wait_s")
+    _at_least_zero(np.where(np.isnan(comm), 0.0, comm), "comm_wait_s", comm)
+    raise AssertionError("_plainly_valid refused a push no rule refuses")  # pragma: no cover
+
+
+def check_waits(cols: StepColumns) -> None:
+    """Both waits lie within their step: data_wait_s <= duration_s and, when comm wait was measured,
+    data_wait_s + comm_wait_s <= duration_s (each +1 µs for clock rounding). The data wait is named first."""
+    duration, wait, comm = cols.values[1], cols.values[2], cols.values[3]
+    most = duration + WAIT_SLACK_S
+    bad_wait = wait > most
+    bad_comm = (comm + wait) > most  # False where comm is NaN (not measured)
+    if not (bad_wait.any() or bad_comm.any()):
+        return
+    i = _first_index(bad_wait | bad_comm)
+    d, w, c = float(duration[i]), float(wait[i]), float(comm[i])
+    if bad_wait[i]:
+        raise StepsError(f"steps[{i}].data_wait_s: must be at most duration_s ({d:g}) (got {w:g})")
+    if c > d + WAIT_SLACK_S:
+        raise StepsError(f"steps[{i}].comm_wait_s: must be at most duration_s ({d:g}) (got {c:g})")
+    raise StepsError(f"steps[{i}].comm_wait_s: must be at most duration_s - data_wait_s ({d - w:g}) (got {c:g})")
+
+
+def _at_least_zero(a: np.ndarray, name: str, shown: np.ndarray | None = None) -> None:
+    _at_least(a, 0, name, "at least 0", shown)
+
+
+def _at_least(a: np.ndarray, low: float, name: str, words: str, shown: np.ndarray | None = None) -> None:
+    low_mask = a < low
+    if low_mask.any():
+        i = _first_index(low_mask)
+        got = (shown if shown is not None else a)[i]
+        raise StepsError(f"steps[{i}].{name}: must be {words} (got {got.item():g})")
+
+
+def _first_index(mask: np.ndarray) -> int:
+    return int(np.argmax(mask))
+
+
+def _first(mask: np.ndarray) -> tuple[int, int]:
+    """(row, column) of the first True by column (the earliest step), then by row (the field order)."""
+    column = int(np.argmax(mask.any(axis=0)))
+    return int(np.argmax(mask[:, column])), column
