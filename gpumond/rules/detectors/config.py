@@ -43,9 +43,9 @@ class DetectorConfig:
     job_wait_rank_frac: float = 0.5
     job_wait_min_frac: float = 0.05
     job_min_cost_frac: float = 0.08
-    # A rank's data wait is an outlier inside a starved job only at this many times the job's median rank:
-    # the shared pipeline spreads the ranks' waits (each loader drains at its own pace; up to ~1.8× in the
-    # benchmark's starved jobs), a rank whose own loader is slow waits far beyond that (issue 20).
+    # In a job whose median rank waits wait_min_frac or more, a rank's data wait is an outlier only at this many
+    # times the job's median: the shared pipeline spreads the ranks' waits (each loader drains at its own pace;
+    # up to ~1.8× in the benchmark's starved jobs), a rank whose own loader is slow waits far beyond (issue 20).
     outlier_wait_ratio: float = 2.0
     node_min_gpus: int = 2  # this many straggling GPUs of one node (and ≥ half of its GPUs): the node
     slowdown_ratio: float = 1.10  # job step time above baseline × this: job slowdown

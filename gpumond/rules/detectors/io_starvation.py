@@ -41,17 +41,18 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     """`io_starved_rank` for each rank whose data wait is an outlier among its peers, and `io_starved_job` when
     most of the other ranks wait on data too: both facts when both hold, the outlier alone when it dominates.
 
-    Inside a job whose ranks all wait, the ranks' waits spread with the shared pipeline (each loader drains at
-    its own pace), so an outlier there must also wait `outlier_wait_ratio` times the job's median rank: its own
-    loader is slow, not the job's pipeline. The job is then judged without its outliers, so one rank that
+    Inside a job whose ranks wait on data as a rule (its median rank at least `wait_min_frac`), the ranks' waits
+    spread with the shared pipeline (each loader drains at its own pace, and while the pipeline slows they cross
+    into waiting at different evaluations), so an outlier there must also wait `outlier_wait_ratio` times the
+    job's median rank: its own loader is slow, not the job's pipeline. The job is then judged without its outliers, so one rank that
     waits most of its step cannot make a job whose other ranks wait a little look starved."""
     # A rank with a handful of steps (a job just started) is not judged: one missed prefetch is its median.
     waiting = [r for r in ranks if r.wait_frac is not None and r.steps >= cfg.min_steps]
     if not waiting:
         return []
     outliers = _outliers(waiting, cfg)
-    if _job_starved(waiting, cfg):
-        job_med = median([r.wait_frac for r in waiting])  # type: ignore[misc]
+    job_med = median([r.wait_frac for r in waiting])  # type: ignore[misc]
+    if job_med >= cfg.wait_min_frac:  # the job's ranks wait on data as a rule: the spread is its pipeline's
         outliers = [o for o in outliers
                     if o[0].wait_frac >= cfg.outlier_wait_ratio * job_med]  # type: ignore[operator]
     named = {r.rank for r, _, _ in outliers}
