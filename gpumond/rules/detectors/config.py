@@ -40,12 +40,12 @@ class DetectorConfig:
     # controls plant up to 6 s at up to 1.6×), seq_short_s above it (transients measured on real DDP last
     # ≤ 0.18 s at any factor: benchmarks/results/ddp_transients.md). See docs/detection-benchmark.md.
     seq_ref: float = 1.0
-    seq_cap: float = 6.0
-    seq_h: float = 10.0
+    seq_cap: float = 7.0
+    seq_h: float = 12.0
     seq_min_steps: int = 2
     seq_frac: float = 0.9
     seq_floor: float = 0.01
-    seq_transient_s: float = 8.0
+    seq_transient_s: float = 10.0
     seq_transient_factor: float = 1.8
     seq_marginal_factor: float = 1.25  # below this factor the minimum duration grows as 1 / (factor − 1)
     seq_short_s: float = 2.0
