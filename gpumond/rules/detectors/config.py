@@ -37,8 +37,9 @@ class DetectorConfig:
     # min(z, seq_cap) − seq_ref, and seq_h of it over a run of ≥ seq_min_steps steps, seq_frac of them past
     # seq_ref, lasting the minimum duration for its magnitude, is a finding that fires at once. Minimum
     # duration: seq_transient_s for a mean factor below seq_transient_factor (the benchmark's transient
-    # controls plant up to 6 s at up to 1.6×), seq_short_s above it (transients measured on real DDP last
-    # ≤ 0.18 s at any factor: benchmarks/results/ddp_transients.md). See docs/detection-benchmark.md.
+    # controls plant up to 6 s at up to 1.6×, and a rank's and its node's can follow each other; longer below
+    # seq_marginal_factor), seq_short_s above it (transients measured on real DDP last
+    # ≤ 0.18 s at any factor: benchmarks/results/ddp_transients.md). Derivation: docs/detectors.md.
     seq_ref: float = 1.0
     seq_cap: float = 7.0
     seq_h: float = 12.0
