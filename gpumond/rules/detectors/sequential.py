@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.detectors.ragged import held
 from gpumond.rules.detectors.step_matrix import step_matrices
 from gpumond.rules.types import RankWindow
 
@@ -65,10 +66,17 @@ def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares |
     depth = int(counts.max())
     if depth == 0:
         return None
-    durations, waits, numbers, comm = m.tail(counts, depth)
     ends = m.ends(depth)
-    have = np.arange(depth)[:, None] >= (depth - counts)[None, :]
-    ok = have & (ends >= since) & (durations > 0) & ~np.isnan(comm) & ~np.isnan(waits) & np.isfinite(numbers)
+    recent = held(counts, depth) & (ends >= since)
+    k = recent.sum(axis=0)
+    width = int(k.max())
+    if np.array_equal(recent[depth - width:], held(k, width)) and not recent[:depth - width].any():
+        # As usual, the recent steps are each rank's newest: read only those (as rank_batch does).
+        ends, recent, read, depth = ends[depth - width:], recent[depth - width:], k, width
+    else:
+        read = counts
+    durations, waits, numbers, comm = m.tail(read, depth)
+    ok = recent & (durations > 0) & ~np.isnan(comm) & ~np.isnan(waits) & np.isfinite(numbers)
     if not ok.any():
         return None
     with np.errstate(all="ignore"):
