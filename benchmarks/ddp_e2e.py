@@ -189,7 +189,8 @@ def main() -> int:
     import _bench
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", default="clean,slow,slow_1.25,starved_rank,starved_job,outlier_in_starved_job,slow_and_starved")
+    ap.add_argument("--cases", default="clean,slow,slow_1.25,starved_rank,starved_job,outlier_in_starved_job,"
+                                       "slow_and_starved")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of training per case at most")
     ap.add_argument("--evaluation", type=float, default=10.0, help="the rules service's evaluation_interval_s")
     a = ap.parse_args()

@@ -449,7 +449,8 @@ class Cluster:
         for f in j.faults:
             if f.active(ts) and f.kind in ("starved_rank", "starved_node", "starved_sub", "starved_job",
                                            "starved_outlier"):
-                node = j.infos[f.rank].node if f.kind in ("starved_rank", "starved_outlier") else f.node  # type: ignore[index]
+                on_rank = f.kind in ("starved_rank", "starved_outlier")
+                node = j.infos[f.rank].node if on_rank else f.node  # type: ignore[index]
                 if f.kind == "starved_job":
                     remote = True  # shared storage: the hosts look normal
                 elif f.cause == "cpu":

@@ -44,8 +44,9 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     Inside a job whose ranks wait on data as a rule (its median rank at least `wait_min_frac`), the ranks' waits
     spread with the shared pipeline (each loader drains at its own pace, and while the pipeline slows they cross
     into waiting at different evaluations), so an outlier there must also wait `outlier_wait_ratio` times the
-    job's median rank: its own loader is slow, not the job's pipeline. The job is then judged without its outliers, so one rank that
-    waits most of its step cannot make a job whose other ranks wait a little look starved."""
+    job's median rank: its own loader is slow, not the job's pipeline. The job is then judged without its
+    outliers, so one rank that waits most of its step cannot make a job whose other ranks wait a little look
+    starved."""
     # A rank with a handful of steps (a job just started) is not judged: one missed prefetch is its median.
     waiting = [r for r in ranks if r.wait_frac is not None and r.steps >= cfg.min_steps]
     if not waiting:
