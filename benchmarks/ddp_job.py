@@ -11,7 +11,8 @@ comm_wait_s), plus the hook's StepWait (exposed and bucket-summed waits). Withou
 GPUMOND_ENDPOINT set it pushes to a real rules service instead. Faults:
 - --slow-rank R --slow-factor F: rank R does F× the compute per step (extra matmuls before backward,
   calibrated at start to (F−1) × its own forward+backward time);
-- --starve-rank R / --starve-all --starve-s S: the dataset's __getitem__ sleeps S per batch on R / on all.
+- --starve-rank R / --starve-all --starve-s S: the dataset's __getitem__ sleeps S per batch on R / on all;
+  with both, --starve-rank-s S2 gives rank R its own, slower loader (an outlier inside a starved job).
 Used by benchmarks/ddp_signal.py, benchmarks/ddp_overhead.py and the end-to-end tests.
 """
 
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--starve-rank", type=int, default=-1)
     ap.add_argument("--starve-all", action="store_true")
     ap.add_argument("--starve-s", type=float, default=0.0, help="seconds per batch the starved loader sleeps")
+    ap.add_argument("--starve-rank-s", type=float, default=None,
+                    help="seconds per batch the --starve-rank loader sleeps (default: --starve-s)")
     ap.add_argument("--gpu-uuids", help="comma-separated GPU UUIDs, one per rank (pushing to a real service)")
     ap.add_argument("--out", type=Path, help="write per-step records here instead of pushing")
     ap.add_argument("--duration-s", type=float, default=0.0, help="train for this long instead of --steps")
@@ -144,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     net = mlp(args.dim, args.width, args.depth, classes)
     loss_fn = nn.CrossEntropyLoss()
     starved = args.starve_all or rank == args.starve_rank
-    # One batch per __getitem__ sleep: the loader sleeps starve_s per batch.
+    sleep_s = args.starve_rank_s if rank == args.starve_rank and args.starve_rank_s is not None else args.starve_s
+    # One batch per __getitem__ sleep: the loader sleeps sleep_s per batch.
     data = Synthetic(args.batch * 64, args.dim, classes, seed=rank,
-                     sleep_s=(args.starve_s / args.batch) if starved else 0.0)
+                     sleep_s=(sleep_s / args.batch) if starved else 0.0)
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=args.workers,
                         persistent_workers=args.workers > 0, drop_last=True)
 

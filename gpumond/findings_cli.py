@@ -175,6 +175,11 @@ def measure(finding: Mapping[str, Any]) -> str:
     kind, ev = finding.get("kind"), finding.get("evidence") or {}
     score = _num(finding.get("score"))
     shown = "?" if score is None else f"{score:.1f}"
+    signals = ev.get("signals") if isinstance(ev.get("signals"), Mapping) else {}
+    seq = signals.get("sequential") if kind == "straggler" and set(signals) == {"sequential"} else None
+    if isinstance(seq, Mapping) and _num(seq.get("value")) is not None and _num(seq.get("span_s")) is not None:
+        # Flagged on sequential evidence alone: its z is per step, not the group threshold's (detectors.md).
+        return f"compute ×{_num(seq.get('value')):.2f} of peers for {_num(seq.get('span_s')):.0f} s"
     if kind in ("straggler", "straggler_node"):
         threshold = _num(ev.get("threshold_z"))
         text = f"z {shown} vs peers" + (f" (flags at {threshold:.1f})" if threshold is not None else "")

@@ -189,6 +189,10 @@ class _Job:
             elif f.kind == "starved_job":
                 # one shared pipeline, but each rank's loader drains at its own pace
                 wait_frac = f.wait_frac * np.clip(rng.lognormal(0.0, 0.25, n), 0.5, 1.8)
+            elif f.kind == "starved_outlier":
+                # the job's pipeline a little slow (spread as above), the outlier's own loader far slower
+                wait_frac = np.maximum(wait_frac, f.base_wait * np.clip(rng.lognormal(0.0, 0.25, n), 0.5, 1.8))
+                wait_frac[f.rank] = f.wait_frac
             elif f.kind == "hung_rank":
                 hung_rank = f.rank
         comm = noise.comm_frac * base
@@ -443,8 +447,10 @@ class Cluster:
         rng = self.rng
         cpu_hot, io_hot, remote = set(), set(), False
         for f in j.faults:
-            if f.active(ts) and f.kind in ("starved_rank", "starved_node", "starved_sub", "starved_job"):
-                node = f.node if f.kind != "starved_rank" else j.infos[f.rank].node  # type: ignore[index]
+            if f.active(ts) and f.kind in ("starved_rank", "starved_node", "starved_sub", "starved_job",
+                                           "starved_outlier"):
+                on_rank = f.kind in ("starved_rank", "starved_outlier")
+                node = j.infos[f.rank].node if on_rank else f.node  # type: ignore[index]
                 if f.kind == "starved_job":
                     remote = True  # shared storage: the hosts look normal
                 elif f.cause == "cpu":

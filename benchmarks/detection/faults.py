@@ -11,6 +11,10 @@ TRUTH_CLASS = {
     "starved_rank": "starved_rank",
     "starved_node": "starved_rank",  # expanded into one starved_rank truth per rank of the node
     "starved_job": "starved_job",
+    # One rank's loader far slower while the whole job's waits a little (issue 20): the rank must be named; an
+    # io_starved_job beside it is neither right nor wrong (whether the others still wait enough depends on
+    # how much the outlier lengthens everyone's step).
+    "starved_outlier": "starved_rank",
     "hung_rank": "hung",
     "starved_sub": "none",  # a rank waiting < 5 %: must not be reported
 }
@@ -32,6 +36,7 @@ class Fault:
     visible: bool = False  # slow_*: throttled with clock down and a reason bit, else silent
     reason: str | None = None  # the throttle reason when visible
     wait_frac: float = 0.0  # starved_*: data-wait fraction of the step
+    base_wait: float = 0.0  # starved_outlier: every other rank's loader waits this fraction of its own step
     cause: str | None = None  # starved_*: "cpu", "storage" or "remote" (host evidence shows the first two)
     level: str = ""  # the row label in result tables, e.g. "1.10 silent" or "20%"
 

@@ -12,7 +12,8 @@ import numpy as np
 from benchmarks.detection.score import CLASSES, KIND_CLASS, RunResult, Truth
 
 EPISODE_CLASS = {"slow_gpu": "straggler", "slow_node": "straggler_node", "starved_rank": "starved_rank",
-                 "starved_node": "starved_rank", "starved_job": "starved_job", "hung_rank": "hung"}
+                 "starved_node": "starved_rank", "starved_job": "starved_job", "hung_rank": "hung",
+                 "starved_outlier": "starved_rank"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,8 @@ from benchmarks.detection import metrics as M
 from benchmarks.detection import scaling
 from benchmarks.detection.scenarios import (
     NODE_SLOWDOWNS,
+    OUTLIER_BASE_WAIT,
+    OUTLIER_WAIT_FRACS,
     SLOWDOWNS,
     SUB_WAIT_FRACS,
     WAIT_FRACS,
@@ -48,7 +50,7 @@ def plan(quick: bool, seeds: int) -> list[Scenario]:
     out: list[Scenario] = []
     if quick:
         out += fault_scenarios(0, 16, slowdowns=(1.05, 1.25, 2.0), node_slowdowns=(1.25,), waits=(0.05, 0.2),
-                               sub_waits=(0.02,), hangs=1)
+                               sub_waits=(0.02,), hangs=1, outliers=(0.4,))
         out += control_scenarios(0, 16, 600.0)
     else:
         sizes = (32, 64, 128, 16)
@@ -85,7 +87,8 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
     slow = lambda lo, hi=99.0, vis=None: (lambda tr: tr.fault.kind == "slow_gpu"  # noqa: E731
                                           and lo <= tr.fault.slowdown < hi
                                           and (vis is None or tr.fault.visible == vis))
-    starved = lambda lo, hi: (lambda tr: tr.fault.kind in ("starved_rank", "starved_node", "starved_job")  # noqa: E731
+    starved = lambda lo, hi: (lambda tr: tr.fault.kind in ("starved_rank", "starved_node", "starved_job",  # noqa: E731
+                                                           "starved_outlier")
                               and lo <= tr.fault.wait_frac < hi)
     # --- the targets ---
     r110 = M.row("slowdown ≥ 1.10", faults, slow(1.10))
@@ -164,6 +167,9 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
         for w in WAIT_FRACS:
             rows.append(M.row(f"{name} {w:.0%}", faults, lambda tr, kind=kind, w=w: tr.fault.kind == kind
                               and tr.fault.wait_frac == w))
+    for w in OUTLIER_WAIT_FRACS:
+        rows.append(M.row(f"starved rank {w:.0%} in a job waiting {OUTLIER_BASE_WAIT:.0%}", faults,
+                          lambda tr, w=w: tr.fault.kind == "starved_outlier" and tr.fault.wait_frac == w))
     rows.append(M.row("hung rank (localised)", faults, lambda tr: tr.fault.kind == "hung_rank"))
     hung = [tr for tr in T if tr.fault.kind == "hung_rank"]
     lines += ["## Per class and level", "",

@@ -21,6 +21,9 @@ SLOWDOWNS = (1.03, 1.05, 1.10, 1.25, 1.5, 2.0)
 NODE_SLOWDOWNS = (1.10, 1.25, 1.5)
 WAIT_FRACS = (0.05, 0.10, 0.20, 0.40)
 SUB_WAIT_FRACS = (0.02, 0.03)
+OUTLIER_WAIT_FRACS = (0.4, 0.6)  # a starved rank inside a job whose every loader waits OUTLIER_BASE_WAIT…
+OUTLIER_BASE_WAIT = 0.12  # …past job_min_cost_frac (8 %) until the outlier lengthens everyone's step. The
+# ranks' waits then spread ~6–22 % (each loader at its own pace): a rank at 20 % is no outlier among them.
 CAUSES = ("storage", "cpu", "remote")
 
 
@@ -76,7 +79,8 @@ def _where(rng: np.random.Generator, job: JobSpec) -> tuple[int, str, str]:
 
 
 def fault_scenarios(seed: int, nodes: int, slowdowns=SLOWDOWNS, node_slowdowns=NODE_SLOWDOWNS,  # noqa: ANN001
-                    waits=WAIT_FRACS, sub_waits=SUB_WAIT_FRACS, hangs: int = 2) -> list[Scenario]:
+                    waits=WAIT_FRACS, sub_waits=SUB_WAIT_FRACS, hangs: int = 2,
+                    outliers=OUTLIER_WAIT_FRACS) -> list[Scenario]:
     """Every planted fault class at every level, one job of `nodes` nodes per scenario."""
     out: list[Scenario] = []
     salt = 0
@@ -130,6 +134,13 @@ def fault_scenarios(seed: int, nodes: int, slowdowns=SLOWDOWNS, node_slowdowns=N
             return Fault("hung_rank", job.name, onset, max(dur, 600.0), rank=rank, node=node, gpu_uuid=uuid,
                          level="hang")
         add("hung_rank", hung)
+    # Last, so the scenarios above keep their seeds (salts) from before issue 20.
+    for f in outliers:
+        def starved_outlier(rng, job, onset, dur, f=f):  # noqa: ANN001, ANN202
+            rank, node, uuid = _where(rng, job)
+            return Fault("starved_outlier", job.name, onset, dur, rank=rank, node=node, gpu_uuid=uuid, wait_frac=f,
+                         base_wait=OUTLIER_BASE_WAIT, cause=CAUSES[int(rng.integers(0, 2))], level=f"{f:.0%}")
+        add(f"starved_outlier {f:.0%}", starved_outlier)
     return out
 
 

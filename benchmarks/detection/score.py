@@ -7,7 +7,8 @@ Matching rules (docs/detection-benchmark.md explains why):
 - straggler on the slow GPU's rank: TP. straggler on a GPU of a slow node: neither TP nor FP.
 - straggler_node on the slow node: TP.
 - io_starved_rank on a starved rank (or on a rank of a starved node): TP.
-- io_starved_job on a job with the whole-job I/O fault: TP.
+- io_starved_job on a job with the whole-job I/O fault: TP; beside a starved outlier in a mildly starved job:
+  neutral (the rank is the truth; whether the rest still wait enough for a job finding is physics, not a fault).
 - hung_rank on the hung rank: TP; a hung_rank without a rank in the hung job: detected, not localised.
 - job_slowdown in a job with a fault that slows it: a symptom, reported apart; without any fault: FP.
 - anything else firing: FP.
@@ -157,7 +158,7 @@ def label(sc: Scenario, truths: list[Truth], episodes: list[Episode]) -> None:
             elif ep.kind == "io_starved_rank":
                 hit = "tp" if tr.cls == "starved_rank" and ep.rank == tr.rank else None
             elif ep.kind == "io_starved_job":
-                hit = "tp" if f.kind == "starved_job" else None
+                hit = "tp" if f.kind == "starved_job" else ("neutral" if f.kind == "starved_outlier" else None)
             elif ep.kind == "hung_rank" and f.kind == "hung_rank":
                 hit = "tp" if ep.rank == f.rank else ("unlocalised" if ep.rank is None else None)
             elif ep.kind == "job_slowdown" and f.kind != "starved_sub":

@@ -66,7 +66,7 @@ def finding_condition(c: Candidate, gpu_index: str | None = None) -> Condition:
         "evidence": json.dumps(evidence, separators=(",", ":"), default=str, sort_keys=True),
         "score": f"{c.score:g}",
     }
-    return Condition.of(labels, annotations, immediate=c.corroborated, payload=c)
+    return Condition.of(labels, annotations, immediate=c.corroborated or c.sustained, payload=c)
 
 
 def finding_of(entry: Entry) -> Finding | None:

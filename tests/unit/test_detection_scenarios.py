@@ -90,6 +90,21 @@ def test_starved_job_is_one_job_finding():
     assert [e.kind for e in res.episodes if e.kind.startswith("io_")] == ["io_starved_job"]
 
 
+def test_a_starved_rank_inside_a_job_whose_loaders_all_wait_is_named():
+    # Issue 20: every loader waits ~20 %, rank 9's 50 % (the others still ~13 % of the step it lengthens, a
+    # starved job). Before, the job's branch returned first: the rank
+    # was named only until the job's other ranks crossed into waiting.
+    f = Fault("starved_outlier", "job-0", ONSET, 3600, rank=9, node="node-00001", wait_frac=0.5, base_wait=0.2,
+              cause="storage")
+    res, (tr,) = found(f)
+    assert tr.detected and tr.predicted == "starved_rank" and tr.cause == "storage"
+    assert [e for e in res.episodes if e.kind.startswith("io_") and e.label not in ("tp", "neutral")] == []
+    assert tr.job_finding  # both facts: the rest of the job waits too…
+    # …and the rank stays named once the job is starved (before, its finding resolved then)
+    (rank,) = [e for e in res.episodes if e.kind == "io_starved_rank"]
+    assert rank.ended is None
+
+
 def test_hung_rank_is_localised():
     f = Fault("hung_rank", "job-0", ONSET, 3600, rank=26)
     res, (tr,) = found(f, duration=240.0)

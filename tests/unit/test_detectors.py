@@ -117,6 +117,44 @@ def test_whole_job_starved_is_one_job_finding_not_many_rank_findings():
     assert [x.kind for x in c if x.kind.startswith("io_")] == ["io_starved_job"]
 
 
+def io(cands):
+    return sorted((c.kind, c.rank) for c in cands if c.kind.startswith("io_"))
+
+
+def test_an_outlier_rank_inside_a_starved_job_is_named_with_the_job():
+    # Issue 20: every rank waits ~12 % on data (the job's pipeline) and rank 7's own loader makes it wait 60 %:
+    # the operator needs both facts. Before, the job branch returned before any rank was judged.
+    waits = {r: 0.12 + 0.004 * ((r % 5) - 2) for r in range(32)}
+    waits[7] = 0.6
+    c = run(build(wait=waits))[1]
+    assert io(c) == [("io_starved_job", None), ("io_starved_rank", 7)]
+    (job,) = [x for x in c if x.kind == "io_starved_job"]
+    assert job.evidence["outlier_ranks"] == [7] and job.evidence["ranks"] == 31
+
+
+def test_the_outlier_alone_when_the_other_ranks_wait_only_a_little():
+    # The reported run: three ranks wait ~5.6 % (a busy machine), one most of its step.
+    waits = {0: 0.055, 1: 0.7, 2: 0.056, 3: 0.058}
+    assert io(run(build(nodes=1, gpus_per_node=4, wait=waits))[1]) == [("io_starved_rank", 1)]
+
+
+def test_an_outlier_does_not_make_a_job_starved_that_is_not():
+    # Counted with the others, rank 3 would make three of four ranks wait ≥ 5 % at a median of 8 %: the job's
+    # other ranks, judged without it, wait less than the job finding's cost line.
+    waits = {0: 0.03, 1: 0.07, 2: 0.09, 3: 0.6}
+    assert io(run(build(nodes=1, gpus_per_node=4, wait=waits))[1]) == [("io_starved_rank", 3)]
+
+
+def test_inside_a_starved_job_a_rank_waiting_less_than_twice_the_median_is_the_pipelines_spread():
+    # A z-score alone would name it (the others sit within ±0.8 %); the ratio keeps the shared pipeline's
+    # spread (each loader draining at its own pace) from naming ranks.
+    waits = {r: 0.2 + 0.004 * ((r % 5) - 2) for r in range(32)}
+    waits[11] = 0.35
+    assert io(run(build(wait=waits))[1]) == [("io_starved_job", None)]
+    waits[11] = 0.45
+    assert io(run(build(wait=waits))[1]) == [("io_starved_job", None), ("io_starved_rank", 11)]
+
+
 def test_job_slowdown_against_its_own_baseline():
     state, c = run(build(step_s=1.0))
     assert c == [] and state.baselines["job-a"].step_time_s > 0.9

@@ -247,6 +247,8 @@ def test_help_teaches_with_examples() -> None:
 # ----- units, and what "no findings" means ------------------------------------------------------------------
 @pytest.mark.parametrize("finding, expected", [
     ({"kind": "straggler", "score": 7.46, "evidence": {"threshold_z": 3.9}}, "z 7.5 vs peers (flags at 3.9)"),
+    ({"kind": "straggler", "score": 4.6, "evidence": {"threshold_z": 5.1, "signals": {"sequential": {
+        "value": 1.36, "z": 4.6, "span_s": 10.4}}}}, "compute ×1.36 of peers for 10 s"),
     ({"kind": "straggler_node", "score": 5.0, "evidence": {"threshold_z": 3.5, "gpus_flagged": 3, "gpus_on_node": 8}},
      "z 5.0 vs peers (flags at 3.5), 3/8 GPUs"),
     # The score of an io_starved_rank is a z-score with enough peers and the wait share without: the column

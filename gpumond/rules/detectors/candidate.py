@@ -20,6 +20,9 @@ class Candidate:
     # Flagged at once by two independent measurement chains (what the job pushes and what the GPU's
     # telemetry shows): noise does not do that, so persistence need not wait for a second evaluation.
     corroborated: bool = False
+    # The detector's own test already required the evidence to last (sequential evidence, which has its own
+    # minimum duration): persistence need not wait for more evaluations either.
+    sustained: bool = False
 
     @property
     def key(self) -> tuple[str, str, str | None, int | None, str | None]:

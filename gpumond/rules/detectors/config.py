@@ -32,6 +32,24 @@ class DetectorConfig:
     share_trim: float = 0.1  # …the long look averages each evaluation's mean with this share trimmed off each end…
     share_long_s: float = 300.0  # …over the evaluations of this much wall time, once it has min_steps of them…
     share_long_min_s: float = 120.0  # …spanning this: two recent windows, so one transient sits in half at most
+    # Sequential evidence on compute share (detectors/sequential.py, issue 20): per step a rank's log compute
+    # factor over its group's median rank, in noise units (the window's MAD, at least seq_floor); each step adds
+    # min(z, seq_cap) − seq_ref, and seq_h of it over a run of ≥ seq_min_steps steps, seq_frac of them past
+    # seq_ref, lasting the minimum duration for its magnitude, is a finding that fires at once. Minimum
+    # duration: seq_transient_s for a mean factor below seq_transient_factor (the benchmark's transient
+    # controls plant up to 6 s at up to 1.6×, and a rank's and its node's can follow each other; longer below
+    # seq_marginal_factor), seq_short_s above it (transients measured on real DDP last
+    # ≤ 0.18 s at any factor: benchmarks/results/ddp_transients.md). Derivation: docs/detectors.md.
+    seq_ref: float = 1.0
+    seq_cap: float = 7.0
+    seq_h: float = 12.0
+    seq_min_steps: int = 2
+    seq_frac: float = 0.9
+    seq_floor: float = 0.01
+    seq_transient_s: float = 10.0
+    seq_transient_factor: float = 1.8
+    seq_marginal_factor: float = 1.25  # below this factor the minimum duration grows as 1 / (factor − 1)
+    seq_short_s: float = 2.0
     structure_learn_s: float = 60.0  # nodes deviating together this long after a job is first judged: its structure
     throttle_frac_min: float = 0.3  # a GPU throttled in at least 30 % of its samples (18 s of the minute)…
     throttle_peer_max: float = 0.1  # …while its peers' median is below this
@@ -43,6 +61,10 @@ class DetectorConfig:
     job_wait_rank_frac: float = 0.5
     job_wait_min_frac: float = 0.05
     job_min_cost_frac: float = 0.08
+    # In a job whose median rank waits wait_min_frac or more, a rank's data wait is an outlier only at this many
+    # times the job's median: the shared pipeline spreads the ranks' waits (each loader drains at its own pace;
+    # up to ~1.8× in the benchmark's starved jobs), a rank whose own loader is slow waits far beyond (issue 20).
+    outlier_wait_ratio: float = 2.0
     node_min_gpus: int = 2  # this many straggling GPUs of one node (and ≥ half of its GPUs): the node
     slowdown_ratio: float = 1.10  # job step time above baseline × this: job slowdown
     baseline_min_steps: int = 10

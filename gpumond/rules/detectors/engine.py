@@ -14,6 +14,7 @@ from gpumond.rules.detectors.gpu_batch import gpu_features_many
 from gpumond.rules.detectors.io_starvation import detect_io_starvation
 from gpumond.rules.detectors.job import JobBaseline, job_slowdown, job_stall
 from gpumond.rules.detectors.rank_batch import job_rank_features
+from gpumond.rules.detectors.sequential import step_shares
 from gpumond.rules.detectors.straggler import detect_stragglers
 from gpumond.rules.detectors.structure import Structure, learn
 from gpumond.rules.types import GpuSample, HostSample, RankWindow
@@ -114,8 +115,10 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
         explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
         known = structure.get(job)
+        steps = step_shares(ranks, since) if shares else None
         found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
-                                  known.nodes if known else frozenset(), learning=known is None or not known.done)
+                                  known.nodes if known else frozenset(), learning=known is None or not known.done,
+                                  steps=steps)
         if found.judged:
             structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
         out.extend(c for c in found.candidates if c.rank not in explained)

@@ -2,7 +2,8 @@
 
 A starved rank shows high data-loader wait with low utilization and power on its GPU, while its peers
 wait in collectives instead (high utilization, no data wait). When most ranks wait on data, the data
-pipeline itself is the bottleneck: that is one job-level finding, not many rank findings. Host CPU and
+pipeline itself is the bottleneck: that is one job-level finding, not many rank findings — and a rank that
+waits far more than the rest is still named, its loader being a problem of its own. Host CPU and
 iowait from the agent say whether a starved rank is CPU-bound or storage-bound.
 """
 
@@ -37,46 +38,82 @@ def _host_evidence(host: HostFeatures | None) -> dict[str, object]:
 
 def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
                          hosts: Mapping[str, HostFeatures], cfg: DetectorConfig) -> list[Candidate]:
-    """`io_starved_job` when most ranks wait on data, else `io_starved_rank` for outlying ranks."""
+    """`io_starved_rank` for each rank whose data wait is an outlier among its peers, and `io_starved_job` when
+    most of the other ranks wait on data too: both facts when both hold, the outlier alone when it dominates.
+
+    Inside a job whose ranks wait on data as a rule (its median rank at least `wait_min_frac`), the ranks' waits
+    spread with the shared pipeline (each loader drains at its own pace, and while the pipeline slows they cross
+    into waiting at different evaluations), so an outlier there must also wait `outlier_wait_ratio` times the
+    job's median rank: its own loader is slow, not the job's pipeline. The job is then judged without its
+    outliers, so one rank that waits most of its step cannot make a job whose other ranks wait a little look
+    starved."""
     # A rank with a handful of steps (a job just started) is not judged: one missed prefetch is its median.
     waiting = [r for r in ranks if r.wait_frac is not None and r.steps >= cfg.min_steps]
     if not waiting:
         return []
-    starved = [r for r in waiting if r.wait_frac >= cfg.job_wait_min_frac]  # type: ignore[operator]
+    outliers = _outliers(waiting, cfg)
     job_med = median([r.wait_frac for r in waiting])  # type: ignore[misc]
-    # The job's pipeline is the bottleneck only when most ranks wait and the wait costs a real share of the
-    # step: a job whose ranks all wait ~5 % on data is healthy, and no rank stands out in it either.
-    if len(waiting) >= 2 and len(starved) >= cfg.job_wait_rank_frac * len(waiting) \
-            and job_med >= cfg.job_min_cost_frac:
+    if job_med >= cfg.wait_min_frac:  # the job's ranks wait on data as a rule: the spread is its pipeline's
+        outliers = [o for o in outliers
+                    if o[0].wait_frac >= cfg.outlier_wait_ratio * job_med]  # type: ignore[operator]
+    named = {r.rank for r, _, _ in outliers}
+    out = [_rank_candidate(job, r, z, med, gpus, hosts, cfg) for r, z, med in outliers]
+    rest = [r for r in waiting if r.rank not in named]
+    if _job_starved(rest, cfg):
+        starved = [r for r in rest if r.wait_frac >= cfg.job_wait_min_frac]  # type: ignore[operator]
+        job_med = median([r.wait_frac for r in rest])  # type: ignore[misc]
         nodes = sorted({r.node for r in starved})
-        return [Candidate("io_starved_job", job, None, None, None, round(job_med, 4), {
-            "median_data_wait_frac": round(job_med, 4), "ranks_starved": len(starved), "ranks": len(waiting),
-            "min_cost_frac": cfg.job_min_cost_frac,
-            "nodes": nodes[:16], "meaning": "the whole job waits on its data pipeline"})]
-    out = []
+        out.append(Candidate("io_starved_job", job, None, None, None, round(job_med, 4), {
+            "median_data_wait_frac": round(job_med, 4), "ranks_starved": len(starved), "ranks": len(rest),
+            "min_cost_frac": cfg.job_min_cost_frac, "nodes": nodes[:16],
+            **({"outlier_ranks": sorted(named)} if named else {}),
+            "meaning": "the whole job waits on its data pipeline"}))
+    return out
+
+
+def _job_starved(waiting: Sequence[RankFeatures], cfg: DetectorConfig) -> bool:
+    """The job's pipeline is the bottleneck: most ranks wait and the wait costs a real share of the step (a job
+    whose ranks all wait ~5 % on data is healthy)."""
+    if len(waiting) < 2:
+        return False
+    starved = sum(r.wait_frac >= cfg.job_wait_min_frac for r in waiting)  # type: ignore[operator]
+    return starved >= cfg.job_wait_rank_frac * len(waiting) \
+        and median([r.wait_frac for r in waiting]) >= cfg.job_min_cost_frac  # type: ignore[misc]
+
+
+Outlier = tuple[RankFeatures, float | None, float]  # (rank, its z or None in a small group, the peer median)
+
+
+def _outliers(waiting: Sequence[RankFeatures], cfg: DetectorConfig) -> list[Outlier]:
+    """Ranks whose data wait sits above their group's (a robust z past the group's threshold, and at least
+    `wait_min_frac`); in a group too small for a z-score, an absolute wait high enough to matter on its own."""
+    out: list[Outlier] = []
     by_group: dict[tuple[str | None, str | None], list[RankFeatures]] = {}
     for r in waiting:
         by_group.setdefault(r.peers, []).append(r)
-    for (group, _profile), members in by_group.items():
+    for members in by_group.values():
         if len(members) < cfg.min_peers:
-            # Too few peers for a z-score; an absolute wait this high is still a finding on its own.
-            flagged = [(r, None, median([m.wait_frac for m in members])) for r in members  # type: ignore[misc]
-                       if r.wait_frac >= max(2 * cfg.wait_min_frac, 0.1)]  # type: ignore[operator]
-        else:
-            thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
-            zs, med, _ = robust_z([r.wait_frac for r in members], cfg.floor_wait_frac)  # type: ignore[misc]
-            flagged = [(r, z, med) for r, z in zip(members, zs, strict=True)
-                       if z > thr and r.wait_frac >= cfg.wait_min_frac]  # type: ignore[operator]
-        for r, z, med in flagged:
-            g = gpus.get(r.gpu_uuid)
-            gpu_ev = {}
-            if g is not None:
-                gpu_ev = {k: round(v, 4) for k, v in (("gpu_utilization", g.utilization),
-                                                      ("gpu_power_ratio", g.power_ratio)) if v is not None}
-            host = hosts.get(r.node)
-            score = r.wait_frac if z is None else z  # type: ignore[assignment]
-            out.append(Candidate("io_starved_rank", job, r.node, r.rank, r.gpu_uuid, round(score, 2), {
-                "group": group, "data_wait_frac": round(r.wait_frac, 4),  # type: ignore[arg-type]
-                "peer_median_data_wait_frac": round(med, 4), "likely_cause": _cause(host, cfg),
-                **({"mig_profile": r.mig_profile} if r.mig_profile else {}), **gpu_ev, **_host_evidence(host)}))
+            med = median([m.wait_frac for m in members])  # type: ignore[misc]
+            out.extend((r, None, med) for r in members
+                       if r.wait_frac >= max(2 * cfg.wait_min_frac, 0.1))  # type: ignore[operator]
+            continue
+        thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
+        zs, med, _ = robust_z([r.wait_frac for r in members], cfg.floor_wait_frac)  # type: ignore[misc]
+        out.extend((r, z, med) for r, z in zip(members, zs, strict=True)
+                   if z > thr and r.wait_frac >= cfg.wait_min_frac)  # type: ignore[operator]
     return out
+
+
+def _rank_candidate(job: str, r: RankFeatures, z: float | None, med: float, gpus: Mapping[str, GpuFeatures],
+                    hosts: Mapping[str, HostFeatures], cfg: DetectorConfig) -> Candidate:
+    g = gpus.get(r.gpu_uuid)
+    gpu_ev = {}
+    if g is not None:
+        gpu_ev = {k: round(v, 4) for k, v in (("gpu_utilization", g.utilization),
+                                              ("gpu_power_ratio", g.power_ratio)) if v is not None}
+    host = hosts.get(r.node)
+    score = r.wait_frac if z is None else z  # type: ignore[assignment]
+    return Candidate("io_starved_rank", job, r.node, r.rank, r.gpu_uuid, round(score, 2), {  # type: ignore[arg-type]
+        "group": r.group, "data_wait_frac": round(r.wait_frac, 4),  # type: ignore[arg-type]
+        "peer_median_data_wait_frac": round(med, 4), "likely_cause": _cause(host, cfg),
+        **({"mig_profile": r.mig_profile} if r.mig_profile else {}), **gpu_ev, **_host_evidence(host)})

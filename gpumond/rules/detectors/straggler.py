@@ -17,6 +17,7 @@ from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.compute_share import LOOKS, Shares
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, RankFeatures
+from gpumond.rules.detectors.sequential import StepShares, judge
 from gpumond.rules.detectors.stats import median, robust_z, threshold_for
 
 
@@ -63,7 +64,8 @@ _GPU_CAUSE = frozenset({"sm_clock_ratio", "throttled"})
 
 def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
                       cfg: DetectorConfig, shares: Mapping[int, Shares] | None = None,
-                      structural: frozenset[str] = frozenset(), learning: bool = False) -> StragglerResult:
+                      structural: frozenset[str] = frozenset(), learning: bool = False,
+                      steps: StepShares | None = None) -> StragglerResult:
     """Straggling GPUs (one candidate each) and straggling nodes (their GPUs deviate together).
 
     `shares` are the ranks' compute shares (jobs whose SDK pushes comm waits). `structural` are nodes whose
@@ -71,6 +73,7 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
     pipeline stage the job did not label — so they form a peer group of their own, as if the job had
     labelled it. While `learning` that structure, the nodes deviating together in this evaluation are
     split off the same way (and reported in `blocks`, measured before the split, for the engine to count).
+    `steps` are the job's per-step compute shares, for sequential evidence (sequential.py).
     """
     shares = shares or {}
     members_of: list[Member] = []
@@ -84,15 +87,15 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
     blocks: set[str] = set()
     current: set[str] = set()
     if learning:  # counted on the job as a whole: split by what was learnt so far, a block would vanish
-        _, blocks, current, _ = _judge(job, members_of, cfg, frozenset())
-    out, after, after_current, judged = _judge(job, members_of, cfg, structural | blocks)
+        _, blocks, current, _ = _judge(job, members_of, cfg, frozenset(), steps)
+    out, after, after_current, judged = _judge(job, members_of, cfg, structural | blocks, steps)
     if not learning:
         blocks, current = after, after_current
     return StragglerResult(out, frozenset(blocks), judged, frozenset(current))
 
 
-def _judge(job: str, members_of: list[Member], cfg: DetectorConfig,
-           split: frozenset[str] | set[str]) -> tuple[list[Candidate], set[str], set[str], bool]:
+def _judge(job: str, members_of: list[Member], cfg: DetectorConfig, split: frozenset[str] | set[str],
+           steps: StepShares | None = None) -> tuple[list[Candidate], set[str], set[str], bool]:
     """Compare within each group (the job's own groups, with `split` nodes apart)."""
     groups: dict[tuple[tuple[str | None, str | None], bool], list[Member]] = {}
     for m in members_of:
@@ -105,15 +108,15 @@ def _judge(job: str, members_of: list[Member], cfg: DetectorConfig,
         if len(members) < cfg.min_peers:
             continue
         judged = True
-        found, group_blocks, group_current = _group(job, group, members, cfg)
+        found, group_blocks, group_current = _group(job, group, members, cfg, steps)
         out.extend(found)
         blocks |= group_blocks
         current |= group_current
     return out, blocks, current, judged
 
 
-def _group(job: str, group: str | None, members: list[Member],
-           cfg: DetectorConfig) -> tuple[list[Candidate], set[str], set[str]]:
+def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConfig,
+           per_step: StepShares | None = None) -> tuple[list[Candidate], set[str], set[str]]:
     thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
     flagged: dict[int, dict[str, object]] = {}
     scores: dict[int, float] = {}
@@ -173,6 +176,19 @@ def _group(job: str, group: str | None, members: list[Member],
     for rank in [k for k, sig in flagged.items()
                  if set(sig) <= ({"temperature_c", "power_ratio"} if k in with_share else {"temperature_c"})]:
         del flagged[rank], scores[rank]
+    # Sequential evidence, step by step against this group's median rank: it fires as soon as it has lasted
+    # long enough for its magnitude. Many ranks on many nodes at once is a shift (a heavier stage), as below.
+    nodes_in_group = len({r.node for r, _, _ in members})
+    if per_step is not None:
+        held = set(per_step.ranks)
+        ids = [r.rank for r, _ in with_sh if r.rank in held]
+        seq = judge(per_step.columns(ids), per_step.starts, per_step.ends, ids, cfg)
+        node_of = {r.rank: r.node for r, _, _ in members}
+        if len(seq) <= max(1, cfg.max_outlier_frac * len(members)) \
+                or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * nodes_in_group):
+            for rank, ev in seq.items():
+                note(rank, "sequential", ev.z, ev.factor, 1.0, evidence=ev.evidence, steps=ev.steps,
+                     span_s=ev.span_s)
     # A shift, not stragglers: many ranks on many nodes sit past half the threshold on one silent signal
     # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
     # whose members straddle the threshold from one evaluation to the next; counting per signal keeps
@@ -180,7 +196,6 @@ def _group(job: str, group: str | None, members: list[Member],
     soft: dict[int, str] = {}
     soft_now: set[int] = set()  # the same without the long look
     shift = False
-    nodes_in_group = len({r.node for r, _, _ in members})
     # The short look is for latency and noisy by design; a shift shows just as well in the steadier ones.
     for name in ("sm_clock_ratio", "power_ratio", "recent", "long"):
         xs, _, sign = series[name]
@@ -215,7 +230,8 @@ def _group(job: str, group: str | None, members: list[Member],
         out.append(Candidate("straggler", job, r.node, rank, r.gpu_uuid, round(scores[rank], 2),
                              {"group": group, "peers": len(members), "threshold_z": round(thr, 2),
                               "signals": evidence, **reasons, **mig},
-                             corroborated="compute_share" in evidence and not _GPU_CAUSE.isdisjoint(evidence)))
+                             corroborated="compute_share" in evidence and not _GPU_CAUSE.isdisjoint(evidence),
+                             sustained="sequential" in evidence))
     out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
     return out, blocks, current
 
@@ -241,5 +257,6 @@ def _nodes(job: str, group: str | None, per_node: Mapping[str, list[RankFeatures
             out.append(Candidate("straggler_node", job, node, None, None,
                                  round(max(scores[r.rank] for r in bad), 2),
                                  {"group": group, "gpus_flagged": len(bad), "gpus_on_node": len(rs),
-                                  "ranks": sorted(r.rank for r in bad)}))
+                                  "ranks": sorted(r.rank for r in bad)},
+                                 sustained=all("sequential" in flagged[r.rank] for r in bad)))  # type: ignore[operator]
     return out

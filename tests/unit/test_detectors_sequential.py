@@ -1,0 +1,68 @@
+"""Sequential evidence (detectors/sequential.py) on literal step matrices: how much evidence, over how long, at
+which magnitude, makes a straggler; what never does (one huge step, a burst that ended, a shift)."""
+
+import numpy as np
+
+from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.detectors.sequential import judge, min_duration_s
+
+CFG = DetectorConfig()
+N = 16
+
+
+def steps(k, step_s, slow=None, seed=1, noise=0.03):
+    """k synchronous steps of `step_s`: absolute compute shares ~0.8 × (1 ± noise); slow(i) → {rank: factor}."""
+    rng = np.random.default_rng(seed)
+    x = 0.8 * np.exp(noise * rng.standard_normal((k, N)))
+    for i in range(k):
+        for rank, f in (slow(i) if slow else {}).items():
+            x[i, rank] *= f
+    ends = step_s * np.arange(1, k + 1, dtype=float)
+    return x, ends - step_s, ends
+
+
+def flagged(x, starts, ends, cfg=CFG):
+    return judge(x, starts, ends, list(range(N)), cfg)
+
+
+def test_a_clean_group_gives_nothing():
+    assert flagged(*steps(60, 1.0)) == {}
+
+
+def test_a_2x_rank_on_long_steps_is_flagged_after_two_slow_steps_and_the_short_minimum():
+    # 8 s steps: the run spans one step (end of its first to end of its newest) ≥ seq_short_s + one step after
+    # three slow steps; a median look over 8 steps needed four of them (32 s)
+    x, s, e = steps(12, 8.0, lambda i: {5: 2.0} if i >= 9 else {})
+    assert set(flagged(x, s, e)) == {5}
+    ev = flagged(x, s, e)[5]
+    assert ev.factor > 1.9 and ev.span_s >= min_duration_s(ev.factor, 8.0, CFG)
+    x, s, e = steps(11, 8.0, lambda i: {5: 2.0} if i >= 9 else {})  # two slow steps: one step of span
+    assert flagged(x, s, e) == {}
+
+
+def test_a_1_25x_rank_needs_the_transient_minimum_duration():
+    need = CFG.seq_transient_s + 1.0
+    for slow_s, expect in ((need - 2, set()), (need + 2, {3})):
+        k = int(slow_s) + 1  # steps of 1 s: the run spans its steps less one
+        x, s, e = steps(40 + k, 1.0, lambda i, k=k: {3: 1.25} if i >= 40 else {})
+        assert set(flagged(x, s, e)) == expect, slow_s
+
+
+def test_one_huge_step_or_a_burst_that_ended_is_no_straggler():
+    x, s, e = steps(40, 1.0, lambda i: {7: 10.0} if i == 30 else {})
+    assert flagged(x, s, e) == {}
+    # 15 s at 1.5× that ended 3 s ago: the newest steps are ordinary, so no run ending now is 90 % slow
+    x, s, e = steps(60, 1.0, lambda i: {7: 1.5} if 42 <= i < 57 else {})
+    assert flagged(x, s, e) == {}
+    x, s, e = steps(60, 1.0, lambda i: {7: 1.5} if i >= 42 else {})  # the same, still going: flagged
+    assert set(flagged(x, s, e)) == {7}
+
+
+def test_a_marginal_slowdown_keeps_accumulating_until_it_has_lasted_long_enough_for_its_size():
+    # 1.06× against 3 % noise: z ≈ 2 a step; its minimum duration is long (inverse in the excess)
+    need = min_duration_s(1.06, 1.0, CFG)
+    assert need > 3 * CFG.seq_transient_s
+    x, s, e = steps(200, 1.0, lambda i: {9: 1.06} if i >= 200 - int(need) + 5 else {}, noise=0.01)
+    assert flagged(x, s, e) == {}
+    x, s, e = steps(200, 1.0, lambda i: {9: 1.06} if i >= 200 - int(need) - 10 else {}, noise=0.01)
+    assert set(flagged(x, s, e)) == {9}
