@@ -268,3 +268,22 @@ def test_fuzzed_state_files_never_crash_and_never_lose_the_default(tmp_path_fact
             r.close()
 
     one()
+
+
+def test_a_record_with_an_impossible_original_does_not_leave_a_dead_runs_cap(tmp_path):
+    # Found by the fuzz above: the file names GPU 0 with original_w 1 W (outside its constraints) and no
+    # last_set_w, while the GPU still holds a dead run's 500 W cap. The original is replaced by NVML's default,
+    # and the cap must go with it: an untrusted record is not evidence that the operator set 500 W.
+    r = Rig(tmp_path, policy={**ENFORCE, "thermal": {"enabled": False}})
+    uuid0 = r.sim.gpus[0].uuid
+    r.close()
+    (tmp_path / "state.json").write_text(json.dumps({"version": 1, "gpus": {uuid0: {"original_w": 1.0}}}))
+    r = Rig(tmp_path, policy={**ENFORCE, "thermal": {"enabled": False}})
+    try:
+        pynvml.nvmlDeviceSetPowerManagementLimit(pynvml.nvmlDeviceGetHandleByIndex(0), 500_000)
+        r.run(2)
+        r.engine.stop()
+        assert r.sim.gpus[0].power_limit_w == 700
+        assert json.loads((tmp_path / "state.json").read_text())["gpus"][uuid0]["original_w"] == 700
+    finally:
+        r.close()

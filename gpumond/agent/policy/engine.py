@@ -259,6 +259,10 @@ class PolicyEngine:
         if not fits(original):
             original, source = self._known_original(v)
             problems.append(f"original_w {record.original_w:g} W replaced by {original:g} W ({source})")
+            if last is None and abs(current - original) >= _TOLERANCE_W:
+                # The record is untrusted, so current may be a cap a dead run left (as in _remember_original):
+                # keep it as "last set" so that the known original is put back.
+                last = current
         if last is not None and not fits(last):
             last = current
             problems.append(f"last_set_w {record.last_set_w:g} W replaced by the current {current:g} W")
