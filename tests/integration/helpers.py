@@ -16,7 +16,6 @@ teardown (and the failure report, see conftest.py) can find it.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import os
 import re
@@ -127,6 +126,27 @@ def samples(families: Mapping[str, Metric], name: str, **labels: str) -> list[An
         return []
     return [s for s in family.samples
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def follow_clocks(agents: Mapping[str, Any], factors: Any, stop: threading.Event, name: str) -> threading.Thread:
+    """Start a thread that sets each simulated rank's compute factor from its agent's SM clock: a GPU at a
+    fraction of its maximum clock computes that much slower (`factors` is gpumond.demo.job.ClockFactors)."""
+
+    def run() -> None:
+        while not stop.wait(0.5):
+            for node, a in agents.items():
+                try:
+                    fams = parse_metrics(a.metrics_text())
+                except Exception:  # noqa: BLE001 - a lost scrape only delays the next update
+                    continue
+                maxes = {s.labels["gpu"]: s.value for s in samples(fams, "gpumond_gpu_sm_clock_max_hertz")}
+                for s in samples(fams, "gpumond_gpu_sm_clock_hertz"):
+                    if s.value > 0 and s.labels["gpu"] in maxes:
+                        factors.set(node, int(s.labels["gpu"]), max(1.0, maxes[s.labels["gpu"]] / s.value))
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def value(families: Mapping[str, Metric], name: str, **labels: str) -> float | None:

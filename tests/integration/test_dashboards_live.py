@@ -37,7 +37,7 @@ from tests.integration.helpers import (
     LOOPBACK,
     AgentProcess,
     PrometheusServer,
-    parse_metrics,
+    follow_clocks,
     samples,
     scalar,
     write_yaml,
@@ -126,19 +126,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         starved_rank = ranks.index((*STARVED, uuids[STARVED[0]][str(STARVED[1])]))
         factors = ClockFactors()
 
-        def follow_clocks() -> None:  # a GPU at a fraction of its maximum clock computes that much slower
-            while not stop.wait(0.5):
-                for node, a in agents.items():
-                    try:
-                        fams = parse_metrics(a.metrics_text())
-                    except Exception:  # noqa: BLE001 - a lost scrape only delays the next update
-                        continue
-                    maxes = {s.labels["gpu"]: s.value for s in samples(fams, "gpumond_gpu_sm_clock_max_hertz")}
-                    for s in samples(fams, "gpumond_gpu_sm_clock_hertz"):
-                        if s.value > 0 and s.labels["gpu"] in maxes:
-                            factors.set(node, int(s.labels["gpu"]), max(1.0, maxes[s.labels["gpu"]] / s.value))
-
-        threading.Thread(target=follow_clocks, name="dash-clocks", daemon=True).start()
+        follow_clocks(agents, factors, stop, "dash-clocks")
         job = SimulatedJob(job=JOB, ranks=ranks, endpoint=rules.url, token=token, step_s=STEP_S,
                            clock_factors=factors, data_wait=lambda r: DATA_WAIT_S if r == starved_rank else 0.0)
         job.start()

@@ -15,7 +15,7 @@ import pytest
 from gpumond.demo.cluster import RulesProcess
 from gpumond.demo.job import ClockFactors, SimulatedJob
 from gpumond.rules.detectors.config import DetectorConfig
-from tests.integration.helpers import AgentProcess, parse_metrics, samples, write_yaml
+from tests.integration.helpers import AgentProcess, follow_clocks, samples, write_yaml
 
 pytestmark = pytest.mark.integration
 
@@ -68,19 +68,7 @@ def test_a_slow_node_replaying_on_nvlink_is_a_straggler_node_with_nvlink_as_its_
         ranks = [(node, g, uuids[node][str(g)]) for node, gpus in NODES.items() for g in range(gpus)]
         factors = ClockFactors()
 
-        def follow_clocks() -> None:  # a GPU at a fraction of its maximum clock computes that much slower
-            while not stop.wait(0.5):
-                for node, a in agents.items():
-                    try:
-                        fams = parse_metrics(a.metrics_text())
-                    except Exception:  # noqa: BLE001 - a lost scrape only delays the next update
-                        continue
-                    maxes = {s.labels["gpu"]: s.value for s in samples(fams, "gpumond_gpu_sm_clock_max_hertz")}
-                    for s in samples(fams, "gpumond_gpu_sm_clock_hertz"):
-                        if s.value > 0 and s.labels["gpu"] in maxes:
-                            factors.set(node, int(s.labels["gpu"]), max(1.0, maxes[s.labels["gpu"]] / s.value))
-
-        threading.Thread(target=follow_clocks, name="nv-clocks", daemon=True).start()
+        follow_clocks(agents, factors, stop, "nv-clocks")
         job = SimulatedJob(job="nv-job", ranks=ranks, endpoint=rules.url, token=token, step_s=0.25,
                            clock_factors=factors, data_wait=lambda r: 0.0)
         job.start()
