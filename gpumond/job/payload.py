@@ -12,7 +12,7 @@ import base64
 import json
 import sys
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from math import isfinite, nan
 
 # A queued record, as the training thread appends it (plain tuple: cheapest to build):
@@ -45,15 +45,9 @@ def encoder(encoding: str) -> Encoder:
     return encode if encoding == "json" else encode_columns
 
 
-def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: float, *, final: bool = False) -> bytes:
-    """The JSON body for `records`; step ends are mapped from the monotonic clock to unix time now.
-
-    No records is a heartbeat (the process lives and has nothing to report); `final` marks the rank's
-    last push (its process is ending)."""
-    # Mapping at push time rather than per step keeps time.time() off the hot path, and an NTP
-    # step between pushes shifts only the pushes after it.
-    offset = wall_now - mono_now
-    parts = []
+def _checked(records: Sequence[Record], offset: float) -> Iterator[tuple]:
+    """Each record as (step, wall-clock end, duration, wait, samples, comm wait or None), its times checked
+    finite: the one reading of a record both encoders share."""
     for record in records:
         if len(record) == 5:
             step, end, duration, wait, samples = record
@@ -63,6 +57,18 @@ def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: floa
         end += offset
         if not (isfinite(end) and isfinite(duration) and isfinite(wait)):
             raise ValueError(f"step {step} has a non-finite time")
+        yield step, end, duration, wait, samples, comm
+
+
+def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: float, *, final: bool = False) -> bytes:
+    """The JSON body for `records`; step ends are mapped from the monotonic clock to unix time now.
+
+    No records is a heartbeat (the process lives and has nothing to report); `final` marks the rank's
+    last push (its process is ending)."""
+    # Mapping at push time rather than per step keeps time.time() off the hot path, and an NTP
+    # step between pushes shifts only the pushes after it.
+    parts = []
+    for step, end, duration, wait, samples, comm in _checked(records, wall_now - mono_now):
         count = "null" if samples is None else "%d" % samples
         if comm is None:
             parts.append(_STEP % (step, end, duration, wait, count))
@@ -74,19 +80,10 @@ def encode(head: str, records: Sequence[Record], wall_now: float, mono_now: floa
 def encode_columns(head: str, records: Sequence[Record], wall_now: float, mono_now: float, *,
                    final: bool = False) -> bytes:
     """The columnar body for `records` (same rules as `encode`; full float64 precision, no rounding)."""
-    offset = wall_now - mono_now
     steps, samples = array("q"), array("q")
     ends, durations, waits, comms = array("d"), array("d"), array("d"), array("d")
     measured = counted = False
-    for record in records:
-        if len(record) == 5:
-            step, end, duration, wait, count = record
-            comm = None
-        else:
-            step, end, duration, wait, count, comm = record
-        end += offset
-        if not (isfinite(end) and isfinite(duration) and isfinite(wait)):
-            raise ValueError(f"step {step} has a non-finite time")
+    for step, end, duration, wait, count, comm in _checked(records, wall_now - mono_now):
         steps.append(step)
         ends.append(end)
         durations.append(duration)

@@ -5,7 +5,6 @@ A bridge until an end-to-end test runs `gpumond rules`: skipped while gpumond.ru
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -122,3 +121,14 @@ def test_default_batch_size_fits_the_service_limit() -> None:
 
     default = inspect.signature(Reporter).parameters["max_steps_per_push"].default
     assert default <= rules_config.LimitsConfig().max_steps_per_push
+
+
+@pytest.mark.parametrize("encoder", [encode, encode_columns], ids=["json", "columns"])
+@pytest.mark.parametrize("bad", [(1, float("inf"), 0.5, 0.0, None), (1, 10.0, float("nan"), 0.0, None, 0.1),
+                                 (1, 10.0, 0.5, float("-inf"), 4)])
+def test_both_encoders_refuse_a_non_finite_time_naming_the_step(encoder, bad) -> None:
+    head = encode_head({"job": "j", "rank": 0, "world_size": 1, "node": "n",
+                        "gpu_uuid": "GPU-5b0c1a2e-3f4d-4e5f-8a9b-0c1d2e3f4a5b", "group": None},
+                       "json" if encoder is encode else "columns")
+    with pytest.raises(ValueError, match="step 1 has a non-finite time"):
+        encoder(head, [(0, 9.0, 0.5, 0.0, None), bad], 1.7e9, 0.0)
