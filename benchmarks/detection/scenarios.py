@@ -6,11 +6,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpumond.config.rules import RulesConfig
+
 from benchmarks.detection.cluster import Cluster, JobSpec
 from benchmarks.detection.faults import THROTTLE_REASONS, Fault
 from benchmarks.detection.noise import Noise
 
 T0 = 1_700_000_000.0
+# The rules service's default evaluation interval: every scenario is evaluated at it (one control at 2 s).
+EVAL_S = float(RulesConfig.model_fields["evaluation_interval_s"].default)
 WARMUP_S = 120.0  # windows full (60 s) and the job baseline learnt before any fault
 OBSERVE_MAX_S = 300.0  # a fault is watched for at most this long after onset…
 POST_S = 90.0  # …and this long after it clears (when it clears inside the run)
@@ -38,9 +42,9 @@ class Scenario:
     noise: Noise
     seed: int
     duration_s: float
-    eval_phase: float = 0.0  # first evaluation at T0 + 10 s − eval_phase … so onsets fall at random phases
+    eval_phase: float = 0.0  # first evaluation at T0 + eval_s − eval_phase … so onsets fall at random phases
     tags: dict = field(default_factory=dict)
-    eval_s: float = 10.0  # the rules service's evaluation interval
+    eval_s: float = EVAL_S  # the rules service's evaluation interval
 
     def build(self, **kw: object) -> Cluster:
         """The cluster, ready to advance."""
@@ -68,7 +72,7 @@ def _fault_scenario(name: str, seed: int, salt: int, nodes: int, make) -> Scenar
     if fault.kind == "hung_rank":
         watched, tail = 180.0, 0.0  # a hung job stays hung until someone restarts it
     return Scenario(name, "fault", (job,), (fault,), Noise(), seed * 1000 + salt,
-                    WARMUP_S + 10.0 + watched + tail, eval_phase=rng.uniform(0.0, 10.0),
+                    WARMUP_S + 10.0 + watched + tail, eval_phase=rng.uniform(0.0, 10.0) * EVAL_S / 10.0,
                     tags={"step_s": step, "duration_s": dur})
 
 
@@ -169,7 +173,7 @@ CONTROLS: dict[str, dict] = {
     "transient slowdowns": {"noise": TRANSIENTS},
     "transient slowdowns, 0.25 s steps, 2 s evaluations": {"noise": TRANSIENTS, "step_s": 0.25},
 }
-# How a control runs when it is not the usual job of the benchmark's size, evaluated every 10 s.
+# How a control runs when it is not the usual job of the benchmark's size, evaluated every EVAL_S.
 CONTROL_RUNS: dict[str, dict] = {
     "transient slowdowns, 0.25 s steps, 2 s evaluations": {"eval_s": 2.0, "nodes": 16, "duration_s": 900.0},
 }
@@ -189,7 +193,7 @@ def control_scenarios(seed: int, nodes: int, duration_s: float, names: tuple[str
         size = min(nodes, how.get("nodes", nodes))
         job = JobSpec("job-0", size, step_s=step, stages=spec.get("stages", 1),
                       stage_cost=spec.get("stage_cost", ()), report_group=spec.get("report_group", False))
-        every = how.get("eval_s", 10.0)
+        every = how.get("eval_s", EVAL_S)
         out.append(Scenario(f"control: {name}", "control", (job,), (), noise, seed * 1000 + 500 + i,
                             min(duration_s, how.get("duration_s", duration_s)), eval_phase=rng.uniform(0.0, every),
                             tags={"control": name, "step_s": step}, eval_s=every))
@@ -204,4 +208,4 @@ def big_control(seed: int, nodes: int, duration_s: float, transients: dict | Non
     knobs = FLEET_TRANSIENTS if transients is None else transients
     name = f"{nodes}-node job, transient slowdowns" + ("" if transients is None else " (stress rate)")
     return Scenario(f"control: {name}", "control", (job,), (), Noise().with_(**knobs), seed * 1000 + 900,
-                    duration_s, eval_phase=rng.uniform(0.0, 10.0), tags={"control": name, "step_s": 2.0})
+                    duration_s, eval_phase=rng.uniform(0.0, EVAL_S), tags={"control": name, "step_s": 2.0})

@@ -203,7 +203,7 @@ class RulesConfig(ConfigModel):
     tokens_file: AbsolutePath | None = None
     allow_unauthenticated: bool = False
     telemetry: TelemetryConfig = TelemetryConfig()
-    evaluation_interval_s: float = Field(10.0, gt=0, le=3600)
+    evaluation_interval_s: float = Field(5.0, gt=0, le=3600)
     findings: FindingsConfig = FindingsConfig()
     window_s: float = Field(300.0, gt=0, le=86_400)
     limits: LimitsConfig = LimitsConfig()

@@ -35,7 +35,7 @@ def test_a_2x_rank_on_long_steps_is_flagged_after_two_slow_steps_and_the_short_m
     x, s, e = steps(12, 8.0, lambda i: {5: 2.0} if i >= 9 else {})
     assert set(flagged(x, s, e)) == {5}
     ev = flagged(x, s, e)[5]
-    assert ev.factor > 1.9 and ev.span_s >= min_duration_s(ev.factor, 8.0, CFG)
+    assert ev.magnitude > 1.9 and ev.span_s >= min_duration_s(ev.magnitude, 8.0, CFG)
     x, s, e = steps(11, 8.0, lambda i: {5: 2.0} if i >= 9 else {})  # two slow steps: one step of span
     assert flagged(x, s, e) == {}
 

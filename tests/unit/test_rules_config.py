@@ -49,7 +49,7 @@ def test_defaults_match_the_documented_values() -> None:
     assert c.telemetry.scrape.targets == () and c.telemetry.scrape.file_sd is None
     assert (c.telemetry.scrape.interval_s, c.telemetry.scrape.timeout_s) == (5, 2)
     assert c.telemetry.prometheus is None
-    assert (c.evaluation_interval_s, c.window_s, c.expire_after_s) == (10, 300, 900)
+    assert (c.evaluation_interval_s, c.window_s, c.expire_after_s) == (5, 300, 900)
     limits = c.limits
     assert (limits.max_body_bytes, limits.max_steps_per_push, limits.max_string_len) == (1_048_576, 4096, 256)
     assert (limits.pushes_per_second_per_client, limits.burst) == (50, 100)

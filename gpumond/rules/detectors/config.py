@@ -50,6 +50,15 @@ class DetectorConfig:
     seq_transient_factor: float = 1.8
     seq_marginal_factor: float = 1.25  # below this factor the minimum duration grows as 1 / (factor − 1)
     seq_short_s: float = 2.0
+    # The same test on data wait (io_starved_rank): per step a rank's data-wait share minus its group's median
+    # rank's, in noise units (the window's MAD, at least seq_wait_floor: healthy loaders wait ~0.2 % of a step).
+    # A missed prefetch is one step's event (0.2 % of steps in the benchmark's fleet), so a run needs
+    # seq_wait_min_steps steps: four misses back to back on one rank come ~0.004 times a job-day at 1,024 nodes
+    # (three: ~2). It must also span seq_wait_s for a mean excess of seq_wait_large or more, longer below it.
+    seq_wait_floor: float = 0.01
+    seq_wait_min_steps: int = 4
+    seq_wait_s: float = 4.0
+    seq_wait_large: float = 0.1
     structure_learn_s: float = 60.0  # nodes deviating together this long after a job is first judged: its structure
     throttle_frac_min: float = 0.3  # a GPU throttled in at least 30 % of its samples (18 s of the minute)…
     throttle_peer_max: float = 0.1  # …while its peers' median is below this

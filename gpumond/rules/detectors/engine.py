@@ -110,15 +110,15 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
             continue  # a stalled job's windows say nothing about stragglers or starvation
         active = [r for r in feats if r.steps > 0]
         out.extend(slow)
-        starved = detect_io_starvation(job, active, gpus, hosts, cfg)
+        steps = step_shares(ranks, since)
+        starved = detect_io_starvation(job, active, gpus, hosts, cfg, steps)
         out.extend(starved)
         # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
         explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
         known = structure.get(job)
-        steps = step_shares(ranks, since) if shares else None
         found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
                                   known.nodes if known else frozenset(), learning=known is None or not known.done,
-                                  steps=steps)
+                                  steps=steps if shares else None)
         if found.judged:
             structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
         out.extend(c for c in found.candidates if c.rank not in explained)

@@ -5,6 +5,10 @@ wait in collectives instead (high utilization, no data wait). When most ranks wa
 pipeline itself is the bottleneck: that is one job-level finding, not many rank findings — and a rank that
 waits far more than the rest is still named, its loader being a problem of its own. Host CPU and
 iowait from the agent say whether a starved rank is CPU-bound or storage-bound.
+
+A rank is an outlier on two kinds of evidence: its median wait over the recent window against its peers'
+(a robust z), or sequential evidence step by step (sequential.py, the straggler's test on data-wait shares),
+which names a rank starved well past its peers within a few steps and fires at once.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, HostFeatures, RankFeatures
+from gpumond.rules.detectors.sequential import Evidence, StepShares, judge, wait_test
 from gpumond.rules.detectors.stats import median, robust_z, threshold_for
 
 
@@ -37,7 +42,8 @@ def _host_evidence(host: HostFeatures | None) -> dict[str, object]:
 
 
 def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
-                         hosts: Mapping[str, HostFeatures], cfg: DetectorConfig) -> list[Candidate]:
+                         hosts: Mapping[str, HostFeatures], cfg: DetectorConfig,
+                         steps: StepShares | None = None) -> list[Candidate]:
     """`io_starved_rank` for each rank whose data wait is an outlier among its peers, and `io_starved_job` when
     most of the other ranks wait on data too: both facts when both hold, the outlier alone when it dominates.
 
@@ -46,7 +52,9 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     into waiting at different evaluations), so an outlier there must also wait `outlier_wait_ratio` times the
     job's median rank: its own loader is slow, not the job's pipeline. The job is then judged without its
     outliers, so one rank that waits most of its step cannot make a job whose other ranks wait a little look
-    starved."""
+    starved. The same ratio holds for sequential evidence, against the larger of the job's median and the
+    median rank's wait over the run's own steps (a job whose pipeline just slowed has a window median from
+    before). `steps` are the job's per-step shares (sequential.step_shares)."""
     # A rank with a handful of steps (a job just started) is not judged: one missed prefetch is its median.
     waiting = [r for r in ranks if r.wait_frac is not None and r.steps >= cfg.min_steps]
     if not waiting:
@@ -56,8 +64,11 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     if job_med >= cfg.wait_min_frac:  # the job's ranks wait on data as a rule: the spread is its pipeline's
         outliers = [o for o in outliers
                     if o[0].wait_frac >= cfg.outlier_wait_ratio * job_med]  # type: ignore[operator]
-    named = {r.rank for r, _, _ in outliers}
-    out = [_rank_candidate(job, r, z, med, gpus, hosts, cfg) for r, z, med in outliers]
+    seq = {r.rank: (r, ev) for r, ev in _sequential(waiting, steps, cfg)
+           if _stands_out(ev.mean, max(job_med, ev.peer), cfg)}
+    out = [_rank_candidate(job, r, ev.z, ev.peer, gpus, hosts, cfg, ev) for r, ev in seq.values()]
+    out += [_rank_candidate(job, r, z, med, gpus, hosts, cfg) for r, z, med in outliers if r.rank not in seq]
+    named = {r.rank for r, _, _ in outliers} | set(seq)
     rest = [r for r in waiting if r.rank not in named]
     if _job_starved(rest, cfg):
         starved = [r for r in rest if r.wait_frac >= cfg.job_wait_min_frac]  # type: ignore[operator]
@@ -79,6 +90,36 @@ def _job_starved(waiting: Sequence[RankFeatures], cfg: DetectorConfig) -> bool:
     starved = sum(r.wait_frac >= cfg.job_wait_min_frac for r in waiting)  # type: ignore[operator]
     return starved >= cfg.job_wait_rank_frac * len(waiting) \
         and median([r.wait_frac for r in waiting]) >= cfg.job_min_cost_frac  # type: ignore[misc]
+
+
+def _stands_out(wait: float, peers: float, cfg: DetectorConfig) -> bool:
+    """A rank's wait worth naming: at least wait_min_frac, and where its peers wait as a rule too,
+    outlier_wait_ratio times theirs."""
+    return wait >= cfg.wait_min_frac and (peers < cfg.wait_min_frac or wait >= cfg.outlier_wait_ratio * peers)
+
+
+def _sequential(waiting: Sequence[RankFeatures], steps: StepShares | None,
+                cfg: DetectorConfig) -> list[tuple[RankFeatures, Evidence]]:
+    """Ranks with sequential evidence of waiting longer than their group, step by step. Many ranks on many nodes
+    at once is the job's pipeline (its loaders drain at their own pace), not outliers, as for stragglers."""
+    if steps is None or steps.waits is None:
+        return []
+    held = set(steps.ranks)
+    by_group: dict[tuple[str | None, str | None], list[RankFeatures]] = {}
+    for r in waiting:
+        if r.rank in held:
+            by_group.setdefault(r.peers, []).append(r)
+    test = wait_test(cfg)
+    out: list[tuple[RankFeatures, Evidence]] = []
+    for members in by_group.values():
+        ids = [r.rank for r in members]
+        found = judge(steps.columns(ids, of="waits"), steps.starts, steps.ends, ids, cfg, test)
+        node_of = {r.rank: r.node for r in members}
+        nodes = len(set(node_of.values()))
+        if len(found) <= max(1, cfg.max_outlier_frac * len(members)) \
+                or len({node_of[k] for k in found}) <= max(1, cfg.max_outlier_frac * nodes):
+            out.extend((r, found[r.rank]) for r in members if r.rank in found)
+    return out
 
 
 Outlier = tuple[RankFeatures, float | None, float]  # (rank, its z or None in a small group, the peer median)
@@ -105,7 +146,8 @@ def _outliers(waiting: Sequence[RankFeatures], cfg: DetectorConfig) -> list[Outl
 
 
 def _rank_candidate(job: str, r: RankFeatures, z: float | None, med: float, gpus: Mapping[str, GpuFeatures],
-                    hosts: Mapping[str, HostFeatures], cfg: DetectorConfig) -> Candidate:
+                    hosts: Mapping[str, HostFeatures], cfg: DetectorConfig, ev: Evidence | None = None) -> Candidate:
+    """The finding on one rank; on sequential evidence (`ev`) its wait is the run's mean and it fires at once."""
     g = gpus.get(r.gpu_uuid)
     gpu_ev = {}
     if g is not None:
@@ -113,7 +155,11 @@ def _rank_candidate(job: str, r: RankFeatures, z: float | None, med: float, gpus
                                               ("gpu_power_ratio", g.power_ratio)) if v is not None}
     host = hosts.get(r.node)
     score = r.wait_frac if z is None else z  # type: ignore[assignment]
+    wait = r.wait_frac if ev is None else ev.mean
+    seq = {} if ev is None else {"sequential": {"evidence": ev.evidence, "steps": ev.steps, "span_s": ev.span_s,
+                                                "excess_data_wait_frac": ev.magnitude, "z": ev.z}}
     return Candidate("io_starved_rank", job, r.node, r.rank, r.gpu_uuid, round(score, 2), {  # type: ignore[arg-type]
-        "group": r.group, "data_wait_frac": round(r.wait_frac, 4),  # type: ignore[arg-type]
+        "group": r.group, "data_wait_frac": round(wait, 4),  # type: ignore[arg-type]
         "peer_median_data_wait_frac": round(med, 4), "likely_cause": _cause(host, cfg),
-        **({"mig_profile": r.mig_profile} if r.mig_profile else {}), **gpu_ev, **_host_evidence(host)})
+        **({"mig_profile": r.mig_profile} if r.mig_profile else {}), **gpu_ev, **_host_evidence(host), **seq},
+        sustained=ev is not None)

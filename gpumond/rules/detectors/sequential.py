@@ -1,22 +1,25 @@
-"""Pure: sequential evidence that a rank computes longer than its peers, step by step (issue 20).
+"""Pure: sequential evidence, step by step against the step's peers (issue 20): a rank that computes longer
+than its peers (a straggler), and a rank that waits longer on its data loader (a starved rank). One test for
+both; what differs is the per-step deviation and the minimum duration (a `Test`).
 
-The looks of compute_share.py are medians over fixed spans (the last 8 steps, the last minute), so a
-straggler is seen once half of such a span holds slow steps: 30–50 s whatever its severity, and longer for
-longer steps (a 2.0× straggler on 5 s steps took 52 s; 1.25× on 1 s steps 28 s, measured in
-benchmarks/results/detection.md). Here every step is evidence on its own:
+The looks of compute_share.py and the wait medians of io_starvation.py are medians over fixed spans (the
+last 8 steps, the last minute), so a fault is seen once half of such a span holds bad steps: 30–50 s
+whatever its severity, and longer for longer steps (a 2.0× straggler on 5 s steps took 52 s; 1.25× on 1 s
+steps 28 s, measured in benchmarks/results/detection.md). Here every step is evidence on its own:
 
-- per step, each rank's compute share over its group's median rank of that step is the rank's compute
-  factor in that step (the slowest rank computes through the time its peers wait for it); its log, over the
-  noise of such factors (the MAD of all of them in the window, floored), is the step's deviation z;
+- per step, each rank's deviation from its group's median rank of that step: for compute, the log of its
+  compute share over the median's (its compute factor: the slowest rank computes through the time its peers
+  wait for it); for data wait, its wait share minus the median's (the share of the step its own loader cost
+  beyond its peers'); over the noise of such deviations (the MAD of all of them in the window, floored), the
+  step's deviation z;
 - read back from the newest step, each step adds min(z, cap) − ref: a deviation of a few noise units adds
   up in a few steps, a marginal one (z just above ref) keeps accumulating, and an ordinary step takes
   evidence away. One step adds at most cap − ref, so no single step (a GC pause, a batch of long
-  sequences) makes a finding;
-- a rank is flagged when some run of its newest steps holds `seq_h` of evidence, at least `seq_min_steps`
-  steps, with `seq_frac` of them past ref (slow now, not a burst some seconds ago that ordinary steps
-  since have not yet cancelled), and spans at least the minimum duration for its magnitude:
-  `seq_transient_s` while its mean factor is within the transient range (below `seq_transient_factor`),
-  `seq_short_s` beyond it. Both from measured transients, see docs/detection-benchmark.md.
+  sequences, a missed prefetch) makes a finding;
+- a rank is flagged when some run of its newest steps holds `h` of evidence, at least `min_steps` steps,
+  with `frac` of them past ref (bad now, not a burst some seconds ago that ordinary steps since have not yet
+  cancelled), and spans at least the minimum duration for its magnitude (the run's mean compute factor, or
+  its mean excess wait share). Derivations in docs/detectors.md.
 
 Such a finding has waited for its evidence already: it fires at once (Candidate.sustained), where the
 median looks wait for two of three evaluations over `findings.min_duration_s`.
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,22 +45,31 @@ _MAX_LOG_FACTOR = math.log(10.0)
 
 @dataclass(frozen=True, slots=True)
 class StepShares:
-    """A job's absolute compute shares of its recent steps, one row per step number (oldest first), one column
-    per rank; NaN where a rank has no timed step with a comm wait of that number."""
+    """A job's absolute shares of its recent steps, one row per step number (oldest first), one column per rank:
+    compute shares (NaN where a rank has no timed step with a comm wait of that number) and data-wait shares
+    (NaN where it has no timed step of that number)."""
 
     ranks: tuple[int, ...]
-    shares: np.ndarray  # (steps, ranks)
+    shares: np.ndarray  # (steps, ranks) compute share
     starts: np.ndarray  # (steps,) when each step began (its median rank's end − duration)
     ends: np.ndarray  # (steps,) when each step ended (its median rank)
+    waits: np.ndarray | None = None  # (steps, ranks) data-wait share
 
-    def columns(self, ranks: Sequence[int]) -> np.ndarray:
-        """The shares of these ranks (columns in this order)."""
+    def columns(self, ranks: Sequence[int], of: str = "shares") -> np.ndarray:
+        """The compute shares (or `of="waits"`: data-wait shares) of these ranks (columns in this order)."""
         index = {r: i for i, r in enumerate(self.ranks)}
-        return self.shares[:, [index[r] for r in ranks]]
+        x = self.shares if of == "shares" else self.waits
+        assert x is not None
+        return x[:, [index[r] for r in ranks]]
+
+    @property
+    def has_shares(self) -> bool:
+        """Whether any rank pushed a comm wait (what compute shares need)."""
+        return bool((~np.isnan(self.shares)).any())
 
 
 def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares | None:
-    """The shares of the steps that ended since `since`, or None when the job pushes no comm waits."""
+    """The shares of the steps that ended since `since`, or None when the job has no timed steps there."""
     ws = list(windows.values())
     if not ws:
         return None
@@ -76,30 +88,32 @@ def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares |
     else:
         read = counts
     durations, waits, numbers, comm = m.tail(read, depth)
-    ok = recent & (durations > 0) & ~np.isnan(comm) & ~np.isnan(waits) & np.isfinite(numbers)
-    if not ok.any():
+    timed = recent & (durations > 0) & ~np.isnan(waits) & np.isfinite(numbers)
+    if not timed.any():
         return None
     with np.errstate(all="ignore"):
         share = np.maximum(1.0 - (waits + comm) / durations, 0.0)
-    nums = numbers[ok]
+        wait = np.clip(waits / durations, 0.0, 1.0)
+    nums = numbers[timed]
     lo, hi = nums.min(), nums.max()
     if hi - lo > 8 * depth + 64 or not bool((nums == np.floor(nums)).all()):
         return None  # sparse or odd step numbers: no step-aligned view (the median looks still judge)
     rows = int(hi - lo) + 1
-    col = np.broadcast_to(np.arange(len(ws))[None, :], ok.shape)[ok]
+    col = np.broadcast_to(np.arange(len(ws))[None, :], timed.shape)[timed]
     row = (nums - lo).astype(np.int64)
-    out = np.full((rows, len(ws)), np.nan)
-    out[row, col] = share[ok]
-    end = np.full((rows, len(ws)), np.nan)
-    end[row, col] = ends[ok]
-    start = np.full((rows, len(ws)), np.nan)
-    start[row, col] = (ends - durations)[ok]
-    kept = ~np.isnan(out).all(axis=1)
+
+    def place(v: np.ndarray) -> np.ndarray:
+        out = np.full((rows, len(ws)), np.nan)
+        out[row, col] = v[timed]
+        return out
+
+    shares = place(np.where(np.isnan(comm), np.nan, share))
+    kept = ~np.isnan(place(wait)).all(axis=1)
     with warnings.catch_warnings():  # all-NaN columns of a row cannot occur (kept); numpy warns on any NaN
         warnings.simplefilter("ignore", RuntimeWarning)
-        row_end = np.nanmedian(end[kept], axis=1)
-        row_start = np.nanmedian(start[kept], axis=1)
-    return StepShares(tuple(w.info.rank for w in ws), out[kept], row_start, row_end)
+        row_end = np.nanmedian(place(ends)[kept], axis=1)
+        row_start = np.nanmedian(place(ends - durations)[kept], axis=1)
+    return StepShares(tuple(w.info.rank for w in ws), shares[kept], row_start, row_end, place(wait)[kept])
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +123,54 @@ class Evidence:
     evidence: float  # Σ (min(z, cap) − ref) over the run
     steps: int
     span_s: float
-    factor: float  # its mean compute factor over the run (exp of the mean log factor)
-    z: float  # the run's mean deviation in noise units (each step's capped at seq_cap)
+    magnitude: float  # compute: its mean compute factor (exp of the mean log factor); wait: its mean excess share
+    z: float  # the run's mean deviation in noise units (each step's capped at the test's cap)
+    mean: float = math.nan  # the rank's mean value (compute or wait share) over the run's steps…
+    peer: float = math.nan  # …and its group's median rank's, step by step, over the same steps
+
+
+@dataclass(frozen=True, slots=True)
+class Test:
+    """One sequential test: its constants, how a step's deviation is made from the group's values, how a run's
+    mean deviation reads as a magnitude, and the minimum duration (s) for that magnitude given the step time."""
+
+    ref: float
+    cap: float
+    h: float
+    min_steps: int
+    frac: float
+    floor: float
+    deviation: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (values, the step's median) → deviation
+    bound: float  # one step's deviation counts at most this much in the run's mean (a clock jump, one absurd step)
+    magnitude: Callable[[np.ndarray], np.ndarray]  # a run's mean deviation → what the finding reports
+    need: Callable[[np.ndarray, float], np.ndarray]  # (magnitude, step time) → minimum span (s)
+
+
+def compute_test(cfg: DetectorConfig) -> Test:
+    """A rank computing longer than its group's median rank: log compute factor; minimum duration by factor."""
+    return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h, cfg.seq_min_steps, cfg.seq_frac, cfg.seq_floor,
+                lambda x, med: np.log(np.maximum(x, 1e-3) / np.maximum(med, 1e-3)), _MAX_LOG_FACTOR, np.exp,
+                lambda factor, step_s: _min_duration(factor, cfg) + step_s)
+
+
+def wait_test(cfg: DetectorConfig) -> Test:
+    """A rank waiting on its data loader longer than its group's median rank: excess wait share; minimum
+    duration by that excess (see wait_min_duration_s)."""
+    return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h, cfg.seq_wait_min_steps, cfg.seq_frac, cfg.seq_wait_floor,
+                lambda x, med: x - med, 1.0, lambda y: y,
+                lambda excess, step_s: _wait_min_duration(excess, cfg))
 
 
 def min_duration_s(factor: float, step_s: float, cfg: DetectorConfig) -> float:
     """How long (from the end of its first step to the end of its newest) a deviation of this mean compute
     factor must last before it is a finding, with steps of `step_s`."""
     return float(_min_duration(np.array(factor), cfg)) + step_s
+
+
+def wait_min_duration_s(excess: float, cfg: DetectorConfig) -> float:
+    """How long (from the end of its first step to the end of its newest) a data wait this far above its
+    peers' (mean excess share of the step) must last before it is a finding."""
+    return float(_wait_min_duration(np.array(excess), cfg))
 
 
 def _min_duration(factor: np.ndarray, cfg: DetectorConfig) -> np.ndarray:
@@ -129,9 +183,18 @@ def _min_duration(factor: np.ndarray, cfg: DetectorConfig) -> np.ndarray:
     return np.where(factor < cfg.seq_transient_factor, inside, cfg.seq_short_s)
 
 
+def _wait_min_duration(excess: np.ndarray, cfg: DetectorConfig) -> np.ndarray:
+    """seq_wait_s for an excess of seq_wait_large or more, longer in inverse proportion below it. A missed
+    prefetch is one step's event, not wall time: the step count (seq_wait_min_steps) guards against those,
+    this against a loader slow for a few seconds (a page cache refill) at a few per cent."""
+    return cfg.seq_wait_s * np.maximum(1.0, cfg.seq_wait_large / np.maximum(excess, 1e-6))
+
+
 def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[int],
-          cfg: DetectorConfig) -> dict[int, Evidence]:
-    """The ranks (columns of `x`, a StepShares slice of one peer group) with enough sequential evidence."""
+          cfg: DetectorConfig, test: Test | None = None) -> dict[int, Evidence]:
+    """The ranks (columns of `x`, a StepShares slice of one peer group) with enough sequential evidence: on
+    compute shares by default, or under another `test` (wait_test on data-wait shares)."""
+    test = test if test is not None else compute_test(cfg)
     rows, n = x.shape
     if rows == 0 or n < cfg.min_peers:
         return {}
@@ -139,36 +202,37 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
         warnings.simplefilter("ignore", RuntimeWarning)
         counted = (~np.isnan(x)).sum(axis=1) >= cfg.min_peers  # a step few peers pushed is not compared
         med = np.nanmedian(np.where(counted[:, None], x, np.nan), axis=1)
-        y = np.log(np.maximum(x, 1e-3) / np.maximum(med, 1e-3)[:, None])
+        y = test.deviation(x, med[:, None])
         y[~counted] = np.nan
         valid = ~np.isnan(y)
         if not valid.any():
             return {}
-        sigma = max(_MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), cfg.seq_floor)
-    z = np.where(valid, np.clip(y / sigma, -cfg.seq_cap, cfg.seq_cap), 0.0)
+        sigma = max(_MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), test.floor)
+    z = np.where(valid, np.clip(y / sigma, -test.cap, test.cap), 0.0)
     # Suffix sums, read from the newest step back: row j holds the run from step j to the newest.
     rev = slice(None, None, -1)
-    gain = np.cumsum(np.where(valid, z - cfg.seq_ref, 0.0)[rev], axis=0)[rev]
+    gain = np.cumsum(np.where(valid, z - test.ref, 0.0)[rev], axis=0)[rev]
     steps = np.cumsum(valid[rev], axis=0)[rev]
-    above = np.cumsum((valid & (z > cfg.seq_ref))[rev], axis=0)[rev]
-    # The magnitude is the factor itself (a 3× rank is 3×, however many noise units that is), bounded so that
-    # one absurd step (a share near 0 from a clock jump) cannot carry a run's mean.
-    logf = np.cumsum(np.where(valid, np.clip(y, -_MAX_LOG_FACTOR, _MAX_LOG_FACTOR), 0.0)[rev], axis=0)[rev]
+    above = np.cumsum((valid & (z > test.ref))[rev], axis=0)[rev]
+    # The magnitude is the deviation itself (a 3× rank is 3×, however many noise units that is), bounded so
+    # that one absurd step (a share near 0 from a clock jump) cannot carry a run's mean.
+    total = np.cumsum(np.where(valid, np.clip(y, -test.bound, test.bound), 0.0)[rev], axis=0)[rev]
+    own = np.cumsum(np.where(valid, x, 0.0)[rev], axis=0)[rev]
+    peer = np.cumsum(np.where(valid, med[:, None], 0.0)[rev], axis=0)[rev]
     # From the end of the run's first step to the end of the rank's newest (ranks push at their own moments, so
-    # the job's newest steps may not be this rank's yet). Slowness of wall length L slows, at least in part,
-    # steps whose ends lie within L + one step of each other: the minimum duration is the transient's plus a
-    # step, so that long steps cannot stretch a transient into a finding.
+    # the job's newest steps may not be this rank's yet).
     last = np.where(valid, np.arange(rows)[:, None], -1).max(axis=0)
     span = ends[np.maximum(last, 0)][None, :] - ends[:, None]
     step_s = float(np.median(ends - starts))
     with np.errstate(all="ignore"):
-        factor = np.exp(logf / np.maximum(steps, 1))
-    need = _min_duration(factor, cfg) + step_s  # min_duration_s, for every run at once
-    ok = (gain >= cfg.seq_h) & (steps >= cfg.seq_min_steps) & (above >= cfg.seq_frac * steps) & (span >= need)
+        magnitude = test.magnitude(total / np.maximum(steps, 1))
+    need = test.need(magnitude, step_s)
+    ok = (gain >= test.h) & (steps >= test.min_steps) & (above >= test.frac * steps) & (span >= need)
     out: dict[int, Evidence] = {}
     for c in np.flatnonzero(ok.any(axis=0)).tolist():
         j = int(np.argmax(np.where(ok[:, c], gain[:, c], -math.inf)))
         k = int(steps[j, c])
         out[ranks[c]] = Evidence(round(float(gain[j, c]), 2), k, round(float(span[j, c]), 2),
-                                 round(float(factor[j, c]), 4), round(float(gain[j, c] / k + cfg.seq_ref), 2))
+                                 round(float(magnitude[j, c]), 4), round(float(gain[j, c] / k + test.ref), 2),
+                                 float(own[j, c] / k), float(peer[j, c] / k))
     return out

@@ -187,7 +187,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         if len(seq) <= max(1, cfg.max_outlier_frac * len(members)) \
                 or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * nodes_in_group):
             for rank, ev in seq.items():
-                note(rank, "sequential", ev.z, ev.factor, 1.0, evidence=ev.evidence, steps=ev.steps,
+                note(rank, "sequential", ev.z, ev.magnitude, 1.0, evidence=ev.evidence, steps=ev.steps,
                      span_s=ev.span_s)
     # A shift, not stragglers: many ranks on many nodes sit past half the threshold on one silent signal
     # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
