@@ -146,7 +146,9 @@ def test_the_long_look_spans_minutes_of_wall_time_at_any_evaluation_interval():
     tl = Timeline(420.0)
     state, _, _ = watch(tl, 4.0, 420.0, 2.0)
     times = state.share_times["job-a"]
-    # full windows only (from a minute after the first comm waits), then the last 5 minutes of evaluations:
-    # 150 of them at a 2 s interval, where a count of 30 would be one minute
-    assert 296.0 <= times[-1] - times[0] < 300.0 and len(times) == 150
-    assert len(state.shares["job-a"][13]) == 150
+    # full windows only (from a minute after the first comm waits), then the last 5 minutes of evaluations that
+    # judged the job: evaluations every 2 s, but one that sees nothing new since the last (no push, no step, no
+    # telemetry) keeps its judgement (incremental evaluation), so fewer than 150 — and a count of 30 would be
+    # a minute or two
+    assert 290.0 <= times[-1] - times[0] < 300.0 and 30 < len(times) < 150
+    assert len(state.shares["job-a"][13]) == len(times)

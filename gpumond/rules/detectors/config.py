@@ -10,6 +10,9 @@ class DetectorConfig:
     """Every threshold the detectors use; see docs/detectors.md for why each default is what it is."""
 
     recent_s: float = 60.0  # features are medians over this much recent history
+    # Incremental evaluation (engine.py): a job with nothing new keeps its last candidates, for at most this long
+    # (its stall and liveness rules read the clock: a job gone silent is judged again this often).
+    rejudge_s: float = 30.0
     min_samples: int = 6  # a GPU with fewer samples in the window (a job just started) is not compared
     min_peers: int = 4  # fewer comparable GPUs/ranks than this: no peer comparison
     z_base: float = 3.5  # modified-z threshold for small groups (Iglewicz & Hoaglin)
@@ -52,12 +55,14 @@ class DetectorConfig:
     seq_short_s: float = 2.0
     # The same test on data wait (io_starved_rank): per step a rank's data-wait share minus its group's median
     # rank's, in noise units (the window's MAD, at least seq_wait_floor: healthy loaders wait ~0.2 % of a step).
-    # A missed prefetch is one step's event (0.2 % of steps in the benchmark's fleet), so a run needs
-    # seq_wait_min_steps steps: four misses back to back on one rank come ~0.004 times a job-day at 1,024 nodes
-    # (three: ~2). It must also span seq_wait_s for a mean excess of seq_wait_large or more, longer below it.
+    # A missed prefetch is one step's event (0.2 % of steps in the benchmark's fleet, at most ~0.21 of its step),
+    # so a run of mean excess below seq_wait_miss_max needs seq_wait_min_steps steps: four misses back to back on
+    # one rank come ~0.004 times a job-day at 1,024 nodes (three: ~2); past it no run of misses explains it and
+    # seq_min_steps do. It must also span seq_wait_s for a mean excess of seq_wait_large or more, longer below.
     seq_wait_floor: float = 0.01
     seq_wait_min_steps: int = 4
-    seq_wait_s: float = 4.0
+    seq_wait_miss_max: float = 0.3
+    seq_wait_s: float = 2.0
     seq_wait_large: float = 0.1
     structure_learn_s: float = 60.0  # nodes deviating together this long after a job is first judged: its structure
     throttle_frac_min: float = 0.3  # a GPU throttled in at least 30 % of its samples (18 s of the minute)…

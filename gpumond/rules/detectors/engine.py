@@ -1,4 +1,8 @@
-"""One evaluation: windows in, candidates out. Pure; the service and the benchmark run this same code."""
+"""One evaluation: windows in, candidates out. Pure; the service and the benchmark run this same code.
+
+Incremental: a job whose inputs hold nothing new since it was last judged (no push, heartbeat or step from
+any rank, no telemetry sample from any of its GPUs, the same nodes absent) keeps that judgement's candidates
+instead of being judged again, up to `rejudge_s` of wall time (stall and liveness rules read the clock)."""
 
 from __future__ import annotations
 
@@ -45,6 +49,41 @@ class DetectorState:
     shares_since: Mapping[str, float] = field(default_factory=dict)
     # The times of the evaluations in the long look (the same for every rank of a job): its horizon is wall time.
     share_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    # Each job's last judgement: what its inputs were, when, and what it found (incremental evaluation).
+    judged: Mapping[str, Judged] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A job's last judgement: the fingerprint of its inputs (`inputs_key`), when, and its candidates."""
+
+    key: tuple[float, ...]
+    at: float
+    candidates: tuple[Candidate, ...]
+
+
+def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequence[GpuSample]],
+               absent_nodes: frozenset[str]) -> tuple[float, ...]:
+    """What changes when a job has anything new: its ranks' newest push, heartbeat and held steps (how many,
+    and the sum of each rank's newest end), its GPUs' newest telemetry sample, and how many of its ranks sit
+    on absent nodes."""
+    push = beat = -1.0
+    steps = absent = 0
+    newest = ends = -1.0
+    for w in ranks.values():
+        push = max(push, w.last_push)
+        if w.last_beat is not None:
+            beat = max(beat, w.last_beat)
+        k = len(w.steps)
+        if k:
+            steps += k
+            ends += float(w.columns.values[0, -1]) if w.columns is not None else w.steps[-1].end
+        if absent_nodes and w.info.node in absent_nodes:
+            absent += 1
+        g = gpu_windows.get(w.info.gpu_uuid)
+        if g:
+            newest = max(newest, g[-1].t)
+    return (push, beat, float(steps), ends, newest, float(absent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +96,8 @@ class FeatureFns:
 
 def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
              fns: FeatureFns = FeatureFns()) -> tuple[DetectorState, list[Candidate]]:
-    """Run every detector on every job; returns the new state and this evaluation's candidates."""
+    """Run every detector on every job with something new (every job, at least each `rejudge_s`); a job with
+    nothing new keeps its last candidates. Returns the new state and this evaluation's candidates."""
     since = inputs.now - cfg.recent_s
     baselines = dict(state.baselines)
     share_state = dict(state.shares)
@@ -65,71 +105,90 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     rank_features: dict[str, tuple[RankFeatures, ...]] = {}
     shares_since = dict(state.shares_since)
     share_times = dict(state.share_times)
+    judged = dict(state.judged)
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
         job_start = len(out)  # where this job's candidates start
-        # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
-        feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim,
-                                      short_s=cfg.share_short_s)
-        if job not in shares_since and any(r.share_recent is not None for r in feats):
-            shares_since[job] = inputs.now
-        # The long look averages full windows only: a young job's windows all hold its first seconds.
-        full = inputs.now - shares_since.get(job, inputs.now) >= cfg.recent_s
-        times = tuple(t for t in share_times.get(job, ()) if t > inputs.now - cfg.share_long_s)
-        if full:
-            times += (inputs.now,)
-        share_times[job] = times
-        ready = bool(times) and inputs.now - times[0] >= cfg.share_long_min_s
-        feats = [_with_device_kind(r, inputs.gpu_windows.get(r.gpu_uuid)) for r in feats]
-        rank_features[job] = tuple(feats)
-        shares = job_shares(feats, state.shares.get(job, {}), cfg.min_steps, len(times), full, ready)
-        share_state[job] = {rank: sh.history for rank, sh in shares.items()}
-        # No telemetry from an absent node's agent: its GPUs are never judged stragglers on missing data.
-        reporting = [r for r in feats if r.node not in inputs.absent_nodes]
-        gpus = fns.gpus([r.gpu_uuid for r in reporting], inputs.gpu_windows, since)
-        hosts: dict[str, HostFeatures] = {}
-        for node in dict.fromkeys(r.node for r in reporting):
-            hs = [h for h in inputs.host_windows.get(node, ()) if h.t >= since]
-            if hs:
-                hosts[node] = host_features(node, hs)
-        first = min((w.steps[0].end for w in ranks.values() if w.steps), default=inputs.now)
-        baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg, span_s=inputs.now - first)
-        if baseline is not None:
-            baselines[job] = baseline
-        last = max((r.last_end for r in feats if r.last_end is not None), default=None)
-        stall_gpus = gpus
-        if last is not None and inputs.now - last >= cfg.hang_min_s:
-            # Judge a stall on what the GPUs did since the last step ended, not on the whole window:
-            # a checkpoint (writers idle) and a hang (peers spin, the culprit idles) differ only there.
-            stall_gpus = fns.gpus([r.gpu_uuid for r in reporting], inputs.gpu_windows, last + 1.0,
-                                           strict=True)
-        stall = job_stall(job, feats, stall_gpus, baseline, inputs.now, cfg, windows=ranks,
-                          gpu_windows=inputs.gpu_windows)
-        if stall:
-            out.extend(stall)
-            continue  # a stalled job's windows say nothing about stragglers or starvation
-        active = [r for r in feats if r.steps > 0]
-        out.extend(slow)
-        steps = step_shares(ranks, since)
-        starved = detect_io_starvation(job, active, gpus, hosts, cfg, steps)
-        out.extend(starved)
-        # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
-        explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
-        known = structure.get(job)
-        found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
-                                  known.nodes if known else frozenset(), learning=known is None or not known.done,
-                                  steps=steps if shares else None)
-        if found.judged:
-            structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
-        out.extend(c for c in found.candidates if c.rank not in explained)
-        # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
-        job_gpus = {r.gpu_uuid: r.node for r in reporting}
-        out[job_start:] = [with_activity(c, inputs.gpu_windows, job_gpus, since) for c in out[job_start:]]
-    for kept in (baselines, share_state, structure, shares_since, share_times):
+        key = inputs_key(ranks, inputs.gpu_windows, inputs.absent_nodes)
+        last = judged.get(job)
+        if last is not None and last.key == key and inputs.now - last.at < cfg.rejudge_s \
+                and job in state.rank_features:
+            out.extend(last.candidates)
+            rank_features[job] = state.rank_features[job]
+            continue
+        _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
+                   shares_since, share_times, out)
+        judged[job] = Judged(key, inputs.now, tuple(out[job_start:]))
+    for kept in (baselines, share_state, structure, shares_since, share_times, judged):
         for job in [j for j in kept if j not in inputs.jobs]:
             del kept[job]  # the job expired from the store: forget it
     return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
-                         rank_features=rank_features), out
+                         rank_features=rank_features, judged=judged), out
+
+
+def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, state: DetectorState,
+               cfg: DetectorConfig, fns: FeatureFns, since: float, baselines: dict, share_state: dict,
+               structure: dict, rank_features: dict, shares_since: dict, share_times: dict,
+               out: list[Candidate]) -> None:
+    """Judge one job: its candidates appended to `out`, its state updated in the dicts passed in."""
+    job_start = len(out)
+    # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
+    feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim,
+                                  short_s=cfg.share_short_s)
+    if job not in shares_since and any(r.share_recent is not None for r in feats):
+        shares_since[job] = inputs.now
+    # The long look averages full windows only: a young job's windows all hold its first seconds.
+    full = inputs.now - shares_since.get(job, inputs.now) >= cfg.recent_s
+    times = tuple(t for t in share_times.get(job, ()) if t > inputs.now - cfg.share_long_s)
+    if full:
+        times += (inputs.now,)
+    share_times[job] = times
+    ready = bool(times) and inputs.now - times[0] >= cfg.share_long_min_s
+    feats = [_with_device_kind(r, inputs.gpu_windows.get(r.gpu_uuid)) for r in feats]
+    rank_features[job] = tuple(feats)
+    shares = job_shares(feats, state.shares.get(job, {}), cfg.min_steps, len(times), full, ready)
+    share_state[job] = {rank: sh.history for rank, sh in shares.items()}
+    # No telemetry from an absent node's agent: its GPUs are never judged stragglers on missing data.
+    reporting = [r for r in feats if r.node not in inputs.absent_nodes]
+    gpus = fns.gpus([r.gpu_uuid for r in reporting], inputs.gpu_windows, since)
+    hosts: dict[str, HostFeatures] = {}
+    for node in dict.fromkeys(r.node for r in reporting):
+        hs = [h for h in inputs.host_windows.get(node, ()) if h.t >= since]
+        if hs:
+            hosts[node] = host_features(node, hs)
+    first = min((w.steps[0].end for w in ranks.values() if w.steps), default=inputs.now)
+    baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg, span_s=inputs.now - first)
+    if baseline is not None:
+        baselines[job] = baseline
+    last = max((r.last_end for r in feats if r.last_end is not None), default=None)
+    stall_gpus = gpus
+    if last is not None and inputs.now - last >= cfg.hang_min_s:
+        # Judge a stall on what the GPUs did since the last step ended, not on the whole window:
+        # a checkpoint (writers idle) and a hang (peers spin, the culprit idles) differ only there.
+        stall_gpus = fns.gpus([r.gpu_uuid for r in reporting], inputs.gpu_windows, last + 1.0,
+                                       strict=True)
+    stall = job_stall(job, feats, stall_gpus, baseline, inputs.now, cfg, windows=ranks,
+                      gpu_windows=inputs.gpu_windows)
+    if stall:
+        out.extend(stall)
+        return  # a stalled job's windows say nothing about stragglers or starvation
+    active = [r for r in feats if r.steps > 0]
+    out.extend(slow)
+    steps = step_shares(ranks, since)
+    starved = detect_io_starvation(job, active, gpus, hosts, cfg, steps)
+    out.extend(starved)
+    # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
+    explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
+    known = structure.get(job)
+    found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
+                              known.nodes if known else frozenset(), learning=known is None or not known.done,
+                              steps=steps if shares else None)
+    if found.judged:
+        structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
+    out.extend(c for c in found.candidates if c.rank not in explained)
+    # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
+    job_gpus = {r.gpu_uuid: r.node for r in reporting}
+    out[job_start:] = [with_activity(c, inputs.gpu_windows, job_gpus, since) for c in out[job_start:]]
 
 
 def _with_device_kind(r: RankFeatures, window: Sequence[GpuSample] | None) -> RankFeatures:

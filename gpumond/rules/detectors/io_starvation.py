@@ -52,9 +52,9 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     into waiting at different evaluations), so an outlier there must also wait `outlier_wait_ratio` times the
     job's median rank: its own loader is slow, not the job's pipeline. The job is then judged without its
     outliers, so one rank that waits most of its step cannot make a job whose other ranks wait a little look
-    starved. The same ratio holds for sequential evidence, against the larger of the job's median and the
-    median rank's wait over the run's own steps (a job whose pipeline just slowed has a window median from
-    before). `steps` are the job's per-step shares (sequential.step_shares)."""
+    starved. Sequential evidence (`steps`: the job's per-step shares, sequential.step_shares) names a rank
+    only while neither the job's median nor the median rank over the run's own steps waits `wait_min_frac`
+    (a job whose pipeline just slowed still has a window median from before)."""
     # A rank with a handful of steps (a job just started) is not judged: one missed prefetch is its median.
     waiting = [r for r in ranks if r.wait_frac is not None and r.steps >= cfg.min_steps]
     if not waiting:
@@ -64,8 +64,11 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     if job_med >= cfg.wait_min_frac:  # the job's ranks wait on data as a rule: the spread is its pipeline's
         outliers = [o for o in outliers
                     if o[0].wait_frac >= cfg.outlier_wait_ratio * job_med]  # type: ignore[operator]
+    # Sequential evidence only where the other ranks do not wait as a rule: in a job whose pipeline is slow,
+    # each loader drains at its own pace and per-step waits scatter by factors of 2–4 (the step is as long as
+    # its slowest loader), so a few steps of luck would name a rank; the window's medians judge there.
     seq = {r.rank: (r, ev) for r, ev in _sequential(waiting, steps, cfg)
-           if _stands_out(ev.mean, max(job_med, ev.peer), cfg)}
+           if ev.mean >= cfg.wait_min_frac and max(job_med, ev.peer) < cfg.wait_min_frac}
     out = [_rank_candidate(job, r, ev.z, ev.peer, gpus, hosts, cfg, ev) for r, ev in seq.values()]
     out += [_rank_candidate(job, r, z, med, gpus, hosts, cfg) for r, z, med in outliers if r.rank not in seq]
     named = {r.rank for r, _, _ in outliers} | set(seq)
@@ -90,12 +93,6 @@ def _job_starved(waiting: Sequence[RankFeatures], cfg: DetectorConfig) -> bool:
     starved = sum(r.wait_frac >= cfg.job_wait_min_frac for r in waiting)  # type: ignore[operator]
     return starved >= cfg.job_wait_rank_frac * len(waiting) \
         and median([r.wait_frac for r in waiting]) >= cfg.job_min_cost_frac  # type: ignore[misc]
-
-
-def _stands_out(wait: float, peers: float, cfg: DetectorConfig) -> bool:
-    """A rank's wait worth naming: at least wait_min_frac, and where its peers wait as a rule too,
-    outlier_wait_ratio times theirs."""
-    return wait >= cfg.wait_min_frac and (peers < cfg.wait_min_frac or wait >= cfg.outlier_wait_ratio * peers)
 
 
 def _sequential(waiting: Sequence[RankFeatures], steps: StepShares | None,

@@ -137,28 +137,36 @@ class Test:
     ref: float
     cap: float
     h: float
-    min_steps: int
+    min_steps: Callable[[np.ndarray], np.ndarray | int]  # magnitude → steps a run needs at least
     frac: float
     floor: float
     deviation: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (values, the step's median) → deviation
     bound: float  # one step's deviation counts at most this much in the run's mean (a clock jump, one absurd step)
     magnitude: Callable[[np.ndarray], np.ndarray]  # a run's mean deviation → what the finding reports
     need: Callable[[np.ndarray, float], np.ndarray]  # (magnitude, step time) → minimum span (s)
+    # The noise unit of a step is also at least that step's own spread over the group (its MAD across the
+    # ranks): where the whole group's values scatter from step to step (a job's shared pipeline slowing, each
+    # loader draining at its own pace), a window MAD that still holds the calm before counts that scatter as
+    # evidence.
+    row_noise: bool = False
 
 
 def compute_test(cfg: DetectorConfig) -> Test:
     """A rank computing longer than its group's median rank: log compute factor; minimum duration by factor."""
-    return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h, cfg.seq_min_steps, cfg.seq_frac, cfg.seq_floor,
+    return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h, lambda _: cfg.seq_min_steps, cfg.seq_frac, cfg.seq_floor,
                 lambda x, med: np.log(np.maximum(x, 1e-3) / np.maximum(med, 1e-3)), _MAX_LOG_FACTOR, np.exp,
                 lambda factor, step_s: _min_duration(factor, cfg) + step_s)
 
 
 def wait_test(cfg: DetectorConfig) -> Test:
     """A rank waiting on its data loader longer than its group's median rank: excess wait share; minimum
-    duration by that excess (see wait_min_duration_s)."""
-    return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h, cfg.seq_wait_min_steps, cfg.seq_frac, cfg.seq_wait_floor,
+    duration by that excess (see wait_min_duration_s). A missed prefetch is one step's event, so below
+    seq_wait_miss_max (more than one miss costs) a run needs seq_wait_min_steps steps, past it seq_min_steps."""
+    return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h,
+                lambda excess: np.where(excess < cfg.seq_wait_miss_max, cfg.seq_wait_min_steps, cfg.seq_min_steps),
+                cfg.seq_frac, cfg.seq_wait_floor,
                 lambda x, med: x - med, 1.0, lambda y: y,
-                lambda excess, step_s: _wait_min_duration(excess, cfg))
+                lambda excess, step_s: _wait_min_duration(excess, cfg), row_noise=True)
 
 
 def min_duration_s(factor: float, step_s: float, cfg: DetectorConfig) -> float:
@@ -208,6 +216,8 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
         if not valid.any():
             return {}
         sigma = max(_MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), test.floor)
+        if test.row_noise:
+            sigma = np.maximum(sigma, np.nan_to_num(_MAD_TO_SIGMA * np.nanmedian(np.abs(y), axis=1)))[:, None]
     z = np.where(valid, np.clip(y / sigma, -test.cap, test.cap), 0.0)
     # Suffix sums, read from the newest step back: row j holds the run from step j to the newest.
     rev = slice(None, None, -1)
@@ -227,7 +237,7 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
     with np.errstate(all="ignore"):
         magnitude = test.magnitude(total / np.maximum(steps, 1))
     need = test.need(magnitude, step_s)
-    ok = (gain >= test.h) & (steps >= test.min_steps) & (above >= test.frac * steps) & (span >= need)
+    ok = (gain >= test.h) & (steps >= test.min_steps(magnitude)) & (above >= test.frac * steps) & (span >= need)
     out: dict[int, Evidence] = {}
     for c in np.flatnonzero(ok.any(axis=0)).tolist():
         j = int(np.argmax(np.where(ok[:, c], gain[:, c], -math.inf)))
