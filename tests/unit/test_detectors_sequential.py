@@ -66,3 +66,69 @@ def test_a_marginal_slowdown_keeps_accumulating_until_it_has_lasted_long_enough_
     assert flagged(x, s, e) == {}
     x, s, e = steps(200, 1.0, lambda i: {9: 1.06} if i >= 200 - int(need) - 10 else {}, noise=0.01)
     assert set(flagged(x, s, e)) == {9}
+
+
+# ----- the same test on data wait (io_starved_rank) -------------------------------------------------------------
+from gpumond.rules.detectors.sequential import wait_min_duration_s, wait_test  # noqa: E402
+
+WAIT = wait_test(CFG)
+
+
+def waits(k, step_s, starved=None, seed=2):
+    """k steps of `step_s`: healthy data-wait shares ~0.2 % (lognormal); starved(i) → {rank: share}."""
+    rng = np.random.default_rng(seed)
+    x = 0.002 * np.exp(0.5 * rng.standard_normal((k, N)))
+    for i in range(k):
+        for rank, w in (starved(i) if starved else {}).items():
+            x[i, rank] = w
+    ends = step_s * np.arange(1, k + 1, dtype=float)
+    return x, ends - step_s, ends
+
+
+def wait_flagged(x, starts, ends):
+    return judge(x, starts, ends, list(range(N)), CFG, WAIT)
+
+
+def test_a_rank_waiting_40_percent_is_named_after_two_steps_past_the_short_minimum():
+    # past seq_wait_miss_max no run of missed prefetches explains it: seq_min_steps steps spanning seq_wait_s
+    x, s, e = waits(40, 1.5, lambda i: {4: 0.4} if i >= 38 else {})
+    assert wait_flagged(x, s, e) == {}  # two steps: one step (1.5 s) of span, under seq_wait_s
+    x, s, e = waits(40, 1.5, lambda i: {4: 0.4} if i >= 37 else {})
+    (ev,) = wait_flagged(x, s, e).values()
+    assert set(wait_flagged(x, s, e)) == {4} and ev.steps == 3 and abs(ev.magnitude - 0.4) < 0.01
+    assert ev.span_s >= wait_min_duration_s(ev.magnitude, CFG) and abs(ev.mean - 0.4) < 0.01 and ev.peer < 0.01
+
+
+def test_missed_prefetches_back_to_back_need_four_steps_below_the_miss_range():
+    # a missed prefetch costs at most ~0.21 of its step: three in a row on one rank are not a starved rank…
+    x, s, e = waits(40, 3.0, lambda i: {9: 0.2} if i >= 37 else {})
+    assert wait_flagged(x, s, e) == {}
+    # …four are (a rank waiting 20 % of every step: four steps)
+    x, s, e = waits(40, 3.0, lambda i: {9: 0.2} if i >= 36 else {})
+    assert set(wait_flagged(x, s, e)) == {9}
+
+
+def test_one_long_wait_or_a_wait_that_ended_is_no_starved_rank():
+    x, s, e = waits(40, 1.0, lambda i: {2: 0.9} if i == 30 else {})
+    assert wait_flagged(x, s, e) == {}
+    x, s, e = waits(40, 1.0, lambda i: {2: 0.3} if 20 <= i < 36 else {})  # ended four steps ago
+    assert wait_flagged(x, s, e) == {}
+
+
+def test_a_small_excess_needs_longer():
+    # 5 % above its peers: seq_wait_s × seq_wait_large / 0.05 of span
+    need = wait_min_duration_s(0.05, CFG)
+    assert need == CFG.seq_wait_s * CFG.seq_wait_large / 0.05
+    for slow_s, expect in ((need - 2, set()), (need + 2, {6})):
+        k = int(slow_s) + 1
+        x, s, e = waits(40 + k, 1.0, lambda i, k=k: {6: 0.052} if i >= 40 else {})
+        assert set(wait_flagged(x, s, e)) == expect, slow_s
+
+
+def test_a_group_whose_waits_scatter_step_by_step_names_no_rank():
+    # the job's pipeline slowed 20 steps ago: every rank waits ~20 % × lognormal(0.25) each step. Against the
+    # window's MAD (mostly the calm before) the scatter alone would be evidence; each step's own spread is the unit.
+    rng = np.random.default_rng(5)
+    x, s, e = waits(40, 1.0)
+    x[20:] = 0.2 * np.exp(0.25 * rng.standard_normal((20, N)))
+    assert wait_flagged(x, s, e) == {}
