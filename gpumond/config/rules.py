@@ -189,7 +189,7 @@ class FindingsConfig(ConfigModel):
 
     # A rank slower than its peers for less than this is a transient (a GC pause, a preempted CPU thread, a
     # noisy neighbour), not a straggler. Two evaluations at the default 10 s interval.
-    min_duration_s: float = Field(10.0, ge=0, le=3600)
+    min_duration_s: float = Field(20.0, ge=0, le=3600)
     # Quiet this long (and at least 3 evaluations) before a firing finding resolves, so it does not flap.
     resolve_after_s: float = Field(30.0, ge=0, le=86_400)
 

@@ -18,10 +18,15 @@ __all__ = ["FINDINGS_PERSISTENCE", "Persistence", "advance", "conditions_of", "f
            "findings_of", "findings_persistence"]
 
 
-def findings_persistence(min_duration_s: float = 10.0, resolve_after_s: float = 30.0) -> Persistence:
+def findings_persistence(min_duration_s: float = 20.0, resolve_after_s: float = 30.0) -> Persistence:
     """Two of the last three evaluations flag an entity, first flagged at least `min_duration_s` ago, before
     it fires; three quiet evaluations spanning `resolve_after_s` resolve it. The durations are what keep a
-    transient (a rank slowed for a few steps) from firing when evaluations are seconds apart."""
+    transient (a rank slowed for a few steps) from firing when evaluations are seconds apart.
+
+    20 s at the 5 s default interval: what 10 s gave at 10 s. There a flag had to be seen at two evaluations
+    10 s apart, so an excursion of a median look lasting L (10 < L < 20 s) fired with chance (L − 10) / 10;
+    sampled every 5 s each one over ~10 s fires (an uneven-sequence control's 15 s excursion did). Findings on
+    sequential evidence (their own minimum duration) and corroborated ones fire at once, whatever this is."""
     return Persistence(k=2, n=3, clear=3, min_s=min_duration_s, clear_s=resolve_after_s)
 
 

@@ -235,7 +235,7 @@ def test_persistence_k_of_n_then_resolve_after_quiet():
 
 def test_persistence_is_wall_time_whatever_the_evaluation_interval():
     # Evaluating every second, a candidate seen for 5 s (a transient) stays pending and goes away; one that
-    # holds for findings.min_duration_s (10 s by default) fires then, not at the second evaluation.
+    # holds for findings.min_duration_s (20 s by default) fires then, not at the second evaluation.
     c = Candidate("straggler", "j", "n", 1, "GPU-1", 5.0)
     tracks = None
     for t in range(6):
@@ -245,10 +245,10 @@ def test_persistence_is_wall_time_whatever_the_evaluation_interval():
         tracks, f, _ = advance(tracks, [], float(t))
     assert f == []
     tracks, states = None, []
-    for t in range(12):
+    for t in range(22):
         tracks, f, _ = advance(tracks, [c], 100.0 + t)
         states.append(f[0].state)
-    assert states.index("firing") == FINDINGS_PERSISTENCE.min_s == 10
+    assert states.index("firing") == FINDINGS_PERSISTENCE.min_s == 20
 
 
 def test_a_single_blip_never_fires():
