@@ -75,7 +75,7 @@ def test_persistence_refuses_negative_durations() -> None:
 def test_the_rules_config_sets_the_findings_durations(tmp_path) -> None:  # noqa: ANN001
     assert RulesConfig.default().findings.min_duration_s == 20.0
     assert RulesConfig.default().findings.resolve_after_s == 30.0
-    assert FINDINGS_PERSISTENCE == findings_persistence(10.0, 30.0)
+    assert FINDINGS_PERSISTENCE == findings_persistence(20.0, 30.0)
     path = tmp_path / "rules.yaml"
     path.write_text("allow_unauthenticated: true\nfindings: {min_duration_s: 30, resolve_after_s: 60}\n")
     cfg = load_config(path, RulesConfig)
