@@ -26,10 +26,13 @@ if str(HERE) not in sys.path:  # imported by tests/integration/test_job_torch_e2
     sys.path.append(str(HERE))
 import _bench  # noqa: E402
 
+from gpumond.config.rules import RulesConfig  # noqa: E402
+
 TOKEN = "e2e-token-0123456789abcdef"
 NODE = "e2e-node-0"
 JOB = "ddp-e2e"
 WORLD = 4
+EVALUATION_S = float(RulesConfig.model_fields["evaluation_interval_s"].default)  # the service's default
 JOB_ARGS = ["--batch", "32", "--dim", "64", "--width", "256", "--depth", "4", "--device-ms", "30",
             "--bucket-mb", "0.1"]
 Expected = tuple[tuple[str, int | None], ...]  # (kind, rank or None) of every finding a case must give
@@ -74,7 +77,7 @@ class Outcome:
 
 
 def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: float = 10.0,
-             evaluation_s: float = 10.0, world: int = WORLD) -> Outcome:
+             evaluation_s: float = EVALUATION_S, world: int = WORLD) -> Outcome:
     """Run one case; stop early once every expected finding fires and `settle_s` more has passed."""
     fault, expected = CASES[case]
     workdir.mkdir(parents=True, exist_ok=True)
@@ -152,11 +155,12 @@ def main() -> int:
     ap = _bench.parser(__doc__, "the clean case, 2 ranks, 4 s of training, evaluation every 1 s")
     ap.add_argument("--cases", help="default " + ALL_CASES)
     ap.add_argument("--duration", type=float, help="seconds of training per case at most (default 60)")
-    ap.add_argument("--evaluation", type=float, help="the rules service's evaluation_interval_s (default 10)")
+    ap.add_argument("--evaluation", type=float,
+                    help=f"the rules service's evaluation_interval_s (default {EVALUATION_S:g}, the service's)")
     a = ap.parse_args()
     cases = a.cases or ("clean" if a.quick else ALL_CASES)
     duration = a.duration or (4.0 if a.quick else 60.0)
-    evaluation = a.evaluation or (1.0 if a.quick else 10.0)
+    evaluation = a.evaluation or (1.0 if a.quick else EVALUATION_S)
     world = 2 if a.quick else WORLD
     rows = []
     for case in cases.split(","):
@@ -171,7 +175,7 @@ def main() -> int:
             rows.append([case, want, "not seen" if pend is None else pend, "not found" if fire is None else fire,
                          other, o.ran_s, round(o.started or 0, 1)])
     _bench.report(
-        "ddp_e2e" if evaluation == 10.0 or a.quick else f"ddp_e2e_eval{evaluation:g}s",
+        "ddp_e2e" if evaluation == EVALUATION_S or a.quick else f"ddp_e2e_eval{evaluation:g}s",
         "# End to end on real DDP: planted faults → findings",
         {"torch": _bench._version("torch"),
          "setup": f"`gpumond agent --sim {world}` + `gpumond rules` (scrape every 1 s, "

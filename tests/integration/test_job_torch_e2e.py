@@ -3,7 +3,8 @@ torchrun DDP job (4 ranks, gloo) instrumented with gpumond.job.torch pushing to 
 
 The harness is benchmarks/ddp_e2e.py (which also runs the single-fault cases and the starved job, with their
 latencies, in benchmarks/results/ddp_e2e.md). CI runs the cheapest meaningful cases: both rank faults
-planted in one job, a starved rank inside a job whose every loader waits a little, and a fault-free job. The service evaluates every 10 s, its default, so persistence is
+planted in one job, a starved rank inside a job whose every loader waits a little, and a fault-free job. The
+service evaluates at its default interval (5 s) with its default persistence, so latency and persistence are
 what production has. Every wait is bounded.
 """
 
