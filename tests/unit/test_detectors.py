@@ -293,3 +293,17 @@ def test_stragglers_are_corroborated_only_by_pushes_and_telemetry_together():
         for u, w in share_only.gpu_windows.items()})
     (c,) = run(busy)[1]
     assert c.rank == 5 and not c.corroborated and {"compute_share", "power_ratio"} <= set(c.evidence["signals"])
+
+
+def test_a_starved_rank_in_a_calm_job_is_named_on_sequential_evidence_and_fires_at_once():
+    (c,) = [x for x in run(build(wait={5: 0.5}))[1] if x.kind.startswith("io_")]
+    assert (c.kind, c.rank, c.sustained) == ("io_starved_rank", 5, True)
+    assert c.evidence["sequential"]["steps"] >= CFG.seq_min_steps and abs(c.evidence["data_wait_frac"] - 0.5) < 0.01
+
+
+def test_inside_a_job_that_waits_as_a_rule_the_outlier_is_named_on_the_window_medians_only():
+    # per-step waits in a slow pipeline scatter by factors of 2–4: step-by-step evidence is not used there
+    waits = {r: 0.12 + 0.004 * ((r % 5) - 2) for r in range(32)}
+    waits[7] = 0.6
+    (c,) = [x for x in run(build(wait=waits))[1] if x.kind == "io_starved_rank"]
+    assert c.rank == 7 and not c.sustained and "sequential" not in c.evidence
