@@ -48,19 +48,22 @@ def _where(path: Path) -> str:
     root = Path(__file__).resolve().parents[2]
     return path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else path.name
 
-def plan(quick: bool, seeds: int) -> list[Scenario]:
-    """Every scenario of the run, longest first (so the pool finishes together)."""
+def plan(quick: bool, seeds: int, nodes: int | None = None, control_s: float = 1800.0,
+         big: bool = True) -> list[Scenario]:
+    """Every scenario of the run, longest first (so the pool finishes together). `nodes`, `control_s` and `big`
+    shrink a full run to what a busy machine fits (one job size, shorter controls, no 1,024-node control)."""
     out: list[Scenario] = []
     if quick:
         out += fault_scenarios(0, 16, slowdowns=(1.05, 1.25, 2.0), node_slowdowns=(1.25,), waits=(0.05, 0.2),
                                sub_waits=(0.02,), hangs=1, outliers=(0.4,))
         out += control_scenarios(0, 16, 600.0)
     else:
-        sizes = (32, 64, 128, 16)
+        sizes = (32, 64, 128, 16) if nodes is None else (nodes,)
         for s in range(seeds):
             out += fault_scenarios(s, sizes[s % len(sizes)])
-            out += control_scenarios(s, 64, 1800.0)
-        out.append(big_control(0, 1024, 1800.0))
+            out += control_scenarios(s, 64 if nodes is None else nodes, control_s)
+        if big:
+            out.append(big_control(0, 1024, 1800.0))
     return sorted(out, key=lambda sc: -sc.nodes * sc.duration_s)
 
 
@@ -347,13 +350,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="ranks push no comm_wait_s (an SDK that does not time a collective): telemetry-only "
                          "straggler localisation")
     ap.add_argument("--out", default=None, help="result name (default detection / detection_quick)")
+    ap.add_argument("--nodes", type=int, default=None,
+                    help="one job size for every fault run and control (default: 32, 64, 128, 16 by seed; 64)")
+    ap.add_argument("--control-s", type=float, default=1800.0, help="seconds each control runs (default 1800)")
+    ap.add_argument("--no-big", action="store_true", help="skip the 1,024-node fault-free control")
     args = ap.parse_args(argv)
     if args.no_comm_wait:
         _CLUSTER_KW["comm_wait"] = False
     if args.quick:
         args.seeds = 1
     start = time.perf_counter()
-    scs = plan(args.quick, args.seeds)
+    scs = plan(args.quick, args.seeds, args.nodes, args.control_s, not args.no_big)
     results: list[RunResult] = []
     with mp.get_context("fork").Pool(args.procs) as pool:
         for i, r in enumerate(pool.imap_unordered(_one, scs), 1):
