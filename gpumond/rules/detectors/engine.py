@@ -175,7 +175,7 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     active = [r for r in feats if r.steps > 0]
     out.extend(slow)
     steps = step_shares(ranks, since)
-    starved = detect_io_starvation(job, active, gpus, hosts, cfg, steps)
+    starved = detect_io_starvation(job, active, gpus, hosts, cfg, steps, inputs.host_windows)
     out.extend(starved)
     # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
     explained = {c.rank for c in starved if c.kind == "io_starved_rank"}

@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.config import DetectorConfig
-from gpumond.rules.detectors.features import GpuFeatures, HostFeatures, RankFeatures
+from gpumond.rules.detectors.features import GpuFeatures, HostFeatures, RankFeatures, host_features
 from gpumond.rules.detectors.sequential import Evidence, StepShares, judge, wait_test
 from gpumond.rules.detectors.stats import median, robust_z, threshold_for
+from gpumond.rules.types import HostSample
 
 
 def _cause(host: HostFeatures | None, cfg: DetectorConfig) -> str:
@@ -43,7 +44,8 @@ def _host_evidence(host: HostFeatures | None) -> dict[str, object]:
 
 def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
                          hosts: Mapping[str, HostFeatures], cfg: DetectorConfig,
-                         steps: StepShares | None = None) -> list[Candidate]:
+                         steps: StepShares | None = None,
+                         host_windows: Mapping[str, Sequence[HostSample]] | None = None) -> list[Candidate]:
     """`io_starved_rank` for each rank whose data wait is an outlier among its peers, and `io_starved_job` when
     most of the other ranks wait on data too: both facts when both hold, the outlier alone when it dominates.
 
@@ -54,7 +56,9 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     outliers, so one rank that waits most of its step cannot make a job whose other ranks wait a little look
     starved. Sequential evidence (`steps`: the job's per-step shares, sequential.step_shares) names a rank
     only while neither the job's median nor the median rank over the run's own steps waits `wait_min_frac`
-    (a job whose pipeline just slowed still has a window median from before)."""
+    (a job whose pipeline just slowed still has a window median from before). Such a rank's host evidence is
+    read from `host_windows` over the run's own steps: it fires seconds after the onset, when the window's
+    medians still show the host before."""
     # A rank with a handful of steps (a job just started) is not judged: one missed prefetch is its median.
     waiting = [r for r in ranks if r.wait_frac is not None and r.steps >= cfg.min_steps]
     if not waiting:
@@ -69,7 +73,8 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     # its slowest loader), so a few steps of luck would name a rank; the window's medians judge there.
     seq = {r.rank: (r, ev) for r, ev in _sequential(waiting, steps, cfg)
            if ev.mean >= cfg.wait_min_frac and max(job_med, ev.peer) < cfg.wait_min_frac}
-    out = [_rank_candidate(job, r, ev.z, ev.peer, gpus, hosts, cfg, ev) for r, ev in seq.values()]
+    out = [_rank_candidate(job, r, ev.z, ev.peer, gpus, _since(hosts, host_windows, r.node, ev.start), cfg, ev)
+           for r, ev in seq.values()]
     out += [_rank_candidate(job, r, z, med, gpus, hosts, cfg) for r, z, med in outliers if r.rank not in seq]
     named = {r.rank for r, _, _ in outliers} | set(seq)
     rest = [r for r in waiting if r.rank not in named]
@@ -93,6 +98,13 @@ def _job_starved(waiting: Sequence[RankFeatures], cfg: DetectorConfig) -> bool:
     starved = sum(r.wait_frac >= cfg.job_wait_min_frac for r in waiting)  # type: ignore[operator]
     return starved >= cfg.job_wait_rank_frac * len(waiting) \
         and median([r.wait_frac for r in waiting]) >= cfg.job_min_cost_frac  # type: ignore[misc]
+
+
+def _since(hosts: Mapping[str, HostFeatures], windows: Mapping[str, Sequence[HostSample]] | None, node: str,
+           start: float) -> Mapping[str, HostFeatures]:
+    """`hosts` with `node`'s features taken over its samples since `start`, where there are any."""
+    samples = [h for h in (windows or {}).get(node, ()) if h.t >= start]
+    return {**hosts, node: host_features(node, samples)} if samples else hosts
 
 
 def _sequential(waiting: Sequence[RankFeatures], steps: StepShares | None,

@@ -127,6 +127,7 @@ class Evidence:
     z: float  # the run's mean deviation in noise units (each step's capped at the test's cap)
     mean: float = math.nan  # the rank's mean value (compute or wait share) over the run's steps…
     peer: float = math.nan  # …and its group's median rank's, step by step, over the same steps
+    start: float = math.nan  # when the run's first step began (unix s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,5 +245,5 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
         k = int(steps[j, c])
         out[ranks[c]] = Evidence(round(float(gain[j, c]), 2), k, round(float(span[j, c]), 2),
                                  round(float(magnitude[j, c]), 4), round(float(gain[j, c] / k + test.ref), 2),
-                                 float(own[j, c] / k), float(peer[j, c] / k))
+                                 float(own[j, c] / k), float(peer[j, c] / k), float(starts[j]))
     return out
