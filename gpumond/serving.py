@@ -87,9 +87,8 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
                            shutdown_timeout_s=min(limits.header_timeout_s, SHUTDOWN_GRACE_S))
     protocol, _ = guarded_protocol(limits, stats=stats, tls=wrap)
     # log_config=None: uvicorn's loggers keep no handler of their own; gpumond.logs writes their lines.
-    # The h11 protocol is always used (extended with the timeouts and cap): the guard does not cover uvicorn's
-    # httptools protocol, so gpumond does not depend on httptools (it would halve CPU per push and per scrape:
-    # benchmarks/RESULTS.md), and does not use it when it happens to be installed.
+    # The protocol is uvicorn's httptools one (h11 where httptools cannot be imported), extended with the
+    # guard's timeouts and cap (gpumond/web/protocols.py); never uvicorn's own choice, which has no guard.
     cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False,
                          http=protocol, timeout_keep_alive=limits.keepalive_timeout_s,
                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
