@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpumond.config.types import ListenAddress
-from gpumond.connections import ConnectionLimits, ConnectionStats, guarded_protocol
+from gpumond.connections import ConnectionLimits, ConnectionStats, default_parser, guarded_protocol
 
 log = logging.getLogger("gpumond.serving")
 
@@ -85,7 +85,10 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
         # A handshake is held to the head timeout by the guard; asyncio's own limits are only a backstop.
         wrap = guarded_tls(tls, handshake_timeout_s=2 * limits.header_timeout_s,
                            shutdown_timeout_s=min(limits.header_timeout_s, SHUTDOWN_GRACE_S))
-    protocol, _ = guarded_protocol(limits, stats=stats, tls=wrap)
+    parser = default_parser()
+    protocol, _ = guarded_protocol(limits, stats=stats, tls=wrap, parser=parser)
+    if parser != "httptools":  # said once: the same guard, at ~3x the CPU per request
+        log.warning("httptools cannot be imported; serving HTTP with h11 (slower)", extra={"parser": parser})
     # log_config=None: uvicorn's loggers keep no handler of their own; gpumond.logs writes their lines.
     # The protocol is uvicorn's httptools one (h11 where httptools cannot be imported), extended with the
     # guard's timeouts and cap (gpumond/web/protocols.py); never uvicorn's own choice, which has no guard.
