@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpumond.connections import ConnectionLimits, connection_cap
+from gpumond.connections import ConnectionLimits, connection_cap, guarded_protocol
 from tests.integration.guarded_server import (
     WAIT_S,
     closed_by_server,
@@ -176,3 +176,8 @@ def test_the_cap_is_the_configured_one_lowered_to_fit_the_descriptor_limit() -> 
     assert connection_cap(ConnectionLimits(), nofile=65_536) == 4096
     assert connection_cap(ConnectionLimits(max_connections=60_000), nofile=65_536) == 57_344
     assert connection_cap(ConnectionLimits(max_connections=10), nofile=1024) == 10
+
+
+def test_an_unknown_parser_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown HTTP parser 'picohttp': one of httptools, h11"):
+        guarded_protocol(ConnectionLimits(), parser="picohttp")
