@@ -443,7 +443,8 @@ def scenario(name: str, ranks: int, args: argparse.Namespace, logdir: Path, scri
                 s.paced = load(s, ranks, args.duration, args.conns, script, paced=paced)
                 print(f"[{name}] paced {paced:,.0f}/s: {s.key:18} {s.paced['records_per_s']:>10,.0f} records/s  "
                       f"p50 {s.paced['p50_ms']:.1f} ms  p99 {s.paced['p99_ms']:.1f} ms", file=sys.stderr, flush=True)
-        time.sleep(EVALUATION_INTERVAL_S + 1)  # one more snapshot after the load
+        if not args.quick:
+            time.sleep(EVALUATION_INTERVAL_S + 1)  # one more snapshot after the load
         for s in servers:
             s.rss_kib["end"] = s.rss()
             s.held_at_end = s.held()
@@ -604,10 +605,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="short run for a smoke test")
     ap.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
-    ap.add_argument("--duration", type=int, help="seconds of load per server per round (default 10, quick 3)")
+    ap.add_argument("--duration", type=int, help="seconds of load per server per round (default 10, quick 2)")
     ap.add_argument("--conns", type=int, default=32, help="concurrent keep-alive connections (default 32)")
-    ap.add_argument("--small", type=int, help="ranks in the small scenario (default 256, quick 128)")
-    ap.add_argument("--large", type=int, help="ranks in the large scenario (default 32768, quick 2048)")
+    ap.add_argument("--small", type=int, help="ranks in the small scenario (default 256, quick 64)")
+    ap.add_argument("--large", type=int, help="ranks in the large scenario (default 32768, quick 1024)")
     ap.add_argument("--unguarded-variant", action="store_true",
                     help="also run the ingest server over uvicorn's httptools protocol without the connection "
                          "guard (not shipped: what the guard costs)")
@@ -628,9 +629,9 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve, args.gc_raised, args.unguarded, args.parser)
         return 0
     args.rounds = args.rounds or (1 if args.quick else 3)
-    args.duration = args.duration or (3 if args.quick else 10)
-    small = args.small or (128 if args.quick else 256)
-    large = args.large or (2048 if args.quick else 32768)
+    args.duration = args.duration or (2 if args.quick else 10)
+    small = args.small or (64 if args.quick else 256)
+    large = args.large or (1024 if args.quick else 32768)
     args.paced = PACED_RECORDS_PER_S / (8 if args.quick else 1) if args.paced is None else args.paced
     for exe in ("wrk", PUSHGATEWAY):
         if not shutil.which(exe):
