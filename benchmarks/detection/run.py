@@ -171,8 +171,8 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
               "What runs: `gpumond.rules.detectors.engine.evaluate` and `gpumond.rules.findings.advance` "
               f"(default `DetectorConfig`, `FINDINGS_PERSISTENCE`: {FINDINGS_PERSISTENCE.k} of "
               f"{FINDINGS_PERSISTENCE.n} evaluations and {FINDINGS_PERSISTENCE.min_s:g} s of wall time, at once on "
-              f"sequential evidence) every {EVAL_S:g} s (the service's default; 2 s in one control) over the simulated cluster of "
-              "`benchmarks/detection/` — the service's code, not a copy. Method, physics and matching rules: "
+              f"sequential evidence) every {EVAL_S:g} s (the service's default; 2 s in one control) over the "
+              "simulated cluster of `benchmarks/detection/` — the service's code, not a copy. Method, physics and matching rules: "
               "`docs/detection-benchmark.md`.", "",
               "## The issue's targets", "", _bench.md_table(("target", "measured", "verdict"), tgt), ""]
     # --- per class and level ---

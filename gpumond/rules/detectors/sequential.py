@@ -62,11 +62,6 @@ class StepShares:
         assert x is not None
         return x[:, [index[r] for r in ranks]]
 
-    @property
-    def has_shares(self) -> bool:
-        """Whether any rank pushed a comm wait (what compute shares need)."""
-        return bool((~np.isnan(self.shares)).any())
-
 
 def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares | None:
     """The shares of the steps that ended since `since`, or None when the job has no timed steps there."""
