@@ -15,6 +15,7 @@ from gpumond.rules.detectors.io_starvation import detect_io_starvation
 from gpumond.rules.detectors.job import JobBaseline, job_slowdown, job_stall
 from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.sequential import step_shares
+from gpumond.rules.detectors.sm_activity import node_relative
 from gpumond.rules.detectors.straggler import detect_stragglers
 from gpumond.rules.detectors.structure import Structure, learn
 from gpumond.rules.types import GpuSample, HostSample, RankWindow
@@ -118,7 +119,7 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         steps = step_shares(ranks, since) if shares else None
         found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
                                   known.nodes if known else frozenset(), learning=known is None or not known.done,
-                                  steps=steps)
+                                  steps=steps, activity=_activity(active, shares, reporting, inputs, since, cfg))
         if found.judged:
             structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
         out.extend(c for c in found.candidates if c.rank not in explained)
@@ -130,6 +131,15 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
             del kept[job]  # the job expired from the store: forget it
     return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
                          rank_features=rank_features), out
+
+
+def _activity(active: Sequence[RankFeatures], shares: Mapping[int, object], reporting: Sequence[RankFeatures],
+              inputs: EvalInputs, since: float, cfg: DetectorConfig) -> dict[str, float]:
+    """SM activity against the node's, for the GPUs of ranks without a compute share (none: nothing to do)."""
+    if all(r.rank in shares for r in active):
+        return {}
+    return node_relative(inputs.gpu_windows, {r.gpu_uuid: r.node for r in reporting}, since, cfg.min_peers,
+                         cfg.min_samples, cfg.sm_trim)
 
 
 def _with_device_kind(r: RankFeatures, window: Sequence[GpuSample] | None) -> RankFeatures:
