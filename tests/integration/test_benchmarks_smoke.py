@@ -23,6 +23,7 @@ ALERTMANAGER = pytest.mark.skipif(shutil.which("prometheus-alertmanager") is Non
     (["benchmarks/agent_sample_cycle.py", "--quick"], "bare pynvml loop"),
     (["benchmarks/thermal_policy.py", "--quick"], "gpumond"),
     (["-m", "benchmarks.detection.run", "--quick", "--no-scaling"], "straggler"),
+    (["-m", "benchmarks.detection.gpm", "--quick"], "with GPM"),
     (["benchmarks/pod_attribution.py", "--quick"], "Pod-resources adds"),
     (["benchmarks/sdk_overhead.py", "--quick"], "Job SDK overhead per training step"),
     (["benchmarks/agent_rss.py", "--quick"], "Agent RSS over a long accelerated run"),
