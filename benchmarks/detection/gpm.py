@@ -4,8 +4,9 @@
 
 Every straggler scenario of the detection benchmark (slow GPU throttled and silent at every level, slow
 node), starvation at 20 % (rank, node, job: must not change) and every negative control (15 minutes each), on jobs whose
-ranks push no comm_wait_s. Each runs twice on the same seed: without GPM (a model without it, or an agent
-before it) and with `sm_active` / `tensor_active` on every node (Hopper and later). The simulator draws GPM
+ranks push no comm_wait_s. Each runs once per arm on the same seed: without GPM (a model without it, or an
+agent before it), with `sm_active` / `tensor_active` on every node (Hopper and later), and with --arms
+0,0.5,1 also on half of the nodes (a mixed fleet: the detectors fall back to the other signals elsewhere). The simulator draws GPM
 from a stream of its own, so both runs see the same steps and the same other telemetry: a difference is
 the signal's doing. Writes benchmarks/results/detection_gpm.md.
 """
@@ -52,6 +53,7 @@ def _s(x: float) -> str:
 def tables(arms: dict[float, list[RunResult]]) -> list[str]:
     """The per-level table (recall, precision, latency per arm) and the false findings per control."""
     names = {0.0: "without GPM", 1.0: "with GPM"}
+    names.update({g: f"GPM on {g:.0%} of nodes" for g in arms if g not in names})
     picks: list[tuple[str, object]] = []
     for s in SLOWDOWNS:
         for vis in (True, False):
@@ -105,18 +107,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--nodes", type=int, default=16, help="nodes per job (8 GPUs each)")
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--arms", default="0,1", help="shares of nodes with GPM to compare (default 0,1; 0.5: a mixed "
+                                                   "fleet, the other half a model without GPM)")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.nodes = 1, 4
     start = time.perf_counter()
     scs = plan(args.quick, args.seeds, args.nodes)
-    arms: dict[float, list[RunResult]] = {0.0: [], 1.0: []}
+    arms: dict[float, list[RunResult]] = {float(g): [] for g in args.arms.split(",")}
     with mp.get_context("fork").Pool(args.procs) as pool:
         for i, (gpm, r) in enumerate(pool.imap_unordered(_one, [(sc, g) for sc in scs for g in arms]), 1):
             arms[gpm].append(r)
-            print(f"[{i}/{2 * len(scs)}] gpm={gpm:g} {r.scenario.name}: {sum(t.detected for t in r.truths)}/"
+            print(f"[{i}/{len(arms) * len(scs)}] gpm={gpm:g} {r.scenario.name}: {sum(t.detected for t in r.truths)}/"
                   f"{len(r.truths)} found, {sum(e.label == 'fp' for e in r.episodes)} false", flush=True)
-    facts = {"scenarios": f"{len(scs)} per arm, {args.seeds} seed(s), jobs of {args.nodes} nodes; ranks push no "
+    facts = {"scenarios": f"{len(scs)} per arm ({len(arms)} arms), {args.seeds} seed(s), jobs of {args.nodes} nodes; ranks push no "
                           "comm_wait_s",
              "wall time": f"{time.perf_counter() - start:.0f} s on {args.procs} process(es)"}
     _bench.report("detection_gpm", "# Telemetry-only detection with and without GPM SM activity", facts,
