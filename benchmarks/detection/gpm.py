@@ -6,7 +6,8 @@ Every straggler scenario of the detection benchmark (slow GPU throttled and sile
 node), starvation at 20 % (rank, node, job: must not change) and every negative control (15 minutes each), on jobs whose
 ranks push no comm_wait_s. Each runs once per arm on the same seed: without GPM (a model without it, or an
 agent before it), with `sm_active` / `tensor_active` on every node (Hopper and later), and with --arms
-0,0.5,1 also on half of the nodes (a mixed fleet: the detectors fall back to the other signals elsewhere). The simulator draws GPM
+0,0.5,1 also on half of the nodes (a mixed fleet: the detectors fall back to the other signals
+elsewhere). The simulator draws GPM
 from a stream of its own, so both runs see the same steps and the same other telemetry: a difference is
 the signal's doing. Writes benchmarks/results/detection_gpm.md.
 """
@@ -120,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             arms[gpm].append(r)
             print(f"[{i}/{len(arms) * len(scs)}] gpm={gpm:g} {r.scenario.name}: {sum(t.detected for t in r.truths)}/"
                   f"{len(r.truths)} found, {sum(e.label == 'fp' for e in r.episodes)} false", flush=True)
-    facts = {"scenarios": f"{len(scs)} per arm ({len(arms)} arms), {args.seeds} seed(s), jobs of {args.nodes} nodes; ranks push no "
-                          "comm_wait_s",
+    facts = {"scenarios": f"{len(scs)} per arm ({len(arms)} arms), {args.seeds} seed(s), jobs of {args.nodes} "
+                          "nodes; ranks push no comm_wait_s",
              "wall time": f"{time.perf_counter() - start:.0f} s on {args.procs} process(es)"}
     _bench.report("detection_gpm", "# Telemetry-only detection with and without GPM SM activity", facts,
                   "Method: `docs/detection-benchmark.md` (GPM section). The detectors are "

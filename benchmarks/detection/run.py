@@ -142,7 +142,7 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
                                                  + ("; ranks push no comm_wait_s (telemetry only)"
                                                     if _CLUSTER_KW.get("comm_wait") is False
                                                     else "; ranks push comm_wait_s")
-                                                 + (f"; GPM (sm_active, tensor_active) on {_CLUSTER_KW['gpm']:.0%} of nodes"
+                                                 + (f"; GPM on {_CLUSTER_KW['gpm']:.0%} of nodes"
                                                     if _CLUSTER_KW.get("gpm") else ""),
                                     "scenarios": f"{len(faults)} fault runs, {len(controls)} fault-free runs "
                                                  f"({n_runs} in all), {args.seeds} seed(s)",

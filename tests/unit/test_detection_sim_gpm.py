@@ -38,7 +38,8 @@ def test_gpm_only_on_its_share_of_nodes_and_the_rest_of_the_run_unchanged():
     has = lambda inp: {u for u, w in inp.gpu_windows.items() if w and "sm_active" in w[-1].values}  # noqa: E731
     assert has(without) == set() and len(has(full)) == 64
     assert 0 < len(has(half)) < 64 and len(has(half)) % 8 == 0  # whole nodes: a node is one model
-    strip = lambda inp: {u: [{k: v for k, v in s.values.items() if k not in ("sm_active", "tensor_active")}  # noqa: E731
+    gpm_keys = ("sm_active", "tensor_active")
+    strip = lambda inp: {u: [{k: v for k, v in s.values.items() if k not in gpm_keys}  # noqa: E731
                              for s in w] for u, w in inp.gpu_windows.items()}
     assert strip(without) == strip(full)
     assert [w.steps for w in without.jobs["job-0"].values()] == [w.steps for w in full.jobs["job-0"].values()]
