@@ -100,3 +100,37 @@ def test_a_job_that_pushes_comm_waits_is_judged_on_its_compute_share_not_sm_acti
     # Also in a job where one rank's SDK times no collective: the others still have their compute share.
     jobs = {job: {r: timed(w) if r else w for r, w in ranks.items()} for job, ranks in inputs.jobs.items()}
     assert _stragglers(replace(inputs, jobs=jobs)) == []
+
+
+def _reference(windows, node_of, since, min_gpus, min_instants, trim):
+    """The definition, one instant and one GPU at a time."""
+    from gpumond.rules.detectors.features import trimmed_mean
+    from gpumond.rules.detectors.stats import median
+    at = {}
+    for uuid, node in node_of.items():
+        for s in windows.get(uuid, ()):
+            if not uuid.startswith("MIG-") and s.up and s.t >= since and "sm_active" in s.values:
+                at.setdefault((node, s.t), {})[uuid] = s.values["sm_active"]
+    dev = {}
+    for readings in at.values():
+        if len(readings) >= min_gpus:
+            med = median(list(readings.values()))
+            for uuid, v in readings.items():
+                dev.setdefault(uuid, []).append(v - med)
+    return {u: trimmed_mean(xs, trim) for u, xs in dev.items() if len(xs) >= min_instants}
+
+
+def test_the_vectorised_job_equals_the_definition_on_ragged_windows():
+    import random
+    rnd = random.Random(7)
+    windows, node_of = {}, {}
+    for i in range(40):
+        uuid, node = (f"MIG-{i}" if i == 3 else f"GPU-{i}"), f"n{i // 8}"
+        node_of[uuid] = node
+        windows[uuid] = tuple(GpuSample(uuid, node, "0", float(t) + (0.5 if i == 17 else 0.0), rnd.random() > 0.05,
+                                        {"sm_active": rnd.random()} if rnd.random() > 0.15 else {})
+                              for t in range(-3, 12))
+    for trim in (0.0, 0.1, 0.25):
+        got, want = node_relative(windows, node_of, 0.0, 4, 6, trim), _reference(windows, node_of, 0.0, 4, 6, trim)
+        assert got.keys() == want.keys() and len(got) > 20
+        assert all(abs(got[u] - want[u]) < 1e-12 for u in got)

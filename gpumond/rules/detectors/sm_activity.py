@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpumond.rules.detectors.features import trimmed_mean
-from gpumond.rules.detectors.stats import median
+import numpy as np
+
 from gpumond.rules.types import GpuSample
 
 KEY = "sm_active"
@@ -37,19 +37,38 @@ def node_relative(gpu_windows: Mapping[str, Sequence[GpuSample]], node_of: Mappi
 
     `node_of` is uuid → node of the GPUs to judge (MIG devices are left out: slices of different sizes are
     no peers). An instant counts where at least `min_gpus` of a node's GPUs have a reading; a GPU needs
-    `min_instants` such instants."""
-    at: dict[tuple[str, float], dict[str, float]] = {}
-    for uuid, node in node_of.items():
-        if uuid.startswith("MIG-"):
-            continue
+    `min_instants` such instants. The trim is features.trimmed_mean's: int(trim · n) off each end.
+    All of a job's readings at once (numpy): per-instant Python medians cost ~100 µs a GPU."""
+    uuids = [u for u in node_of if not u.startswith("MIG-")]
+    node_ids = {n: i for i, n in enumerate(dict.fromkeys(node_of[u] for u in uuids))}
+    gpu, node, t, v = [], [], [], []
+    for i, uuid in enumerate(uuids):
+        k = node_ids[node_of[uuid]]
         for s in gpu_windows.get(uuid, ()):
-            if s.up and s.t >= since and (v := s.values.get(KEY)) is not None:
-                at.setdefault((node, s.t), {})[uuid] = v
-    deviations: dict[str, list[float]] = {}
-    for readings in at.values():
-        if len(readings) < min_gpus:
-            continue
-        med = median(list(readings.values()))
-        for uuid, v in readings.items():
-            deviations.setdefault(uuid, []).append(v - med)
-    return {u: trimmed_mean(xs, trim) for u, xs in deviations.items() if len(xs) >= min_instants}
+            if s.up and s.t >= since and (x := s.values.get(KEY)) is not None:
+                gpu.append(i), node.append(k), t.append(s.t), v.append(x)
+    if not v:
+        return {}
+    g, n, tt, x = np.array(gpu), np.array(node), np.array(t, dtype=float), np.array(v, dtype=float)
+    # Instants: (node, t) groups, each sorted by value, so a group's median sits at its middle.
+    order = np.lexsort((x, tt, n))
+    g, n, tt, x = g[order], n[order], tt[order], x[order]
+    new = np.ones(len(x), dtype=bool)
+    new[1:] = (n[1:] != n[:-1]) | (tt[1:] != tt[:-1])
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, len(x)))
+    med = 0.5 * (x[starts + (counts - 1) // 2] + x[starts + counts // 2])
+    group = np.cumsum(new) - 1
+    ok = counts[group] >= min_gpus
+    g, dev = g[ok], (x - med[group])[ok]
+    if not len(dev):
+        return {}
+    # Per GPU: its deviations sorted, the trimmed middle summed from a running sum.
+    order = np.lexsort((dev, g))
+    g, dev = g[order], dev[order]
+    first = np.flatnonzero(np.append(True, g[1:] != g[:-1]))
+    m = np.diff(np.append(first, len(g)))
+    cut = (trim * m).astype(np.int64)
+    csum = np.append(0.0, np.cumsum(dev))
+    mean = (csum[first + m - cut] - csum[first + cut]) / np.maximum(m - 2 * cut, 1)
+    return {uuids[int(i)]: float(val) for i, val, k in zip(g[first], mean, m) if k >= min_instants}
