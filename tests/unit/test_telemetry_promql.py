@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpumond.rules.telemetry import PrometheusSource, Row, build_queries, join, signals
+from gpumond.rules.telemetry.promql import vector_rows
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS
 
 A = {"job": "gpumond", "instance": "10.0.0.1:9480"}
@@ -264,3 +265,41 @@ def test_agent_alerts_are_named_by_node_and_lose_target_labels() -> None:
     (a,) = agent_alerts(rows)
     assert a.node == "node-a" and dict(a.labels) == {"node": "node-a", "alertname": "GpuXidCritical", "gpu": "3",
                                                      "xid": "79", "severity": "critical"}
+
+
+def _answer(result: object, status: str = "success", kind: str = "vector") -> bytes:
+    return json.dumps({"status": status, "data": {"resultType": kind, "result": result}}).encode()
+
+
+LOADERS = [pytest.param(json.loads, id="json")]
+try:
+    import orjson
+
+    LOADERS.append(pytest.param(orjson.loads, id="orjson"))
+except ImportError:  # the optional fast path is not installed: the stdlib reference alone
+    pass
+
+
+@pytest.mark.parametrize("loads", LOADERS)
+def test_vector_rows_reads_series_and_skips_non_finite_values_with_either_decoder(loads) -> None:
+    series = [{"metric": {"uuid": "GPU-a", "gpu": "0"}, "value": [1.0, "12.5"]},
+              {"metric": {"uuid": "GPU-b"}, "value": [1.0, "NaN"]},
+              {"metric": {"uuid": "GPU-c"}, "value": [1.0, "+Inf"]},
+              {"metric": {}, "value": [1.0, "3"]}]
+    assert vector_rows(200, _answer(series), loads) == [Row({"uuid": "GPU-a", "gpu": "0"}, 12.5), Row({}, 3.0)]
+
+
+@pytest.mark.parametrize("loads", LOADERS)
+@pytest.mark.parametrize(("status", "body", "message"), [
+    (200, b"<html>", "HTTP 200: response is not JSON: <html>"),
+    (200, b"[1]", "HTTP 200: response is not a JSON object"),
+    (422, b'{"status":"error","errorType":"execution","error":"too many series"}',
+     "HTTP 422: execution: too many series"),
+    (200, _answer([], kind="matrix"), "expected an instant vector, got 'matrix'"),
+    (200, _answer([{"metric": {"a": "b"}}]), "malformed result: KeyError: 'value'"),
+    (200, _answer([{"metric": 7, "value": [1, "1"]}]), "malformed result: TypeError"),
+    (200, _answer([{"metric": {}, "value": [1, "x"]}]), "malformed result: ValueError"),
+])
+def test_vector_rows_says_in_one_line_why_an_answer_has_no_rows(loads, status, body, message) -> None:
+    got = vector_rows(status, body, loads)
+    assert isinstance(got, str) and got.startswith(message) and "\n" not in got
