@@ -57,6 +57,14 @@ def test_join_by_uuid_with_node_from_hostname() -> None:
     assert j.absent_nodes == frozenset()
 
 
+def test_gpu_values_need_only_the_labels_the_lean_queries_keep() -> None:
+    # build_queries aggregates GPU values `by (uuid[, selecting label])`: the join must read them the same.
+    keep = {"uuid", "reason", "precision", "type"}
+    lean = {m: [Row({k: v for k, v in r.labels.items() if k in keep}, r.value) for r in rows]
+            for m, rows in _results().items() if m in {m for m, _ in signals.GPU_SERIES.values()}}
+    assert join(_results(**lean), t=50.0) == join(_results(), t=50.0)
+
+
 def test_a_down_target_makes_its_node_absent_and_its_gpus_disappear() -> None:
     # Prometheus writes up=0 and stale markers: only the remembered identity names the node.
     j = join(_results(**{TARGETS: [Row(A, 0.0), Row(B, 1.0)],
@@ -116,7 +124,10 @@ def test_queries_are_one_per_metric_and_cover_every_signal() -> None:
     selected = [(m, v) for m, v in signals.GPU_SERIES.values() if v]
     assert all(f'{signals.SELECTOR_LABEL[m]}=~"' in q[m] and v in q[m] for m, v in selected)
     assert "gpu_idle" not in q[signals.CLOCKS_EVENT]
-    assert q[signals.TENSOR_ACTIVE] == 'gpumond_gpu_tensor_active_ratio{precision=~"any"}'
+    # GPU values come back with only the labels the join reads (uuid and the selecting label).
+    assert q[signals.TENSOR_ACTIVE] == 'max by (uuid, precision) (gpumond_gpu_tensor_active_ratio{precision=~"any"})'
+    assert q["gpumond_gpu_power_watts"] == "max by (uuid) (gpumond_gpu_power_watts)"
+    assert q[signals.CLOCKS_EVENT].startswith("max by (uuid, reason) (gpumond_gpu_clocks_event_active{reason=~")
     assert q[signals.NVLINK_ERRORS] == 'gpumond_gpu_nvlink_errors_total{type=~"replay"}'
 
 

@@ -43,9 +43,23 @@ def build_queries(lookback_s: float) -> dict[str, str]:
         signals.MIG_INFO: signals.MIG_INFO,
         # The agents' firing alerts (they carry `gpu`; the rules services' own do not): fleet remediation's input.
         signals.ALERT_ACTIVE: f'{signals.ALERT_ACTIVE}{{gpu!=""}}',
-        **signals.gpu_selectors(),
+        **{metric: _lean(metric, selector) for metric, selector in signals.gpu_selectors().items()},
         **{metric: metric for metric in signals.HOST_SERIES.values()},
     }
+
+
+def _lean(metric: str, selector: str) -> str:
+    """A GPU value query that answers with only the labels the join reads: the uuid (and the selecting label).
+
+    At fleet scale these answers are most of a fetch (a series' job, instance, gpu and name are ~75 % of its
+    JSON); the aggregation is plain PromQL, so every Prometheus-compatible server runs it. The agent exports
+    one series per GPU and label value (MIG devices' series have names of their own), so `max` only picks
+    between duplicates (two jobs scraping one agent), where the join took either. The NVLink counters are one
+    series per link: kept whole, as the join has always read them."""
+    if metric == signals.NVLINK_ERRORS:
+        return selector
+    label = signals.SELECTOR_LABEL.get(metric)
+    return f"max by (uuid{', ' + label if label else ''}) ({selector})"
 
 
 class PrometheusSource:
