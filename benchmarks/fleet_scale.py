@@ -142,23 +142,31 @@ def _pusher(port: int, ranks: list[tuple[str, int, int, str, str, str]], orders:
         # (step, end, duration, data wait, samples, comm wait): the SDK's record, ends already on the wall clock.
         recs = {k: [(first + i, now - (count - 1 - i) * STEP_S, STEP_S, wait, 32, comm) for i in range(count)]
                 for k, wait, comm in (("base", 0.01, 0.1), ("starved", 0.25, 0.0), ("slow", 0.01, 0.002))}
-        lat, failed = [], []
+        lat, failed, ok = [], [], 0
         for head, kind in heads:
             body = encode_columns(head, recs[kind], 0.0, 0.0)
             t0 = time.perf_counter()
-            try:
-                conn.request("POST", "/api/v1/push", body, headers)
-                resp = conn.getresponse()
-                text = resp.read()
-            except (OSError, http.client.HTTPException) as e:
-                failed.append(f"{type(e).__name__}: {e}")
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            for attempt in (1, 2):
+                try:
+                    conn.request("POST", "/api/v1/push", body, headers)
+                    resp = conn.getresponse()
+                    text = resp.read()
+                    break
+                except (OSError, http.client.HTTPException) as e:
+                    # The server closes a keep-alive connection idle past its deadline (the fetch and evaluation
+                    # phases are longer): reconnect and send again once, as an HTTP client does on a stale one.
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                    if attempt == 2:
+                        failed.append(f"{type(e).__name__}: {e}")
+            else:
                 continue
             lat.append(time.perf_counter() - t0)
-            if resp.status != 202:
+            if resp.status == 202:
+                ok += 1
+            else:
                 failed.append(f"HTTP {resp.status}: {text[:200]!r}")
-        done.put((lat, failed[:5], len(failed), count))
+        done.put((lat, failed[:5], len(failed), ok * count))
     conn.close()
 
 
@@ -208,15 +216,16 @@ class Service:
             q.put((first, count, now))
         lat: list[float] = []
         failures: list[str] = []
-        failed = 0
+        failed = records = 0
         for _ in self._procs:
-            got, why, n, _ = self._done.get(timeout=1800)
+            got, why, n, stored = self._done.get(timeout=1800)
             lat += got
             failures += why
             failed += n
+            records += stored
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         return {"wall_s": wall, "cpu_s": cpu, "lat": lat, "failed": failed, "failures": failures[:3],
-                "records": (len(lat) - failed) * count}  # a refused push has a latency too
+                "records": records}
 
     def close(self) -> None:
         for q in self._orders:
@@ -290,13 +299,47 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
             "extra": sorted(extra_ever, key=str), "ranks": service.ranks_pushed}
 
 
+def fetch_variants(url: str, t: float, vm_pid: int, repeat: int = 2) -> list[list[str]]:
+    """One fetch of the whole fleet at `t` per way of asking and decoding, the best of `repeat`: what the lean
+    queries and the decoder each save, measured in one run (wall, this process's CPU, VictoriaMetrics' CPU)."""
+    import json
+
+    from gpumond.rules.telemetry import signals
+    from gpumond.rules.telemetry.promql import DEFAULT_LOADS, PrometheusSource, build_queries
+
+    full = {**build_queries(300.0), **signals.gpu_selectors()}  # every series with all its labels, as before
+    ways = [("all labels, json", full, json.loads), ("lean (by uuid), json", None, json.loads)]
+    if DEFAULT_LOADS is not json.loads:
+        ways.append(("lean (by uuid), orjson (the `fast` extra)", None, DEFAULT_LOADS))
+    rows = []
+    for name, queries, loads in ways:
+        source = PrometheusSource(url, clock=lambda: t, timeout_s=120.0, loads=loads)
+        if queries is not None:
+            source._queries = queries  # noqa: SLF001 - the benchmark's "before": the same source, the old queries
+        best = None
+        try:
+            for _ in range(repeat):
+                gc.collect()
+                vm0, cpu0, t0 = _bench.proc_cpu_s(vm_pid), time.process_time(), time.perf_counter()
+                batch = source.fetch()
+                got = (time.perf_counter() - t0, time.process_time() - cpu0, _bench.proc_cpu_s(vm_pid) - vm0)
+                if batch.errors:
+                    raise RuntimeError(f"{name}: {batch.errors[:2]}")
+                best = got if best is None or got[0] < best[0] else best
+        finally:
+            source.close()
+        assert best is not None
+        rows.append([name, f"{len(batch.gpus):,}", f"{best[0]:.2f} s", f"{best[1]:.2f} s", f"{best[2]:.2f} s"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="64 nodes, 8 cycles, no sustained run (smoke test)")
     ap.add_argument("--nodes", type=int, help="nodes of the big job (default 4096, quick 64)")
     ap.add_argument("--small", type=int, help="small jobs, one node each (default 64, quick 4)")
-    ap.add_argument("--cycles", type=int, default=8,
-                    help="evaluation cycles of 10 simulated seconds per shard, and the sustained run's least (8)")
+    ap.add_argument("--cycles", type=int, default=6,
+                    help="evaluation cycles of 10 simulated seconds per shard, and the sustained run's least (6)")
     ap.add_argument("--duration", type=float, help="wall seconds the 1-shard run is sustained (default 600, quick 0)")
     ap.add_argument("--faults", type=int, help="slow and starved GPUs planted in the big job (default 4 each)")
     args = ap.parse_args(argv)
@@ -328,13 +371,14 @@ def main(argv: list[str] | None = None) -> int:
             return time.perf_counter() - t0
 
         results = [run_shard(url, fleet, None, args.cycles, duration, importer)]
+        ways = fetch_variants(url, START + (len(results[0]["rows"]) - 1) * CYCLE_S, vm.pid, 2 if args.quick else 1)
         for i in range(4):
             results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer))
         vm_rss = _bench.proc_status_kib(vm.pid, "VmRSS")
     finally:
         _bench.stop(vm)
         shutil.rmtree(data, ignore_errors=True)
-    _bench.write_result("fleet_scale", report(results, fleet, args, duration, vm_rss), quick=args.quick)
+    _bench.write_result("fleet_scale", report(results, ways, fleet, args, duration, vm_rss), quick=args.quick)
     return 0
 
 
@@ -342,7 +386,8 @@ def _pct(xs: list[float], q: float) -> str:
     return f"{_bench.quantile(sorted(xs), q) * 1e3:,.0f} ms" if xs else "—"
 
 
-def report(results: list[dict], fleet: Fleet, args: argparse.Namespace, duration: float, vm_rss_kib: int) -> str:
+def report(results: list[dict], ways: list[list[str]], fleet: Fleet, args: argparse.Namespace, duration: float,
+           vm_rss_kib: int) -> str:
     gpus = fleet.nodes * GPUS_PER_NODE
     rows, ingest = [], []
     for r in results:
@@ -360,7 +405,8 @@ def report(results: list[dict], fleet: Fleet, args: argparse.Namespace, duration
         wall = sum(p["wall_s"] for p in pushes)
         cpu = sum(p["cpu_s"] for p in pushes)
         lat = [v for p in pushes for v in p["lat"]]
-        ingest.append([name, f"{r['ranks']:,}", f"{len(pushes)}", f"{records:,}", f"{records / wall:,.0f}" if wall else "—",
+        ingest.append([name, f"{r['ranks']:,}", f"{len(pushes)}", f"{records:,}",
+                       f"{records / wall:,.0f}" if wall else "—",
                        f"{cpu / records * 1e6:.1f} µs" if records else "—", _pct(lat, 0.5), _pct(lat, 0.99),
                        f"{sum(p['failed'] for p in pushes):,}"])
     sustained = results[0]["rows"]
@@ -372,18 +418,24 @@ def report(results: list[dict], fleet: Fleet, args: argparse.Namespace, duration
         "# Fleet scale: pushes over HTTP, telemetry from VictoriaMetrics, the evaluation cycle\n",
         _bench.machine_block({
             "victoria-metrics": _vm_version(),
-            "setup": f"{fleet.big_nodes:,} nodes × {GPUS_PER_NODE} GPUs for one {fleet.big_nodes * GPUS_PER_NODE:,}-rank "
-                     f"job + {fleet.small} jobs of {SMALL_RANKS} ranks on a node each ({gpus:,} GPUs); "
-                     f"{CYCLE_S:g} simulated s a cycle, one columnar push of {int(CYCLE_S / STEP_S)} steps per rank per "
-                     f"cycle from {PUSHERS} load-generator processes; 1 shard sustained {duration:g} s (at least "
+            "setup": f"{fleet.big_nodes:,} nodes × {GPUS_PER_NODE} GPUs for one "
+                     f"{fleet.big_nodes * GPUS_PER_NODE:,}-rank job + {fleet.small} jobs of {SMALL_RANKS} ranks on a "
+                     f"node each ({gpus:,} GPUs); {CYCLE_S:g} simulated s a cycle, one columnar push of "
+                     f"{int(CYCLE_S / STEP_S)} steps per rank per cycle (the SDK's default 5 s interval would push 10) "
+                     f"from {PUSHERS} load-generator processes; 1 shard sustained {duration:g} s (at least "
                      f"{args.cycles} cycles), then each of 4 shards {args.cycles} cycles; planted: {len(fleet.slow)} "
-                     f"slow + {len(fleet.starved)} starved GPUs in the big job, {len(fleet.small_slow)} slow in a small "
-                     "job"}),
+                     f"slow + {len(fleet.starved)} starved GPUs in the big job, {len(fleet.small_slow)} slow in a "
+                     "small job"}),
         "",
         "## One evaluation cycle (the worst of the last three)\n",
         _bench.md_table(["evaluator", "GPUs fetched", "steps held", "fetch (queries + join + store)",
                          "evaluate (expiry + snapshot + detectors)", "cycle", "VictoriaMetrics import of the scrape",
                          "planted found (last cycle)", "missed", "other findings (any cycle)"], rows),
+        "",
+        "## Where the fetch goes: one whole-fleet fetch per way of asking and decoding "
+        f"({'best of 2' if args.quick else 'one each'})\n",
+        _bench.md_table(["queries, decoder", "GPUs", "fetch wall", "rules CPU (queries, decode, join)",
+                         "VictoriaMetrics CPU"], ways),
         "",
         "## Ingest over HTTP (every cycle's push phase but the first)\n",
         _bench.md_table(["service", "ranks pushing", "cycles", "records", "records/s", "server CPU per record",
