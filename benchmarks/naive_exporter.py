@@ -8,8 +8,8 @@ once at start (kinder to this pattern than exporters that look them up per scrap
 registry holds only this collector (no process/GC collectors).
 
     python benchmarks/naive_exporter.py --port 9490                 # prometheus_client.start_http_server
-    python benchmarks/naive_exporter.py --port 9490 --server asgi   # make_asgi_app under uvicorn (h11),
-                                                                     # the agent's own server stack
+    python benchmarks/naive_exporter.py --port 9490 --server asgi   # make_asgi_app under uvicorn (httptools
+                                                                     # when installed, as the agent, unguarded)
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Servers, all started by this script on 127.0.0.1:
 
 - gpumond: the rules service's app (`gpumond.rules.http.build_app` over a `RankStore`, default
   limits except the per-client push rate, which one load generator on one address would exceed)
-  under uvicorn, 1 worker, over the daemons' guarded h11 protocol (gpumond.connections: timeouts and
-  connection cap, default limits), as both daemons serve. A thread
+  under uvicorn, 1 worker, over the daemons' guarded httptools protocol (gpumond.connections and
+  gpumond/web/protocols.py: timeouts and connection cap, default limits), as both daemons serve. A thread
   takes the detectors' snapshot (`RankStore.jobs`) and runs `expire` every 10 s, as the evaluation
   loop will, so their cost is inside the measurement.
 - pushgateway: Debian's `prometheus-pushgateway`, in memory (`--persistence.file=""`), with its
@@ -13,9 +13,10 @@ Servers, all started by this script on 127.0.0.1:
   which its own help calls dangerous).
 - optional (`--daemon`): the whole `gpumond rules` daemon with the same limits and no telemetry, so
   its detectors run over the pushed ranks every 10 s next to the ingest.
-- optional (`--unguarded-variant`): the ingest server over uvicorn's own protocol choice (httptools
-  when installed, else h11) without the connection guard, sent columnar pushes: what the C parser would
-  save on top of the columnar encoding. Not shipped: the guard extends h11 only.
+- optional (`--unguarded-variant`): the ingest server over uvicorn's own httptools protocol without the
+  connection guard, sent columnar pushes: what the guard costs. Not shipped.
+- optional (`--h11-variant`): the ingest server over the guard on uvicorn's h11 protocol (what the daemons
+  serve with where httptools cannot be imported, and shipped before it), sent columnar pushes.
 - optional (`--gc-variant`): the ingest server with the cyclic GC's thresholds raised
   (`gc.set_threshold(100000, 50, 1000)`), as the daemon does: a JSON push makes a GC-tracked object
   per step while it is parsed (held steps are columns now). Not the ingest server's configuration.
@@ -35,21 +36,26 @@ servers hold them all). Then rounds: every server gets one `--duration` cell per
 freshly shuffled order. Records/s = 2xx pushes × 64 ÷ cell time (for gpumond also from its own
 accepted-steps counter); latency p50/p99 as wrk measures it; CPU = utime+stime of the server.
 
+Paced (`--paced RECORDS_PER_S`, default 65,536: a 32,768-rank job stepping twice a second): after the
+rounds of the large scenario, every server gets one more cell in which wrk sends pushes on a schedule of
+that many records/s across its connections (the Lua `delay()` hook; latency is timed from each push's
+send, as wrk does, so a server that falls behind the schedule shows as a lower rate, not a longer queue).
+p50/p99 push latency at that rate is the figure; a closed loop measures them at each server's maximum.
+
 Scenarios: `--small` ranks (default 256 = 8 jobs) with all servers; `--large` ranks (default
 32,768 = 1,024 jobs) without the consistency-checking Pushgateway, whose every push gathers every
 group it holds, so its push time grows linearly with the groups held (~0.4 s per push at 1,024
 groups on the development VM, 7 minutes to fill 1,024 ranks): it cannot be filled to 32,768 in
 reasonable time. RSS of each server at start, after the fill and at the end.
 
-    python benchmarks/rules_ingest.py            # ~6 min; the committed result added
-                                                 # --daemon --gc-variant --unguarded-variant (~15 min)
-    python benchmarks/rules_ingest.py --quick    # ~1 min (smoke test)
+    python benchmarks/rules_ingest.py            # ~8 min; the committed result added
+                                                 # --unguarded-variant --h11-variant (~15 min)
+    python benchmarks/rules_ingest.py --quick    # ~1 min (smoke test; needs wrk and the pushgateway)
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import http.client
 import json
 import math
@@ -76,6 +82,8 @@ TOKEN = "benchmark-token-0123456789"
 STEPS = 64
 RANKS_PER_JOB = 32
 TARGET = 2.0
+P99_TARGET_MS = 250.0
+PACED_RECORDS_PER_S = 65_536  # a 32,768-rank job stepping twice a second
 EVALUATION_INTERVAL_S = 10.0
 # Fewer young collections and far fewer full ones: a JSON push makes a GC-tracked StepRecord per step.
 GC_THRESHOLDS = (100_000, 50, 1000)
@@ -109,9 +117,26 @@ local function doubles(n, f) local a = ffi.new("double[?]", n) for i = 0, n - 1 
 local function int64s(n, f) local a = ffi.new("int64_t[?]", n) for i = 0, n - 1 do a[i] = f(i) end
   return b64(ffi.string(a, 8 * n)) end
 local const = {}
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } gpumond_timespec;
+int clock_gettime(int clk, gpumond_timespec *ts);
+]]
+local ts = ffi.new("gpumond_timespec")
+local function now_ms() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6 end
+local interval_ms, sent, t0 = 0, 0, nil  -- paced: one push every interval_ms across all connections (-t1)
 function init(args)
   kind, ranks, nsteps, token, base = args[1], tonumber(args[2]), tonumber(args[3]), args[4], tonumber(args[5])
   counter = tonumber(args[6])
+  local pushes_per_s = tonumber(args[7] or "0")
+  if pushes_per_s > 0 then interval_ms = 1000 / pushes_per_s end
+end
+function delay()  -- before each push: wait for its slot on the schedule (0 when not paced or late)
+  if interval_ms == 0 then return 0 end
+  local now = now_ms()
+  t0 = t0 or now
+  local due = t0 + sent * interval_ms
+  sent = sent + 1
+  return math.max(0, math.floor(due - now))
 end
 local function uuid(r) return string.format("GPU-00000000-0000-0000-0000-%012x", r) end
 function request()
@@ -170,9 +195,9 @@ end
 
 
 # ----- the gpumond server (run as a child: `rules_ingest.py --serve PORT`) ----------------------
-def serve(port: int, gc_raised: bool = False, unguarded: bool = False) -> None:
+def serve(port: int, gc_raised: bool = False, unguarded: bool = False, parser: str = "httptools") -> None:
     """The rules service's app under uvicorn, with an evaluation-like snapshot thread; over the daemons'
-    guarded h11 protocol, or (`unguarded`) uvicorn's own choice of protocol."""
+    guarded protocol on `parser`, or (`unguarded`) uvicorn's own httptools protocol."""
     import gc
 
     import uvicorn
@@ -210,10 +235,10 @@ def serve(port: int, gc_raised: bool = False, unguarded: bool = False) -> None:
     threading.Thread(target=evaluate, daemon=True).start()
     app = build_app(config=config, rank_store=store, findings=list, metrics=metrics, ready=lambda: (True, "ok"),
                     clock=time.time, stats=stats)
-    http: Any = "auto"
+    http: Any = "httptools"
     if not unguarded:
         from gpumond.connections import ConnectionLimits, guarded_protocol
-        http, _ = guarded_protocol(ConnectionLimits())
+        http, _ = guarded_protocol(ConnectionLimits(), parser=parser)
     uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning", access_log=False, http=http)
 
 
@@ -228,6 +253,7 @@ class Server:
     log: Path
     proc: subprocess.Popen | None = None
     cells: list[dict[str, float]] = field(default_factory=list)
+    paced: dict[str, float] = field(default_factory=dict)
     rss_kib: dict[str, int] = field(default_factory=dict)
     held_at_end: str = ""
     held_steps: int = 0
@@ -266,17 +292,17 @@ class Server:
 
 
 def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant: bool,
-          daemon: bool, gc_variant: bool) -> list[Server]:
+          daemon: bool, gc_variant: bool, h11_variant: bool) -> list[Server]:
     def port() -> int:
         return _bench.free_port()
 
     me = str(Path(__file__).resolve())
     servers = []
     p = port()
-    servers.append(Server("gpumond", "gpumond ingest (uvicorn, guarded h11), JSON pushes", "gpumond",
+    servers.append(Server("gpumond", "gpumond ingest (guarded httptools), JSON pushes", "gpumond",
                           [sys.executable, me, "--serve", str(p)], p, logdir / "g.log"))
     p = port()
-    servers.append(Server("gpumond_columns", "gpumond ingest (uvicorn, guarded h11), columnar pushes", "gpumond",
+    servers.append(Server("gpumond_columns", "gpumond ingest (guarded httptools), columnar pushes", "gpumond",
                           [sys.executable, me, "--serve", str(p)], p, logdir / "gc.log", body="columns"))
     if daemon:
         config = logdir / "rules.yaml"
@@ -285,21 +311,25 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant
         p = port()
         exe = shutil.which("gpumond")
         argv = [exe] if exe else [sys.executable, "-m", "gpumond.cli"]
-        servers.append(Server("daemon", "gpumond rules daemon (guarded h11, with detectors)", "gpumond",
+        servers.append(Server("daemon", "gpumond rules daemon (guarded httptools, with detectors)", "gpumond",
                               [*argv, "rules", "--config", str(config), "--listen", f"127.0.0.1:{p}",
                                "--log-level", "warning"], p, logdir / "d.log"))
+    if h11_variant:
+        p = port()
+        servers.append(Server("gpumond_h11", "gpumond ingest (guarded h11: without httptools), columnar pushes",
+                              "gpumond", [sys.executable, me, "--serve", str(p), "--parser", "h11"], p,
+                              logdir / "gh.log", body="columns"))
     if unguarded_variant:
-        # uvicorn's "auto" picks httptools when it is importable, else h11.
-        parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
         p = port()
         servers.append(Server("gpumond_unguarded",
-                              f"gpumond ingest ({parser}, no connection guard; not shipped), columnar pushes",
+                              "gpumond ingest (httptools, no connection guard; not shipped), columnar pushes",
                               "gpumond", [sys.executable, me, "--serve", str(p), "--unguarded"], p, logdir / "gu.log",
                               body="columns"))
     if gc_variant:
         p = port()
         servers.append(Server("gpumond_gc",
-                              f"gpumond ingest (guarded h11, gc.set_threshold{GC_THRESHOLDS}; not shipped)", "gpumond",
+                              f"gpumond ingest (guarded httptools, gc.set_threshold{GC_THRESHOLDS}; not shipped)",
+                              "gpumond",
                               [sys.executable, me, "--serve", str(p), "--gc-raised"], p, logdir / "gg.log"))
     pgw = [PUSHGATEWAY, "--persistence.file=", "--log.level=warn"]
     if with_checked_pgw:
@@ -359,11 +389,13 @@ def fill(server: Server, ranks: int, procs: int = 4) -> float:
     return time.monotonic() - t0
 
 
-def load(server: Server, ranks: int, seconds: int, conns: int, script: Path) -> dict[str, float]:
-    """One closed-loop wrk run against the server; throughput, latency and CPU of the cell."""
+def load(server: Server, ranks: int, seconds: int, conns: int, script: Path, paced: float = 0.0) -> dict[str, float]:
+    """One wrk run against the server (closed loop, or `paced` records/s); throughput, latency and CPU of the
+    cell. A paced cell is not added to the server's closed-loop cells."""
     start_rank = random.randrange(ranks)
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--timeout", "30s", "-s", str(script), server.url, "--",
-            server.body or server.kind, str(ranks), str(STEPS), TOKEN, str(server.base), str(start_rank)]
+            server.body or server.kind, str(ranks), str(STEPS), TOKEN, str(server.base), str(start_rank),
+            f"{paced / STEPS:.3f}"]
     server.base += 10_000_000  # every run pushes step numbers no earlier run used
     accepted0, cpu0 = server.accepted_steps(), server.cpu_s()
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
@@ -376,14 +408,16 @@ def load(server: Server, ranks: int, seconds: int, conns: int, script: Path) -> 
             "non_2xx": r["status"], "errors": r["errors"], "p50_ms": r["p50_us"] / 1e3, "p99_ms": r["p99_us"] / 1e3}
     if accepted0 is not None and accepted1 is not None:
         cell["counter_records_per_s"] = (accepted1 - accepted0) / wall
-    server.cells.append(cell)
+    if not paced:
+        server.cells.append(cell)
     return cell
 
 
 # ----- the run -----------------------------------------------------------------------------------
-def scenario(name: str, ranks: int, args: argparse.Namespace, logdir: Path, script: Path,
-             with_checked_pgw: bool) -> tuple[list[Server], dict[str, float], list[dict[str, float]]]:
-    servers = build(name, logdir, with_checked_pgw, args.unguarded_variant, args.daemon, args.gc_variant)
+def scenario(name: str, ranks: int, args: argparse.Namespace, logdir: Path, script: Path, with_checked_pgw: bool,
+             paced: float = 0.0) -> tuple[list[Server], dict[str, float], list[dict[str, float]]]:
+    servers = build(name, logdir, with_checked_pgw, args.unguarded_variant, args.daemon, args.gc_variant,
+                    args.h11_variant)
     fills: dict[str, float] = {}
     try:
         for s in servers:
@@ -404,7 +438,13 @@ def scenario(name: str, ranks: int, args: argparse.Namespace, logdir: Path, scri
                 c = load(s, ranks, args.duration, args.conns, script)
                 print(f"[{name}] round {rnd + 1}: {s.key:18} {c['records_per_s']:>10,.0f} records/s  "
                       f"p50 {c['p50_ms']:.1f} ms  p99 {c['p99_ms']:.1f} ms", file=sys.stderr, flush=True)
-        time.sleep(EVALUATION_INTERVAL_S + 1)  # one more snapshot after the load
+        if paced:
+            for s in sorted(servers, key=lambda _: rng.random()):
+                s.paced = load(s, ranks, args.duration, args.conns, script, paced=paced)
+                print(f"[{name}] paced {paced:,.0f}/s: {s.key:18} {s.paced['records_per_s']:>10,.0f} records/s  "
+                      f"p50 {s.paced['p50_ms']:.1f} ms  p99 {s.paced['p99_ms']:.1f} ms", file=sys.stderr, flush=True)
+        if not args.quick:
+            time.sleep(EVALUATION_INTERVAL_S + 1)  # one more snapshot after the load
         for s in servers:
             s.rss_kib["end"] = s.rss()
             s.held_at_end = s.held()
@@ -499,6 +539,27 @@ def report(results: list[tuple[str, int, list[Server], dict[str, float], list[di
             rows.append(row)
         out.append(_bench.md_table(["server", f"fill ({ranks:,} pushes, 4 clients)", "RSS at start",
                                     "RSS after fill", "RSS at end", "held at end"], rows))
+        base = next((s for s in servers if s.key == "gpumond_columns"), None)
+        others = [s for s in servers if s.key in ("gpumond_unguarded", "gpumond_h11")]
+        if base is not None and others:
+            out.append("\nWhat the connection guard and the parser cost, columnar pushes (CPU per record over all "
+                       "interleaved cells; < 1× = cheaper than the shipped server):\n")
+            tb = Totals.of(base)
+            out.append(_bench.md_table(["server", "CPU / record", "vs the shipped guarded httptools"], [
+                [s.label, f"{Totals.of(s).cpu_per_record * 1e6:,.2f} µs",
+                 f"{Totals.of(s).cpu_per_record / tb.cpu_per_record:.2f}×"] for s in [base, *others]]))
+        if any(s.paced for s in servers):
+            out.append(f"\nPaced at {args.paced:,.0f} records/s ({args.paced / STEPS:,.0f} pushes/s over "
+                       f"{args.conns} connections, one {args.duration} s cell each, after the rounds):\n")
+            out.append(_bench.md_table(["server", "records/s reached", "p50 push", "p99 push", "CPU / record",
+                                        "non-2xx + errors", f"p99 ≤ {P99_TARGET_MS:g} ms"], [
+                [s.label, f"{s.paced['records_per_s']:,.0f}", f"{s.paced['p50_ms']:,.1f} ms",
+                 f"{s.paced['p99_ms']:,.1f} ms",
+                 f"{s.paced['cpu'] / max(s.paced['ok'] * STEPS, 1) * 1e6:,.2f} µs",
+                 f"{s.paced['non_2xx'] + s.paced['errors']:,.0f}",
+                 ("yes" if s.paced["p99_ms"] <= P99_TARGET_MS else "**no**")
+                 + ("" if s.paced["records_per_s"] >= 0.95 * args.paced else " (rate not reached)")]
+                for s in servers if s.paced]))
         if snaps:
             snap = [x["snapshot_s"] for x in snaps]
             exp = [x["expire_s"] for x in snaps]
@@ -544,13 +605,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="short run for a smoke test")
     ap.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
-    ap.add_argument("--duration", type=int, help="seconds of load per server per round (default 10, quick 3)")
+    ap.add_argument("--duration", type=int, help="seconds of load per server per round (default 10, quick 2)")
     ap.add_argument("--conns", type=int, default=32, help="concurrent keep-alive connections (default 32)")
-    ap.add_argument("--small", type=int, help="ranks in the small scenario (default 256, quick 128)")
-    ap.add_argument("--large", type=int, help="ranks in the large scenario (default 32768, quick 2048)")
+    ap.add_argument("--small", type=int, help="ranks in the small scenario (default 256, quick 64)")
+    ap.add_argument("--large", type=int, help="ranks in the large scenario (default 32768, quick 1024)")
     ap.add_argument("--unguarded-variant", action="store_true",
-                    help="also run the ingest server over uvicorn's own protocol (httptools when installed) "
-                         "without the connection guard (not shipped: what the C parser would save)")
+                    help="also run the ingest server over uvicorn's httptools protocol without the connection "
+                         "guard (not shipped: what the guard costs)")
+    ap.add_argument("--h11-variant", action="store_true",
+                    help="also run the ingest server over the guard on uvicorn's h11 protocol")
+    ap.add_argument("--paced", type=float, metavar="RECORDS_PER_S",
+                    help=f"the large scenario's paced cell, records/s (default {PACED_RECORDS_PER_S:,}; 0: none)")
+    ap.add_argument("--parser", default="httptools", help=argparse.SUPPRESS)
     ap.add_argument("--unguarded", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gc-raised", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gc-variant", action="store_true",
@@ -560,12 +626,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="rules_ingest", help="result file name")
     args = ap.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.gc_raised, args.unguarded)
+        serve(args.serve, args.gc_raised, args.unguarded, args.parser)
         return 0
     args.rounds = args.rounds or (1 if args.quick else 3)
-    args.duration = args.duration or (3 if args.quick else 10)
-    small = args.small or (128 if args.quick else 256)
-    large = args.large or (2048 if args.quick else 32768)
+    args.duration = args.duration or (2 if args.quick else 10)
+    small = args.small or (64 if args.quick else 256)
+    large = args.large or (1024 if args.quick else 32768)
+    args.paced = PACED_RECORDS_PER_S / (8 if args.quick else 1) if args.paced is None else args.paced
     for exe in ("wrk", PUSHGATEWAY):
         if not shutil.which(exe):
             raise SystemExit(f"{exe} is not installed: apt-get install -y wrk prometheus-pushgateway")
@@ -575,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = []
         for name, ranks, checked in (("small", small, True), ("large", large, False)):
-            servers, fills, snaps = scenario(name, ranks, args, logdir, script, checked)
+            servers, fills, snaps = scenario(name, ranks, args, logdir, script, checked,
+                                             paced=args.paced if name == "large" else 0.0)
             results.append((name, ranks, servers, fills, snaps))
         _bench.write_result(args.name, report(results, args), quick=args.quick)
     finally:

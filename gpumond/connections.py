@@ -1,4 +1,5 @@
-"""Bounding what a connection may hold, for both daemons' HTTP server (uvicorn's h11 protocol, extended).
+"""Bounding what a connection may hold, for both daemons' HTTP server (uvicorn's httptools or h11 protocol,
+extended: gpumond/web/protocols.py).
 
 uvicorn 0.54 closes a connection only after a response (its keep-alive timeout): a connection that sends
 nothing, or half a request line, or a body byte a minute, is held forever, and ~1,100 of them exhaust a
@@ -138,185 +139,236 @@ class _Guard:
         self.kept.pop(conn, None)
 
 
+PARSERS = ("httptools", "h11")
+
+
+def default_parser() -> str:
+    """httptools (a declared dependency: llhttp, ~3x less CPU per request than h11) when it imports, else h11,
+    so that an install without its binary wheel (a platform PyPI has none for) still serves, guarded alike."""
+    import importlib.util
+
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+
+
 def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None = None,
-                     cap: int | None = None,
-                     tls: Callable[[Any], asyncio.BaseProtocol] | None = None) -> tuple[Any, ConnectionStats]:
+                     cap: int | None = None, tls: Callable[[Any], asyncio.BaseProtocol] | None = None,
+                     parser: str | None = None) -> tuple[Any, ConnectionStats]:
     """A protocol factory for uvicorn.Config(http=...) enforcing `limits`, and its counters.
 
-    `tls`, when given, wraps each connection's h11 protocol in a TLS protocol (gpumond/web/tls.py) that calls
-    its `tcp_opened(transport)` at accept and `tcp_lost()` when the TCP connection ends."""
+    `parser`: which of uvicorn's HTTP/1.1 protocols carries the guard, "httptools" or "h11" (default:
+    default_parser()). `tls`, when given, wraps each connection's protocol in a TLS protocol
+    (gpumond/web/tls.py) that calls its `tcp_opened(transport)` at accept and `tcp_lost()` when the TCP
+    connection ends."""
     # Imported here: the config loader reads ConnectionLimits' defaults and need not load uvicorn (~160 ms).
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from gpumond.web import protocols
+
+    parser = parser or default_parser()
+    if parser not in PARSERS:
+        raise ValueError(f"unknown HTTP parser {parser!r}: one of {', '.join(PARSERS)}")
+    base = protocols.GuardedHttpToolsProtocol if parser == "httptools" else protocols.GuardedH11Protocol
+    if base is None:
+        raise ValueError("the httptools parser was asked for but httptools is not installed (pip install httptools)")
     guard = _Guard(cap if cap is not None else connection_cap(limits), limits,
                    stats if stats is not None else ConnectionStats())
-
-    class GuardedH11Protocol(H11Protocol):
-        """uvicorn's h11 protocol with head/body timeouts and the connection cap (see the module doc)."""
-
-        _timer: Any = None
-        _phase: str | None = None
-        _write_timer: Any = None
-        _tcp: Any = None  # the TCP transport, under TLS; plain: the same as self.transport
-        _held = False
-
-        def tcp_opened(self, tcp: Any) -> None:
-            """Take the connection: count it, make room under the cap, start its head deadline."""
-            self._tcp = tcp
-            self._held = True
-            guard.held.add(self)
-            held = len(guard.held)
-            guard.stats.open = held
-            guard.stats.peak = max(guard.stats.peak, held)
-            if held > guard.cap:
-                found = guard.victim()
-                if found is None:
-                    guard.stats.shed += 1
-                    log.warning("connection shed: every held connection is busy", extra={
-                        "cap": guard.cap, "total": guard.stats.shed})
-                    tcp.abort()
-                    return
-                victim, kind = found
-                guard.stats.evicted += 1
-                log.warning("connection closed to make room", extra={
-                    "cap": guard.cap, "closed": kind, "total": guard.stats.evicted})
-                victim._close("evicted")
-            guard.waiting[self] = None
-            self._arm("head", guard.limits.header_timeout_s)
-
-        def tcp_lost(self) -> None:
-            """The TCP connection ended (under TLS this may be before any request: a failed handshake)."""
-            self._disarm()
-            self._unpause()
-            guard.forget(self)
-            if self._held:
-                self._held = False
-                guard.held.discard(self)
-                guard.stats.open = len(guard.held)
-
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if self._tcp is None:  # plain HTTP: the TCP connection is this transport
-                self.tcp_opened(transport)
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self._track()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()  # may start a pipelined request at once
-            if self.transport.is_closing():
-                return
-            if self.cycle is not None and not self.cycle.response_complete:
-                self._track()  # a pipelined request is being served
-                return
-            self._disarm()
-            guard.forget(self)
-            if self.conn.trailing_data[0]:  # part of the next request already arrived: its head is due
-                guard.waiting[self] = None
-                self._arm("head", guard.limits.header_timeout_s)
-            else:  # uvicorn's keep-alive timer runs now
-                guard.kept[self] = None
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            self._unpause()
-            guard.forget(self)
-            super().connection_lost(exc)
-            self.tcp_lost()
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if self._write_timer is None and not self.transport.is_closing():
-                guard.paused[self] = None
-                self._write_timer = self.loop.call_later(guard.limits.write_timeout_s, self._write_expired)
-
-        def resume_writing(self) -> None:
-            self._unpause()
-            super().resume_writing()
-
-        def _unpause(self) -> None:
-            if self._write_timer is not None:
-                self._write_timer.cancel()
-                self._write_timer = None
-            guard.paused.pop(self, None)
-
-        def _write_expired(self) -> None:
-            self._write_timer = None
-            guard.paused.pop(self, None)
-            if self.transport.is_closing() and not self.transport.get_write_buffer_size():
-                return
-            guard.stats.write_timeouts += 1
-            log.warning("connection closed: client did not read the response in time", extra={
-                "timeout_s": guard.limits.write_timeout_s, "total": guard.stats.write_timeouts,
-                "client": _peer(self)})
-            self._close("write")
-
-        def timeout_keep_alive_handler(self) -> None:
-            super().timeout_keep_alive_handler()
-            self._close("keep_alive")  # close() waits for a client that never reads our response
-
-        def _track(self) -> None:
-            """After bytes arrived: which deadline applies now, by the state of the client's request."""
-            if self.transport.is_closing():
-                return
-            state = self.conn.their_state
-            if state is h11.IDLE:
-                if self._phase is None:  # the first bytes of a request on a kept-alive connection
-                    guard.kept.pop(self, None)
-                    guard.waiting[self] = None
-                    self._arm("head", guard.limits.header_timeout_s)
-                return
-            guard.forget(self)  # a request head arrived: busy until its response is complete
-            if state is h11.SEND_BODY:
-                if self._phase != "body":
-                    self._arm("body", guard.limits.body_timeout_s)
-            else:  # DONE, MUST_CLOSE, CLOSED, ERROR: nothing more to wait for from the client
-                self._disarm()
-
-        def _arm(self, phase: str, seconds: float) -> None:
-            self._disarm()
-            self._phase = phase
-            self._timer = self.loop.call_later(seconds, self._expired, phase)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer, self._phase = None, None
-
-        def _expired(self, phase: str) -> None:
-            self._timer = None
-            if self._tcp.is_closing():
-                return
-            if phase == "head":
-                guard.stats.head_timeouts += 1
-                log.warning("connection closed: request head not complete in time", extra={
-                    "timeout_s": guard.limits.header_timeout_s, "total": guard.stats.head_timeouts,
-                    "client": _peer(self)})
-            else:
-                guard.stats.body_timeouts += 1
-                log.warning("connection closed: request body not complete in time", extra={
-                    "timeout_s": guard.limits.body_timeout_s, "total": guard.stats.body_timeouts,
-                    "client": _peer(self)})
-            self._close(phase)
-
-        def _close(self, why: str) -> None:
-            self._disarm()
-            self._unpause()
-            guard.forget(self)
-            tcp = self._tcp
-            if tcp is not self.transport:  # TLS: a close_notify would wait on the peer; drop the TCP connection
-                tcp.abort()
-            elif not tcp.is_closing() or tcp.get_write_buffer_size():
-                tcp.abort()  # never wait on a peer that does not read
-
+    # One class per server: its connections share this server's guard (cap, idle queues, counters).
+    cls = type(base.__name__, (base,), {"_guard": guard, "__module__": base.__module__})
     if tls is None:
-        return GuardedH11Protocol, guard.stats
+        return cls, guard.stats
 
     def over_tls(**kwargs: Any) -> asyncio.BaseProtocol:
-        return tls(GuardedH11Protocol(**kwargs))
+        return tls(cls(**kwargs))
 
     return over_tls, guard.stats
+
+
+class GuardedConnection:
+    """The guard's deadlines, cap and shedding for one connection (see the module doc), mixed into one of
+    uvicorn's HTTP/1.1 protocols (gpumond/web/protocols.py). That protocol says only where the client's
+    request stands (`_request_state`, `_serving`, `_head_started`); every decision is made here, once for
+    both parsers."""
+
+    _guard: _Guard  # set per server by guarded_protocol()
+    _timer: Any = None
+    _phase: str | None = None
+    _write_timer: Any = None
+    _tcp: Any = None  # the TCP transport, under TLS; plain: the same as self.transport
+    _held = False
+    # provided by the uvicorn protocol this is mixed into
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+
+    # -- what the parser knows (each protocol class answers these) --------------------------------------------
+    def _request_state(self) -> str:
+        """After bytes arrived: "head" (no request is being answered, and the next one's head is not complete),
+        "body" (a request's head is complete and its body is still due), or "busy" (being answered)."""
+        raise NotImplementedError
+
+    def _serving(self) -> bool:
+        """Right after a response completed: whether another (pipelined) request is now being answered."""
+        raise NotImplementedError
+
+    def _head_started(self) -> bool:
+        """Right after a response completed: whether part of the next request already arrived."""
+        raise NotImplementedError
+
+    # -- taking and releasing the connection ------------------------------------------------------------------
+    def tcp_opened(self, tcp: Any) -> None:
+        """Take the connection: count it, make room under the cap, start its head deadline."""
+        guard = self._guard
+        self._tcp = tcp
+        self._held = True
+        guard.held.add(self)
+        held = len(guard.held)
+        guard.stats.open = held
+        guard.stats.peak = max(guard.stats.peak, held)
+        if held > guard.cap:
+            found = guard.victim()
+            if found is None:
+                guard.stats.shed += 1
+                log.warning("connection shed: every held connection is busy", extra={
+                    "cap": guard.cap, "total": guard.stats.shed})
+                tcp.abort()
+                return
+            victim, kind = found
+            guard.stats.evicted += 1
+            log.warning("connection closed to make room", extra={
+                "cap": guard.cap, "closed": kind, "total": guard.stats.evicted})
+            victim._close("evicted")
+        guard.waiting[self] = None
+        self._arm("head", guard.limits.header_timeout_s)
+
+    def tcp_lost(self) -> None:
+        """The TCP connection ended (under TLS this may be before any request: a failed handshake)."""
+        self._disarm()
+        self._unpause()
+        guard = self._guard
+        guard.forget(self)
+        if self._held:
+            self._held = False
+            guard.held.discard(self)
+            guard.stats.open = len(guard.held)
+
+    # -- the asyncio / uvicorn protocol events ----------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if self._tcp is None:  # plain HTTP: the TCP connection is this transport
+            self.tcp_opened(transport)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        self._track()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]  # may start a pipelined request at once
+        if self.transport.is_closing():
+            return
+        if self._serving():  # a pipelined request is being served
+            self._track()
+            return
+        self._disarm()
+        guard = self._guard
+        guard.forget(self)
+        if self._head_started():  # part of the next request already arrived: its head is due
+            guard.waiting[self] = None
+            self._arm("head", guard.limits.header_timeout_s)
+        else:  # uvicorn's keep-alive timer runs now
+            guard.kept[self] = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._unpause()
+        self._guard.forget(self)
+        super().connection_lost(exc)  # type: ignore[misc]
+        self.tcp_lost()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self._write_timer is None and not self.transport.is_closing():
+            self._guard.paused[self] = None
+            self._write_timer = self.loop.call_later(self._guard.limits.write_timeout_s, self._write_expired)
+
+    def resume_writing(self) -> None:
+        self._unpause()
+        super().resume_writing()  # type: ignore[misc]
+
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()  # type: ignore[misc]
+        self._close("keep_alive")  # close() waits for a client that never reads our response
+
+    # -- deadlines ---------------------------------------------------------------------------------------------
+    def _track(self) -> None:
+        """After bytes arrived: which deadline applies now, by the state of the client's request."""
+        if self.transport.is_closing():
+            return
+        guard = self._guard
+        state = self._request_state()
+        if state == "head":
+            if self._phase is None:  # the first bytes of a request on a kept-alive connection
+                guard.kept.pop(self, None)
+                guard.waiting[self] = None
+                self._arm("head", guard.limits.header_timeout_s)
+            return
+        guard.forget(self)  # a request head arrived: busy until its response is complete
+        if state == "body":
+            if self._phase != "body":
+                self._arm("body", guard.limits.body_timeout_s)
+        else:  # nothing more to wait for from the client
+            self._disarm()
+
+    def _unpause(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        self._guard.paused.pop(self, None)
+
+    def _write_expired(self) -> None:
+        guard = self._guard
+        self._write_timer = None
+        guard.paused.pop(self, None)
+        if self.transport.is_closing() and not self.transport.get_write_buffer_size():
+            return
+        guard.stats.write_timeouts += 1
+        log.warning("connection closed: client did not read the response in time", extra={
+            "timeout_s": guard.limits.write_timeout_s, "total": guard.stats.write_timeouts,
+            "client": _peer(self)})
+        self._close("write")
+
+    def _arm(self, phase: str, seconds: float) -> None:
+        self._disarm()
+        self._phase = phase
+        self._timer = self.loop.call_later(seconds, self._expired, phase)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._phase = None, None
+
+    def _expired(self, phase: str) -> None:
+        guard = self._guard
+        self._timer = None
+        if self._tcp.is_closing():
+            return
+        if phase == "head":
+            guard.stats.head_timeouts += 1
+            log.warning("connection closed: request head not complete in time", extra={
+                "timeout_s": guard.limits.header_timeout_s, "total": guard.stats.head_timeouts,
+                "client": _peer(self)})
+        else:
+            guard.stats.body_timeouts += 1
+            log.warning("connection closed: request body not complete in time", extra={
+                "timeout_s": guard.limits.body_timeout_s, "total": guard.stats.body_timeouts,
+                "client": _peer(self)})
+        self._close(phase)
+
+    def _close(self, why: str) -> None:
+        self._disarm()
+        self._unpause()
+        self._guard.forget(self)
+        tcp = self._tcp
+        if tcp is not self.transport:  # TLS: a close_notify would wait on the peer; drop the TCP connection
+            tcp.abort()
+        elif not tcp.is_closing() or tcp.get_write_buffer_size():
+            tcp.abort()  # never wait on a peer that does not read
 
 
 def _peer(conn: Any) -> str:

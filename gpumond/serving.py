@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpumond.config.types import ListenAddress
-from gpumond.connections import ConnectionLimits, ConnectionStats, guarded_protocol
+from gpumond.connections import ConnectionLimits, ConnectionStats, default_parser, guarded_protocol
 
 log = logging.getLogger("gpumond.serving")
 
@@ -85,11 +85,13 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
         # A handshake is held to the head timeout by the guard; asyncio's own limits are only a backstop.
         wrap = guarded_tls(tls, handshake_timeout_s=2 * limits.header_timeout_s,
                            shutdown_timeout_s=min(limits.header_timeout_s, SHUTDOWN_GRACE_S))
-    protocol, _ = guarded_protocol(limits, stats=stats, tls=wrap)
+    parser = default_parser()
+    protocol, _ = guarded_protocol(limits, stats=stats, tls=wrap, parser=parser)
+    if parser != "httptools":  # said once: the same guard, at ~3x the CPU per request
+        log.warning("httptools cannot be imported; serving HTTP with h11 (slower)", extra={"parser": parser})
     # log_config=None: uvicorn's loggers keep no handler of their own; gpumond.logs writes their lines.
-    # The h11 protocol is always used (extended with the timeouts and cap): the guard does not cover uvicorn's
-    # httptools protocol, so gpumond does not depend on httptools (it would halve CPU per push and per scrape:
-    # benchmarks/RESULTS.md), and does not use it when it happens to be installed.
+    # The protocol is uvicorn's httptools one (h11 where httptools cannot be imported), extended with the
+    # guard's timeouts and cap (gpumond/web/protocols.py); never uvicorn's own choice, which has no guard.
     cfg = uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, server_header=False,
                          http=protocol, timeout_keep_alive=limits.keepalive_timeout_s,
                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)

@@ -148,7 +148,8 @@ class ServerTLS:
 
 def guarded_tls(server: ServerTLS, *, handshake_timeout_s: float,
                 shutdown_timeout_s: float) -> Callable[[Any], asyncio.BaseProtocol]:
-    """Wraps one connection's guarded h11 protocol (gpumond/connections.py) in asyncio's TLS protocol.
+    """Wraps one connection's guarded HTTP protocol (gpumond/connections.py: httptools or h11) in asyncio's TLS
+    protocol.
 
     The TLS layer is made here, per connection, rather than by passing `ssl=` to uvicorn, so that the
     connection guard sees the TCP connection at accept (`tcp_opened`) and when it ends (`tcp_lost`), also when

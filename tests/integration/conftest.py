@@ -52,6 +52,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             proc.stop()
 
 
+@pytest.fixture(params=["httptools", "h11"])
+def http_parser(request: pytest.FixtureRequest) -> str:
+    """Each of uvicorn's HTTP/1.1 protocols that the connection guard runs on (gpumond/web/protocols.py).
+    httptools is a dependency: missing, the test fails (never skips), since the daemons would serve on h11."""
+    import importlib.util
+
+    if request.param == "httptools" and importlib.util.find_spec("httptools") is None:
+        pytest.fail("httptools is not installed; it is a gpumond dependency: pip install -e '.[test]'", pytrace=False)
+    return request.param
+
+
 @pytest.fixture
 def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []

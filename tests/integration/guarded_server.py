@@ -39,11 +39,13 @@ async def app(scope, receive, send):  # a minimal ASGI app: reads the whole body
 
 
 @contextlib.contextmanager
-def serving(limits: ConnectionLimits = LIMITS, tls: Any = None) -> Iterator[tuple[int, ConnectionStats]]:
-    """`app` behind the connection guard on a free loopback port (`tls`: a guarded_tls factory, else plain)."""
+def serving(limits: ConnectionLimits = LIMITS, tls: Any = None, parser: str | None = None
+            ) -> Iterator[tuple[int, ConnectionStats]]:
+    """`app` behind the connection guard on a free loopback port (`tls`: a guarded_tls factory, else plain), on
+    `parser`'s protocol (httptools or h11; default: what the daemons use)."""
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    protocol, stats = guarded_protocol(limits) if tls is None else guarded_protocol(limits, tls=tls)
+    protocol, stats = guarded_protocol(limits, tls=tls, parser=parser)
     server = uvicorn.Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
                                            http=protocol, timeout_keep_alive=limits.keepalive_timeout_s))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)

@@ -1,6 +1,6 @@
 """The benchmarks still run (their --quick modes): a benchmark that rots is a result nobody can reproduce.
 
-Not here: rules_ingest.py (needs wrk and prometheus-pushgateway, which the test machines do not install).
+rules_ingest.py needs wrk and prometheus-pushgateway (Debian packages): skipped where they are not installed.
 A quick run writes only the git-ignored results/<name>_quick.md.
 """
 
@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install torch==2.13.0)")
 ALERTMANAGER = pytest.mark.skipif(shutil.which("prometheus-alertmanager") is None,
                                   reason="needs prometheus-alertmanager (Debian package)")
+WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
+    shutil.which("wrk") is None or shutil.which("prometheus-pushgateway") is None,
+    reason="needs wrk and prometheus-pushgateway (Debian packages)")
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -38,6 +41,7 @@ ALERTMANAGER = pytest.mark.skipif(shutil.which("prometheus-alertmanager") is Non
     pytest.param(["benchmarks/ddp_e2e.py", "--quick"], "| clean | none |", marks=TORCH),
     pytest.param(["benchmarks/alert_delivery.py", "--quick"], "Sampling and evaluation while a sink hangs",
                  marks=ALERTMANAGER),
+    pytest.param(["benchmarks/rules_ingest.py", "--quick"], "Paced at", marks=WRK_AND_PUSHGATEWAY),
 ], ids=lambda v: (v[1] if v[0] == "-m" else Path(v[0]).stem) if isinstance(v, list) else "")
 def test_benchmark_quick_mode_runs(argv, expect):
     p = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=240)

@@ -113,8 +113,18 @@ def test_the_served_openapi_document_survives_schemathesis(rules: Rules) -> None
     assert not any(code >= 500 for _, code in statuses), statuses
 
 
-def test_the_service_logs_stayed_one_line_each_and_floods_were_cut(rules: Rules) -> None:
-    """Runs after the two above have thrown everything at the service; then a flood of garbage."""
+def test_the_service_logs_stayed_one_line_each(rules: Rules) -> None:
+    """Runs after the tests above have thrown everything at the service."""
+    assert rules.stop() == 0
+    lines = rules.stderr().splitlines()
+    bad = [line for line in lines if not LOGFMT.match(line)]
+    assert bad == [], bad[:5]
+
+
+def test_a_flood_of_garbage_is_cut_to_a_few_lines_and_counted(fresh_rules: Rules) -> None:
+    """On a service of its own: the fuzz above may log (httptools refuses some of its header values as not
+    HTTP), and a rate-limit window it began would decide how much of the flood is written."""
+    rules = fresh_rules
     for _ in range(200):  # no token needed to make uvicorn log "Invalid HTTP request received."
         assert raw_request(rules.port, b"\x16\x03\x01 not http\r\n\r\n") == 400
     assert rules.stop() == 0

@@ -335,8 +335,8 @@ def test_a_lying_content_length_reads_only_what_was_declared(serve) -> None:
     # body (an incomplete JSON document), the rest is never buffered as part of it.
     response = raw_exchange(svc.port, _head(20), [payload + b" " * 200_000], read_after=0)
     # Either the app answers the 20-byte body (h11 hands it over, then meets the rest as a bad next
-    # request), or the HTTP parser rejects the stream at once (as uvicorn's httptools protocol, which parses the
-    # whole buffer first, would).
+    # request), or the HTTP parser rejects the stream at once (uvicorn's httptools protocol, which the service
+    # serves with, parses the whole buffer first).
     # Both are 400 and neither reads past the declared length into the body.
     if b"Invalid HTTP request" in response:
         assert response.startswith(b"HTTP/1.1 400")

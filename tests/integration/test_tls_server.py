@@ -42,10 +42,10 @@ def settings(pki: dict, auth: str = "NoClientCert") -> ServerTLSSettings:
                              client_ca_file=pki["ca"].path if auth != "NoClientCert" else None)
 
 
-def serving(tls: ServerTLS, limits: ConnectionLimits = LIMITS
+def serving(tls: ServerTLS, limits: ConnectionLimits = LIMITS, parser: str | None = None
             ) -> contextlib.AbstractContextManager[tuple[int, ConnectionStats]]:
     return plain_or_tls_serving(limits, tls=guarded_tls(tls, handshake_timeout_s=2 * limits.header_timeout_s,
-                                                         shutdown_timeout_s=1.0))
+                                                         shutdown_timeout_s=1.0), parser=parser)
 
 
 def client(ca: CA | None = None, cert=None) -> ssl.SSLContext:
@@ -72,8 +72,8 @@ def refusal(port: int, context: ssl.SSLContext) -> ssl.SSLError:
 
 
 # ----- verification and refusals --------------------------------------------------------------------------
-def test_a_client_trusting_the_ca_is_served_and_sees_the_scheme_https(pki) -> None:
-    with serving(ServerTLS(settings(pki))) as (port, _):
+def test_a_client_trusting_the_ca_is_served_and_sees_the_scheme_https(pki, http_parser: str) -> None:
+    with serving(ServerTLS(settings(pki)), parser=http_parser) as (port, _):
         head, cert = https_get(port, client(pki["ca"]))
         assert head.startswith(b"HTTP/1.1 200") and cert.serial_number == pki["server"].serial
 
@@ -158,8 +158,9 @@ def test_a_rotated_client_ca_is_used_for_new_connections(pki, tmp_path) -> None:
 
 
 # ----- the connection guard over TLS ------------------------------------------------------------------------
-def test_a_client_that_never_starts_or_finishes_its_handshake_is_closed_after_the_head_timeout(pki) -> None:
-    with serving(ServerTLS(settings(pki))) as (port, stats):
+def test_a_client_that_never_starts_or_finishes_its_handshake_is_closed_after_the_head_timeout(
+        pki, http_parser: str) -> None:
+    with serving(ServerTLS(settings(pki)), parser=http_parser) as (port, stats):
         silent = connect(port)
         partial = connect(port)
         partial.sendall(PARTIAL_HELLO)
@@ -168,8 +169,8 @@ def test_a_client_that_never_starts_or_finishes_its_handshake_is_closed_after_th
                    what="both counted and released")
 
 
-def test_a_head_that_never_completes_after_the_handshake_is_closed(pki) -> None:
-    with serving(ServerTLS(settings(pki))) as (port, stats):
+def test_a_head_that_never_completes_after_the_handshake_is_closed(pki, http_parser: str) -> None:
+    with serving(ServerTLS(settings(pki)), parser=http_parser) as (port, stats):
         raw = connect(port)
         s = client(pki["ca"]).wrap_socket(raw, server_hostname="127.0.0.1")
         s.sendall(b"GET /metr")
@@ -177,9 +178,9 @@ def test_a_head_that_never_completes_after_the_handshake_is_closed(pki) -> None:
         assert stats.head_timeouts == 1
 
 
-def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki) -> None:
+def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki, http_parser: str) -> None:
     limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=4)
-    with serving(ServerTLS(settings(pki)), limits) as (port, stats):
+    with serving(ServerTLS(settings(pki)), limits, parser=http_parser) as (port, stats):
         stuck = [connect(port) for _ in range(4)]
         for s in stuck:
             s.sendall(PARTIAL_HELLO)
@@ -191,9 +192,9 @@ def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki) -> Non
             s.close()
 
 
-def test_failed_handshakes_release_their_place(pki, tmp_path) -> None:
+def test_failed_handshakes_release_their_place(pki, tmp_path, http_parser: str) -> None:
     limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=16)
-    with serving(ServerTLS(settings(pki)), limits) as (port, stats):
+    with serving(ServerTLS(settings(pki)), limits, parser=http_parser) as (port, stats):
         stranger = client(CA(tmp_path / "other", "other-ca"))
         for _ in range(20):  # more refused clients than the cap: none of them may stay counted
             refusal(port, stranger)
@@ -207,8 +208,8 @@ def test_failed_handshakes_release_their_place(pki, tmp_path) -> None:
         assert https_get(port, client(pki["ca"]))[0].startswith(b"HTTP/1.1 200")
 
 
-def test_a_kept_alive_tls_connection_serves_several_requests_then_closes_when_idle(pki) -> None:
-    with serving(ServerTLS(settings(pki))) as (port, stats):
+def test_a_kept_alive_tls_connection_serves_several_requests_then_closes_when_idle(pki, http_parser: str) -> None:
+    with serving(ServerTLS(settings(pki)), parser=http_parser) as (port, stats):
         raw = connect(port)
         s = client(pki["ca"]).wrap_socket(raw, server_hostname="127.0.0.1")
         for _ in range(3):
