@@ -25,7 +25,7 @@ the SDK routes, and fetches the whole fleet's telemetry, as a real shard does; `
 another). Reported: per cycle fetch and evaluation seconds, ingest records/s and server CPU per record, push
 p50/p99, RSS over time, and the findings against the planted faults (found, missed, anything else at any cycle).
 
-    python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 600 s sustained, then 4 shards (~20 min)
+    python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 600 s sustained, then 4 shards (≥ 30 min)
     python benchmarks/fleet_scale.py --quick    # 64 nodes, seconds (smoke test)
 """
 
