@@ -1,26 +1,31 @@
-"""The rules service's evaluation cycle at fleet scale, telemetry fetched from a real VictoriaMetrics.
+"""The rules service at fleet scale, end to end: pushes over HTTP, telemetry from a real VictoriaMetrics, evaluation.
 
 One command, bounded: starts Debian's `victoria-metrics` on 127.0.0.1 and, every simulated cycle, imports one
 scrape of synthetic agent series for NODES nodes × 8 GPUs (its `/api/v1/import/prometheus` API, the agent's
 metric names and labels: gpumond_gpu_info, gpumond_gpu_up, SM clock, power, utilization, temperature, energy,
-`up`) with planted faults: slow GPUs (SM clock 0.72×, power 0.6×) and starved GPUs (utilization 0.15, power 0.3).
-The jobs: one job with a rank on every GPU of the NODES nodes (32,768 ranks at the default 4,096 nodes) and
-SMALL jobs of 8 ranks on 8 more GPUs each; the starved GPUs' ranks push a data wait of half the step, the slow
-GPUs' ranks a comm wait near 0 (the slowest rank waits least), every other rank ~0.1 s.
+the clock-event reasons the service reads, host CPU / iowait / disk / memory, `up`) with planted faults: slow
+GPUs (SM clock 0.72×, power 0.6×) and starved GPUs (utilization 0.15, power 0.3). The jobs: one job with a rank
+on every GPU of the NODES nodes (32,768 ranks at the default 4,096 nodes) and SMALL jobs of 8 ranks on 8 more
+GPUs each; the starved GPUs' ranks push a data wait of half the step, the slow GPUs' ranks a comm wait near 0
+(the slowest rank waits least), every other rank ~0.1 s.
 
-Steps go into the service's `RankStore` in process (`record` with the columnar batches the push API decodes
-to; HTTP ingest is measured by rules_ingest.py), 20 steps per rank per cycle (2 steps/s). The service's own
-`Evaluator` with the real `PrometheusSource` then runs what its loop runs: `poll_telemetry()` (the queries
-against VictoriaMetrics, the join, GpuStore.add) and `evaluate()` (expiry, snapshot, detectors, findings),
-each timed. The clock is simulated (10 s a cycle, the default evaluation interval) so that findings can reach
-their persistence in CYCLES cycles; the sample timestamps follow it.
+The rules service's own app (`gpumond.rules.http.build_app`, the daemon's guarded protocol, its GC
+thresholds) serves under uvicorn in this process; PUSHERS load-generator processes push every rank's steps of
+the cycle through its HTTP push API in the columnar encoding, as the job SDK encodes them (one push per rank
+per cycle: 20 steps, 2 steps/s), over keep-alive connections, closed loop. The service's own `Evaluator` with
+the real `PrometheusSource` over the same store then runs what its loop runs: `poll_telemetry()` (the queries
+against VictoriaMetrics, the join, GpuStore.add) and `evaluate()` (expiry, snapshot, detectors, findings). The
+phases of a cycle run one after another (import, pushes, fetch, evaluate), so each is measured alone; the
+daemon overlaps them. The clock is simulated (10 s a cycle, the default evaluation interval) so that findings
+reach their persistence; step ends and sample timestamps follow it.
 
-As 1 shard (one evaluator owns every job) and as 4 shards (each shard's evaluator owns the jobs of
-crc32(job) mod 4 and fetches the whole fleet's telemetry, as a real shard does; run one after another).
-Reported: per cycle fetch and evaluation seconds (the last cycles), RSS, and the findings against the planted
-faults (found, missed, others).
+As 1 shard (one evaluator owns every job), sustained for `--duration` wall seconds (at least `--cycles`
+cycles), then as 4 shards (each shard's service gets the pushes of the jobs crc32(job) mod 4 routes to it, as
+the SDK routes, and fetches the whole fleet's telemetry, as a real shard does; `--cycles` cycles each, one after
+another). Reported: per cycle fetch and evaluation seconds, ingest records/s and server CPU per record, push
+p50/p99, RSS over time, and the findings against the planted faults (found, missed, anything else at any cycle).
 
-    python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 8 cycles, 1 and 4 shards (~10 min)
+    python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 600 s sustained, then 4 shards (≥ 30 min)
     python benchmarks/fleet_scale.py --quick    # 64 nodes, seconds (smoke test)
 """
 
@@ -28,10 +33,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
+import multiprocessing as mp
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +53,10 @@ CYCLE_S = 10.0
 STEP_S = 0.5
 START = 1_763_760_000.0
 SMALL_RANKS = 8
+PUSHERS = 4  # load-generator processes, one keep-alive connection each
+TOKEN = "fleet-scale-benchmark-token"
+# The clock-event reasons the service selects (signals.GPU_SERIES); the agent exports every reason of every GPU.
+REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown", "sw_power_cap", "hw_power_brake_slowdown")
 
 
 def uuid(node: int, gpu: int) -> str:
@@ -87,6 +99,11 @@ class Fleet:
                           f"gpumond_gpu_utilization_ratio{{{g}}} {util} {ms}",
                           f"gpumond_gpu_temperature_celsius{{{g}}} {62 + rank % 9} {ms}",
                           f"gpumond_gpu_energy_joules_total{{{g}}} {power * (t - START + 1e5):.0f} {ms}"]
+                lines += [f'gpumond_gpu_clocks_event_active{{{g},reason="{r}"}} 0 {ms}' for r in REASONS]
+            lines += [f"gpumond_host_cpu_utilization_ratio{{{inst}}} 0.3 {ms}",
+                      f"gpumond_host_cpu_iowait_ratio{{{inst}}} 0.01 {ms}",
+                      f"gpumond_host_disk_read_bytes_total{{{inst}}} {int((t - START) * 5e7)} {ms}",
+                      f"gpumond_host_memory_used_bytes{{{inst}}} 6e11 {ms}"]
         return ("\n".join(lines) + "\n").encode()
 
     def jobs(self) -> list[tuple[str, list[tuple[int, int, int]]]]:
@@ -103,96 +120,234 @@ class Fleet:
         return out | {("straggler", f"small-job-{j:03d}", 2) for j in self.small_slow}
 
 
-def push_steps(store, fleet: Fleet, jobs, first: int, count: int, now: float, owns) -> float:
-    """`count` steps per rank ending at `now`, into the store as the push API would; CPU seconds spent."""
-    import numpy as np
-
-    from gpumond.rules.types import RankInfo, StepColumns
-
-    numbers = np.arange(first, first + count, dtype=np.int64)
-    ends = now - (count - 1 - np.arange(count)) * STEP_S
-    base = np.vstack([ends, np.full(count, STEP_S), np.full(count, 0.01), np.full(count, 0.1)])
-    starved = base.copy()
-    starved[2], starved[3] = 0.25, 0.0
-    slow = base.copy()
-    slow[3] = 0.002
-    batches = {kind: StepColumns(numbers, v) for kind, v in (("base", base), ("starved", starved), ("slow", slow))}
-    cpu0 = time.process_time()
-    for job, ranks in jobs:
-        if not owns(job):
-            continue
-        world = len(ranks)
-        for rank, node, gpu in ranks:
-            kind = "base"
-            if job == "big-job":
-                kind = "slow" if rank in fleet.slow else "starved" if rank in fleet.starved else "base"
-            elif rank == 2 and int(job[-3:]) in fleet.small_slow:
-                kind = "slow"
-            store.record(RankInfo(job, rank, world, f"node-{node:05d}", uuid(node, gpu)), batches[kind], now)
-    return time.process_time() - cpu0
+def _kind(fleet: Fleet, job: str, rank: int) -> str:
+    if job == "big-job":
+        return "slow" if rank in fleet.slow else "starved" if rank in fleet.starved else "base"
+    return "slow" if rank == 2 and int(job[-3:]) in fleet.small_slow else "base"
 
 
-def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, importer) -> dict:
-    """Cycles of import → pushes → poll_telemetry → evaluate for one evaluator; timings and findings."""
+def _pusher(port: int, ranks: list[tuple[str, int, int, str, str, str]], orders: mp.Queue, done: mp.Queue) -> None:
+    """A load-generator process: for each order (first step, count, now) push `count` steps of each of its ranks,
+    one columnar push per rank, as the SDK encodes it; reply with the push latencies and failures."""
+    import http.client
+
+    from gpumond.job.payload import CONTENT_TYPES, encode_columns, encode_head
+
+    heads = [(encode_head({"job": job, "rank": rank, "world_size": world, "node": node, "gpu_uuid": uuid},
+                          "columns"), kind) for job, rank, world, node, uuid, kind in ranks]
+    headers = {"Content-Type": CONTENT_TYPES["columns"], "Authorization": f"Bearer {TOKEN}"}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    while (order := orders.get()) is not None:
+        first, count, now = order
+        # (step, end, duration, data wait, samples, comm wait): the SDK's record, ends already on the wall clock.
+        recs = {k: [(first + i, now - (count - 1 - i) * STEP_S, STEP_S, wait, 32, comm) for i in range(count)]
+                for k, wait, comm in (("base", 0.01, 0.1), ("starved", 0.25, 0.0), ("slow", 0.01, 0.002))}
+        lat, failed, ok = [], [], 0
+        for head, kind in heads:
+            body = encode_columns(head, recs[kind], 0.0, 0.0)
+            t0 = time.perf_counter()
+            for attempt in (1, 2):
+                try:
+                    conn.request("POST", "/api/v1/push", body, headers)
+                    resp = conn.getresponse()
+                    text = resp.read()
+                    break
+                except (OSError, http.client.HTTPException) as e:
+                    # The server closes a keep-alive connection idle past its deadline (the fetch and evaluation
+                    # phases are longer): reconnect and send again once, as an HTTP client does on a stale one.
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                    if attempt == 2:
+                        failed.append(f"{type(e).__name__}: {e}")
+            else:
+                continue
+            lat.append(time.perf_counter() - t0)
+            if resp.status == 202:
+                ok += 1
+            else:
+                failed.append(f"HTTP {resp.status}: {text[:200]!r}")
+        done.put((lat, failed[:5], len(failed), ok * count))
+    conn.close()
+
+
+class Service:
+    """The rules service's app under uvicorn in this process (the daemon's protocol and GC thresholds), over a
+    RankStore the harness's evaluator reads; PUSHERS processes push to it."""
+
+    def __init__(self, fleet: Fleet, owns, clock: list[float]) -> None:
+        import uvicorn
+
+        from gpumond.config.rules import RulesConfig
+        from gpumond.connections import ConnectionLimits, guarded_protocol
+        from gpumond.rules.http import build_app
+        from gpumond.rules.ingest.stats import IngestStats
+        from gpumond.rules.store import RankStore
+
+        # One load generator per connection on one address: the per-client push rate would refuse it.
+        self.config = RulesConfig.model_validate({"tokens": [TOKEN], "limits": {
+            "pushes_per_second_per_client": 1e6, "burst": 1_000_000}})
+        self.ranks = RankStore.from_config(self.config)
+        self.stats = IngestStats(self.ranks)
+        app = build_app(config=self.config, rank_store=self.ranks, findings=list, metrics=lambda: b"",
+                        ready=lambda: (True, "ok"), clock=lambda: clock[0], stats=self.stats)
+        self.port = _bench.free_port()
+        mine = [(job, rank, len(ranks), f"node-{node:05d}", uuid(node, gpu), _kind(fleet, job, rank))
+                for job, ranks in fleet.jobs() if owns(job) for rank, node, gpu in ranks]
+        # Forked before the server's thread starts (a fork copies only the forking thread); they connect later.
+        ctx = mp.get_context("fork")
+        self._orders = [ctx.Queue() for _ in range(PUSHERS)]
+        self._done = ctx.Queue()
+        self._procs = [ctx.Process(target=_pusher, args=(self.port, mine[i::PUSHERS], q, self._done), daemon=True)
+                       for i, q in enumerate(self._orders)]
+        for p in self._procs:
+            p.start()
+        http, _ = guarded_protocol(ConnectionLimits())
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                     access_log=False, http=http, lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
+        self._thread.start()
+        _bench.wait_http(f"http://127.0.0.1:{self.port}/healthz", 30)
+        self.ranks_pushed = len(mine)
+
+    def push(self, first: int, count: int, now: float) -> dict:
+        """Every owned rank's `count` steps ending at `now`, through HTTP; wall, server CPU, latencies."""
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for q in self._orders:
+            q.put((first, count, now))
+        lat: list[float] = []
+        failures: list[str] = []
+        failed = records = 0
+        for _ in self._procs:
+            got, why, n, stored = self._done.get(timeout=1800)
+            lat += got
+            failures += why
+            failed += n
+            records += stored
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        return {"wall_s": wall, "cpu_s": cpu, "lat": lat, "failed": failed, "failures": failures[:3],
+                "records": records}
+
+    def close(self) -> None:
+        for q in self._orders:
+            q.put(None)
+        for p in self._procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, duration_s: float,
+              importer) -> dict:
+    """Cycles of import → HTTP pushes → poll_telemetry → evaluate for one shard's service; measurements."""
     import psutil
 
     from gpumond.config.rules import RulesConfig
     from gpumond.job.routing import shard_of
     from gpumond.rules.evaluator import Evaluator
-    from gpumond.rules.store import GpuStore, RankStore
+    from gpumond.rules.store import GpuStore
     from gpumond.rules.telemetry.promql import PrometheusSource
-
-    clock = [START]
-    config = RulesConfig.model_validate({"tokens": ["x" * 20]})
-    ranks, gpus = RankStore.from_config(config), GpuStore.from_config(config)
-    source = PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0)
-    ev = Evaluator(ranks, gpus, source, shard=shard, clock=lambda: clock[0])
-    jobs = fleet.jobs()
 
     def owns(job: str) -> bool:
         return shard is None or shard_of(job, shard[1]) == shard[0]
 
+    clock = [START]
     me = psutil.Process()
     gc.collect()
     rss0 = me.memory_info().rss
+    service = Service(fleet, owns, clock)
+    gpus = GpuStore.from_config(RulesConfig.model_validate({"tokens": ["x" * 20]}))
+    source = PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0)
+    ev = Evaluator(service.ranks, gpus, source, shard=shard, clock=lambda: clock[0])
     per_cycle = int(CYCLE_S / STEP_S)
-    rows = []
+    owned = {p for p in fleet.planted() if owns(p[1])}
+    rows, extra_ever = [], set()
+    began = time.perf_counter()
+    findings: tuple = ()
     try:
-        for c in range(cycles):
+        c = 0
+        while c < cycles or time.perf_counter() - began < duration_s:
             clock[0] = START + c * CYCLE_S
             import_s = importer(clock[0])
-            push_cpu = push_steps(ranks, fleet, jobs, c * per_cycle, per_cycle, clock[0], owns)
+            pushed = service.push(c * per_cycle, per_cycle, clock[0])
             t0 = time.perf_counter()
             ev.poll_telemetry()
             t1 = time.perf_counter()
             findings = ev.evaluate()
             t2 = time.perf_counter()
-            rows.append({"import_s": import_s, "push_cpu_s": push_cpu, "fetch_s": t1 - t0, "evaluate_s": t2 - t1,
-                         "telemetry_ok": ev.telemetry_ok, "error": ev.telemetry_error, "gpus": gpus.counts().gpus,
-                         "steps": ranks.counts().steps, "findings": len(findings)})
-            print(f"[{shard or '1 shard'}] cycle {c + 1}: fetch {t1 - t0:.2f} s, evaluate {t2 - t1:.2f} s, "
-                  f"{gpus.counts().gpus:,} GPUs, {ranks.counts().steps:,} steps, {len(findings)} findings",
+            found = {(f.kind, f.job, f.rank) for f in findings}
+            extra_ever |= {f for f in found if not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
+            rows.append({"at_s": time.perf_counter() - began, "import_s": import_s, "push": pushed,
+                         "fetch_s": t1 - t0, "evaluate_s": t2 - t1, "error": ev.telemetry_error,
+                         "gpus": gpus.counts().gpus, "steps": service.ranks.counts().steps,
+                         "rss": me.memory_info().rss - rss0, "findings": len(findings)})
+            lat = sorted(pushed["lat"]) or [math.nan]
+            print(f"[{shard or '1 shard'}] cycle {c + 1} at {rows[-1]['at_s']:.0f} s: push {pushed['wall_s']:.1f} s "
+                  f"({pushed['records'] / pushed['wall_s']:,.0f} rec/s, p99 {_bench.quantile(lat, 0.99) * 1e3:.0f} ms,"
+                  f" {pushed['failed']} failed {pushed['failures'][:1]}), fetch {t1 - t0:.2f} s, evaluate "
+                  f"{t2 - t1:.2f} s, {rows[-1]['gpus']:,} GPUs, {rows[-1]['steps']:,} steps, {len(findings)} "
+                  f"findings, RSS +{rows[-1]['rss'] / 2**20:,.0f} MiB, telemetry error {ev.telemetry_error}",
                   file=sys.stderr, flush=True)
-        rss = me.memory_info().rss - rss0
-        found = {(f.kind, f.job, f.rank) for f in findings}
+            c += 1
     finally:
         source.close()
-    owned = {p for p in fleet.planted() if owns(p[1])}
+        service.close()
+    found = {(f.kind, f.job, f.rank) for f in findings}
     hit = {p for p in owned if any(k.startswith(p[0]) and (j, r) == (p[1], p[2]) for k, j, r in found)}
-    extra = {f for f in found if not any(f[0].startswith(p[0]) and (f[1], f[2]) == (p[1], p[2]) for p in owned)}
-    return {"shard": shard, "rows": rows, "rss": rss, "planted": len(owned), "hit": len(hit),
-            "missed": sorted(owned - hit), "extra": sorted(extra, key=str), "steps": ranks.counts().steps}
+    return {"shard": shard, "rows": rows, "planted": len(owned), "hit": len(hit), "missed": sorted(owned - hit),
+            "extra": sorted(extra_ever, key=str), "ranks": service.ranks_pushed}
+
+
+def fetch_variants(url: str, t: float, vm_pid: int, repeat: int = 2) -> list[list[str]]:
+    """One fetch of the whole fleet at `t` per way of asking and decoding, the best of `repeat`: what the lean
+    queries and the decoder each save, measured in one run (wall, this process's CPU, VictoriaMetrics' CPU)."""
+    import json
+
+    from gpumond.rules.telemetry import signals
+    from gpumond.rules.telemetry.promql import DEFAULT_LOADS, PrometheusSource, build_queries
+
+    full = {**build_queries(300.0), **signals.gpu_selectors()}  # every series with all its labels, as before
+    ways = [("all labels, json", full, json.loads), ("lean (by uuid), json", None, json.loads)]
+    if DEFAULT_LOADS is not json.loads:
+        ways.append(("lean (by uuid), orjson (the `fast` extra)", None, DEFAULT_LOADS))
+    rows = []
+    for name, queries, loads in ways:
+        source = PrometheusSource(url, clock=lambda: t, timeout_s=120.0, loads=loads)
+        if queries is not None:
+            source._queries = queries  # noqa: SLF001 - the benchmark's "before": the same source, the old queries
+        best = None
+        try:
+            for _ in range(repeat):
+                gc.collect()
+                vm0, cpu0, t0 = _bench.proc_cpu_s(vm_pid), time.process_time(), time.perf_counter()
+                batch = source.fetch()
+                got = (time.perf_counter() - t0, time.process_time() - cpu0, _bench.proc_cpu_s(vm_pid) - vm0)
+                if batch.errors:
+                    raise RuntimeError(f"{name}: {batch.errors[:2]}")
+                best = got if best is None or got[0] < best[0] else best
+        finally:
+            source.close()
+        assert best is not None
+        rows.append([name, f"{len(batch.gpus):,}", f"{best[0]:.2f} s", f"{best[1]:.2f} s", f"{best[2]:.2f} s"])
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="64 nodes, seconds (smoke test)")
+    ap.add_argument("--quick", action="store_true", help="64 nodes, 8 cycles, no sustained run (smoke test)")
     ap.add_argument("--nodes", type=int, help="nodes of the big job (default 4096, quick 64)")
     ap.add_argument("--small", type=int, help="small jobs, one node each (default 64, quick 4)")
-    ap.add_argument("--cycles", type=int, default=8, help="evaluation cycles of 10 simulated seconds (default 8)")
+    ap.add_argument("--cycles", type=int, default=6,
+                    help="evaluation cycles of 10 simulated seconds per shard, and the sustained run's least (6)")
+    ap.add_argument("--duration", type=float, help="wall seconds the 1-shard run is sustained (default 600, quick 0)")
     ap.add_argument("--faults", type=int, help="slow and starved GPUs planted in the big job (default 4 each)")
     args = ap.parse_args(argv)
+    from gpumond.rules.service import GC_THRESHOLDS
+
+    gc.set_threshold(*GC_THRESHOLDS)  # the daemon's setting (service.serve)
     nodes = args.nodes or (64 if args.quick else 4096)
+    duration = args.duration if args.duration is not None else (0.0 if args.quick else 600.0)
     fleet = Fleet(nodes, args.small if args.small is not None else (4 if args.quick else 64), args.faults or 4)
     if not shutil.which(VM):
         raise SystemExit(f"{VM} is not installed: apt-get install -y victoria-metrics")
@@ -215,52 +370,89 @@ def main(argv: list[str] | None = None) -> int:
             client.get(url + "/internal/force_flush").raise_for_status()
             return time.perf_counter() - t0
 
-        results = [run_shard(url, fleet, None, args.cycles, importer)]
+        results = [run_shard(url, fleet, None, args.cycles, duration, importer)]
+        ways = fetch_variants(url, START + (len(results[0]["rows"]) - 1) * CYCLE_S, vm.pid, 2 if args.quick else 1)
         for i in range(4):
-            results.append(run_shard(url, fleet, (i, 4), args.cycles, importer))
+            results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer))
         vm_rss = _bench.proc_status_kib(vm.pid, "VmRSS")
     finally:
         _bench.stop(vm)
         shutil.rmtree(data, ignore_errors=True)
-    _bench.write_result("fleet_scale", report(results, fleet, args, vm_rss), quick=args.quick)
+    _bench.write_result("fleet_scale", report(results, ways, fleet, args, duration, vm_rss), quick=args.quick)
     return 0
 
 
-def report(results: list[dict], fleet: Fleet, args: argparse.Namespace, vm_rss_kib: int) -> str:
+def _pct(xs: list[float], q: float) -> str:
+    return f"{_bench.quantile(sorted(xs), q) * 1e3:,.0f} ms" if xs else "—"
+
+
+def report(results: list[dict], ways: list[list[str]], fleet: Fleet, args: argparse.Namespace, duration: float,
+           vm_rss_kib: int) -> str:
     gpus = fleet.nodes * GPUS_PER_NODE
-    rows = []
+    rows, ingest = [], []
     for r in results:
+        name = f"{r['shard'][0]}/{r['shard'][1]}" if r["shard"] else "1 shard (all jobs)"
         last = r["rows"][-3:]  # windows full enough that every detector runs
         fetch = max(x["fetch_s"] for x in last)
         evaluate = max(x["evaluate_s"] for x in last)
-        rows.append([f"{r['shard'][0]}/{r['shard'][1]}" if r["shard"] else "1 shard (all jobs)",
-                     f"{last[-1]['gpus']:,}", f"{r['steps']:,}", f"{fetch:.2f} s", f"{evaluate:.2f} s",
+        rows.append([name, f"{last[-1]['gpus']:,}", f"{last[-1]['steps']:,}", f"{fetch:.2f} s", f"{evaluate:.2f} s",
                      f"**{fetch + evaluate:.2f} s**", f"{max(x['import_s'] for x in last):.2f} s",
-                     f"{r['rss'] / 2**20:,.0f} MiB", f"{r['hit']}/{r['planted']}",
-                     ", ".join(f"{k} {j} r{n}" for k, j, n in r["missed"]) or "—",
+                     f"{r['hit']}/{r['planted']}", ", ".join(f"{k} {j} r{n}" for k, j, n in r["missed"]) or "—",
                      ", ".join(f"{k} {j} r{n}" for k, j, n in r["extra"][:6]) + (" …" if len(r["extra"]) > 6 else "")
                      or "—"])
+        pushes = [x["push"] for x in r["rows"][1:]] or [x["push"] for x in r["rows"]]  # the first fills the store
+        records = sum(p["records"] for p in pushes)
+        wall = sum(p["wall_s"] for p in pushes)
+        cpu = sum(p["cpu_s"] for p in pushes)
+        lat = [v for p in pushes for v in p["lat"]]
+        ingest.append([name, f"{r['ranks']:,}", f"{len(pushes)}", f"{records:,}",
+                       f"{records / wall:,.0f}" if wall else "—",
+                       f"{cpu / records * 1e6:.1f} µs" if records else "—", _pct(lat, 0.5), _pct(lat, 0.99),
+                       f"{sum(p['failed'] for p in pushes):,}"])
+    sustained = results[0]["rows"]
+    step = max(1, len(sustained) // 12)
+    rss = [[f"{x['at_s']:,.0f} s", f"{i + 1}", f"{x['steps']:,}", f"{x['rss'] / 2**20:,.0f} MiB",
+            f"{x['fetch_s']:.2f} s", f"{x['evaluate_s']:.2f} s"]
+           for i, x in enumerate(sustained) if i % step == 0 or i == len(sustained) - 1]
     return "\n".join([
-        "# Fleet scale: the rules service's evaluation cycle with telemetry from VictoriaMetrics\n",
+        "# Fleet scale: pushes over HTTP, telemetry from VictoriaMetrics, the evaluation cycle\n",
         _bench.machine_block({
             "victoria-metrics": _vm_version(),
-            "setup": f"{fleet.big_nodes:,} nodes × {GPUS_PER_NODE} GPUs for one {fleet.big_nodes * GPUS_PER_NODE:,}-rank "
-                     f"job + {fleet.small} jobs of {SMALL_RANKS} ranks on a node each ({gpus:,} GPUs); "
-                     f"{args.cycles} cycles of {CYCLE_S:g} simulated s, {int(CYCLE_S / STEP_S)} steps per rank per "
-                     f"cycle; planted: {len(fleet.slow)} slow + {len(fleet.starved)} starved GPUs in the big job, "
-                     f"{len(fleet.small_slow)} slow in a small job"}),
+            "setup": f"{fleet.big_nodes:,} nodes × {GPUS_PER_NODE} GPUs for one "
+                     f"{fleet.big_nodes * GPUS_PER_NODE:,}-rank job + {fleet.small} jobs of {SMALL_RANKS} ranks on a "
+                     f"node each ({gpus:,} GPUs); {CYCLE_S:g} simulated s a cycle, one columnar push of "
+                     f"{int(CYCLE_S / STEP_S)} steps per rank per cycle (the SDK's default 5 s interval would push 10) "
+                     f"from {PUSHERS} load-generator processes; 1 shard sustained {duration:g} s (at least "
+                     f"{args.cycles} cycles), then each of 4 shards {args.cycles} cycles; planted: {len(fleet.slow)} "
+                     f"slow + {len(fleet.starved)} starved GPUs in the big job, {len(fleet.small_slow)} slow in a "
+                     "small job"}),
         "",
         "## One evaluation cycle (the worst of the last three)\n",
         _bench.md_table(["evaluator", "GPUs fetched", "steps held", "fetch (queries + join + store)",
                          "evaluate (expiry + snapshot + detectors)", "cycle", "VictoriaMetrics import of the scrape",
-                         "RSS growth", "planted found", "missed", "other findings"], rows),
+                         "planted found (last cycle)", "missed", "other findings (any cycle)"], rows),
+        "",
+        "## Where the fetch goes: one whole-fleet fetch per way of asking and decoding "
+        f"({'best of 2' if args.quick else 'one each'})\n",
+        _bench.md_table(["queries, decoder", "GPUs", "fetch wall", "rules CPU (queries, decode, join)",
+                         "VictoriaMetrics CPU"], ways),
+        "",
+        "## Ingest over HTTP (every cycle's push phase but the first)\n",
+        _bench.md_table(["service", "ranks pushing", "cycles", "records", "records/s", "server CPU per record",
+                         "push p50", "push p99", "failed pushes"], ingest),
+        "",
+        "## RSS of the service (1 shard, sustained) over time\n",
+        _bench.md_table(["elapsed", "cycle", "steps held", "RSS growth", "fetch", "evaluate"], rss),
         "",
         f"VictoriaMetrics RSS at the end: {vm_rss_kib / 1024:,.0f} MiB. A shard fetches the whole fleet's telemetry "
         "(its jobs' GPUs are anywhere), so 4 shards cost 4 fetches; only the evaluation splits. The big job lands "
         "on one shard whole.",
         "",
-        "Steps are stored in process (`RankStore.record` with columns), not over HTTP: the HTTP ingest is "
-        "rules_ingest.md. The clock is simulated; fetch and evaluate are wall time on a shared 2-vCPU VM.",
+        "RSS growth is the harness process's (the service's stores, its app, the evaluator; not the load "
+        "generators) over its start. Server CPU per record is this process's CPU during the push phase (nothing "
+        "else runs in it then) over the records pushed. The clock is simulated; every figure is wall time on a "
+        "2-vCPU VM shared with other work (VictoriaMetrics, the load generators and the service on the same two "
+        "CPUs).",
     ])
 
 

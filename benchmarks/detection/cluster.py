@@ -311,7 +311,8 @@ class Cluster:
 
     def __init__(self, jobs: Sequence[JobSpec], faults: Sequence[Fault] = (), noise: Noise = Noise(),
                  seed: int = 0, t0: float = 1_700_000_000.0, window_s: float = 300.0, recent_s: float = 60.0,
-                 scrape_s: float = 5.0, push_s: float = 5.0, energy: bool = True, comm_wait: bool = True) -> None:
+                 scrape_s: float = 5.0, push_s: float = 5.0, energy: bool = True, comm_wait: bool = True,
+                 gpm: float = 0.0) -> None:
         self.noise, self.t0, self.window_s, self.recent_s = noise, t0, window_s, recent_s
         # energy=True adds "energy_j" (gpumond_gpu_energy_joules_total, which the agent exports but the
         # service does not map today) to each sample: only for the detector-change experiments.
@@ -335,6 +336,13 @@ class Cluster:
         self.hot_ema = np.zeros(self.n_gpus)
         self.energy_j = rng.uniform(1e8, 1e9, self.n_gpus)
         self.jobs = [_Job(j, self, faults, np.random.default_rng([seed, i])) for i, j in enumerate(jobs)]
+        # gpm: the share of nodes whose GPUs have GPM (Hopper and later; the rest a model without it, which
+        # exports no sm_active / tensor_active). Drawn from their own stream, so the run with GPM sees the
+        # same steps and the same other telemetry as the run without: a paired comparison.
+        self.gpm_rng = np.random.default_rng([seed, 7022])
+        self.gpm_nodes = self.gpm_rng.random(n_nodes) < gpm if gpm > 0 else np.zeros(n_nodes, dtype=bool)
+        self.gpm_levels = [(self.gpm_rng.uniform(*noise.sm_active_compute), self.gpm_rng.uniform(*noise.sm_active_spin),
+                            self.gpm_rng.uniform(*noise.tensor_per_sm)) for _ in jobs]
         self.gpu_win: dict[str, deque[GpuSample]] = {}
         self.gpu_cols: dict[str, SampleBuffer] = {}  # the same samples as columns (as the GpuStore keeps them)
         self.host_win: dict[str, deque[HostSample]] = {}
@@ -376,10 +384,11 @@ class Cluster:
         node_down = rng.random(self.n_nodes) < noise.node_miss_p
         alpha = 1.0 - np.exp(-self.scrape_s / 25.0)  # board temperature lags power by ~25 s
         absent = set()
-        for j in self.jobs:
+        for i_job, j in enumerate(self.jobs):
             n, g = j.n, j.g
             t = ts - self.node_phase[j.node_idx]  # the agent's latest 1 Hz sample
             idle, comp, spin = j.phases(t, 1.0)
+            gpm = self._gpm(i_job, j, comp, spin)
             tot = idle + comp + spin
             idle = idle + np.maximum(1.0 - tot, 0.0)  # before the job's first step: idle
             idle_long = j.phases(t, 2.5)[0] >= 2.5 - 1e-9  # no kernel for 2.5 s: clocks drop to idle
@@ -429,6 +438,8 @@ class Cluster:
                           "throttle_hw_power_brake": row[8]}
                 if self.energy:
                     values["energy_j"] = float(self.energy_j[g[r]])
+                if gpm is not None and self.gpm_nodes[j.node_idx[r]]:
+                    values["sm_active"], values["tensor_active"] = gpm[0][r], gpm[1][r]
                 dq = self.gpu_win.get(info.gpu_uuid)
                 if dq is None:
                     dq = self.gpu_win[info.gpu_uuid] = deque(maxlen=16)
@@ -442,6 +453,18 @@ class Cluster:
                 self.gpu_cols[sample.uuid].append(column)
             self._hosts(j, ts, node_down, absent)
         self.absent = frozenset(absent)
+
+    def _gpm(self, i_job: int, j: _Job, comp: np.ndarray, spin: np.ndarray) -> tuple[list, list] | None:
+        """SM and tensor activity of the job's GPUs over the agent's last 1 s interval (None: no node has GPM).
+        The GPU that computes while its peers spin in the collective reads higher SM activity; every one of
+        them reads ~100 % utilization."""
+        if not self.gpm_nodes[j.node_idx].any():
+            return None
+        a_compute, a_spin, tensor = self.gpm_levels[i_job]
+        rng, sigma = self.gpm_rng, self.noise.gpm_meas_sigma
+        sm = np.clip((comp * a_compute + spin * a_spin) * (1.0 + sigma * rng.standard_normal(j.n)), 0.0, 1.0)
+        tc = np.clip(comp * a_compute * tensor * (1.0 + sigma * rng.standard_normal(j.n)), 0.0, 1.0)
+        return sm.round(4).tolist(), tc.round(4).tolist()
 
     def _hosts(self, j: _Job, ts: float, node_down: np.ndarray, absent: set[str]) -> None:
         rng = self.rng

@@ -53,6 +53,14 @@ class Noise:
     power_meas_sigma: float = 0.008  # relative noise of one ~1 s power reading
     util_meas_sigma: float = 0.01
     temp_meas_sigma: float = 0.4
+    # GPM (Hopper and later; `Cluster(gpm=...)` says which nodes have it): SM activity over the agent's 1 s
+    # interval is the share of SM cycles with a warp resident. Compute kernels keep most SMs busy; NCCL's
+    # spinning collective kernels occupy only the SMs of their channels (16–32 of 132 on an H100). Per job,
+    # uniform in these ranges (the model's kernels decide them); idle reads 0.
+    sm_active_compute: tuple[float, float] = (0.75, 0.92)
+    sm_active_spin: tuple[float, float] = (0.08, 0.20)
+    tensor_per_sm: tuple[float, float] = (0.45, 0.7)  # tensor-pipe activity per unit of compute SM activity
+    gpm_meas_sigma: float = 0.01  # relative noise of one 1 s GPM reading
     power_cap_event_p: float = 0.03  # healthy GPUs brush against the power cap (sw_power_cap bit)
     sw_thermal_event_p: float = 0.001  # and rarely a brief sw thermal slowdown bit
     # --- silicon and cooling (per GPU, fixed for the run) ---

@@ -164,7 +164,9 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
               _bench.machine_block({"detectors": f"`{_where(Path(engine.__file__).parent)}`"
                                                  + ("; ranks push no comm_wait_s (telemetry only)"
                                                     if _CLUSTER_KW.get("comm_wait") is False
-                                                    else "; ranks push comm_wait_s"),
+                                                    else "; ranks push comm_wait_s")
+                                                 + (f"; GPM on {_CLUSTER_KW['gpm']:.0%} of nodes"
+                                                    if _CLUSTER_KW.get("gpm") else ""),
                                     "scenarios": f"{len(faults)} fault runs, {len(controls)} fault-free runs "
                                                  f"({n_runs} in all), {args.seeds} seed(s)",
                                     "wall time": f"{wall:.0f} s on {args.procs} process(es)"}), "",
@@ -349,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-comm-wait", action="store_true",
                     help="ranks push no comm_wait_s (an SDK that does not time a collective): telemetry-only "
                          "straggler localisation")
+    ap.add_argument("--gpm", type=float, default=0.0,
+                    help="share of nodes whose GPUs export GPM SM/tensor activity (Hopper and later; default 0)")
     ap.add_argument("--out", default=None, help="result name (default detection / detection_quick)")
     ap.add_argument("--nodes", type=int, default=None,
                     help="one job size for every fault run and control (default: 32, 64, 128, 16 by seed; 64)")
@@ -357,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.no_comm_wait:
         _CLUSTER_KW["comm_wait"] = False
+    if args.gpm:
+        _CLUSTER_KW["gpm"] = args.gpm
     if args.quick:
         args.seeds = 1
     start = time.perf_counter()

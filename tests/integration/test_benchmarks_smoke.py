@@ -26,6 +26,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["benchmarks/agent_sample_cycle.py", "--quick"], "bare pynvml loop"),
     (["benchmarks/thermal_policy.py", "--quick"], "gpumond"),
     (["-m", "benchmarks.detection.run", "--quick", "--no-scaling"], "straggler"),
+    (["-m", "benchmarks.detection.gpm", "--quick"], "with GPM"),
     (["benchmarks/pod_attribution.py", "--quick"], "Pod-resources adds"),
     (["benchmarks/sdk_overhead.py", "--quick"], "Job SDK overhead per training step"),
     (["benchmarks/agent_rss.py", "--quick"], "Agent RSS over a long accelerated run"),

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpumond.rules.telemetry import PrometheusSource, Row, build_queries, join, signals
+from gpumond.rules.telemetry.promql import vector_rows
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS
 
 A = {"job": "gpumond", "instance": "10.0.0.1:9480"}
@@ -54,6 +55,14 @@ def test_join_by_uuid_with_node_from_hostname() -> None:
     assert [(h.node, dict(h.values)) for h in j.hosts] == [("node-a", {"cpu_iowait": 0.1}),
                                                           ("node-b", {"cpu_iowait": 0.6})]
     assert j.absent_nodes == frozenset()
+
+
+def test_gpu_values_need_only_the_labels_the_lean_queries_keep() -> None:
+    # build_queries aggregates GPU values `by (uuid[, selecting label])`: the join must read them the same.
+    keep = {"uuid", "reason", "precision", "type"}
+    lean = {m: [Row({k: v for k, v in r.labels.items() if k in keep}, r.value) for r in rows]
+            for m, rows in _results().items() if m in {m for m, _ in signals.GPU_SERIES.values()}}
+    assert join(_results(**lean), t=50.0) == join(_results(), t=50.0)
 
 
 def test_a_down_target_makes_its_node_absent_and_its_gpus_disappear() -> None:
@@ -115,7 +124,10 @@ def test_queries_are_one_per_metric_and_cover_every_signal() -> None:
     selected = [(m, v) for m, v in signals.GPU_SERIES.values() if v]
     assert all(f'{signals.SELECTOR_LABEL[m]}=~"' in q[m] and v in q[m] for m, v in selected)
     assert "gpu_idle" not in q[signals.CLOCKS_EVENT]
-    assert q[signals.TENSOR_ACTIVE] == 'gpumond_gpu_tensor_active_ratio{precision=~"any"}'
+    # GPU values come back with only the labels the join reads (uuid and the selecting label).
+    assert q[signals.TENSOR_ACTIVE] == 'max by (uuid, precision) (gpumond_gpu_tensor_active_ratio{precision=~"any"})'
+    assert q["gpumond_gpu_power_watts"] == "max by (uuid) (gpumond_gpu_power_watts)"
+    assert q[signals.CLOCKS_EVENT].startswith("max by (uuid, reason) (gpumond_gpu_clocks_event_active{reason=~")
     assert q[signals.NVLINK_ERRORS] == 'gpumond_gpu_nvlink_errors_total{type=~"replay"}'
 
 
@@ -264,3 +276,41 @@ def test_agent_alerts_are_named_by_node_and_lose_target_labels() -> None:
     (a,) = agent_alerts(rows)
     assert a.node == "node-a" and dict(a.labels) == {"node": "node-a", "alertname": "GpuXidCritical", "gpu": "3",
                                                      "xid": "79", "severity": "critical"}
+
+
+def _answer(result: object, status: str = "success", kind: str = "vector") -> bytes:
+    return json.dumps({"status": status, "data": {"resultType": kind, "result": result}}).encode()
+
+
+LOADERS = [pytest.param(json.loads, id="json")]
+try:
+    import orjson
+
+    LOADERS.append(pytest.param(orjson.loads, id="orjson"))
+except ImportError:  # the optional fast path is not installed: the stdlib reference alone
+    pass
+
+
+@pytest.mark.parametrize("loads", LOADERS)
+def test_vector_rows_reads_series_and_skips_non_finite_values_with_either_decoder(loads) -> None:
+    series = [{"metric": {"uuid": "GPU-a", "gpu": "0"}, "value": [1.0, "12.5"]},
+              {"metric": {"uuid": "GPU-b"}, "value": [1.0, "NaN"]},
+              {"metric": {"uuid": "GPU-c"}, "value": [1.0, "+Inf"]},
+              {"metric": {}, "value": [1.0, "3"]}]
+    assert vector_rows(200, _answer(series), loads) == [Row({"uuid": "GPU-a", "gpu": "0"}, 12.5), Row({}, 3.0)]
+
+
+@pytest.mark.parametrize("loads", LOADERS)
+@pytest.mark.parametrize(("status", "body", "message"), [
+    (200, b"<html>", "HTTP 200: response is not JSON: <html>"),
+    (200, b"[1]", "HTTP 200: response is not a JSON object"),
+    (422, b'{"status":"error","errorType":"execution","error":"too many series"}',
+     "HTTP 422: execution: too many series"),
+    (200, _answer([], kind="matrix"), "expected an instant vector, got 'matrix'"),
+    (200, _answer([{"metric": {"a": "b"}}]), "malformed result: KeyError: 'value'"),
+    (200, _answer([{"metric": 7, "value": [1, "1"]}]), "malformed result: TypeError"),
+    (200, _answer([{"metric": {}, "value": [1, "x"]}]), "malformed result: ValueError"),
+])
+def test_vector_rows_says_in_one_line_why_an_answer_has_no_rows(loads, status, body, message) -> None:
+    got = vector_rows(status, body, loads)
+    assert isinstance(got, str) and got.startswith(message) and "\n" not in got

@@ -64,6 +64,12 @@ class DetectorConfig:
     seq_wait_miss_max: float = 0.3
     seq_wait_s: float = 2.0
     seq_wait_large: float = 0.1
+    # SM activity (GPM) against the node's GPUs at the same instant, for ranks without a compute share
+    # (detectors/sm_activity.py): the highest and lowest sm_trim of a GPU's instants cut off, judged at the
+    # group's threshold plus few_steps_extra_z (a mean of a dozen 1 s readings is heavy-tailed), MAD floor
+    # floor_sm_active. Measured on the telemetry-only benchmark: docs/detection-benchmark.md.
+    floor_sm_active: float = 0.02
+    sm_trim: float = 0.25
     structure_learn_s: float = 60.0  # nodes deviating together this long after a job is first judged: its structure
     throttle_frac_min: float = 0.3  # a GPU throttled in at least 30 % of its samples (18 s of the minute)…
     throttle_peer_max: float = 0.1  # …while its peers' median is below this

@@ -19,6 +19,7 @@ from gpumond.rules.detectors.io_starvation import detect_io_starvation
 from gpumond.rules.detectors.job import JobBaseline, job_slowdown, job_stall
 from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.sequential import step_shares
+from gpumond.rules.detectors.sm_activity import node_relative
 from gpumond.rules.detectors.straggler import detect_stragglers
 from gpumond.rules.detectors.structure import Structure, learn
 from gpumond.rules.types import GpuSample, HostSample, RankWindow
@@ -182,13 +183,23 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     known = structure.get(job)
     found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
                               known.nodes if known else frozenset(), learning=known is None or not known.done,
-                              steps=steps if shares else None)
+                              steps=steps if shares else None,
+                              activity=_activity(active, shares, reporting, inputs, since, cfg))
     if found.judged:
         structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
     out.extend(c for c in found.candidates if c.rank not in explained)
     # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
     job_gpus = {r.gpu_uuid: r.node for r in reporting}
     out[job_start:] = [with_activity(c, inputs.gpu_windows, job_gpus, since) for c in out[job_start:]]
+
+
+def _activity(active: Sequence[RankFeatures], shares: Mapping[int, object], reporting: Sequence[RankFeatures],
+              inputs: EvalInputs, since: float, cfg: DetectorConfig) -> dict[str, float]:
+    """SM activity against the node's, for the GPUs of ranks without a compute share (none: nothing to do)."""
+    if all(r.rank in shares for r in active):
+        return {}
+    return node_relative(inputs.gpu_windows, {r.gpu_uuid: r.node for r in reporting}, since, cfg.min_peers,
+                         cfg.min_samples, cfg.sm_trim)
 
 
 def _with_device_kind(r: RankFeatures, window: Sequence[GpuSample] | None) -> RankFeatures:

@@ -2,9 +2,10 @@
 
 A job's GPUs hold ~12 samples each; their values are read into one matrix with a C-level item getter
 and every median is taken for all GPUs at once (ragged.Groups). The fast path needs each live sample to
-carry every signal the features read, as the agent exports them; a GPU whose samples lack one (an older
-driver, a partial scrape), or a batch with a NaN, goes to features.gpu_features, which stays the
-reference. Numbers are treated as floats, as the telemetry sources produce them.
+carry every signal the features read, as the agent exports them, or (from a GpuStore's columns) all of
+them but the throttle reasons, on no sample at all (a Prometheus that drops the clock-event series); a GPU
+whose samples lack one (an older driver, a partial scrape), or a batch with a NaN, goes to
+features.gpu_features, which stays the reference. Numbers are treated as floats, as the telemetry sources produce them.
 """
 
 from __future__ import annotations
@@ -39,9 +40,15 @@ _GET = {False: itemgetter(*_BASE), True: itemgetter(*_BASE, _ENERGY)}
 _READ = attrgetter("t", "up", "values")
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _PAD = GpuSample("", "", "", math.nan, False)  # fills the matrix where a GPU has fewer samples; masked
-# GpuColumns rows of _BASE (and energy), and their presence bits.
-_ROWS = {e: [3 + GPU_SIGNALS.index(k) for k in (*_BASE, _ENERGY)[:len(_BASE) + e]] for e in (False, True)}
-_BASE_BITS = sum(1 << GPU_SIGNALS.index(k) for k in _BASE)
+# GpuColumns rows of the core signals (clock … temperature), the throttle reasons when the samples carry them,
+# energy when they carry it; and their presence bits. A source may carry no throttle reasons at all (an operator
+# who drops gpumond_gpu_clocks_event_active at the Prometheus, an older driver): throttle_frac is then None.
+_CORE = _BASE[:THR.start]
+_ROWS = {(th, e): [3 + GPU_SIGNALS.index(k) for k in (*_CORE, *THROTTLE_SIGNALS[:len(THROTTLE_SIGNALS) * th],
+                                                      *(_ENERGY,)[:e])]
+         for th in (False, True) for e in (False, True)}
+_CORE_BITS = sum(1 << GPU_SIGNALS.index(k) for k in _CORE)
+_THROTTLE_BITS = sum(1 << GPU_SIGNALS.index(k) for k in THROTTLE_SIGNALS)
 _ENERGY_BIT = 1 << GPU_SIGNALS.index(_ENERGY)
 _EMPTY = GpuColumns(np.empty((SAMPLE_ROWS, 0)))  # a GPU without telemetry: no samples
 # Sorted reason names for each bit pattern of THROTTLE_SIGNALS (bit j: signal j seen in some sample).
@@ -120,7 +127,7 @@ def _vectorised(uuids: list[str], wins: list[Sequence[GpuSample]], after: float,
         return _reference(uuids, wins, after, strict)
     x = np.full((width * n, c), np.nan)
     x[live[::-1].ravel()] = x_live
-    return _assemble(uuids, wins, to_matrix(x, width, n), t, kept, live, counts, with_energy)
+    return _assemble(uuids, wins, to_matrix(x, width, n), t, kept, live, counts, True, with_energy)
 
 
 def _from_columns(uuids: list[str], wins: list[Sequence[GpuSample]], after: float,
@@ -145,25 +152,30 @@ def _from_columns(uuids: list[str], wins: list[Sequence[GpuSample]], after: floa
     kept = have & (t > after if strict else t >= after)
     live = kept & (gather(data[1], stops, counts, width, 0.0) != 0.0)
     present = gather(data[2], stops, counts, width, 0.0)[live].astype(np.int64)
-    if not ((present & _BASE_BITS) == _BASE_BITS).all():
+    if not ((present & _CORE_BITS) == _CORE_BITS).all():
         return None
+    throttle = present & _THROTTLE_BITS
+    with_throttle = bool(len(throttle)) and bool((throttle == _THROTTLE_BITS).all())
+    if not with_throttle and throttle.any():
+        return None  # some reasons on some live samples only
     energy = (present & _ENERGY_BIT) != 0
     with_energy = bool(energy.all()) and bool(len(energy))
     if with_energy != bool(energy.any()):
         return None  # energy on some live samples only
-    rows = _ROWS[with_energy]
+    rows = _ROWS[with_throttle, with_energy]
     x = np.moveaxis(gather(data[rows], stops, counts, width, math.nan), 0, -1)  # (width, n, signals)
     if has_nan(x[live]):
         return None
     x[~live] = math.nan  # as the objects path builds it: only live samples are read
-    return _assemble(uuids, wins, x, t, kept, live, counts, with_energy)
+    return _assemble(uuids, wins, x, t, kept, live, counts, with_throttle, with_energy)
 
 
 def _assemble(uuids: list[str], wins: list[Sequence[GpuSample]], x: np.ndarray, t: np.ndarray, kept: np.ndarray,
-              live: np.ndarray, counts: np.ndarray, with_energy: bool) -> dict[str, GpuFeatures]:
-    """GpuFeatures per GPU from the (width, n, signals) matrix of live samples' values (_BASE [+ energy])."""
+              live: np.ndarray, counts: np.ndarray, with_throttle: bool, with_energy: bool) -> dict[str, GpuFeatures]:
+    """GpuFeatures per GPU from the (width, n, signals) matrix of live samples' values (the core signals
+    [+ throttle reasons] [+ energy])."""
     width = t.shape[0]
-    cols = _columns(x, t, live, with_energy)
+    cols = _columns(x, t, live, with_throttle, with_energy)
     # The reference reports the node and up-state of the newest sample in the window, live or not.
     newest = last_row(kept) - (width - counts)  # its index in the GPU's window
 
@@ -183,12 +195,15 @@ def _assemble(uuids: list[str], wins: list[Sequence[GpuSample]], x: np.ndarray, 
     return out
 
 
-def _columns(x: np.ndarray, t: np.ndarray, live: np.ndarray, with_energy: bool) -> list[list]:
+def _columns(x: np.ndarray, t: np.ndarray, live: np.ndarray, with_throttle: bool, with_energy: bool) -> list[list]:
     """Per GPU (column): clock ratio, power ratio, utilization, temperature (None where undefined), throttle
-    fraction, and the bit pattern of throttle reasons seen."""
-    hot = (x[..., THR] >= 0.5) & live[..., None]
-    bits = (hot.any(axis=0) << np.arange(hot.shape[-1])).sum(axis=1)
-    frac = hot.any(axis=2).sum(axis=0) / np.maximum(live.sum(axis=0), 1)
+    fraction (None without throttle reasons), and the bit pattern of throttle reasons seen."""
+    if with_throttle:
+        hot = (x[..., THR] >= 0.5) & live[..., None]
+        bits = (hot.any(axis=0) << np.arange(hot.shape[-1])).sum(axis=1).tolist()
+        frac = (hot.any(axis=2).sum(axis=0) / np.maximum(live.sum(axis=0), 1)).tolist()
+    else:
+        bits, frac = [0] * live.shape[1], [None] * live.shape[1]
     with np.errstate(all="ignore"):  # a zero limit divides by zero; such samples are masked out
         # An idle GPU's clock drops: use only samples with kernels running, unless there are none.
         busy = live & (x[..., UTIL] >= 0.5)
@@ -201,8 +216,7 @@ def _columns(x: np.ndarray, t: np.ndarray, live: np.ndarray, with_energy: bool) 
             k_power = np.where(usable, 1, k_power)  # defined wherever the counter gave it
     util, _ = column_median(x[..., UTIL], live)
     temp, _ = column_median(x[..., TEMP], live)
-    return [_maybe(clock, k_clock), _maybe(power, k_power), util.tolist(), temp.tolist(), frac.tolist(),
-            bits.tolist()]
+    return [_maybe(clock, k_clock), _maybe(power, k_power), util.tolist(), temp.tolist(), frac, bits]
 
 
 def _energy_ratio(x: np.ndarray, t: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ sits apart.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpumond.rules.detectors.candidate import Candidate
@@ -65,7 +65,7 @@ _GPU_CAUSE = frozenset({"sm_clock_ratio", "throttled"})
 def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
                       cfg: DetectorConfig, shares: Mapping[int, Shares] | None = None,
                       structural: frozenset[str] = frozenset(), learning: bool = False,
-                      steps: StepShares | None = None) -> StragglerResult:
+                      steps: StepShares | None = None, activity: Mapping[str, float] | None = None) -> StragglerResult:
     """Straggling GPUs (one candidate each) and straggling nodes (their GPUs deviate together).
 
     `shares` are the ranks' compute shares (jobs whose SDK pushes comm waits). `structural` are nodes whose
@@ -73,7 +73,8 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
     pipeline stage the job did not label — so they form a peer group of their own, as if the job had
     labelled it. While `learning` that structure, the nodes deviating together in this evaluation are
     split off the same way (and reported in `blocks`, measured before the split, for the engine to count).
-    `steps` are the job's per-step compute shares, for sequential evidence (sequential.py).
+    `steps` are the job's per-step compute shares, for sequential evidence (sequential.py). `activity` is
+    each GPU's SM activity relative to its node's (sm_activity.py), judged for ranks without a compute share.
     """
     shares = shares or {}
     members_of: list[Member] = []
@@ -87,15 +88,16 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
     blocks: set[str] = set()
     current: set[str] = set()
     if learning:  # counted on the job as a whole: split by what was learnt so far, a block would vanish
-        _, blocks, current, _ = _judge(job, members_of, cfg, frozenset(), steps)
-    out, after, after_current, judged = _judge(job, members_of, cfg, structural | blocks, steps)
+        _, blocks, current, _ = _judge(job, members_of, cfg, frozenset(), steps, activity)
+    out, after, after_current, judged = _judge(job, members_of, cfg, structural | blocks, steps, activity)
     if not learning:
         blocks, current = after, after_current
     return StragglerResult(out, frozenset(blocks), judged, frozenset(current))
 
 
 def _judge(job: str, members_of: list[Member], cfg: DetectorConfig, split: frozenset[str] | set[str],
-           steps: StepShares | None = None) -> tuple[list[Candidate], set[str], set[str], bool]:
+           steps: StepShares | None = None,
+           activity: Mapping[str, float] | None = None) -> tuple[list[Candidate], set[str], set[str], bool]:
     """Compare within each group (the job's own groups, with `split` nodes apart)."""
     groups: dict[tuple[tuple[str | None, str | None], bool], list[Member]] = {}
     for m in members_of:
@@ -108,7 +110,7 @@ def _judge(job: str, members_of: list[Member], cfg: DetectorConfig, split: froze
         if len(members) < cfg.min_peers:
             continue
         judged = True
-        found, group_blocks, group_current = _group(job, group, members, cfg, steps)
+        found, group_blocks, group_current = _group(job, group, members, cfg, steps, activity)
         out.extend(found)
         blocks |= group_blocks
         current |= group_current
@@ -116,7 +118,8 @@ def _judge(job: str, members_of: list[Member], cfg: DetectorConfig, split: froze
 
 
 def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConfig,
-           per_step: StepShares | None = None) -> tuple[list[Candidate], set[str], set[str]]:
+           per_step: StepShares | None = None,
+           activity: Mapping[str, float] | None = None) -> tuple[list[Candidate], set[str], set[str]]:
     thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
     flagged: dict[int, dict[str, object]] = {}
     scores: dict[int, float] = {}
@@ -176,6 +179,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     for rank in [k for k, sig in flagged.items()
                  if set(sig) <= ({"temperature_c", "power_ratio"} if k in with_share else {"temperature_c"})]:
         del flagged[rank], scores[rank]
+    _sm_active(members, activity or {}, thr, cfg, note)
     # Sequential evidence, step by step against this group's median rank: it fires as soon as it has lasted
     # long enough for its magnitude. Many ranks on many nodes at once is a shift (a heavier stage), as below.
     nodes_in_group = len({r.node for r, _, _ in members})
@@ -234,6 +238,22 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
                              sustained="sequential" in evidence))
     out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
     return out, blocks, current
+
+
+def _sm_active(members: list[Member], activity: Mapping[str, float], thr: float, cfg: DetectorConfig,
+               note: Callable[..., None]) -> None:
+    """A rank whose GPU computes while its node's GPUs spin (SM activity high against theirs, sm_activity.py):
+    judged only where the job pushes no comm wait (the compute share measures the same thing from exact
+    timings), at the group's threshold plus few_steps_extra_z, and not at all when more than
+    max_outlier_frac of the group stands out together (a shift, as for the other signals)."""
+    xs = [(r, v) for r, _, sh in members if sh is None and (v := activity.get(r.gpu_uuid)) is not None]
+    if len(xs) < cfg.min_peers:
+        return
+    past = _past(xs, _scored(xs, cfg.floor_sm_active), thr + cfg.few_steps_extra_z, +1)
+    if len(past) > max(1, cfg.max_outlier_frac * len(members)):
+        return
+    for rank, (z, v, med) in past.items():
+        note(rank, "sm_active", z, v, med)
 
 
 def _past_index(zs: list[float], thr: float, sign: int) -> list[int]:

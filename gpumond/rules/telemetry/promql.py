@@ -24,6 +24,12 @@ DEFAULT_LOOKBACK_S = 300.0
 DEFAULT_MAX_WORKERS = 4
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
+try:  # Optional fast path (the `fast` extra): decodes a fetch's answers ~1.5× faster than json; same results.
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - the stdlib is the reference
+    _fast_loads = None
+DEFAULT_LOADS: Callable[[bytes], object] = _fast_loads or json.loads
+
 
 def build_queries(lookback_s: float) -> dict[str, str]:
     """The instant queries one fetch runs, keyed as promql_join.join expects: one per metric name."""
@@ -37,9 +43,23 @@ def build_queries(lookback_s: float) -> dict[str, str]:
         signals.MIG_INFO: signals.MIG_INFO,
         # The agents' firing alerts (they carry `gpu`; the rules services' own do not): fleet remediation's input.
         signals.ALERT_ACTIVE: f'{signals.ALERT_ACTIVE}{{gpu!=""}}',
-        **signals.gpu_selectors(),
+        **{metric: _lean(metric, selector) for metric, selector in signals.gpu_selectors().items()},
         **{metric: metric for metric in signals.HOST_SERIES.values()},
     }
+
+
+def _lean(metric: str, selector: str) -> str:
+    """A GPU value query that answers with only the labels the join reads: the uuid (and the selecting label).
+
+    At fleet scale these answers are most of a fetch (a series' job, instance, gpu and name are ~75 % of its
+    JSON); the aggregation is plain PromQL, so every Prometheus-compatible server runs it. The agent exports
+    one series per GPU and label value (MIG devices' series have names of their own), so `max` only picks
+    between duplicates (two jobs scraping one agent), where the join took either. The NVLink counters are one
+    series per link: kept whole, as the join has always read them."""
+    if metric == signals.NVLINK_ERRORS:
+        return selector
+    label = signals.SELECTOR_LABEL.get(metric)
+    return f"max by (uuid{', ' + label if label else ''}) ({selector})"
 
 
 class PrometheusSource:
@@ -50,7 +70,7 @@ class PrometheusSource:
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None,
                  clock: Callable[[], float] = time.time, lookback_s: float = DEFAULT_LOOKBACK_S,
                  max_workers: int = DEFAULT_MAX_WORKERS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 access: Access | None = None) -> None:
+                 access: Access | None = None, loads: Callable[[bytes], object] = DEFAULT_LOADS) -> None:
         if timeout_s <= 0 or lookback_s <= 0 or max_workers < 1 or max_body_bytes < 1:
             raise ValueError("timeout_s, lookback_s, max_workers and max_body_bytes must be positive")
         # `url` is the API root, the part before /api/v1/query: http://prometheus:9090,
@@ -61,6 +81,7 @@ class PrometheusSource:
         self._max_body = max_body_bytes
         self._clock = clock
         self._queries = build_queries(lookback_s)
+        self._loads = loads
         self._owns_client = client is None
         self._access = access if access is not None else Access()
         self._headers: dict[str, str] = {}
@@ -121,23 +142,32 @@ class PrometheusSource:
                                        max_bytes=self._max_body, headers=self._headers)
         except FetchError as e:
             return str(e)
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return f"HTTP {status}: response is not JSON: {one_line(body[:200].decode('utf-8', 'replace'))}"
-        if not isinstance(payload, dict):
-            return f"HTTP {status}: response is not a JSON object"
-        if status != 200 or payload.get("status") != "success":
-            return one_line(f"HTTP {status}: {payload.get('errorType', 'error')}: {payload.get('error', '')}")
-        data = payload.get("data") or {}
-        if data.get("resultType") != "vector":
-            return f"expected an instant vector, got {data.get('resultType')!r}"
-        rows = []
-        try:
-            for item in data["result"]:
-                value = float(item["value"][1])
-                if math.isfinite(value):  # NaN / Inf carry no reading
-                    rows.append(Row(labels=dict(item["metric"]), value=value))
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            return f"malformed result: {type(e).__name__}: {one_line(e)}"
-        return rows
+        return vector_rows(status, body, self._loads)
+
+
+def vector_rows(status: int, body: bytes, loads: Callable[[bytes], object] = json.loads) -> list[Row] | str:
+    """The rows of an /api/v1/query answer that is an instant vector, or one line saying why there are none."""
+    try:
+        payload = loads(body)
+    except ValueError:
+        return f"HTTP {status}: response is not JSON: {one_line(body[:200].decode('utf-8', 'replace'))}"
+    if not isinstance(payload, dict):
+        return f"HTTP {status}: response is not a JSON object"
+    if status != 200 or payload.get("status") != "success":
+        return one_line(f"HTTP {status}: {payload.get('errorType', 'error')}: {payload.get('error', '')}")
+    data = payload.get("data") or {}
+    if not isinstance(data, dict) or data.get("resultType") != "vector":
+        return f"expected an instant vector, got {data.get('resultType') if isinstance(data, dict) else data!r}"
+    try:
+        # One pass, no copy of each series' labels (the decoder made them for us); at 33,000 GPUs × ~15
+        # queries a fetch decodes ~500,000 series, and every per-series step here is visible in its time.
+        rows = [Row(m if type(m) is dict else _labels(m), v) for item in data["result"]
+                if math.isfinite(v := float(item["value"][1])) for m in (item["metric"],)]  # NaN / Inf: no reading
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        return f"malformed result: {type(e).__name__}: {one_line(e)}"
+    return rows
+
+
+def _labels(metric: object) -> dict[str, str]:
+    # Not a JSON object: as dict() would take it, or the TypeError / ValueError that reports the answer malformed.
+    return dict(metric)  # type: ignore[call-overload]
