@@ -26,19 +26,35 @@ _SLACK = 0.02
 class Persistence:
     """k of the last n updates must see a condition, first seen at least `min_s` seconds ago (and its own
     `for_s`), before it fires; a firing alert resolves after `clear` consecutive updates without it, the
-    last of them at least `clear_s` seconds after it was last seen."""
+    last of them at least `clear_s` seconds after it was last seen.
+
+    `look_s` > 0: updates less than `look_s` apart are one look, which sees the condition only if every
+    update in it did. A condition judged on a windowed statistic (a median over the last minute) was
+    validated with one look per `look_s`; judged more often, its hits would be more chances for noise
+    hovering at a threshold to cross it (seen, not seen, seen, … adds up to k of n). Requiring every update
+    of a look keeps its chance of a hit at most that of one update, so the false-alarm rate stays at most
+    the validated one, while a condition that holds is seen at each look as before.
+    """
 
     k: int = 1
     n: int = 1
     clear: int = 1
     min_s: float = 0.0
     clear_s: float = 0.0
+    look_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= self.n or self.clear < 1:
             raise ValueError("need 1 <= k <= n and clear >= 1")
-        if self.min_s < 0 or self.clear_s < 0:
-            raise ValueError("min_s and clear_s must not be negative")
+        if self.min_s < 0 or self.clear_s < 0 or self.look_s < 0:
+            raise ValueError("min_s, clear_s and look_s must not be negative")
+
+    def hit(self, hits: tuple[bool, ...], look_at: float | None, seen_in_look: bool, seen: bool,
+            now: float) -> tuple[tuple[bool, ...], float, bool]:
+        """(hits, when the current look began, whether any update in it saw the condition) after one update."""
+        if look_at is not None and hits and now - look_at < self.look_s * (1 - _SLACK):
+            return hits[:-1] + (hits[-1] and seen,), look_at, seen_in_look or seen
+        return (hits + (seen,))[-self.n:], now, seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +80,8 @@ class _Tracked:
     hold_until: float | None = None  # restored after a restart: may not resolve before this
     payload: object = None
     seen_at: float | None = None  # the last update that saw the condition (None: restored, never seen)
+    look_at: float | None = None  # when the current look began (Persistence.look_s)
+    seen_in_look: bool = False  # some update of the current look saw the condition (keeps a pending one)
 
     @property
     def state(self) -> AlertState:
@@ -114,10 +132,12 @@ class AlertTracker:
             before = old.get(fp)
             if before is None or before.state == "resolved":
                 # A condition that comes back after resolving is a new alert with a new start.
-                t = _Tracked(c.labels, c.annotations, c.for_s, now, (True,), payload=c.payload, seen_at=now)
+                t = _Tracked(c.labels, c.annotations, c.for_s, now, (True,), payload=c.payload, seen_at=now,
+                             look_at=now, seen_in_look=True)
             else:
-                t = replace(before, annotations=c.annotations, for_s=c.for_s, hits=(before.hits + (True,))[-p.n:],
-                            quiet=0, payload=c.payload, seen_at=now)
+                hits, look_at, seen_in_look = p.hit(before.hits, before.look_at, before.seen_in_look, True, now)
+                t = replace(before, annotations=c.annotations, for_s=c.for_s, hits=hits, quiet=0,
+                            payload=c.payload, seen_at=now, look_at=look_at, seen_in_look=seen_in_look)
             held_s = now - t.active_since
             due = c.immediate or (sum(t.hits) >= p.k and held_s >= t.for_s and held_s >= p.min_s * (1 - _SLACK))
             if t.fired_at is None and due:
@@ -129,8 +149,9 @@ class AlertTracker:
         for fp, before in old.items():
             if fp in current:
                 continue
+            hits, look_at, seen_in_look = p.hit(before.hits, before.look_at, before.seen_in_look, False, now)
             if before.state == "firing":
-                t = replace(before, hits=(before.hits + (False,))[-p.n:], quiet=before.quiet + 1)
+                t = replace(before, hits=hits, look_at=look_at, seen_in_look=seen_in_look, quiet=before.quiet + 1)
                 held = t.hold_until is not None and now < t.hold_until
                 recent = t.seen_at is not None and now - t.seen_at < p.clear_s * (1 - _SLACK)
                 if (ended is not None and ended(t.labels)) or (t.quiet >= p.clear and not held and not recent):
@@ -138,8 +159,8 @@ class AlertTracker:
                     changes.append(Transition(t.alert(), "firing", "resolved"))
                 entries[fp] = t
             elif before.state == "pending":
-                t = replace(before, hits=(before.hits + (False,))[-p.n:])
-                if any(t.hits) and not (ended is not None and ended(t.labels)):
+                t = replace(before, hits=hits, look_at=look_at, seen_in_look=seen_in_look)
+                if (any(t.hits) or seen_in_look) and not (ended is not None and ended(t.labels)):
                     entries[fp] = t
                 else:
                     # Like Prometheus: a condition that did not last never existed as an alert.
