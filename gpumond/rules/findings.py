@@ -18,10 +18,6 @@ __all__ = ["FINDINGS_PERSISTENCE", "Persistence", "advance", "conditions_of", "f
            "findings_of", "findings_persistence"]
 
 
-# The evaluation interval the windowed checks' thresholds and persistence were validated at (issue 20).
-LOOK_S = 10.0
-
-
 def findings_persistence(min_duration_s: float = 20.0, resolve_after_s: float = 30.0) -> Persistence:
     """Two of the last three evaluations flag an entity, first flagged at least `min_duration_s` ago, before
     it fires; three quiet evaluations spanning `resolve_after_s` resolve it. The durations are what keep a
@@ -32,12 +28,14 @@ def findings_persistence(min_duration_s: float = 20.0, resolve_after_s: float = 
     sampled every 5 s each one over ~10 s fires (an uneven-sequence control's 15 s excursion did). Findings on
     sequential evidence (their own minimum duration) and corroborated ones fire at once, whatever this is.
 
-    One look per 10 s (`look_s`), the cadence the windowed checks were validated at: evaluations 5 s apart
-    are one look, a hit only if both saw the finding. Without it a median hovering at its threshold (seen,
-    not seen, seen, … every 5 s) added up to 2 of 3 over 20 s, where one look per 10 s sees it at most as
-    often as one evaluation does (a 60 s-median compute share at z 4.6 against 4.5 fired in a fault-free
-    control at 5 s, not at 10 s). A finding that holds is seen at every evaluation, so it fires as before."""
-    return Persistence(k=2, n=3, clear=3, min_s=min_duration_s, clear_s=resolve_after_s, look_s=LOOK_S)
+    A look lasts half the minimum duration (`look_s`; 10 s at the defaults, the cadence the windowed checks
+    were validated at): evaluations closer together are one look, a sighting only if every evaluation in it
+    flagged the entity. Without it a median hovering at its threshold (seen, not seen, seen, … every 5 s)
+    added up to 2 of 3 over 20 s, where one look sees it at most as often as one evaluation does (a 60 s
+    median compute share at z 4.6 against 4.5 fired in a fault-free control at 5 s, not at 10 s). A finding
+    that holds is flagged at every evaluation and fires `min_duration_s` after it was first flagged, as
+    before; half, so that the k = 2 looks still fit in that time when an operator shortens it."""
+    return Persistence(k=2, n=3, clear=3, min_s=min_duration_s, clear_s=resolve_after_s, look_s=min_duration_s / 2)
 
 
 # The defaults of `findings:` in the rules config (gpumond.config.rules.FindingsConfig).

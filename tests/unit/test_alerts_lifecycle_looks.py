@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from gpumond.alerts.lifecycle import AlertTracker, Persistence
 from gpumond.alerts.model import Condition
-from gpumond.rules.findings import FINDINGS_PERSISTENCE, LOOK_S
+from gpumond.rules.findings import FINDINGS_PERSISTENCE, findings_persistence
 
 AT_10S = replace(FINDINGS_PERSISTENCE, min_s=10.0, look_s=0.0)  # what the checks were validated with
 
@@ -31,8 +31,12 @@ def fired_at(seen: list[bool], step: float, p: Persistence, immediate: bool = Fa
     return out
 
 
-def test_the_look_is_the_validated_cadence() -> None:
-    assert FINDINGS_PERSISTENCE.look_s == LOOK_S == 10.0
+def test_the_look_is_half_the_minimum_duration() -> None:
+    assert FINDINGS_PERSISTENCE.look_s == 10.0  # the cadence the windowed checks were validated at
+    # An operator's shorter minimum keeps its meaning: every 0.5 s evaluation its own look, firing at 1 s.
+    fast = findings_persistence(min_duration_s=1.0)
+    assert fast.look_s == 0.5
+    assert fired_at([True, False, True, True], 0.5, fast) == [2]
 
 
 def test_seen_every_other_5s_evaluation_does_not_fire() -> None:
