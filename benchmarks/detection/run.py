@@ -172,7 +172,8 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
                                     "wall time": f"{wall:.0f} s on {args.procs} process(es)"}), "",
               "What runs: `gpumond.rules.detectors.engine.evaluate` and `gpumond.rules.findings.advance` "
               f"(default `DetectorConfig`, `FINDINGS_PERSISTENCE`: {FINDINGS_PERSISTENCE.k} of "
-              f"{FINDINGS_PERSISTENCE.n} evaluations and {FINDINGS_PERSISTENCE.min_s:g} s of wall time, at once on "
+              f"{FINDINGS_PERSISTENCE.n} looks of {FINDINGS_PERSISTENCE.look_s:g} s (evaluations in one look: seen only if "
+              f"all saw it) and {FINDINGS_PERSISTENCE.min_s:g} s of wall time, at once on "
               f"sequential evidence) every {EVAL_S:g} s (the service's default; 2 s in one control) over the "
               "simulated cluster of `benchmarks/detection/` — the service's code, not a copy. Method, physics and matching rules: "
               "`docs/detection-benchmark.md`.", "",
