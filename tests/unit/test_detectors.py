@@ -234,15 +234,18 @@ def test_persistence_k_of_n_then_resolve_after_quiet():
 
 
 def test_persistence_is_wall_time_whatever_the_evaluation_interval():
-    # Evaluating every second, a candidate seen for 5 s (a transient) stays pending and goes away; one that
-    # holds for findings.min_duration_s (20 s by default) fires then, not at the second evaluation.
+    # Evaluating every second, a candidate seen for 5 s (a transient) stays pending and goes away when its look
+    # (half of findings.min_duration_s: 10 s) ends; one that holds for findings.min_duration_s (20 s by
+    # default) fires then, not at the second evaluation.
     c = Candidate("straggler", "j", "n", 1, "GPU-1", 5.0)
     tracks = None
     for t in range(6):
         tracks, f, _ = advance(tracks, [c], float(t))
         assert [x.state for x in f] == ["pending"]
-    for t in range(6, 9):
+    for t in range(6, 10):
         tracks, f, _ = advance(tracks, [], float(t))
+        assert [x.state for x in f] == ["pending"]  # still inside the look that saw it
+    tracks, f, _ = advance(tracks, [], FINDINGS_PERSISTENCE.look_s)
     assert f == []
     tracks, states = None, []
     for t in range(22):
