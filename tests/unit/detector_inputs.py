@@ -1,4 +1,5 @@
-"""A synthetic job's windows for the detectors (every rank, GPU and node), tweakable per rank, GPU and node."""
+"""Synthetic jobs' windows for the detectors: `build` (every rank, GPU and node, tweakable per rank, GPU and node)
+and `job` (per-step compute and data waits, for the compute-share tests)."""
 
 import random
 
@@ -40,3 +41,31 @@ def build(nodes=4, gpus_per_node=8, step_s=1.0, wait=None, gpu=None, host=None, 
         hwin[f"node-{i}"] = tuple(HostSample(f"node-{i}", NOW - 55 + 5 * k, vals) for k in range(12))
     jobs["job-a"] = ranks
     return EvalInputs(NOW, jobs, gwin, hwin)
+
+
+def job(now, nodes=4, compute=None, wait=None, comm=True, power=None, seed=1, steps=120):
+    """A synchronous job with 1 s steps ending at `now`: rank r computes `compute(r, k)` seconds of step k
+    (default 0.8 ± 3 %), waits `wait(r)` on data first, then waits for the slowest in the collective."""
+    rnd = random.Random(seed)
+    n = nodes * 8
+    compute = compute or (lambda r, k: 0.8)
+    wait = wait or (lambda r: 0.002)
+    busy = {}
+    for k in range(steps):
+        busy[k] = [wait(r) + compute(r, k) * (1 + rnd.uniform(-0.03, 0.03)) for r in range(n)]
+    ranks, gwin = {}, {}
+    for r in range(n):
+        node, uuid = f"node-{r // 8}", f"GPU-{r:04d}"
+        recs = []
+        for k in range(steps):
+            dur = max(busy[k]) + 0.1
+            end = now - (steps - 1 - k) * 1.0
+            recs.append(StepRecord(k, end, dur, wait(r), None, dur - busy[k][r] if comm else None))
+        ranks[r] = RankWindow(RankInfo("job-a", r, n, node, uuid), tuple(recs), now)
+        vals = {"sm_clock_hz": 1.98e9, "sm_clock_max_hz": 1.98e9, "power_limit_w": 700.0, "utilization": 0.99,
+                "temperature_c": 70 + rnd.uniform(-1, 1), "throttle_hw_thermal": 0.0, "throttle_sw_thermal": 0.0,
+                "throttle_hw_slowdown": 0.0, "throttle_hw_power_brake": 0.0}
+        gwin[uuid] = tuple(GpuSample(uuid, node, str(r % 8), now - 55 + 5 * i, True,
+                                     {**vals, "power_w": (power or (lambda r: 600.0))(r) + rnd.uniform(-5, 5)})
+                           for i in range(12))
+    return EvalInputs(now, {"job-a": ranks}, gwin)

@@ -6,7 +6,7 @@ from gpumond.rules.detectors.stats import robust_z, threshold_for
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, Persistence, advance
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.types import GpuSample, HostSample, RankInfo, RankWindow, StepRecord
-from tests.unit.detector_inputs import NOW, build
+from tests.unit.detector_inputs import NOW, build, job as share_job
 
 CFG = DetectorConfig()
 
@@ -276,8 +276,7 @@ def test_a_corroborated_candidate_fires_at_once_and_a_pending_one_fires_when_cor
 
 def test_stragglers_are_corroborated_only_by_pushes_and_telemetry_together():
     # compute share alone (pushes) or clock alone (telemetry): not corroborated; both: corroborated
-    from tests.unit.test_detectors_compute_share import T, job
-    share_only = job(T, compute=lambda r, k: 0.8 * (1.3 if r == 5 else 1.0))
+    share_only = share_job(NOW, compute=lambda r, k: 0.8 * (1.3 if r == 5 else 1.0))
     (c,) = run(share_only)[1]
     assert c.rank == 5 and not c.corroborated
     clock_only = build(gpu={5: {"sm_clock_hz": 1.3e9}})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpumond.agent.policy.alert_rules import NVLINK_DOWN_FOR_S
-from tests.unit.test_policy_alert_rules import Agent, gpu, names
+from tests.unit.policy_alert_rig import Agent, gpu, names
 
 UP = ((0, True), (1, True))
 
