@@ -204,8 +204,10 @@ class GuardedConnection:
         raise NotImplementedError
 
     def _serving(self) -> bool:
-        """Right after a response completed: whether another (pipelined) request is now being answered."""
-        raise NotImplementedError
+        """Right after a response completed: whether another (pipelined) request is now being answered (both
+        uvicorn protocols name the request being answered `cycle`)."""
+        cycle = getattr(self, "cycle", None)
+        return cycle is not None and not cycle.response_complete
 
     def _head_started(self) -> bool:
         """Right after a response completed: whether part of the next request already arrived."""

@@ -29,9 +29,6 @@ class GuardedH11Protocol(GuardedConnection, H11Protocol):
             return "head"
         return "body" if state is h11.SEND_BODY else "busy"  # DONE, MUST_CLOSE, CLOSED, ERROR: nothing due
 
-    def _serving(self) -> bool:
-        return self.cycle is not None and not self.cycle.response_complete
-
     def _head_started(self) -> bool:
         return bool(self.conn.trailing_data[0])
 
@@ -49,9 +46,6 @@ if HttpToolsProtocol is not None:
                 return "head"  # bytes arrived, and no request is in progress: a head is (still) due
             # The body of a queued request arrives only once reading resumes: due from when it is served.
             return "body" if cycle.more_body and not self.pipeline else "busy"
-
-        def _serving(self) -> bool:
-            return self.cycle is not None and not self.cycle.response_complete
 
         def _head_started(self) -> bool:
             return self.scope is not None and (self.cycle is None or self.cycle.scope is not self.scope)
