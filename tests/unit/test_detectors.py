@@ -303,9 +303,14 @@ def test_a_starved_rank_in_a_calm_job_is_named_on_sequential_evidence_and_fires_
     assert c.evidence["sequential"]["steps"] >= CFG.seq_min_steps and abs(c.evidence["data_wait_frac"] - 0.5) < 0.01
 
 
-def test_inside_a_job_that_waits_as_a_rule_the_outlier_is_named_on_the_window_medians_only():
-    # per-step waits in a slow pipeline scatter by factors of 2–4: step-by-step evidence is not used there
+def test_inside_a_job_that_waits_as_a_rule_the_outlier_is_named_on_sequential_evidence_and_fires_at_once():
+    # Issue 20: each step is judged against its peers' wait in units of that step's spread, whatever the job's
+    # own level (in steps whose median rank waits, past seq_wait_busy_ref units), so the outlier no longer waits
+    # for a minute of window medians; the job finding is still reported beside it.
     waits = {r: 0.12 + 0.004 * ((r % 5) - 2) for r in range(32)}
     waits[7] = 0.6
-    (c,) = [x for x in run(build(wait=waits))[1] if x.kind == "io_starved_rank"]
-    assert c.rank == 7 and not c.sustained and "sequential" not in c.evidence
+    cands = run(build(wait=waits))[1]
+    (c,) = [x for x in cands if x.kind == "io_starved_rank"]
+    assert c.rank == 7 and c.sustained and c.evidence["sequential"]["steps"] >= CFG.seq_min_steps
+    assert c.evidence["peer_median_data_wait_frac"] > CFG.wait_min_frac
+    assert [x.kind for x in cands if x.kind == "io_starved_job"] == ["io_starved_job"]
