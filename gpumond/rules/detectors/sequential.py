@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -157,6 +157,14 @@ def compute_test(cfg: DetectorConfig) -> Test:
     return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h, lambda _: cfg.seq_min_steps, cfg.seq_frac, cfg.seq_floor,
                 lambda x, med: np.log(np.maximum(x, 1e-3) / np.maximum(med, 1e-3)), _MAX_LOG_FACTOR, np.exp,
                 lambda factor, step_s: _min_duration(factor, cfg) + step_s)
+
+
+def corroborated_compute_test(cfg: DetectorConfig) -> Test:
+    """compute_test for a rank whose GPU shows its own cause (a throttle reason, a low clock): the minimum
+    duration is seq_short_s whatever the factor and the step time, so seq_min_steps slow steps do. The longer
+    minimum (a transient's longest, plus one step it may overlap) is there for workload transients of healthy
+    ranks, which slow a rank without any cause on its GPU."""
+    return replace(compute_test(cfg), need=lambda factor, step_s: np.full(np.shape(factor), cfg.seq_short_s))
 
 
 def wait_test(cfg: DetectorConfig) -> Test:
