@@ -15,6 +15,7 @@ from gpumond.agent.sampler import Sampler
 from gpumond.config import AgentConfig, PolicyAlertsConfig
 from gpumond.nvml.session import NvmlSession
 from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml
+from gpumond.nvml.sim.gpu import SimMigDevice
 
 GPM_METRICS = ("gpumond_gpu_sm_active_ratio", "gpumond_gpu_sm_occupancy_ratio", "gpumond_gpu_tensor_active_ratio",
                "gpumond_gpu_dram_active_ratio", "gpumond_gpu_pcie_bytes_per_second",
@@ -228,3 +229,27 @@ def test_the_agent_config_switch_reaches_the_exposition(tmp_path) -> None:
         assert len(_values(text, "gpumond_gpu_nvlink_link_errors_total")) == 18 * 4
     finally:
         agent.stop()
+
+
+def test_compute_instances_of_one_gpu_instance_share_its_gpm_sample() -> None:
+    sim, clock, session = _setup({"gpus": [{"index": 0, "mig": ["3g.40gb"]}]}, gpus=1)
+    try:
+        # A second compute instance in the same GPU instance (the scenario makes one per GPU instance): a MIG
+        # device of its own, with the GPU instance id of the first.
+        gpu = sim._gpus[0]
+        first = gpu.mig[0]
+        second = SimMigDevice(gpu, 1, first.gpu_instance, first.profile)
+        second.compute_instance, second.uuid = 1, first.uuid[:-1] + ("0" if first.uuid[-1] != "0" else "1")
+        gpu.mig.append(second)
+        sim._mig_by_handle[second.handle] = second
+        sim.set_mig_processes(0, 0, [4242])
+        assert len(session.discover_mig()) == 2
+        assert session.read_mig_gpm() == {}
+        clock.advance(1)
+        activity = session.read_mig_gpm()
+        assert activity[first.uuid]["sm"] > 50
+        assert activity[second.uuid] == activity[first.uuid]  # one sample of the instance, not one per device
+        assert session.errors_total == {}
+    finally:
+        session.close()
+        sim.uninstall()
