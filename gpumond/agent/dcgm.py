@@ -41,7 +41,9 @@ _DIVISOR = gpu_series.divisors(DCGM_CATALOGUE)
 # The profiling fields DCGM reports per GPU instance: the activity ratios. PCIe and NVLink bytes belong to the
 # board's links, not to an instance, and stay on the GPU's own series.
 MIG_PROF_KEYS = frozenset({"graphics", "sm", "occupancy", "tensor_any", "dram", "fp64", "fp32", "fp16"})
-_MIG_ROWS = tuple(f for f in DCGM_CATALOGUE if f.reader == "gpm" and f.key in MIG_PROF_KEYS)
+# (metric, GPM key, divisor): GPM percentages as dcgm-exporter's ratios.
+_MIG_ROWS = tuple((f.metric, f.key, _DIVISOR[f.scale]) for f in DCGM_CATALOGUE
+                  if f.reader == "gpm" and f.key in MIG_PROF_KEYS and f.scale is not None)
 
 XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
 HOSTNAME_LABELS = ("Hostname", "hostname")  # released dcgm-exporter; its main branch (no release yet)
@@ -128,8 +130,8 @@ class DcgmCompat:
             base = self.labels(idents[index], driver_version) + (("GPU_I_PROFILE", m.profile),
                                                                  ("GPU_I_ID", str(m.gpu_instance)))
             for labels in [base + p for p in pods] or [base]:
-                out.extend(Series(f.metric, labels, values[f.key] / _DIVISOR[f.scale])  # type: ignore[index]
-                           for f in _MIG_ROWS if f.key in values)
+                out.extend(Series(metric, labels, values[key] / divisor)
+                           for metric, key, divisor in _MIG_ROWS if key in values)
         return out
 
     def xid_series(self, last: Mapping[int, int], idents: Iterable[GpuIdentity],
