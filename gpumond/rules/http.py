@@ -16,10 +16,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.accept import Ingest
-from gpumond.rules.ingest.endpoint import PUSH_PATH, PushEndpoint, Receive, Scope, Send
+from gpumond.rules.ingest.endpoint import PUSH_PATH, PushEndpoint
 from gpumond.rules.ingest.openapi import FINDING_STATES, openapi_document
 from gpumond.rules.ingest.stats import IngestStats
 from gpumond.rules.store import RankStore
@@ -101,9 +102,9 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
 class RulesApp:
     """The rules service's ASGI app: POST /api/v1/push straight to its endpoint, every other request to Starlette."""
 
-    # The push is the hot path: Starlette's middleware, router and Request/Response cost ~a quarter of a push
-    # (benchmarks/results/rules_ingest.md), for nothing the endpoint needs. Starlette still routes the path for
-    # every other method (405 with Allow) to the same endpoint object, so the push has one implementation.
+    # The push is the hot path: Starlette's middleware, router and Request/Response were about a third of a
+    # push's own work in process (docs/rules-api.md), for nothing the endpoint needs. Starlette still routes the
+    # path for every other method (405 with Allow) to the same endpoint object: the push has one implementation.
 
     def __init__(self, app: Starlette, push: PushEndpoint) -> None:
         self.starlette = app

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
+from starlette.types import Receive
 
 
 class Disconnected(Exception):

@@ -2,7 +2,7 @@
 
 A push is the rules service's hot path (a 32,768-rank job stepping twice a second sends 1,024 pushes/s to one
 process), and a push's own work is a few hundred microseconds: Starlette's router, Request, Response and
-middleware stack cost a measurable share of that (benchmarks/results/rules_ingest.md). So this endpoint reads
+middleware stack were about a third of it (docs/rules-api.md, "Performance"). So this endpoint reads
 the few headers it needs from the ASGI scope, the body from `receive`, and answers with pre-encoded bytes. It is
 the only implementation of the push route: the rules app hands it POSTs of PUSH_PATH before Starlette sees them,
 and Starlette's route for the path is this same object (so other methods get the app's 405).
@@ -13,17 +13,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.types import Receive, Scope, Send
+
 from gpumond.rules.ingest.accept import Ingest, Reply
-from gpumond.rules.ingest.body import Disconnected, Receive, read_body
+from gpumond.rules.ingest.body import Disconnected, read_body
 
 log = logging.getLogger("gpumond.rules.http")
 
 PUSH_PATH = "/api/v1/push"
-Scope = dict[str, Any]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _JSON = (b"content-type", b"application/json")
 # The headers Ingest.admit reads, by their ASGI (lowercase) names -> their place in its arguments.
