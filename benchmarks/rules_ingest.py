@@ -34,7 +34,8 @@ Load: `wrk` (Debian package), one thread, `--conns` keep-alive connections (clos
 script building each request. Before timing, every rank of the scenario is pushed once (so the
 servers hold them all). Then rounds: every server gets one `--duration` cell per round, in a
 freshly shuffled order. Records/s = 2xx pushes × 64 ÷ cell time (for gpumond also from its own
-accepted-steps counter); latency p50/p99 as wrk measures it; CPU = utime+stime of the server.
+accepted-steps counter); latency p50/p99 as wrk measures it; CPU = utime+stime of the server; the
+machine's 1-minute load average as each cell ends (on a shared machine it says how far p99 is the machine's).
 
 Paced (`--paced RECORDS_PER_S`, default 65,536: a 32,768-rank job stepping twice a second): after the
 rounds of the large scenario, every server gets one more cell in which wrk sends pushes on a schedule of
