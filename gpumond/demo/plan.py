@@ -113,7 +113,6 @@ class DemoPlan:
             Planted("xid", f"XID 48 + 1 uncorrected ECC error at {self.xid_at_s:.0f} s",
                     self.place(self.xid_node, self.xid_gpu), self.xid_at_s, self.xid_at_s,
                     expect=("alert:GpuXidCritical", "alert:GpuEccUncorrectedIncreasing", "action:drain"),
-                    related=("alert:GpumondNodeDrained",),
                     lasting={"alert:GpuRowRemapPending": "until an operator resets the GPU"},
                     hint=f"agent alerts GpuXidCritical and GpuEccUncorrectedIncreasing at once, held "
                          f"{self.event_hold_s:g} simulated s; GpuRowRemapPending stays until the GPU is reset; "
