@@ -231,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "environment. --shape-only checks keys, types and bounds alone, for a machine "
                                    "that does not hold the secrets (CI). The ok line says which check ran.",
                        epilog=("examples:\n"
-                               "  gpumond check-config /etc/gpumond/agent.yaml          # as the daemon will start\n"
-                               "  gpumond check-config --shape-only deploy/rules.yaml   # in CI, without the secrets\n"),
+                               "  gpumond check-config /etc/gpumond/agent.yaml                   # as the daemon will start\n"
+                               "  gpumond check-config --shape-only deploy/examples/rules.yaml   # in CI, without the secrets\n"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("file", metavar="FILE", type=Path)
     c.add_argument("--kind", choices=["agent", "rules"], help="which config this is (default: recognise it)")
