@@ -258,7 +258,9 @@ def known(url: str, timeout_s: float = 5.0, access: Access = ANONYMOUS) -> str:
         raise FetchError(f"{full}: not Prometheus text ({e})") from None
     jobs, ranks = int(held.get("jobs", 0)), int(held.get("ranks", 0))
     pushed = (f"{jobs} job(s) with {ranks} rank(s) pushing" if jobs else
-              "no job has pushed to it yet (check GPUMOND_ENDPOINT and GPUMOND_TOKEN in the training job)")
+              # held jobs only: a job that sent `final` or outlived expire_after_s is no longer counted
+              "no job is pushing to it (none has yet, or each one ended or fell silent; check GPUMOND_ENDPOINT "
+              "and GPUMOND_TOKEN in the training job)")
     if not telemetry:
         gpu = "no GPU telemetry source configured (telemetry: in rules.yaml)"
     else:

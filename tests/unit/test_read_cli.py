@@ -303,8 +303,9 @@ def _rules_metrics(tmp_path, *, pushed: bool, telemetry: bool) -> bytes:
 
 
 @pytest.mark.parametrize("pushed, telemetry, expected", [
-    (False, False, "no findings: no job has pushed to it yet (check GPUMOND_ENDPOINT and GPUMOND_TOKEN in the "
-                   "training job); no GPU telemetry source configured (telemetry: in rules.yaml)"),
+    (False, False, "no findings: no job is pushing to it (none has yet, or each one ended or fell silent; check "
+                   "GPUMOND_ENDPOINT and GPUMOND_TOKEN in the training job); no GPU telemetry source configured "
+                   "(telemetry: in rules.yaml)"),
     (True, True, "no findings: 1 job(s) with 1 rank(s) pushing; GPU telemetry (scrape) configured but its last "
                  "fetch failed"),
 ], ids=["nothing-known", "a-job-and-a-failing-target"])
