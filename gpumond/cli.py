@@ -38,6 +38,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _demo_nodes(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 3 <= v <= 1024:
+        raise argparse.ArgumentTypeError(f"must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got {v}")
+    return v
+
+
 def _speed(text: str) -> float:
     try:
         v = float(text)
@@ -162,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "  gpumond demo --pagerduty-routing-key 0123456789abcdef0123456789abcdef\n"
                 "  gpumond demo --alertmanager http://127.0.0.1:9093   # repeat for every replica\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--nodes", type=_positive_int, default=4, help="simulated nodes, 8 GPUs each (default 4)")
+    d.add_argument("--nodes", type=_demo_nodes, default=4,
+                   help="simulated nodes, 8 GPUs each, 3 to 1024 (default 4)")
     d.add_argument("--duration", type=_speed, default=180.0, metavar="SECONDS",
                    help="the longest it runs before the summary if not everything is found and resolved sooner "
                         "(default 180; Ctrl-C ends it early)")
@@ -459,10 +470,6 @@ def _demo(args: argparse.Namespace) -> int:
     from gpumond.demo.run import run_demo
     from gpumond.logs import setup_logging
 
-    if args.nodes < 3:
-        print("gpumond demo: --nodes: must be at least 3 (the planted faults sit on nodes 0, 1 and 2)",
-              file=sys.stderr)
-        return EXIT_USAGE
     from pydantic import ValidationError
 
     from gpumond.config import ConfigError

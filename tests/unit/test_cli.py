@@ -26,6 +26,7 @@ def run(*args):
     (["agent", "--listen", "nohost"], "--listen: must be HOST:PORT"),
     (["agent", "--bogus"], "unrecognized arguments: --bogus"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["demo", "--nodes", "2"], "--nodes: must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got 2"),
 ])
 def test_bad_flags_exit_2_with_one_line(args, fragment):
     p = run(*args)
@@ -197,3 +198,25 @@ def test_a_scenario_file_in_the_working_directory_wins_over_a_shipped_name(tmp_p
     (tmp_path / "demo.yaml").write_text("faults: []\n")
     monkeypatch.chdir(tmp_path)
     assert build_parser().parse_args(["agent", "--sim-scenario", "demo.yaml"]).sim_scenario == Path("demo.yaml")
+
+
+def test_every_repository_path_a_help_text_names_exists():
+    # A newcomer copies the examples from --help; check-config's used to name deploy/rules.yaml, which is not here.
+    import argparse
+    import re
+
+    root = Path(gpumond.__file__).resolve().parent.parent
+    parser = build_parser()
+    helps = [parser.format_help()]
+    todo = [parser]
+    while todo:
+        for action in todo.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    helps.append(sub.format_help())
+                    todo.append(sub)
+    # `kubectl exec deploy/NAME` names a Kubernetes Deployment, not a file
+    named = {m for text in helps
+             for m in re.findall(r"(?<![\w/.~-])(?<!exec )((?:deploy|docs|dashboards|scripts|gpumond)/[\w./-]*\w)", text)}
+    assert "deploy/examples/rules.yaml" in named
+    assert [path for path in sorted(named) if not (root / path).exists()] == []
