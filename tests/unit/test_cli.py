@@ -95,6 +95,7 @@ def test_a_scenario_for_more_gpus_than_simulated_is_one_clear_line():
     p = run("agent", "--sim", "2", "--sim-scenario", "demo")  # the shipped demo plants faults on GPUs 1-3
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "GPU 3 does not exist" in p.stderr and "raise --sim" in p.stderr
+    assert "--sim-scenario: demo.yaml: gpus[0].index" in p.stderr  # the file, as for every other scenario error
 
 
 def test_help_teaches_the_simulator():
