@@ -44,7 +44,8 @@ def _demo_nodes(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
     if not 3 <= v <= 1024:
-        raise argparse.ArgumentTypeError(f"must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got {v}")
+        raise argparse.ArgumentTypeError(
+            f"must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got {v}")
     return v
 
 
@@ -242,8 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "environment. --shape-only checks keys, types and bounds alone, for a machine "
                                    "that does not hold the secrets (CI). The ok line says which check ran.",
                        epilog=("examples:\n"
-                               "  gpumond check-config /etc/gpumond/agent.yaml                   # as the daemon will start\n"
-                               "  gpumond check-config --shape-only deploy/examples/rules.yaml   # in CI, without the secrets\n"),
+                               "  gpumond check-config /etc/gpumond/agent.yaml                  # as the daemon will "
+                               "start\n"
+                               "  gpumond check-config --shape-only deploy/examples/rules.yaml  # in CI, without the "
+                               "secrets\n"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("file", metavar="FILE", type=Path)
     c.add_argument("--kind", choices=["agent", "rules"], help="which config this is (default: recognise it)")

@@ -217,7 +217,7 @@ def test_every_repository_path_a_help_text_names_exists():
                     helps.append(sub.format_help())
                     todo.append(sub)
     # `kubectl exec deploy/NAME` names a Kubernetes Deployment, not a file
-    named = {m for text in helps
-             for m in re.findall(r"(?<![\w/.~-])(?<!exec )((?:deploy|docs|dashboards|scripts|gpumond)/[\w./-]*\w)", text)}
+    path = re.compile(r"(?<![\w/.~-])(?<!exec )((?:deploy|docs|dashboards|scripts|gpumond)/[\w./-]*\w)")
+    named = {m for text in helps for m in path.findall(text)}
     assert "deploy/examples/rules.yaml" in named
     assert [path for path in sorted(named) if not (root / path).exists()] == []
