@@ -126,12 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--state-dir", metavar="DIR", help="override `state_dir` (default /var/lib/gpumond; with --sim, a "
                                                       "directory of the run's own); one live agent per directory")
     a.add_argument("--sim", metavar="GPUS", type=_positive_int,
-                   help="run on N simulated GPUs instead of the NVIDIA driver (explicit, never a fallback)")
+                   help="run on N simulated GPUs instead of the NVIDIA driver (explicit, never a fallback; "
+                        "--sim-scenario alone simulates 8)")
     a.add_argument("--sim-scenario", metavar="FILE", type=_scenario,
                    help="YAML faults injected into the simulated GPUs over time (see docs/simulator.md): a file, "
                         "or the name of a shipped scenario (listed below) when no such file exists")
-    a.add_argument("--sim-speed", metavar="X", type=_speed, default=1.0,
-                   help="run simulated time X times faster than wall time (default 1)")
+    a.add_argument("--sim-speed", metavar="X", type=_speed,
+                   help="run simulated time X times faster than wall time (default 1); with --sim or "
+                        "--sim-scenario only")
     a.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     a.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
     _web_flag(a)
@@ -551,6 +553,11 @@ def _agent(args: argparse.Namespace) -> int:
     from gpumond.logs import setup_logging
     from gpumond.serving import ListenError
 
+    if args.sim_speed is not None and not (args.sim or args.sim_scenario):
+        # without them the agent reads the real driver, where there is no simulated time to speed up
+        print("gpumond agent: --sim-speed: applies to simulated GPUs only; add --sim N (see: gpumond agent --help)",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
         cfg = load_agent_config(args.config)
     except ConfigError as e:
@@ -571,7 +578,7 @@ def _agent(args: argparse.Namespace) -> int:
     setup_logging(cfg.log.level, cfg.log.format)
     try:
         if args.sim or args.sim_scenario:
-            backend = sim_backend(args.sim, args.sim_scenario, args.sim_speed, cfg.node_name)
+            backend = sim_backend(args.sim, args.sim_scenario, args.sim_speed or 1.0, cfg.node_name)
         else:
             backend = real_backend()
     except BackendError as e:

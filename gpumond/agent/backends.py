@@ -30,7 +30,8 @@ def sim_backend(gpus: int | None, scenario_path: Path | None, speed: float, node
             scenario = load_scenario(scenario_path)
         except ScenarioError as e:
             raise BackendError(f"--sim-scenario: {e}") from None
-    count = gpus or (len(scenario.gpus) if scenario is not None and scenario.gpus else 8)
+    # `gpus:` in a scenario holds per-GPU overrides, not the node's GPUs: without --sim, a node of 8
+    count = gpus or 8
     clock = SimClock(speed=speed)
     try:
         sim = SimulatedNvml(gpu_count=count, node=node, scenario=scenario, clock=clock,

@@ -26,6 +26,7 @@ def run(*args):
     (["agent", "--listen", "nohost"], "--listen: must be HOST:PORT"),
     (["agent", "--bogus"], "unrecognized arguments: --bogus"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["agent", "--sim-speed", "10"], "--sim-speed: applies to simulated GPUs only; add --sim N"),  # not ignored
     (["demo", "--nodes", "2"], "--nodes: must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got 2"),
 ])
 def test_bad_flags_exit_2_with_one_line(args, fragment):
@@ -96,6 +97,15 @@ def test_a_scenario_for_more_gpus_than_simulated_is_one_clear_line():
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "GPU 3 does not exist" in p.stderr and "raise --sim" in p.stderr
     assert "--sim-scenario: demo.yaml: gpus[0].index" in p.stderr  # the file, as for every other scenario error
+
+
+def test_a_scenario_without_sim_simulates_8_gpus_whatever_its_per_gpu_overrides():
+    from gpumond.agent.backends import sim_backend
+    from gpumond.cli import _SCENARIO_DIR
+
+    # the demo scenario overrides only GPU 3 and plants faults on GPUs 1-3: it used to build a node of 1 GPU
+    backend = sim_backend(None, Path(_SCENARIO_DIR) / "demo.yaml", 1.0, "n1")
+    assert len(backend.extra["sim"].gpus) == 8
 
 
 def test_help_teaches_the_simulator():
