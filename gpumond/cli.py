@@ -357,7 +357,7 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
     """`cfg` with validated flag overrides (flag, text, parse, key) and --log-level / --log-format applied."""
     update: dict[str, object] = {}
     for flag, text, parse, key in parsers:
-        if text:
+        if text is not None:  # an empty value ("--state-dir $UNSET") is refused by its parser, never skipped
             try:
                 update[key] = parse(text)
             except ValueError as e:
@@ -366,6 +366,12 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
     if log_update:
         update["log"] = cfg.log.model_copy(update=log_update)
     return cfg.model_copy(update=update)  # every value above is already validated
+
+
+def _node_name(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty (leave the flag out for the host name)")
+    return text
 
 
 def _directory(text: str) -> Path:
@@ -565,7 +571,7 @@ def _agent(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         cfg = _with_flags(cfg, "agent", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
-                                               ("--node-name", args.node_name, str, "node_name"),
+                                               ("--node-name", args.node_name, _node_name, "node_name"),
                                                ("--state-dir", args.state_dir, _directory, "state_dir")))
     except _FlagError as e:
         print(e, file=sys.stderr)

@@ -26,6 +26,10 @@ def run(*args):
     (["agent", "--listen", "nohost"], "--listen: must be HOST:PORT"),
     (["agent", "--bogus"], "unrecognized arguments: --bogus"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["agent", "--sim", "1", "--state-dir", ""], "--state-dir: must be a directory path"),  # not the default
+    (["agent", "--sim", "1", "--node-name", " "], "--node-name: must not be empty"),
+    (["rules", "--config", str(Path(gpumond.__file__).parent.parent / "deploy/examples/rules.yaml"), "--listen", ""],
+     "--listen: "),
     (["agent", "--sim-speed", "10"], "--sim-speed: applies to simulated GPUs only; add --sim N"),  # not ignored
     (["demo", "--nodes", "2"], "--nodes: must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got 2"),
 ])
