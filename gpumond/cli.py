@@ -326,9 +326,20 @@ def _web(path: Path | None) -> Any:
     return load_web(path)
 
 
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser `args` were parsed by, e.g. the one of `gpumond remediation undo`."""
+    for action in parser._actions:  # noqa: SLF001 - argparse offers no public walk of its subparsers
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _innermost(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gpumond` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame `gpumond` and point at the top-level help; name the command given
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "check-config":
         return _check_config(args.file, args.kind, shape_only=args.shape_only)
     if args.command == "agent":

@@ -24,7 +24,9 @@ def run(*args):
     (["agent", "--sim", "0"], "--sim: must be from 1 to 1024, got 0"),
     (["agent", "--sim-speed", "fast"], "--sim-speed: must be a number, got 'fast'"),
     (["agent", "--listen", "nohost"], "--listen: must be HOST:PORT"),
-    (["agent", "--bogus"], "unrecognized arguments: --bogus"),
+    (["agent", "--bogus"], "gpumond agent: unrecognized arguments: --bogus (see: gpumond agent --help)"),
+    (["remediation", "list", "--bogus"], "gpumond remediation list: unrecognized arguments: --bogus (see: gpumond "
+                                         "remediation list --help)"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["agent", "--sim", "1", "--state-dir", ""], "--state-dir: must be a directory path"),  # not the default
     (["agent", "--sim", "1", "--node-name", " "], "--node-name: must not be empty"),
