@@ -265,8 +265,20 @@ class Timed:
         return out
 
 
+def _profiled(call):
+    """`call()` under cProfile; the functions that took most of it (cumulative) to stderr."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(call)
+    finally:
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
+
+
 def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, duration_s: float,
-              importer) -> dict:
+              importer, profile: bool = False) -> dict:
     """Cycles of import → HTTP pushes → poll_telemetry → evaluate for one shard's service; measurements."""
     import psutil
 
@@ -305,7 +317,10 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
             t0 = time.perf_counter()
             ev.poll_telemetry()
             t1 = time.perf_counter()
-            findings = ev.evaluate()
+            if profile and c + 1 >= cycles and time.perf_counter() - began >= duration_s:  # the last cycle
+                findings = _profiled(ev.evaluate)
+            else:
+                findings = ev.evaluate()
             t2 = time.perf_counter()
             found = {(f.kind, f.job, f.rank) for f in findings}
             extra_ever |= {f for f in found if not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
@@ -413,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, help="wall seconds the 1-shard run is sustained (default 600, quick 0)")
     ap.add_argument("--faults", type=int, help="slow and starved GPUs planted in the big job (default 4 each)")
     ap.add_argument("--one-shard-only", action="store_true", help="skip the 4-shard runs (their fetch is the same)")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile the 1-shard run's last evaluation (cProfile, top functions to stderr)")
     args = ap.parse_args(argv)
     from gpumond.rules.service import GC_THRESHOLDS
 
@@ -441,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             client.get(url + "/internal/force_flush").raise_for_status()
             return time.perf_counter() - t0
 
-        results = [run_shard(url, fleet, None, args.cycles, duration, importer)]
+        results = [run_shard(url, fleet, None, args.cycles, duration, importer, profile=args.profile)]
         last = START + (len(results[0]["rows"]) - 1) * CYCLE_S
         ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
         per_query = query_breakdown(url, last, vm.pid)
