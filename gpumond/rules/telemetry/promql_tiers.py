@@ -63,7 +63,8 @@ class Tiers:
                 out[key] = f"{query} != 0"
         return out
 
-    def merge(self, asked: Mapping[str, str], results: Mapping[str, Sequence[Row]], t: float) -> dict[str, Sequence[Row]]:
+    def merge(self, asked: Mapping[str, str], results: Mapping[str, Sequence[Row]],
+              t: float) -> dict[str, Sequence[Row]]:
         """The results of the queries `plan(t)` returned (a failed one missing), completed with the kept rows."""
         out: dict[str, Sequence[Row]] = dict(results)
         for key in REFRESHED:
