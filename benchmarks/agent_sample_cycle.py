@@ -405,13 +405,21 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
     # (e): (d) with exposition.dcgm_compat on, as Agent wires it (its renderer knows the DCGM_FI_* types too).
     dcgm = Sampler(session, hostname=hostname, renderer=Renderer(types=metric_types() | dcgm_types()),
                    xid=_NoXids(), host=HostEvidence(), jobs=JobAttributor(), dcgm=DcgmCompat(hostname=hostname))
-    for s in (plain, wired, dcgm):
+    # (f): (d) with exposition.nvlink_per_link on: each link's throughput and error counters as well.
+    per_link = Sampler(session, hostname=hostname, renderer=Renderer(), xid=_NoXids(), host=HostEvidence(),
+                       jobs=JobAttributor(), nvlink_per_link=True)
+    for s in (plain, wired, dcgm, per_link):
         s.slow_cycle()
         s.fast_cycle()
     snapshot = plain.last_snapshot
     assert snapshot is not None and plain.latest is not None
     n_series = _bench.count_series(plain.latest.plain)
     plain_bytes, gz_bytes = len(plain.latest.plain), len(plain.latest.gzipped)
+    size = {}  # variant → (series, plain bytes, gzip bytes) of its last exposition
+    for key, sampler in (("d", wired), ("e", dcgm), ("f", per_link)):
+        assert sampler.latest is not None
+        size[key] = (_bench.count_series(sampler.latest.plain), len(sampler.latest.plain),
+                     len(sampler.latest.gzipped))
     renderer = Renderer()
     types = metric_types()
     all_series = sorted((s for r in snapshot.results for s in r.series), key=lambda s: s.name)
@@ -435,6 +443,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "c": plain.fast_cycle,
         "d": wired.fast_cycle,
         "e": dcgm.fast_cycle,
+        "f": per_link.fast_cycle,
         "render": lambda: renderer.render(snapshot),
         "encode_ref": encode_reference,
         "gzip": lambda: gzip.compress(body, level),
@@ -451,6 +460,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "c": plain.slow_cycle,
         "d": wired.slow_cycle,
         "e": dcgm.slow_cycle,
+        "f": per_link.slow_cycle,
     }
 
     def advance() -> None:
@@ -474,6 +484,7 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "c": "(c) `Sampler.fast_cycle()` (NVML only): series + snapshot + render + gzip",
         "d": "(d) `Sampler.fast_cycle()` as `Agent` wires it (+ host evidence via psutil, XID counts)",
         "e": "(e) (d) with `exposition.dcgm_compat` on (DCGM_FI_* series as well)",
+        "f": "(f) (d) with `exposition.nvlink_per_link` on (each link's counters as well)",
     }
     slow_labels = {
         "bare": "bare pynvml loop (the floor)",
@@ -484,10 +495,11 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
         "c": "(c) `Sampler.slow_cycle()` (NVML only; rendering happens on the next fast cycle)",
         "d": "(d) `Sampler.slow_cycle()` + job attribution (adds 8 `GetComputeRunningProcesses`, not in bare)",
         "e": "(e) (d) with `exposition.dcgm_compat` on",
+        "f": "(f) (d) with `exposition.nvlink_per_link` on",
     }
     hdr = ["variant", "CPU min", "CPU median", "CPU p90", "ratio of medians", "paired ratio min / median / p90",
            "wall-time ratio of medians", f"≤ {TARGET}?"]
-    order = ["bare", "readers", "a0", "a", "b", "c", "d", "e"]
+    order = ["bare", "readers", "a0", "a", "b", "c", "d", "e", "f"]
     med = {k: statistics.median(v) for k, v in ft.items()}
 
     def calls_line(census: Counter[str]) -> str:
@@ -506,6 +518,15 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
             "load average (1 min) before / after the timing loop": f"{load_before[0]:.2f} / {load_after[0]:.2f} "
                                                                    f"on {os.cpu_count()} CPUs",
         }),
+        "",
+        "## Exposition size by option",
+        "",
+        _bench.md_table(["exposition (one scrape)", "series", "bytes plain", "bytes gzip"], [
+            [fast_labels[k], f"{n:,}", f"{p:,}", f"{g:,}"] for k, (n, p, g) in size.items()]),
+        "",
+        "`exposition.nvlink_per_link` adds, per GPU, 6 series per NVLink (throughput tx/rx and four error "
+        "counters): 18 links on an H100. The NVML calls are the same either way (the per-GPU totals are sums of "
+        "the per-link reads, which the agent's NVLink alerts use); the cost is series, bytes and encoding.",
         "",
         "## Fast tier (every 1 s)",
         "",
@@ -539,6 +560,8 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
              f"{100 * (med['d'] - med['c']) / med['c']:.0f} %"],
             ["`exposition.dcgm_compat` on: (e) − (d)", _bench.fmt_us(med["e"] - med["d"]),
              f"{100 * (med['e'] - med['d']) / med['c']:.0f} %"],
+            ["`exposition.nvlink_per_link` on: (f) − (d)", _bench.fmt_us(med["f"] - med["d"]),
+             f"{100 * (med['f'] - med['d']) / med['c']:.0f} %"],
             ["*reference, not in the cycle:* prometheus-client `generate_latest` on the same series",
              _bench.fmt_us(med["encode_ref"]), f"{100 * med['encode_ref'] / med['c']:.0f} %"],
         ]),

@@ -123,13 +123,16 @@ class Agent:
                                    clock=backend.clock, alerts=self.alerts)
         self._audit = audit
         compat = config.exposition.dcgm_compat
-        dcgm = DcgmCompat(hostname=config.node_name, hostname_label=compat.hostname_label) if compat.enabled else None
+        per_link = config.exposition.nvlink_per_link
+        dcgm = (DcgmCompat(hostname=config.node_name, hostname_label=compat.hostname_label, per_link=per_link)
+                if compat.enabled else None)
         renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
         # Filled by the HTTP server (serve()), exported each fast cycle; the cap is known now, for the first one.
         self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=renderer, xid=self.xid,
                                jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
-                               policy=self.policy, dcgm=dcgm, identities=self._identities.save,
+                               policy=self.policy, dcgm=dcgm, nvlink_per_link=per_link,
+                               identities=self._identities.save,
                                server=self.http_stats.series)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 

@@ -8,8 +8,13 @@ Pod labels follow dcgm-exporter's pod mapper (internal/pkg/transformation/kubern
 GPU the kubelet assigned to a container carries `pod`, `namespace`, `container`. A GPU several containers
 share (time-slicing) repeats each series once per container, as its `--kubernetes-virtual-gpus` mode does,
 rather than naming one of them arbitrarily as its default mode does. MIG devices are assigned by MIG UUID,
-so a MIG-enabled GPU's own series carry no pod, as in dcgm-exporter, whose per-instance series gpumond does
-not export.
+so a MIG-enabled GPU's own series carry no pod, as in dcgm-exporter. Each GPU instance's profiling fields
+(`mig_series`, from GPM per instance) carry dcgm-exporter's `GPU_I_PROFILE` and `GPU_I_ID` and the pods the
+kubelet assigned that instance.
+
+With `exposition.nvlink_per_link`, each link's error counters are exported too, under DCGM's per-link field
+names (`DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0` … `_L17`, one metric name per link, as dcgm-exporter names
+any field: no `link` label), from `dcgm_nvlink_links.csv`.
 """
 
 from __future__ import annotations
@@ -20,13 +25,25 @@ from importlib import resources
 from gpumond.agent import gpu_series
 from gpumond.agent.podresources.assign import PodRef
 from gpumond.nvml.catalogue import Field, load_catalogue
+from gpumond.nvml.mig import MigIdentity
 from gpumond.nvml.session import GpuIdentity, TierRead
 from gpumond.types import Labels, Series
 
-DCGM_CATALOGUE: tuple[Field, ...] = load_catalogue(
-    resources.files("gpumond.agent").joinpath("dcgm_fields.csv").read_text(encoding="utf-8"))
+def _catalogue(name: str) -> tuple[Field, ...]:
+    return load_catalogue(resources.files("gpumond.agent").joinpath(name).read_text(encoding="utf-8"), name)
+
+
+DCGM_CATALOGUE: tuple[Field, ...] = _catalogue("dcgm_fields.csv")
+DCGM_LINK_CATALOGUE: tuple[Field, ...] = _catalogue("dcgm_nvlink_links.csv")  # with exposition.nvlink_per_link
 _INDEX = gpu_series.index_fields(DCGM_CATALOGUE)
+_INDEX_PER_LINK = gpu_series.index_fields(DCGM_CATALOGUE + DCGM_LINK_CATALOGUE)
 _DIVISOR = gpu_series.divisors(DCGM_CATALOGUE)
+# The profiling fields DCGM reports per GPU instance: the activity ratios. PCIe and NVLink bytes belong to the
+# board's links, not to an instance, and stay on the GPU's own series.
+MIG_PROF_KEYS = frozenset({"graphics", "sm", "occupancy", "tensor_any", "dram", "fp64", "fp32", "fp16"})
+# (metric, GPM key, divisor): GPM percentages as dcgm-exporter's ratios.
+_MIG_ROWS = tuple((f.metric, f.key, _DIVISOR[f.scale]) for f in DCGM_CATALOGUE
+                  if f.reader == "gpm" and f.key in MIG_PROF_KEYS and f.scale is not None)
 
 XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
 HOSTNAME_LABELS = ("Hostname", "hostname")  # released dcgm-exporter; its main branch (no release yet)
@@ -34,7 +51,7 @@ HOSTNAME_LABELS = ("Hostname", "hostname")  # released dcgm-exporter; its main b
 
 def dcgm_types() -> dict[str, tuple[str, str]]:
     """Every dcgm-compatible metric name → (type, help), for the encoder's HELP/TYPE lines."""
-    out = {f.metric: (f.type, f.help) for f in DCGM_CATALOGUE}
+    out = {f.metric: (f.type, f.help) for f in DCGM_CATALOGUE + DCGM_LINK_CATALOGUE}
     out[XID_METRIC] = ("gauge", "Value of the last XID error encountered (0: none since the agent started).")
     return out
 
@@ -57,9 +74,10 @@ def pod_labels(ref: PodRef) -> Labels:
 class DcgmCompat:
     """Turns a tier's read and the XID watcher's last codes into dcgm-exporter-named series."""
 
-    def __init__(self, *, hostname: str, hostname_label: str = "Hostname") -> None:
+    def __init__(self, *, hostname: str, hostname_label: str = "Hostname", per_link: bool = False) -> None:
         if hostname_label not in HOSTNAME_LABELS:
             raise ValueError(f"hostname_label must be one of {', '.join(HOSTNAME_LABELS)}")
+        self._index = _INDEX_PER_LINK if per_link else _INDEX
         self._hostname = hostname
         self._hostname_label = hostname_label
         self._labels: dict[tuple[GpuIdentity, str | None], Labels] = {}
@@ -85,8 +103,36 @@ class DcgmCompat:
     def tier_series(self, read: TierRead, driver_version: str | None) -> list[Series]:
         """The DCGM_FI_DEV_* series of one tier's read (a lost GPU exports none, as in gpumond's own)."""
         sets: dict[str, tuple[Labels, ...]] = {}
-        out = gpu_series.field_series(read, _INDEX, _DIVISOR, lambda i: self._first(i, driver_version, sets))
+        out = gpu_series.field_series(read, self._index, _DIVISOR, lambda i: self._first(i, driver_version, sets))
         return self._shared(out, sets)
+
+    def mig_series(self, migs: Iterable[MigIdentity], activity: Mapping[str, Mapping[str, float]],
+                   idents: Mapping[int, GpuIdentity], driver_version: str | None) -> list[Series]:
+        """DCGM_FI_PROF_* activity of each GPU instance, labelled as dcgm-exporter labels one: the parent GPU's
+        labels plus `GPU_I_PROFILE` and `GPU_I_ID`, and the pods of the instance's MIG devices.
+
+        One series set per GPU instance, as DCGM's entity is the instance: its compute instances (MIG devices
+        sharing the GPU instance id) read the same GPM sample, so the first one read stands for them all.
+        """
+        by_instance: dict[tuple[int, int], tuple[MigIdentity, Mapping[str, float], list[Labels]]] = {}
+        for m in migs:
+            parent = idents.get(m.parent_index)
+            values = activity.get(m.uuid)
+            if parent is None or not values:
+                continue
+            key = (m.parent_index, m.gpu_instance)
+            entry = by_instance.get(key)
+            if entry is None:
+                entry = by_instance[key] = (m, values, [])
+            entry[2].extend(p for p in self._pods.get(m.uuid, ()) if p not in entry[2])
+        out: list[Series] = []
+        for (index, _), (m, values, pods) in by_instance.items():
+            base = self.labels(idents[index], driver_version) + (("GPU_I_PROFILE", m.profile),
+                                                                 ("GPU_I_ID", str(m.gpu_instance)))
+            for labels in [base + p for p in pods] or [base]:
+                out.extend(Series(metric, labels, values[key] / divisor)
+                           for metric, key, divisor in _MIG_ROWS if key in values)
+        return out
 
     def xid_series(self, last: Mapping[int, int], idents: Iterable[GpuIdentity],
                    driver_version: str | None) -> list[Series]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gpumond.agent.attribution import DeviceJob
-from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS, Field
+from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS, LINK_CATALOGUE, Field
 from gpumond.nvml.mig import MigIdentity
 from gpumond.nvml.session import GpuIdentity, TierRead
 from gpumond.types import Labels, Series
@@ -27,7 +27,8 @@ def divisors(fields: Iterable[Field]) -> dict[float, float]:
 
 
 _BY_READER_KEY = index_fields(CATALOGUE)
-_DIVISOR = divisors(CATALOGUE)
+_BY_READER_KEY_PER_LINK = index_fields(CATALOGUE + LINK_CATALOGUE)  # with `exposition.nvlink_per_link`
+_DIVISOR = divisors(CATALOGUE + LINK_CATALOGUE)
 
 
 LINK_SUFFIX = "@link"  # a catalogue key `x@link` exports each read key `x@N` with the label link="N"
@@ -74,13 +75,14 @@ def field_series(read: TierRead, index: FieldIndex, divisor: Mapping[float, floa
     return out
 
 
-def tier_series(read: TierRead, *, with_up: bool) -> list[Series]:
-    """Series for one tier's read; `with_up` adds gpumond_gpu_up (only the fast tier says it)."""
+def tier_series(read: TierRead, *, with_up: bool, per_link: bool = False) -> list[Series]:
+    """Series for one tier's read; `with_up` adds gpumond_gpu_up (only the fast tier says it), `per_link` each
+    NVLink's counters (LINK_CATALOGUE) beside the per-GPU totals."""
     out: list[Series] = []
     if with_up:
         out.append(Series("gpumond_nvml_up", (), 1.0 if read.nvml_up else 0.0))
         out.extend(Series("gpumond_gpu_up", gpu_labels(g.identity), 1.0 if g.up else 0.0) for g in read.gpus)
-    out.extend(field_series(read, _BY_READER_KEY, _DIVISOR, gpu_labels))
+    out.extend(field_series(read, _BY_READER_KEY_PER_LINK if per_link else _BY_READER_KEY, _DIVISOR, gpu_labels))
     return out
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from gpumond.alerts.pipeline import ALERT_METRICS
 from gpumond.alerts.sinks import SINK_METRICS
 from gpumond.connections import CONNECTION_METRICS
-from gpumond.nvml.catalogue import CATALOGUE
+from gpumond.nvml.catalogue import CATALOGUE, LINK_CATALOGUE
 
 # name → (type, help)
 AGENT_METRICS: Mapping[str, tuple[str, str]] = {
@@ -54,6 +54,6 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
 
 def metric_types() -> dict[str, tuple[str, str]]:
     """Every exported metric name → (type, help), catalogue fields included."""
-    out = {f.metric: (f.type, f.help) for f in CATALOGUE}
+    out = {f.metric: (f.type, f.help) for f in CATALOGUE + LINK_CATALOGUE}
     out.update(AGENT_METRICS)
     return out

@@ -7,7 +7,7 @@ import sys
 from gpumond.agent.gpu_series import LINK_SUFFIX
 from gpumond.agent.metrics import AGENT_METRICS
 from gpumond.nvml.calls import READERS
-from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS
+from gpumond.nvml.catalogue import CATALOGUE, CLOCK_EVENT_REASONS, LINK_CATALOGUE, Field
 
 
 def render() -> str:
@@ -69,21 +69,17 @@ def render() -> str:
         "**NVLink** rows with a `link` label are exported once per link the GPU reports",
         "(`NVML_FI_DEV_NVLINK_LINK_COUNT`); a GPU without NVLink has none.",
         "",
-        "| metric | type | extra labels | tier | NVML call(s) | help |",
-        "|---|---|---|---|---|---|",
+        *_table(CATALOGUE, calls),
+        "",
+        "### Each NVLink's counters (`exposition.nvlink_per_link`)",
+        "",
+        "Off by default: 6 series per link (18 on an H100) more than double an 8-GPU node's exposition (see",
+        "docs/configuration.md). They have names of their own, so a `sum()` over",
+        "`gpumond_gpu_nvlink_data_bytes_total` or `gpumond_gpu_nvlink_errors_total` never counts a link twice; each",
+        "GPU's per-link values sum to its total of the same read. The reads are the same either way.",
+        "",
+        *_table(LINK_CATALOGUE, calls),
     ]
-    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-    for f in CATALOGUE:
-        labels = ", ".join(f"{k}=\"{v}\"" for k, v in f.labels)
-        if f.scale is None:
-            labels = "reason=" + "\\|".join(CLOCK_EVENT_REASONS.values())
-        if f.key.endswith(LINK_SUFFIX):
-            labels = ", ".join(x for x in ("link (0, 1, …)", labels) if x)
-        key = (f.metric, f.labels)
-        if key in seen:
-            continue
-        seen.add(key)
-        lines.append(f"| `{f.metric}` | {f.type} | {labels} | {f.tier} | {calls[f.reader]} | {f.help} |")
     lines += ["", "## Agent, host and self metrics", "", "| metric | type | help |", "|---|---|---|"]
     for name, (kind, help_) in AGENT_METRICS.items():
         lines.append(f"| `{name}` | {kind} | {help_} |")
@@ -94,15 +90,35 @@ def render() -> str:
         "see docs/configuration.md), `gpumond_nvml_errors_total{call,error}`,",
         "`gpumond_collector_success{collector}` with collectors `nvml_fast`, `nvml_slow`, `xid`, `jobs`, `host`,",
         "`policy`, and `nvml_mig` (MIG-enabled GPUs only), `pod_resources` (when the kubelet is asked) and",
-        "`dcgm_compat_fast`, `dcgm_compat_slow` (with `exposition.dcgm_compat.enabled`).",
+        "`dcgm_compat_fast`, `dcgm_compat_slow` (with `exposition.dcgm_compat.enabled`), `dcgm_compat_mig` (with it,",
+        "on MIG-enabled GPUs with GPM).",
         "",
         "With `exposition.dcgm_compat.enabled`, the core fields are also exported under dcgm-exporter's names,",
-        "units and labels (`DCGM_FI_DEV_*`, with `pod`, `namespace`, `container` on every series of a GPU the",
-        "kubelet assigned to a container): see docs/migrating-from-dcgm-exporter.md.",
+        "units and labels (`DCGM_FI_DEV_*`, `DCGM_FI_PROF_*`, with `pod`, `namespace`, `container` on every series of",
+        "a device the kubelet assigned to a container; per GPU instance with `GPU_I_PROFILE` and `GPU_I_ID` on MIG):",
+        "see docs/migrating-from-dcgm-exporter.md.",
         "",
         *MIG_SECTION,
     ]
     return "\n".join(lines)
+
+
+def _table(fields: tuple[Field, ...], calls: dict[str, str]) -> list[str]:
+    """A catalogue as a Markdown table, one row per metric and fixed labels."""
+    lines = ["| metric | type | extra labels | tier | NVML call(s) | help |", "|---|---|---|---|---|---|"]
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for f in fields:
+        labels = ", ".join(f"{k}=\"{v}\"" for k, v in f.labels)
+        if f.scale is None:
+            labels = "reason=" + "\\|".join(CLOCK_EVENT_REASONS.values())
+        if f.key.endswith(LINK_SUFFIX):
+            labels = ", ".join(x for x in ("link (0, 1, …)", labels) if x)
+        key = (f.metric, f.labels)
+        if key in seen:
+            continue
+        seen.add(key)
+        lines.append(f"| `{f.metric}` | {f.type} | {labels} | {f.tier} | {calls[f.reader]} | {f.help} |")
+    return lines
 
 
 MIG_SECTION = [

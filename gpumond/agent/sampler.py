@@ -92,6 +92,7 @@ class Sampler:
         host: HostSource | None = None,
         policy: PolicySource | None = None,
         dcgm: DcgmCompat | None = None,
+        nvlink_per_link: bool = False,
         identities: Callable[[Iterable[GpuIdentity]], None] | None = None,
         server: Callable[[], Iterable[Series]] | None = None,
         clock: Callable[[], float] = time.time,
@@ -106,6 +107,7 @@ class Sampler:
         self._host = host
         self._policy = policy
         self._dcgm = dcgm
+        self._per_link = nvlink_per_link  # each NVLink's counters beside the per-GPU totals
         self._record_identities = identities  # told the GPUs' identities after every slow read
         self._server = server  # the HTTP server's own series (its connection counters), read each fast cycle
         self._slow_read: TierRead | None = None
@@ -176,6 +178,8 @@ class Sampler:
         if self._policy is not None:
             fast.append(Source("policy", self._policy_cycle, lambda c: c.nvml_up))
         fast.append(Source("nvml_mig", self._mig_series, lambda c: c.nvml_up and bool(self._session.mig_identities)))
+        if self._dcgm is not None:
+            fast.append(Source("dcgm_compat_mig", self._dcgm_mig, lambda c: bool(c.mig_activity)))
         if self._xid is not None:
             fast.append(Source("xid", self._xid_series))
         if self._host is not None:
@@ -192,7 +196,7 @@ class Sampler:
         self._session.discover_mig()  # MIG can be reconfigured at any time; enumerating is cheap
         if self._record_identities is not None:
             self._record_identities(self._session.identities)
-        return gpu_series.tier_series(read, with_up=False)
+        return gpu_series.tier_series(read, with_up=False, per_link=self._per_link)
 
     def _pod_check(self, cycle: Cycle) -> list[Series]:
         """The kubelet's last answer mapped to this node's GPU and MIG UUIDs; fails when there is none."""
@@ -216,6 +220,11 @@ class Sampler:
         if self._xid is not None:
             out += self._dcgm.xid_series(self._xid.last(), self._idents().values(), self._session.driver_version)
         return out
+
+    def _dcgm_mig(self, cycle: Cycle) -> list[Series]:
+        assert self._dcgm is not None and cycle.mig_activity is not None
+        return self._dcgm.mig_series(self._session.mig_identities, cycle.mig_activity, self._idents(),
+                                     self._session.driver_version)
 
     def _attribution(self, cycle: Cycle) -> list[Series]:
         assert self._jobs is not None
@@ -271,8 +280,9 @@ class Sampler:
     def _mig_series(self, cycle: Cycle) -> list[Series]:
         """Each MIG device's identity, memory and (with GPM) activity: what NVML answers per instance."""
         migs = self._session.mig_identities
+        activity = cycle.mig_activity = self._session.read_mig_gpm()
         return (gpu_series.mig_info_series(migs) + gpu_series.mig_memory_series(migs, self._session.read_mig())
-                + gpu_series.mig_activity_series(migs, self._session.read_mig_gpm()))
+                + gpu_series.mig_activity_series(migs, activity))
 
     def _xid_series(self, cycle: Cycle) -> list[Series]:
         assert self._xid is not None

@@ -34,6 +34,9 @@ class Cycle:
 
     read: TierRead | None = None  # this tier's NVML read (the nvml source runs first)
     pods: Mapping[str, tuple[PodRef, ...]] | None = None  # device UUID → containers (slow tier; None: unknown)
+    # MIG UUID → this fast cycle's GPM activity of the instance (read once: a second read would start a new
+    # interval); set by the MIG source, read by the dcgm-compatible one.
+    mig_activity: Mapping[str, Mapping[str, float]] | None = None
 
     @property
     def nvml_up(self) -> bool:

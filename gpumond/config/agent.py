@@ -106,9 +106,13 @@ class DcgmCompatConfig(ConfigModel):
 
 
 class ExpositionConfig(ConfigModel):
-    """What /metrics exports besides gpumond's own series."""
+    """What /metrics exports beyond gpumond's default series."""
 
     dcgm_compat: DcgmCompatConfig = DcgmCompatConfig()
+    # Each NVLink's throughput and error counters beside the per-GPU totals (and, with dcgm_compat, DCGM's
+    # per-link error fields). Off by default: on an 8-GPU H100 node (18 links each) it adds 864 series, more
+    # than the rest of the exposition (benchmarks/results/agent_sample_cycle.md).
+    nvlink_per_link: bool = False
 
 
 class LogConfig(ConfigModel):

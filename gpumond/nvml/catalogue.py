@@ -44,23 +44,31 @@ def _parse_labels(text: str) -> Labels:
     return tuple(tuple(pair.split("=", 1)) for pair in text.split(";"))  # type: ignore[misc]
 
 
-def load_catalogue(text: str | None = None) -> tuple[Field, ...]:
-    """Parse fields.csv (or `text`), checking every row names a known reader and a sane type."""
+def load_catalogue(text: str | None = None, name: str = "fields.csv") -> tuple[Field, ...]:
+    """Parse fields.csv (or `text`, named `name` in errors), checking every row names a known reader and a sane
+    type."""
     if text is None:
-        text = resources.files("gpumond.nvml").joinpath("fields.csv").read_text(encoding="utf-8")
+        text = _packaged("fields.csv")
     readers = {r.name: r for r in READERS}
     fields = []
     for n, row in enumerate(csv.DictReader(text.splitlines()), start=2):
         if row["reader"] not in readers:
-            raise ValueError(f"fields.csv line {n}: unknown reader {row['reader']!r}")
+            raise ValueError(f"{name} line {n}: unknown reader {row['reader']!r}")
         if row["type"] not in ("gauge", "counter"):
-            raise ValueError(f"fields.csv line {n}: type must be gauge or counter, not {row['type']!r}")
+            raise ValueError(f"{name} line {n}: type must be gauge or counter, not {row['type']!r}")
         if row["tier"] != readers[row["reader"]].tier:
-            raise ValueError(f"fields.csv line {n}: tier {row['tier']!r} differs from reader {row['reader']!r}")
+            raise ValueError(f"{name} line {n}: tier {row['tier']!r} differs from reader {row['reader']!r}")
         scale = None if row["scale"] == "bitmask" else float(row["scale"])
         fields.append(Field(row["metric"], row["type"], row["reader"], row["key"], scale,
                             _parse_labels(row["labels"]), row["tier"], row["help"]))
     return tuple(fields)
 
 
+def _packaged(name: str) -> str:
+    return resources.files("gpumond.nvml").joinpath(name).read_text(encoding="utf-8")
+
+
 CATALOGUE: tuple[Field, ...] = load_catalogue()
+# Each NVLink's counters (throughput, errors), exported only with `exposition.nvlink_per_link`: under their
+# own metric names, so that a sum() over the per-GPU totals of CATALOGUE never counts a link twice.
+LINK_CATALOGUE: tuple[Field, ...] = load_catalogue(_packaged("nvlink_links.csv"), "nvlink_links.csv")

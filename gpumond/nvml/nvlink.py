@@ -1,12 +1,12 @@
 """NVLink reads: per-link state, data throughput counters and error counters, keyed `<what>@<link>`, with
 their sums over links as `<what>_total`.
 
-A key `x@N` is exported by the catalogue row with key `x@link`, labelled `link="N"` (see gpu_series); only the
-link state is exported per link, the counters as per-GPU totals: per-link counters would quadruple the
-exposition of an 8-GPU node (benchmarks/results/agent_sample_cycle.md), and the agent's NVLink alerts, which
-read them per link, name the link. The
-links are counted once per read with the field NVML_FI_DEV_NVLINK_LINK_COUNT; a GPU without NVLink
-answers NOT_SUPPORTED there, and its NVLink readers are left out like any unsupported reader.
+A key `x@N` is exported by the catalogue row with key `x@link`, labelled `link="N"` (see gpu_series). The link
+state is always exported per link; the counters as per-GPU totals (fields.csv), and per link only with
+`exposition.nvlink_per_link` (nvlink_links.csv, under their own metric names): per-link counters more than double
+an 8-GPU node's exposition (benchmarks/results/agent_sample_cycle.md). The agent's NVLink alerts read them per
+link whatever is exported. The links are counted once per read with the field NVML_FI_DEV_NVLINK_LINK_COUNT; a
+GPU without NVLink answers NOT_SUPPORTED there, and its NVLink readers are left out like any unsupported reader.
 """
 
 from __future__ import annotations

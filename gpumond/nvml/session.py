@@ -531,21 +531,29 @@ class NvmlSession:
         initialisation and then left out.
         """
         out: dict[str, Mapping[str, float]] = {}
+        # GPM samples a GPU instance; its compute instances (MIG devices with the same GPU instance id) share
+        # that sample. Read each instance once per call: a second read would measure a near-zero interval.
+        read: dict[tuple[int, int], Mapping[str, float] | None] = {}
         with self._lock:
             for g, ident, _ in self._mig_handles():
                 if g.identity.index in self._gpm_mig_unsupported:
                     continue
-                try:
-                    values = self._gpm.read_mig(g.handle, ident.gpu_instance)
-                except pynvml.NVMLError as e:
-                    if classify(e) in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL,
-                                       Disposition.NO_PERMISSION):
-                        self._gpm_mig_unsupported.add(g.identity.index)
-                    else:
-                        self._fail(g, "nvmlGpmMigSampleGet", e)
-                    continue
-                if values:
-                    out[ident.uuid] = MappingProxyType(dict(values))
+                key = (g.identity.index, ident.gpu_instance)
+                if key not in read:
+                    read[key] = None
+                    try:
+                        values = self._gpm.read_mig(g.handle, ident.gpu_instance)
+                    except pynvml.NVMLError as e:
+                        if classify(e) in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL,
+                                           Disposition.NO_PERMISSION):
+                            self._gpm_mig_unsupported.add(g.identity.index)
+                        else:
+                            self._fail(g, "nvmlGpmMigSampleGet", e)
+                        continue
+                    read[key] = MappingProxyType(dict(values)) if values else None
+                found = read[key]
+                if found is not None:
+                    out[ident.uuid] = found
         return out
 
     def mig_compute_pids(self) -> dict[str, tuple[int, ...]]:

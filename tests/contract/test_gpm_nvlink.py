@@ -1,14 +1,21 @@
 """GPM and NVLink through real pynvml over the simulated libnvidia-ml: series on H100s, none of GPM's on a
-model without it, samples freed with a lost GPU, and a planted NVLink fault becoming the agent's alerts."""
+model without it, samples freed with a lost GPU, a planted NVLink fault becoming the agent's alerts, each link's
+counters only with `exposition.nvlink_per_link`, and dcgm-compat's per-link and per-GPU-instance fields."""
 
 from __future__ import annotations
 
+from gpumond.agent.app import Agent
+from gpumond.agent.backends import sim_backend
+from gpumond.agent.dcgm import DcgmCompat, dcgm_types
+from gpumond.agent.exposition import Renderer
+from gpumond.agent.metrics import metric_types
 from gpumond.agent.policy.alert_rules import AgentAlertState, agent_conditions
 from gpumond.agent.policy.view import build_views
 from gpumond.agent.sampler import Sampler
-from gpumond.config import PolicyAlertsConfig
+from gpumond.config import AgentConfig, PolicyAlertsConfig
 from gpumond.nvml.session import NvmlSession
 from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml
+from gpumond.nvml.sim.gpu import SimMigDevice
 
 GPM_METRICS = ("gpumond_gpu_sm_active_ratio", "gpumond_gpu_sm_occupancy_ratio", "gpumond_gpu_tensor_active_ratio",
                "gpumond_gpu_dram_active_ratio", "gpumond_gpu_pcie_bytes_per_second",
@@ -121,4 +128,128 @@ def test_each_mig_instance_reports_its_own_activity() -> None:
     finally:
         session.close()
         assert sim._gpm_samples == {}  # the instances' samples too
+        sim.uninstall()
+
+
+def _values(text: str, metric: str) -> dict[tuple[str, ...], float]:
+    """{(gpu, link, type or direction): value} of one metric family in an exposition."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            labels = dict(pair.split("=", 1) for pair in line[len(metric) + 1:line.rindex("}")].split(","))
+            key = tuple(labels.get(k, '""').strip('"') for k in ("gpu", "link", "type", "direction"))
+            out[key] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_per_link_counters_only_when_asked_each_link_its_own_and_summing_to_the_gpus_totals() -> None:
+    sim, clock, session = _setup({"faults": [{"gpu": 0, "kind": "nvlink_degraded", "link": 3, "at_s": 1}]})
+    try:
+        off = Sampler(session, hostname="n")
+        on = Sampler(session, hostname="n", nvlink_per_link=True)
+        clock.advance(20)
+        for s in (off, on):
+            s.slow_cycle()
+        text_off, text_on = off.fast_cycle().plain.decode(), on.fast_cycle().plain.decode()
+        assert "gpumond_gpu_nvlink_link_" not in text_off
+        assert _values(text_off, "gpumond_gpu_nvlink_errors_total") == _values(text_on, "gpumond_gpu_nvlink_errors_total")
+
+        errors = _values(text_on, "gpumond_gpu_nvlink_link_errors_total")
+        data = _values(text_on, "gpumond_gpu_nvlink_link_data_bytes_total")
+        assert len(errors) == 2 * 18 * 4 and len(data) == 2 * 18 * 2  # every link of both H100s
+        # the degraded link's replays are on its own link only
+        replays = {(gpu, link): v for (gpu, link, kind, _), v in errors.items() if kind == "replay"}
+        assert replays[("0", "3")] > 0
+        assert all(v == 0 for k, v in replays.items() if k != ("0", "3"))
+        # each link's counters sum to the GPU's total of the same read (bytes: KiB × 1024 on both)
+        totals = _values(text_on, "gpumond_gpu_nvlink_errors_total")
+        for (gpu, _, kind, _), total in totals.items():
+            assert sum(v for (g, _, k, _), v in errors.items() if (g, k) == (gpu, kind)) == total
+        moved = _values(text_on, "gpumond_gpu_nvlink_data_bytes_total")
+        for (gpu, _, _, direction), total in moved.items():
+            assert total > 0
+            assert sum(v for (g, _, _, d), v in data.items() if (g, d) == (gpu, direction)) == total
+    finally:
+        session.close()
+        sim.uninstall()
+
+
+def test_per_link_dcgm_fields_and_each_gpu_instances_prof_fields_in_dcgm_compat_mode() -> None:
+    sim, clock, session = _setup({"gpus": [{"index": 0, "mig": ["3g.40gb", "1g.10gb"]}],
+                                  "faults": [{"gpu": 1, "kind": "nvlink_degraded", "link": 5, "at_s": 1}]})
+    try:
+        sim.set_mig_processes(0, 0, [4242])  # a job in the 3g instance only
+        types = metric_types() | dcgm_types()
+        sampler = Sampler(session, hostname="n", renderer=Renderer(types=types), nvlink_per_link=True,
+                          dcgm=DcgmCompat(hostname="n", per_link=True))
+        clock.advance(20)
+        sampler.slow_cycle()
+        sampler.fast_cycle()  # the instances' first GPM samples
+        clock.advance(1)
+        text = sampler.fast_cycle().plain.decode()
+        lines = text.splitlines()
+
+        def dcgm(name: str, gpu: str) -> float:
+            (line,) = [x for x in lines if x.startswith(name + "{") and f'gpu="{gpu}"' in x]
+            return float(line.rsplit(" ", 1)[1])
+
+        replays = _values(text, "gpumond_gpu_nvlink_link_errors_total")
+        assert dcgm("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L5", "1") == replays[("1", "5", "replay", "")] > 0
+        assert dcgm("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L4", "1") == 0
+        assert not any(x.startswith("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L18") for x in lines)
+
+        busy, idle = session.mig_identities
+        sm = [x for x in lines if x.startswith("DCGM_FI_PROF_SM_ACTIVE{") and "GPU_I_ID" in x]
+        assert len(sm) == 2  # one per GPU instance of GPU 0; GPU 1 has MIG off
+        by_gi = {x.split('GPU_I_ID="')[1].split('"')[0]: x for x in sm}
+        ours = {x.split('gpu_instance="')[1].split('"')[0]: float(x.rsplit(" ", 1)[1]) for x in lines
+                if x.startswith("gpumond_gpu_mig_sm_active_ratio{")}
+        for gi, line in by_gi.items():
+            assert f'UUID="{busy.parent_uuid}"' in line and 'gpu="0"' in line
+            assert float(line.rsplit(" ", 1)[1]) == ours[gi]  # the same read as gpumond's own series
+        assert 'GPU_I_PROFILE="3g.40gb"' in by_gi[str(busy.gpu_instance)]
+        assert float(by_gi[str(busy.gpu_instance)].rsplit(" ", 1)[1]) > 0.5
+        assert float(by_gi[str(idle.gpu_instance)].rsplit(" ", 1)[1]) == 0.0
+        assert not any(x.startswith("DCGM_FI_PROF_PCIE_TX_BYTES{") and "GPU_I_ID" in x for x in lines)
+        assert 'gpumond_collector_success{collector="dcgm_compat_mig"} 1.0' in text
+    finally:
+        session.close()
+        sim.uninstall()
+
+
+def test_the_agent_config_switch_reaches_the_exposition(tmp_path) -> None:
+    cfg = AgentConfig.model_validate({"node_name": "n", "state_dir": str(tmp_path),
+                                      "exposition": {"nvlink_per_link": True}})
+    agent = Agent(cfg, sim_backend(1, None, 1.0, "n"))
+    try:
+        agent.start()
+        rendered = agent.latest()
+        assert rendered is not None
+        text = rendered.plain.decode()
+        assert len(_values(text, "gpumond_gpu_nvlink_link_errors_total")) == 18 * 4
+    finally:
+        agent.stop()
+
+
+def test_compute_instances_of_one_gpu_instance_share_its_gpm_sample() -> None:
+    sim, clock, session = _setup({"gpus": [{"index": 0, "mig": ["3g.40gb"]}]}, gpus=1)
+    try:
+        # A second compute instance in the same GPU instance (the scenario makes one per GPU instance): a MIG
+        # device of its own, with the GPU instance id of the first.
+        gpu = sim._gpus[0]
+        first = gpu.mig[0]
+        second = SimMigDevice(gpu, 1, first.gpu_instance, first.profile)
+        second.compute_instance, second.uuid = 1, first.uuid[:-1] + ("0" if first.uuid[-1] != "0" else "1")
+        gpu.mig.append(second)
+        sim._mig_by_handle[second.handle] = second
+        sim.set_mig_processes(0, 0, [4242])
+        assert len(session.discover_mig()) == 2
+        assert session.read_mig_gpm() == {}
+        clock.advance(1)
+        activity = session.read_mig_gpm()
+        assert activity[first.uuid]["sm"] > 50
+        assert activity[second.uuid] == activity[first.uuid]  # one sample of the instance, not one per device
+        assert session.errors_total == {}
+    finally:
+        session.close()
         sim.uninstall()

@@ -39,6 +39,9 @@ def line(model: type[ConfigModel], data: dict, **kwargs) -> str:
         ({"jobs": {"env_vars": ["A", 3]}}, "jobs.env_vars[1]: must be a valid string (got 3)"),
         ({"sampling": 5}, "sampling: must be a mapping of keys (got 5)"),
         ({"sampling": {"xid_events": None}}, "sampling.xid_events: must be a valid boolean (got null)"),
+        ({"exposition": {"nvlink_per_link": "yes"}}, "exposition.nvlink_per_link: must be a valid boolean (got 'yes')"),
+        ({"exposition": {"nvlink_links": True}},
+         "exposition.nvlink_links: unknown key (did you mean 'nvlink_per_link'?)"),
         ({"log": {"level": "loud"}}, "log.level: must be one of 'debug', 'info', 'warning' or 'error' (got 'loud')"),
         ({"state_dir": "rel"}, "state_dir: must be an absolute path (got 'rel')"),
         (

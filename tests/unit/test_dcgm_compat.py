@@ -6,8 +6,10 @@ import pytest
 from pydantic import ValidationError
 
 from gpumond.agent.dcgm import DCGM_CATALOGUE, DcgmCompat, dcgm_labels, dcgm_types
+from gpumond.agent.podresources.assign import PodRef
 from gpumond.config import AgentConfig
 from gpumond.config.errors import validation_problem
+from gpumond.nvml.mig import MigIdentity
 from gpumond.nvml.session import GpuIdentity, GpuRead, TierRead
 from tests.unit.series_helpers import by_name, read_of
 
@@ -39,8 +41,58 @@ DCGM_PROF_AND_NVLINK_FIELDS = {
 }
 
 
+# DCGM's per-link NVLink error fields (dcgm_fields.h: _L0 … _L17, ids 400-493), with exposition.nvlink_per_link.
+DCGM_PER_LINK_FIELDS = {f"DCGM_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}": "counter"
+                        for kind in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY") for link in range(18)}
+
+
 def test_names_and_types_are_dcgm_exporters() -> None:
-    assert {k: v[0] for k, v in dcgm_types().items()} == DCGM_DEFAULT_NVML_FIELDS | DCGM_PROF_AND_NVLINK_FIELDS
+    assert {k: v[0] for k, v in dcgm_types().items()} == (DCGM_DEFAULT_NVML_FIELDS | DCGM_PROF_AND_NVLINK_FIELDS
+                                                           | DCGM_PER_LINK_FIELDS)
+
+
+def test_per_link_error_fields_only_with_the_switch_and_under_each_links_own_name() -> None:
+    read = TierRead(True, (GpuRead(G0, True, read_of(
+        ("nvlink_errors", "replay_total", 30.0), ("nvlink_errors", "replay@0", 0.0),
+        ("nvlink_errors", "replay@17", 30.0), ("nvlink_errors", "crc_data@3", 2.0),
+        ("nvlink_throughput", "tx@3", 5.0))),),)
+    off = by_name(DcgmCompat(hostname="n").tier_series(read, None))
+    assert set(off) == {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"}
+    on = {k: v for k, ((_, v),) in by_name(DcgmCompat(hostname="n", per_link=True).tier_series(read, None)).items()}
+    assert on == {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 30.0, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0": 0.0,
+                  "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L17": 30.0, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L3": 2.0}
+    # no `link` label: dcgm-exporter names a per-link field by its name alone
+    assert all("link" not in labels for _, ((labels, _),) in
+               by_name(DcgmCompat(hostname="n", per_link=True).tier_series(read, None)).items())
+
+
+M_3G = MigIdentity(0, G0.uuid, "MIG-aaa", 1, 0, "3g.40gb")
+M_3G_CI2 = MigIdentity(0, G0.uuid, "MIG-aab", 1, 1, "3g.40gb")  # a second compute instance in GPU instance 1
+M_1G = MigIdentity(0, G0.uuid, "MIG-bbb", 5, 0, "1g.10gb")
+
+
+def test_each_gpu_instance_gets_its_prof_fields_with_gpu_i_labels_and_its_pods() -> None:
+    dcgm = DcgmCompat(hostname="n1")
+    dcgm.set_pods({"MIG-bbb": (PodRef("ml", "trainer-0", "main"),)})
+    activity = {"MIG-aaa": {"sm": 81.0, "tensor_any": 40.0, "pcie_tx": 3.0, "graphics": 90.0},
+                "MIG-aab": {"sm": 81.0, "tensor_any": 40.0, "pcie_tx": 3.0, "graphics": 90.0},
+                "MIG-bbb": {"sm": 0.0, "dram": 5.0}}
+    s = by_name(dcgm.mig_series([M_3G, M_3G_CI2, M_1G], activity, {0: G0}, "570.1"))
+    # the activity ratios only: PCIe bytes belong to the board
+    assert set(s) == {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                      "DCGM_FI_PROF_DRAM_ACTIVE"}
+    sm = {labels["GPU_I_ID"]: (labels, v) for labels, v in s["DCGM_FI_PROF_SM_ACTIVE"]}
+    assert len(s["DCGM_FI_PROF_SM_ACTIVE"]) == 2  # one per GPU instance, not per compute instance
+    labels, value = sm["1"]
+    assert value == 0.81 and labels == {
+        "gpu": "0", "UUID": G0.uuid, "pci_bus_id": G0.pci_bus_id, "device": "nvidia2", "modelName": G0.name,
+        "Hostname": "n1", "DCGM_FI_DRIVER_VERSION": "570.1", "GPU_I_PROFILE": "3g.40gb", "GPU_I_ID": "1"}
+    labels, value = sm["5"]
+    assert value == 0.0 and labels["GPU_I_PROFILE"] == "1g.10gb"
+    assert (labels["pod"], labels["namespace"], labels["container"]) == ("trainer-0", "ml", "main")
+    # an instance not read this cycle (first sample) and an unknown parent are left out
+    assert dcgm.mig_series([M_1G], {}, {0: G0}, None) == []
+    assert dcgm.mig_series([M_1G], activity, {}, None) == []
 
 
 def test_prof_fields_are_ratios_and_bytes_per_second_as_in_dcgm() -> None:
