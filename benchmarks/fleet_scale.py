@@ -526,7 +526,10 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                      f"node each ({gpus:,} GPUs); {CYCLE_S:g} simulated s a cycle, one columnar push of "
                      f"{int(CYCLE_S / STEP_S)} steps per rank per cycle (the SDK's default 5 s interval would push 10) "
                      f"from {PUSHERS} load-generator processes; 1 shard sustained {duration:g} s (at least "
-                     f"{args.cycles} cycles), then each of 4 shards {args.cycles} cycles; planted: {len(fleet.slow)} "
+                     f"{args.cycles} cycles), "
+                     + ("no 4-shard runs (--one-shard-only)" if args.one_shard_only else
+                        f"then each of 4 shards {args.cycles} cycles")
+                     + f"; planted: {len(fleet.slow)} "
                      f"slow + {len(fleet.starved)} starved GPUs in the big job, {len(fleet.small_slow)} slow in a "
                      "small job"}),
         "",
