@@ -25,7 +25,7 @@ DEFAULT_LOOKBACK_S = 300.0
 DEFAULT_MAX_WORKERS = 4
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 # How long what changes rarely (identity, MIG devices, max clock, power limit, which throttle reasons exist) is
-# reused before it is asked in full again (promql_tiers): 6 fetches at the default 10 s evaluation interval.
+# reused before it is asked in full again (promql_tiers): every 4th fetch at the default 15 s interval_s.
 DEFAULT_REFRESH_S = 60.0
 
 try:  # Optional fast path (the `fast` extra): decodes a fetch's answers ~1.5× faster than json; same results.
