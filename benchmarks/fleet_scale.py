@@ -35,6 +35,7 @@ import argparse
 import gc
 import math
 import multiprocessing as mp
+import os
 import shutil
 import subprocess
 import sys
@@ -328,7 +329,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
                      **{f"gpus.{k}": v for k, v in timed_gpus.take().items()}}
             rows.append({"at_s": time.perf_counter() - began, "import_s": import_s, "push": pushed,
                          "fetch_s": t1 - t0, "evaluate_s": t2 - t1, "error": ev.telemetry_error,
-                         "refresh": refresh, "spent": spent,
+                         "refresh": refresh, "spent": spent, "load": os.getloadavg()[0],
                          "gpus": gpus.counts().gpus, "steps": service.ranks.counts().steps,
                          "rss": me.memory_info().rss - rss0, "findings": len(findings)})
             lat = sorted(pushed["lat"]) or [math.nan]
@@ -521,6 +522,9 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         "# Fleet scale: pushes over HTTP, telemetry from VictoriaMetrics, the evaluation cycle\n",
         _bench.machine_block({
             "victoria-metrics": _vm_version(),
+            "load average": "1-minute load at the end of each cycle: "
+                            + "–".join(f"{f(x['load'] for r in results for x in r['rows']):.1f}" for f in (min, max))
+                            + f" on {os.cpu_count()} CPUs (this benchmark's own processes included)",
             "setup": f"{fleet.big_nodes:,} nodes × {GPUS_PER_NODE} GPUs for one "
                      f"{fleet.big_nodes * GPUS_PER_NODE:,}-rank job + {fleet.small} jobs of {SMALL_RANKS} ranks on a "
                      f"node each ({gpus:,} GPUs); {CYCLE_S:g} simulated s a cycle, one columnar push of "
