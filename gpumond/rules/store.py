@@ -286,7 +286,7 @@ class RankStore:
     def _trim(self, rank: _Rank, cutoff: float) -> int:
         """Drop the rank's oldest steps (in arrival order) that ended before `cutoff`."""
         cols = rank.cols
-        if not len(cols) or cols.first_end() >= cutoff:  # the usual case: one scalar read
+        if cols.oldest_end >= cutoff:  # the usual case (and a rank holding none: inf)
             return 0
         old = cols.ends() < cutoff
         n = len(old) if old.all() else int(old.argmin())
@@ -311,7 +311,7 @@ class RankStore:
                         gpus = len(self._gpus)
                         self._release_gpu(rank.info.gpu_uuid)
                         self._expired["gpus"] += gpus - len(self._gpus)
-                    else:
+                    elif rank.cols.oldest_end < cutoff:  # checked here: a call per rank costs ~1 µs × ranks
                         self._trim(rank, cutoff)
                 if not ranks:
                     del self._jobs[name]
@@ -334,7 +334,8 @@ class RankStore:
                     continue  # expired meanwhile
                 views: dict[int, RankWindow] = {}
                 for number, rank in ranks.items():
-                    self._trim(rank, cutoff)
+                    if rank.cols.oldest_end < cutoff:  # checked here: a call per rank costs ~1 µs × ranks
+                        self._trim(rank, cutoff)
                     if rank.view is None:
                         cols = rank.cols.columns()
                         rank.view = RankWindow(rank.info, StepView(cols), rank.last_push, cols, rank.last_beat,

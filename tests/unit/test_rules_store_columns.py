@@ -225,3 +225,28 @@ def test_a_windows_steps_read_as_records_by_index_slice_and_iteration():
                       max_steps_held=5)
     empty.add(RankInfo("job", 0, 1, "n", "GPU-a"), [], NOW)
     assert not empty.jobs(NOW)["job"][0].steps
+
+
+def test_a_buffers_oldest_end_follows_appends_drops_growth_and_clear() -> None:
+    from gpumond.rules.columns import StepBuffer
+
+    buf = StepBuffer()
+    assert buf.oldest_end == np.inf  # none held: never before a cutoff
+
+    def push(first: int, k: int) -> None:
+        ends = NOW + np.arange(first, first + k, dtype=float)
+        buf.extend(np.arange(first, first + k), np.vstack([ends, np.ones(k), np.zeros(k), np.full(k, np.nan)]))
+
+    push(0, 10)
+    assert buf.oldest_end == NOW
+    for first in range(10, 200, 10):  # past the first block: grown, so the live cells moved
+        push(first, 10)
+        assert buf.oldest_end == NOW
+    buf.drop(15)
+    assert buf.oldest_end == NOW + 15 == buf.ends()[0]
+    buf.drop(len(buf))
+    assert buf.oldest_end == np.inf
+    push(500, 3)  # appended to an emptied buffer: its first step is the oldest
+    assert buf.oldest_end == NOW + 500
+    buf.clear()
+    assert buf.oldest_end == np.inf

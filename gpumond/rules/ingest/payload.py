@@ -28,7 +28,7 @@ import functools
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetPydanticSchema,
-                      PrivateAttr, ValidationError, ValidationInfo, field_validator)
+                      ValidationError, ValidationInfo, field_validator)
 from pydantic_core import core_schema
 
 from gpumond.config.errors import validation_problem
@@ -105,7 +105,9 @@ class PushBody(BaseModel):
     incarnation: str | None = None
     # The rank's last push: its process is ending (the SDK sends it from close(), at exit and on SIGTERM).
     final: bool = False
-    _columns: StepColumns | None = PrivateAttr(default=None)
+    # Where `parse` puts the decoded steps: a slot, not a pydantic private attribute, whose initialisation and
+    # look-up run Python code on every push (~10 % of a columnar push's own work).
+    __slots__ = ("_columns",)
 
     def rank_info(self) -> RankInfo:
         """Who sent it, as the shared RankInfo."""
@@ -113,8 +115,9 @@ class PushBody(BaseModel):
 
     def step_columns(self) -> StepColumns:
         """The push's steps as columns, checked (set by `parse`)."""
-        assert self._columns is not None, "parse() sets the columns"
-        return self._columns
+        columns = getattr(self, "_columns", None)
+        assert columns is not None, "parse() sets the columns"
+        return columns
 
 
 class Columns(BaseModel):
@@ -203,14 +206,15 @@ def parse(model: type[PushBody], body: bytes) -> PushBody:
     except ValidationError as err:
         raise PayloadError(*describe(err, model)) from None
     try:
-        if isinstance(getattr(push, "columns", None), Columns):
-            push._columns = decode(push.columns.__dict__, model.max_steps)  # type: ignore[attr-defined]
+        columns = push.__dict__.get("columns")
+        if columns is not None:
+            cols = decode(columns.__dict__, model.max_steps)  # type: ignore[attr-defined]
         else:
             cols = from_records(push.steps)  # type: ignore[attr-defined]
             check_waits(cols)
-            push._columns = cols
     except StepsError as err:
         raise PayloadError(422, str(err)) from None
+    object.__setattr__(push, "_columns", cols)  # the model is frozen to its users; parse completes it
     return push
 
 

@@ -23,6 +23,7 @@ WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow 
 # Fields of the columnar encoding, in StepColumns order after `step`: (name, required).
 FLOAT_FIELDS = (("end", True), ("duration_s", True), ("data_wait_s", True), ("comm_wait_s", False))
 INT_FIELDS = (("step", True), ("samples", False))
+_DECODED = (*INT_FIELDS, *FLOAT_FIELDS)  # the order in which a refusal names the first bad column
 _LE_I8 = np.dtype("<i8")
 _LE_F8 = np.dtype("<f8")
 
@@ -40,34 +41,37 @@ def from_records(steps: Sequence[StepRecord]) -> StepColumns:
 def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
     """The columnar encoding's base64 arrays as StepColumns, every value checked (StepsError names the first)."""
     raw: dict[str, bytes] = {}
-    for name, required in (*INT_FIELDS, *FLOAT_FIELDS):
+    for name, required in _DECODED:
         text = columns.get(name)
         if text is None:
             if required:
                 raise StepsError(f"columns.{name}: required key is missing")
             continue
         try:
-            raw[name] = binascii.a2b_base64(text, strict_mode=True)
+            data = binascii.a2b_base64(text, strict_mode=True)
         except (binascii.Error, ValueError):
             raise StepsError(f"columns.{name}: must be standard base64 with padding") from None
-        if len(raw[name]) % 8:
-            raise StepsError(f"columns.{name}: must hold 8-byte values (got {len(raw[name])} bytes)")
+        if len(data) % 8:
+            raise StepsError(f"columns.{name}: must hold 8-byte values (got {len(data)} bytes)")
+        raw[name] = data
     n = len(raw["step"]) // 8
     if n > max_steps:
         raise StepsError(f"columns: must have at most {max_steps} steps (got {n})")
     for name, data in raw.items():
         if len(data) != 8 * n:
             raise StepsError(f"columns.{name}: must hold as many values as columns.step ({n}) (got {len(data) // 8})")
-    numbers = np.frombuffer(raw["step"], dtype=_LE_I8).astype(np.int64, copy=False)
-    # The four float columns as one (4, n) array in one copy; a missing comm wait is NaN (not measured).
+    # The integer columns as one (1 or 2, n) array and the four float ones as one (4, n) array, one copy each, so
+    # that each rule below is one numpy call over all of a push's values. A missing comm wait is NaN (not measured).
+    samples = raw.get("samples")
+    ints = np.frombuffer(raw["step"] + samples if samples is not None else raw["step"], dtype=_LE_I8)
+    ints = ints.astype(np.int64, copy=False).reshape(1 if samples is None else 2, n)
     comm = raw.get("comm_wait_s")
     values = np.frombuffer(b"".join((raw["end"], raw["duration_s"], raw["data_wait_s"], comm or _nans(n))),
                            dtype=_LE_F8)
     values = values.astype(np.float64, copy=False).reshape(4, n)
-    samples = np.frombuffer(raw["samples"], dtype=_LE_I8) if "samples" in raw else None
-    cols = StepColumns(numbers, values)
-    if n and not _plainly_valid(cols, samples, comm is not None):
-        _name_the_first_problem(cols, samples)
+    cols = StepColumns(ints[0], values)
+    if n and not _plainly_valid(ints, values, comm is not None):
+        _name_the_first_problem(cols, ints[1] if samples is not None else None)
     return cols
 
 
@@ -77,15 +81,21 @@ def _nans(n: int) -> bytes:
     return np.full(n, np.nan, dtype=_LE_F8).tobytes()
 
 
-def _plainly_valid(cols: StepColumns, samples: np.ndarray | None, comm_given: bool) -> bool:
+def _plainly_valid(ints: np.ndarray, values: np.ndarray, comm_given: bool) -> bool:
     """Every rule at once, the waits' included, in as few whole-array operations as it takes (a push's cost is
-    mostly numpy's per-call overhead: 64 values each). NaN fails every comparison (min/max propagate it)."""
-    values = cols.values
-    first3 = values[:3]
-    duration, wait = values[1], values[2]
-    most = duration + WAIT_SLACK_S
-    if not (first3.min() >= 0 and first3.max() < math.inf and duration.max() <= MAX_STEP_DURATION_S
-            and (most - wait).min() >= 0 and cols.step.min() >= 0 and (samples is None or samples.min() >= -1)):
+    mostly numpy's per-call overhead: 64 values each). `ints`: step numbers, then samples when sent. NaN fails
+    every comparison (min/max propagate it)."""
+    low = ints.min(axis=1).tolist()
+    if low[0] < 0 or (len(low) > 1 and low[1] < -1):
+        return False
+    end_lo, duration_lo, wait_lo, _ = values.min(axis=1).tolist()
+    end_hi, duration_hi, _, _ = values.max(axis=1).tolist()
+    if not (end_lo >= 0 and duration_lo >= 0 and wait_lo >= 0 and end_hi < math.inf
+            and duration_hi <= MAX_STEP_DURATION_S):
+        return False
+    wait = values[2]
+    most = values[1] + WAIT_SLACK_S
+    if not (wait - most).max() <= 0:  # the wait within its step; finite values, so as `wait <= most` says it
         return False
     if not comm_given:
         return True
