@@ -111,11 +111,12 @@ def test_a_jobs_windows_are_read_once_however_many_candidates_it_has():
                                              "nvlink_replays_total": 100.0 * t})
                                   for t in range(10)) for i, u in enumerate(uuids)})
     job_gpus = {u: f"n{i // 8}" for i, u in enumerate(uuids)}
-    candidates = ([Candidate("straggler", "j", job_gpus[u], i, u) for i, u in enumerate(uuids[:6])]
-                  + [Candidate("straggler_node", "j", "n1"), Candidate("straggler_node", "j", "n0")])
+    candidates = ([Candidate("straggler_node", "j", "n1")]  # its GPUs read before the job's activity is
+                  + [Candidate("straggler", "j", job_gpus[u], i, u) for i, u in enumerate(uuids[:6])]
+                  + [Candidate("straggler_node", "j", "n0")])
     out = with_activity_many(candidates, windows, job_gpus, since=0.0)
     assert all(c.evidence["likely_cause"] == NVLINK_CAUSE for c in out)
-    assert out[0].evidence["peer_median_sm_active"] == 0.58  # 15 peers: GPU-01..15, middle one GPU-08
+    assert out[1].evidence["peer_median_sm_active"] == 0.58  # 15 peers: GPU-01..15, middle one GPU-08
     assert windows.reads == {u: 1 for u in uuids}
 
 
