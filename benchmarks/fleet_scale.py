@@ -35,6 +35,7 @@ import argparse
 import gc
 import math
 import multiprocessing as mp
+import os
 import shutil
 import subprocess
 import sys
@@ -238,8 +239,47 @@ class Service:
         self._thread.join(timeout=30)
 
 
+class Timed:
+    """Forwards to `inner`, adding up the wall seconds spent in the methods named: where an evaluation goes,
+    measured around the stores and the source the evaluator is given (their code unchanged)."""
+
+    def __init__(self, inner, names: tuple[str, ...]) -> None:
+        self._inner = inner
+        self.spent = dict.fromkeys(names, 0.0)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if name not in self.spent:
+            return attr
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.spent[name] += time.perf_counter() - t0
+        return timed
+
+    def take(self) -> dict[str, float]:
+        """The seconds spent since the last take, by method."""
+        out, self.spent = self.spent, dict.fromkeys(self.spent, 0.0)
+        return out
+
+
+def _profiled(call):
+    """`call()` under cProfile; the functions that took most of it (cumulative) to stderr."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(call)
+    finally:
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
+
+
 def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, duration_s: float,
-              importer) -> dict:
+              importer, profile: bool = False) -> dict:
     """Cycles of import → HTTP pushes → poll_telemetry → evaluate for one shard's service; measurements."""
     import psutil
 
@@ -259,7 +299,10 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     service = Service(fleet, owns, clock)
     gpus = GpuStore.from_config(RulesConfig.model_validate({"tokens": ["x" * 20]}))
     source = PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0)
-    ev = Evaluator(service.ranks, gpus, source, shard=shard, clock=lambda: clock[0])
+    timed_source = Timed(source, ("fetch",))
+    timed_ranks = Timed(service.ranks, ("take_ended", "expire", "jobs"))
+    timed_gpus = Timed(gpus, ("add", "expire", "window", "hosts", "absent_nodes"))
+    ev = Evaluator(timed_ranks, timed_gpus, timed_source, shard=shard, clock=lambda: clock[0])
     per_cycle = int(CYCLE_S / STEP_S)
     owned = {p for p in fleet.planted() if owns(p[1])}
     rows, extra_ever = [], set()
@@ -269,17 +312,24 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
         c = 0
         while c < cycles or time.perf_counter() - began < duration_s:
             clock[0] = START + c * CYCLE_S
+            refresh = len(source._tiers.plan(clock[0])) == len(source._queries)  # noqa: SLF001 - which tier ran
             import_s = importer(clock[0])
             pushed = service.push(c * per_cycle, per_cycle, clock[0])
             t0 = time.perf_counter()
             ev.poll_telemetry()
             t1 = time.perf_counter()
-            findings = ev.evaluate()
+            if profile and c + 1 >= cycles and time.perf_counter() - began >= duration_s:  # the last cycle
+                findings = _profiled(ev.evaluate)
+            else:
+                findings = ev.evaluate()
             t2 = time.perf_counter()
             found = {(f.kind, f.job, f.rank) for f in findings}
             extra_ever |= {f for f in found if not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
+            spent = {**timed_source.take(), **{f"ranks.{k}": v for k, v in timed_ranks.take().items()},
+                     **{f"gpus.{k}": v for k, v in timed_gpus.take().items()}}
             rows.append({"at_s": time.perf_counter() - began, "import_s": import_s, "push": pushed,
                          "fetch_s": t1 - t0, "evaluate_s": t2 - t1, "error": ev.telemetry_error,
+                         "refresh": refresh, "spent": spent, "load": os.getloadavg()[0],
                          "gpus": gpus.counts().gpus, "steps": service.ranks.counts().steps,
                          "rss": me.memory_info().rss - rss0, "findings": len(findings)})
             lat = sorted(pushed["lat"]) or [math.nan]
@@ -287,7 +337,9 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
                   f"({pushed['records'] / pushed['wall_s']:,.0f} rec/s, p99 {_bench.quantile(lat, 0.99) * 1e3:.0f} ms,"
                   f" {pushed['failed']} failed {pushed['failures'][:1]}), fetch {t1 - t0:.2f} s, evaluate "
                   f"{t2 - t1:.2f} s, {rows[-1]['gpus']:,} GPUs, {rows[-1]['steps']:,} steps, {len(findings)} "
-                  f"findings, RSS +{rows[-1]['rss'] / 2**20:,.0f} MiB, telemetry error {ev.telemetry_error}",
+                  f"findings, RSS +{rows[-1]['rss'] / 2**20:,.0f} MiB, telemetry error {ev.telemetry_error}, "
+                  f"{'refresh' if refresh else 'between refreshes'}, "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in spent.items()),
                   file=sys.stderr, flush=True)
             c += 1
     finally:
@@ -300,37 +352,71 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
 
 
 def fetch_variants(url: str, t: float, vm_pid: int, repeat: int = 2) -> list[list[str]]:
-    """One fetch of the whole fleet at `t` per way of asking and decoding, the best of `repeat`: what the lean
-    queries and the decoder each save, measured in one run (wall, this process's CPU, VictoriaMetrics' CPU)."""
-    import json
+    """One whole-fleet fetch at `t` as a refresh (every query in full) and between refreshes (promql_tiers), the
+    best of `repeat`, measured in one run: wall, this process's CPU (queries, decode, join), VictoriaMetrics' CPU."""
+    from gpumond.rules.telemetry.promql import DEFAULT_REFRESH_S, PrometheusSource
 
-    from gpumond.rules.telemetry import signals
-    from gpumond.rules.telemetry.promql import DEFAULT_LOADS, PrometheusSource, build_queries
-
-    full = {**build_queries(300.0), **signals.gpu_selectors()}  # every series with all its labels, as before
-    ways = [("all labels, json", full, json.loads), ("lean (by uuid), json", None, json.loads)]
-    if DEFAULT_LOADS is not json.loads:
-        ways.append(("lean (by uuid), orjson (the `fast` extra)", None, DEFAULT_LOADS))
     rows = []
-    for name, queries, loads in ways:
-        source = PrometheusSource(url, clock=lambda: t, timeout_s=120.0, loads=loads)
-        if queries is not None:
-            source._queries = queries  # noqa: SLF001 - the benchmark's "before": the same source, the old queries
+    for name, refresh_s, primed in (("refresh: every query in full", 0.0, False),
+                                    (f"between refreshes (every {DEFAULT_REFRESH_S:g} s)", DEFAULT_REFRESH_S, True)):
         best = None
-        try:
-            for _ in range(repeat):
+        for _ in range(repeat):
+            source = PrometheusSource(url, clock=lambda: t, timeout_s=120.0, refresh_s=refresh_s)
+            try:
+                if primed:
+                    source.fetch()  # the refresh whose rows the timed fetch reuses
                 gc.collect()
                 vm0, cpu0, t0 = _bench.proc_cpu_s(vm_pid), time.process_time(), time.perf_counter()
                 batch = source.fetch()
                 got = (time.perf_counter() - t0, time.process_time() - cpu0, _bench.proc_cpu_s(vm_pid) - vm0)
-                if batch.errors:
-                    raise RuntimeError(f"{name}: {batch.errors[:2]}")
-                best = got if best is None or got[0] < best[0] else best
-        finally:
-            source.close()
+            finally:
+                source.close()
+            if batch.errors:
+                raise RuntimeError(f"{name}: {batch.errors[:2]}")
+            best = got if best is None or got[0] < best[0] else best
         assert best is not None
         rows.append([name, f"{len(batch.gpus):,}", f"{best[0]:.2f} s", f"{best[1]:.2f} s", f"{best[2]:.2f} s"])
     return rows
+
+
+def query_breakdown(url: str, t: float, vm_pid: int) -> list[list[str]]:
+    """Each query of a refresh and of a fetch between refreshes, run alone one after another at `t`: series
+    answered, bytes, wall, VictoriaMetrics' CPU, this process's decode CPU."""
+    import httpx
+
+    from gpumond.rules.telemetry.promql import DEFAULT_LOADS, DEFAULT_REFRESH_S, build_queries, vector_rows
+    from gpumond.rules.telemetry.promql_tiers import Tiers
+
+    tiers = Tiers(build_queries(300.0), DEFAULT_REFRESH_S)
+    client = httpx.Client(timeout=300)
+    measured: list[dict[str, tuple]] = []
+    try:
+        for _ in range(2):  # the refresh, then a fetch between refreshes
+            asked, answered, got = tiers.plan(t), {}, {}
+            for key, query in asked.items():
+                vm0, t0 = _bench.proc_cpu_s(vm_pid), time.perf_counter()
+                r = client.get(url + "/api/v1/query", params={"query": query, "time": f"{t:.3f}", "nocache": "1"})
+                wall, vm = time.perf_counter() - t0, _bench.proc_cpu_s(vm_pid) - vm0
+                cpu0 = time.process_time()
+                rows = vector_rows(r.status_code, r.content, DEFAULT_LOADS)
+                decode = time.process_time() - cpu0
+                if isinstance(rows, str):
+                    raise RuntimeError(f"{query}: {rows}")
+                answered[key] = rows
+                got[key] = (len(rows), len(r.content), wall, vm, decode)
+            tiers.merge(asked, answered, t)
+            measured.append(got)
+    finally:
+        client.close()
+
+    def cells(m: tuple | None) -> list[str]:
+        if m is None:
+            return ["—"] * 5
+        return [f"{m[0]:,}", f"{m[1] / 1e6:.1f} MB", f"{m[2]:.2f} s", f"{m[3]:.2f} s", f"{m[4]:.2f} s"]
+
+    out = [[f"`{key}`", *cells(measured[0].get(key)), *cells(measured[1].get(key))] for key in measured[0]]
+    total = [tuple(sum(m[k][i] for k in m) for i in range(5)) for m in measured]
+    return out + [["**all**", *cells(total[0]), *cells(total[1])]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="evaluation cycles of 10 simulated seconds per shard, and the sustained run's least (6)")
     ap.add_argument("--duration", type=float, help="wall seconds the 1-shard run is sustained (default 600, quick 0)")
     ap.add_argument("--faults", type=int, help="slow and starved GPUs planted in the big job (default 4 each)")
+    ap.add_argument("--one-shard-only", action="store_true", help="skip the 4-shard runs (their fetch is the same)")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile the 1-shard run's last evaluation (cProfile, top functions to stderr)")
     args = ap.parse_args(argv)
     from gpumond.rules.service import GC_THRESHOLDS
 
@@ -370,15 +459,18 @@ def main(argv: list[str] | None = None) -> int:
             client.get(url + "/internal/force_flush").raise_for_status()
             return time.perf_counter() - t0
 
-        results = [run_shard(url, fleet, None, args.cycles, duration, importer)]
-        ways = fetch_variants(url, START + (len(results[0]["rows"]) - 1) * CYCLE_S, vm.pid, 2 if args.quick else 1)
-        for i in range(4):
+        results = [run_shard(url, fleet, None, args.cycles, duration, importer, profile=args.profile)]
+        last = START + (len(results[0]["rows"]) - 1) * CYCLE_S
+        ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
+        per_query = query_breakdown(url, last, vm.pid)
+        for i in range(0 if args.one_shard_only else 4):
             results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer))
         vm_rss = _bench.proc_status_kib(vm.pid, "VmRSS")
     finally:
         _bench.stop(vm)
         shutil.rmtree(data, ignore_errors=True)
-    _bench.write_result("fleet_scale", report(results, ways, fleet, args, duration, vm_rss), quick=args.quick)
+    _bench.write_result("fleet_scale", report(results, ways, per_query, fleet, args, duration, vm_rss),
+                        quick=args.quick)
     return 0
 
 
@@ -386,16 +478,19 @@ def _pct(xs: list[float], q: float) -> str:
     return f"{_bench.quantile(sorted(xs), q) * 1e3:,.0f} ms" if xs else "—"
 
 
-def report(results: list[dict], ways: list[list[str]], fleet: Fleet, args: argparse.Namespace, duration: float,
-           vm_rss_kib: int) -> str:
+def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]], fleet: Fleet,
+           args: argparse.Namespace, duration: float, vm_rss_kib: int) -> str:
     gpus = fleet.nodes * GPUS_PER_NODE
     rows, ingest = [], []
     for r in results:
         name = f"{r['shard'][0]}/{r['shard'][1]}" if r["shard"] else "1 shard (all jobs)"
         last = r["rows"][-3:]  # windows full enough that every detector runs
-        fetch = max(x["fetch_s"] for x in last)
+        between = [x for x in r["rows"][1:] if not x["refresh"]][-3:]
+        refreshes = [x for x in r["rows"][1:] if x["refresh"]] or r["rows"][:1]  # the first one is cold
+        fetch = max((x["fetch_s"] for x in between), default=math.nan)
         evaluate = max(x["evaluate_s"] for x in last)
-        rows.append([name, f"{last[-1]['gpus']:,}", f"{last[-1]['steps']:,}", f"{fetch:.2f} s", f"{evaluate:.2f} s",
+        rows.append([name, f"{last[-1]['gpus']:,}", f"{last[-1]['steps']:,}", f"{fetch:.2f} s",
+                     f"{max(x['fetch_s'] for x in refreshes):.2f} s", f"{evaluate:.2f} s",
                      f"**{fetch + evaluate:.2f} s**", f"{max(x['import_s'] for x in last):.2f} s",
                      f"{r['hit']}/{r['planted']}", ", ".join(f"{k} {j} r{n}" for k, j, n in r["missed"]) or "—",
                      ", ".join(f"{k} {j} r{n}" for k, j, n in r["extra"][:6]) + (" …" if len(r["extra"]) > 6 else "")
@@ -410,6 +505,15 @@ def report(results: list[dict], ways: list[list[str]], fleet: Fleet, args: argpa
                        f"{cpu / records * 1e6:.1f} µs" if records else "—", _pct(lat, 0.5), _pct(lat, 0.99),
                        f"{sum(p['failed'] for p in pushes):,}"])
     sustained = results[0]["rows"]
+    breakdown = []
+    for i, x in enumerate(sustained):
+        sp = x["spent"]
+        windows = sp["gpus.window"] + sp["gpus.hosts"] + sp["gpus.absent_nodes"]
+        stores = sp["ranks.take_ended"] + sp["ranks.expire"] + sp["gpus.expire"] + sp["ranks.jobs"] + windows
+        breakdown.append([f"{i + 1}", "refresh" if x["refresh"] else "between", f"{x['steps']:,}",
+                          f"{sp['fetch']:.2f} s", f"{sp['gpus.add']:.2f} s",
+                          f"{sp['ranks.take_ended'] + sp['ranks.expire']:.2f} s", f"{sp['gpus.expire']:.2f} s",
+                          f"{sp['ranks.jobs']:.2f} s", f"{windows:.2f} s", f"{x['evaluate_s'] - stores:.2f} s"])
     step = max(1, len(sustained) // 12)
     rss = [[f"{x['at_s']:,.0f} s", f"{i + 1}", f"{x['steps']:,}", f"{x['rss'] / 2**20:,.0f} MiB",
             f"{x['fetch_s']:.2f} s", f"{x['evaluate_s']:.2f} s"]
@@ -418,23 +522,51 @@ def report(results: list[dict], ways: list[list[str]], fleet: Fleet, args: argpa
         "# Fleet scale: pushes over HTTP, telemetry from VictoriaMetrics, the evaluation cycle\n",
         _bench.machine_block({
             "victoria-metrics": _vm_version(),
+            "load average": "1-minute load at the end of each cycle: "
+                            + "–".join(f"{f(x['load'] for r in results for x in r['rows']):.1f}" for f in (min, max))
+                            + f" on {os.cpu_count()} CPUs (this benchmark's own processes included)",
             "setup": f"{fleet.big_nodes:,} nodes × {GPUS_PER_NODE} GPUs for one "
                      f"{fleet.big_nodes * GPUS_PER_NODE:,}-rank job + {fleet.small} jobs of {SMALL_RANKS} ranks on a "
                      f"node each ({gpus:,} GPUs); {CYCLE_S:g} simulated s a cycle, one columnar push of "
                      f"{int(CYCLE_S / STEP_S)} steps per rank per cycle (the SDK's default 5 s interval would push 10) "
                      f"from {PUSHERS} load-generator processes; 1 shard sustained {duration:g} s (at least "
-                     f"{args.cycles} cycles), then each of 4 shards {args.cycles} cycles; planted: {len(fleet.slow)} "
+                     f"{args.cycles} cycles), "
+                     + ("no 4-shard runs (--one-shard-only)" if args.one_shard_only else
+                        f"then each of 4 shards {args.cycles} cycles")
+                     + f"; planted: {len(fleet.slow)} "
                      f"slow + {len(fleet.starved)} starved GPUs in the big job, {len(fleet.small_slow)} slow in a "
                      "small job"}),
         "",
         "## One evaluation cycle (the worst of the last three)\n",
-        _bench.md_table(["evaluator", "GPUs fetched", "steps held", "fetch (queries + join + store)",
-                         "evaluate (expiry + snapshot + detectors)", "cycle", "VictoriaMetrics import of the scrape",
-                         "planted found (last cycle)", "missed", "other findings (any cycle)"], rows),
+        _bench.md_table(["evaluator", "GPUs fetched", "steps held", "fetch between refreshes (queries + join + store)",
+                         "fetch at a refresh", "evaluate (expiry + snapshot + detectors)", "cycle between refreshes",
+                         "VictoriaMetrics import of the scrape", "planted found (last cycle)", "missed",
+                         "other findings (any cycle)"], rows),
         "",
-        "## Where the fetch goes: one whole-fleet fetch per way of asking and decoding "
-        f"({'best of 2' if args.quick else 'one each'})\n",
-        _bench.md_table(["queries, decoder", "GPUs", "fetch wall", "rules CPU (queries, decode, join)",
+        "A fetch asks what changes rarely (identity, MIG devices, max clock, power limit, which throttle reasons "
+        "exist) in full once a minute, a refresh, and reuses it in between (gpumond/rules/telemetry/promql_tiers.py; "
+        "at 10 s a cycle, every 6th fetch is a refresh). The first cycle's refresh (cold caches) is left out of "
+        "\"fetch at a refresh\" when a later one ran.",
+        "",
+        "## Where each cycle goes (1 shard, sustained)\n",
+        _bench.md_table(["cycle", "tier", "steps held", "queries + decode + join", "GpuStore.add",
+                         "RankStore take_ended + expire", "GpuStore.expire", "RankStore.jobs (snapshot)",
+                         "GpuStore windows + hosts", "detectors + alerts (the rest)"], breakdown),
+        "",
+        "Measured around the stores and the source the evaluator is given (benchmarks/fleet_scale.py `Timed`): "
+        "the rest of `evaluate()` is the detectors (features, gpu_batch, straggler, I/O starvation, ...) and the "
+        "alert lifecycle.",
+        "",
+        "## Each query alone (one after another, at the last cycle's instant)\n",
+        _bench.md_table(["query (join key)", "refresh: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU",
+                         "between: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU"], per_query),
+        "",
+        "VictoriaMetrics spends CPU on every series a query selects, even one a filter then drops (`… != 0`): the "
+        "narrowed throttle query saves the answer's bytes and their decoding, not the scan.",
+        "",
+        "## One whole-fleet fetch, at a refresh and between refreshes "
+        f"({'best of 2' if args.quick else 'one each'}, the 4-worker pool, the default decoder)\n",
+        _bench.md_table(["fetch", "GPUs", "fetch wall", "rules CPU (queries, decode, join)",
                          "VictoriaMetrics CPU"], ways),
         "",
         "## Ingest over HTTP (every cycle's push phase but the first)\n",

@@ -38,6 +38,17 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _demo_nodes(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 3 <= v <= 1024:
+        raise argparse.ArgumentTypeError(
+            f"must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got {v}")
+    return v
+
+
 def _speed(text: str) -> float:
     try:
         v = float(text)
@@ -115,12 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--state-dir", metavar="DIR", help="override `state_dir` (default /var/lib/gpumond; with --sim, a "
                                                       "directory of the run's own); one live agent per directory")
     a.add_argument("--sim", metavar="GPUS", type=_positive_int,
-                   help="run on N simulated GPUs instead of the NVIDIA driver (explicit, never a fallback)")
+                   help="run on N simulated GPUs instead of the NVIDIA driver (explicit, never a fallback; "
+                        "--sim-scenario alone simulates 8)")
     a.add_argument("--sim-scenario", metavar="FILE", type=_scenario,
                    help="YAML faults injected into the simulated GPUs over time (see docs/simulator.md): a file, "
                         "or the name of a shipped scenario (listed below) when no such file exists")
-    a.add_argument("--sim-speed", metavar="X", type=_speed, default=1.0,
-                   help="run simulated time X times faster than wall time (default 1)")
+    a.add_argument("--sim-speed", metavar="X", type=_speed,
+                   help="run simulated time X times faster than wall time (default 1); with --sim or "
+                        "--sim-scenario only")
     a.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     a.add_argument("--log-format", choices=["logfmt", "json"], help="override log.format")
     _web_flag(a)
@@ -162,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "  gpumond demo --pagerduty-routing-key 0123456789abcdef0123456789abcdef\n"
                 "  gpumond demo --alertmanager http://127.0.0.1:9093   # repeat for every replica\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--nodes", type=_positive_int, default=4, help="simulated nodes, 8 GPUs each (default 4)")
+    d.add_argument("--nodes", type=_demo_nodes, default=4,
+                   help="simulated nodes, 8 GPUs each, 3 to 1024 (default 4)")
     d.add_argument("--duration", type=_speed, default=180.0, metavar="SECONDS",
                    help="the longest it runs before the summary if not everything is found and resolved sooner "
                         "(default 180; Ctrl-C ends it early)")
@@ -231,8 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "environment. --shape-only checks keys, types and bounds alone, for a machine "
                                    "that does not hold the secrets (CI). The ok line says which check ran.",
                        epilog=("examples:\n"
-                               "  gpumond check-config /etc/gpumond/agent.yaml          # as the daemon will start\n"
-                               "  gpumond check-config --shape-only deploy/rules.yaml   # in CI, without the secrets\n"),
+                               "  gpumond check-config /etc/gpumond/agent.yaml                  # as the daemon will "
+                               "start\n"
+                               "  gpumond check-config --shape-only deploy/examples/rules.yaml  # in CI, without the "
+                               "secrets\n"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("file", metavar="FILE", type=Path)
     c.add_argument("--kind", choices=["agent", "rules"], help="which config this is (default: recognise it)")
@@ -310,9 +326,20 @@ def _web(path: Path | None) -> Any:
     return load_web(path)
 
 
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser `args` were parsed by, e.g. the one of `gpumond remediation undo`."""
+    for action in parser._actions:  # noqa: SLF001 - argparse offers no public walk of its subparsers
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _innermost(action.choices[getattr(args, action.dest)], args)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gpumond` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame `gpumond` and point at the top-level help; name the command given
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "check-config":
         return _check_config(args.file, args.kind, shape_only=args.shape_only)
     if args.command == "agent":
@@ -341,7 +368,7 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
     """`cfg` with validated flag overrides (flag, text, parse, key) and --log-level / --log-format applied."""
     update: dict[str, object] = {}
     for flag, text, parse, key in parsers:
-        if text:
+        if text is not None:  # an empty value ("--state-dir $UNSET") is refused by its parser, never skipped
             try:
                 update[key] = parse(text)
             except ValueError as e:
@@ -350,6 +377,12 @@ def _with_flags(cfg: Any, command: str, args: argparse.Namespace,
     if log_update:
         update["log"] = cfg.log.model_copy(update=log_update)
     return cfg.model_copy(update=update)  # every value above is already validated
+
+
+def _node_name(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty (leave the flag out for the host name)")
+    return text
 
 
 def _directory(text: str) -> Path:
@@ -459,10 +492,6 @@ def _demo(args: argparse.Namespace) -> int:
     from gpumond.demo.run import run_demo
     from gpumond.logs import setup_logging
 
-    if args.nodes < 3:
-        print("gpumond demo: --nodes: must be at least 3 (the planted faults sit on nodes 0, 1 and 2)",
-              file=sys.stderr)
-        return EXIT_USAGE
     from pydantic import ValidationError
 
     from gpumond.config import ConfigError
@@ -541,6 +570,11 @@ def _agent(args: argparse.Namespace) -> int:
     from gpumond.logs import setup_logging
     from gpumond.serving import ListenError
 
+    if args.sim_speed is not None and not (args.sim or args.sim_scenario):
+        # without them the agent reads the real driver, where there is no simulated time to speed up
+        print("gpumond agent: --sim-speed: applies to simulated GPUs only; add --sim N (see: gpumond agent --help)",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
         cfg = load_agent_config(args.config)
     except ConfigError as e:
@@ -548,7 +582,7 @@ def _agent(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         cfg = _with_flags(cfg, "agent", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
-                                               ("--node-name", args.node_name, str, "node_name"),
+                                               ("--node-name", args.node_name, _node_name, "node_name"),
                                                ("--state-dir", args.state_dir, _directory, "state_dir")))
     except _FlagError as e:
         print(e, file=sys.stderr)
@@ -561,7 +595,7 @@ def _agent(args: argparse.Namespace) -> int:
     setup_logging(cfg.log.level, cfg.log.format)
     try:
         if args.sim or args.sim_scenario:
-            backend = sim_backend(args.sim, args.sim_scenario, args.sim_speed, cfg.node_name)
+            backend = sim_backend(args.sim, args.sim_scenario, args.sim_speed or 1.0, cfg.node_name)
         else:
             backend = real_backend()
     except BackendError as e:

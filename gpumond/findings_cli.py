@@ -43,8 +43,11 @@ class Access:
 
 
 ANONYMOUS = Access()
-# What a 401 from a daemon with read authentication (basic_auth_users / bearer tokens) asks for.
+# What a 401 from a daemon with read authentication (basic_auth_users / bearer tokens) asks for: credentials,
+# or, when some were sent, other ones (telling a refused password from a missing one saves a wrong search).
 _CREDENTIALS_HINT = (" (this daemon requires read credentials: --username with --password-file, or --token-file)")
+_REFUSED_HINT = (" (this daemon refused the credentials given: check the user name, the first line of "
+                 "--password-file or --token-file, and the daemon's basic_auth_users / bearer_tokens_file)")
 
 # What an operator types when they forget the scheme: a host name or address, maybe a port.
 _BARE_HOST = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d+))?/?")
@@ -96,7 +99,7 @@ def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str,
     except urllib.error.HTTPError as e:
         raise FetchError(f"{full}: HTTP {e.code} {e.reason}{_error_detail(e)}"
                          + (f" (is {daemon} at {base}, in a version that serves {path}? check --url)"
-                            if e.code == 404 else _CREDENTIALS_HINT if e.code == 401 else "")) from None
+                            if e.code == 404 else _credentials_hint(access) if e.code == 401 else "")) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
         reason = getattr(e, "reason", None) or e or type(e).__name__
         # a handshake failure arrives inside URLError; a refusal read after it (TLS 1.3) as the SSLError itself
@@ -104,6 +107,10 @@ def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str,
         if tls is not None:
             raise FetchError(f"cannot reach {full}: {tls.replace('GPUMOND_CA_FILE for the job SDK', '--ca-file')}"
                              ) from None
+        if isinstance(e, (http.client.RemoteDisconnected, http.client.BadStatusLine)) and full.startswith("http://"):
+            # what a daemon serving TLS does to a plain-HTTP request: closes it without an answer
+            raise FetchError(f"cannot reach {full}: {reason} (if it serves TLS, use https://"
+                             f"{base.split('://', 1)[1]}; else is {daemon} running there?)") from None
         raise FetchError(f"cannot reach {full}: {reason} (is {daemon} running there? set --url)") from None
     except ValueError as e:  # a URL urllib still refuses (base_url() catches the usual mistakes first)
         raise FetchError(f"{full}: {e}") from None
@@ -118,6 +125,10 @@ def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str,
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise FetchError(f"{full}: the answer has no {key!r} list of objects (is {daemon} serving at {base}?)")
     return items
+
+
+def _credentials_hint(access: Access) -> str:
+    return _REFUSED_HINT if any(k.lower() == "authorization" for k in access.headers) else _CREDENTIALS_HINT
 
 
 def _error_detail(err: urllib.error.HTTPError) -> str:
@@ -258,7 +269,9 @@ def known(url: str, timeout_s: float = 5.0, access: Access = ANONYMOUS) -> str:
         raise FetchError(f"{full}: not Prometheus text ({e})") from None
     jobs, ranks = int(held.get("jobs", 0)), int(held.get("ranks", 0))
     pushed = (f"{jobs} job(s) with {ranks} rank(s) pushing" if jobs else
-              "no job has pushed to it yet (check GPUMOND_ENDPOINT and GPUMOND_TOKEN in the training job)")
+              # held jobs only: a job that sent `final` or outlived expire_after_s is no longer counted
+              "no job is pushing to it (none has yet, or each one ended or fell silent; check GPUMOND_ENDPOINT "
+              "and GPUMOND_TOKEN in the training job)")
     if not telemetry:
         gpu = "no GPU telemetry source configured (telemetry: in rules.yaml)"
     else:

@@ -89,8 +89,9 @@ def main(args: argparse.Namespace) -> int:
         if node not in backend.nodes():
             print(f"gpumond health-check: {node} is not a Slurm node (set --node or SLURMD_NODENAME)", file=sys.stderr)
             return 2
-    except BackendError as e:
-        print(f"gpumond health-check: {e}", file=sys.stderr)
+    except BackendError as e:  # typically not a Slurm node, or one that cannot reach its controller
+        print(f"gpumond health-check: {e} (it runs on a Slurm node, as its HealthCheckProgram: even a dry run "
+              "asks sinfo for the node and its partition; SLURM_CONF selects the cluster)", file=sys.stderr)
         return 1
     state_dir = args.state_dir / "health-check"
     state_dir.mkdir(parents=True, exist_ok=True)

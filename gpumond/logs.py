@@ -67,7 +67,9 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream: TextIO | Non
     # Records still propagate: test harnesses (pytest's caplog) capture from the root logger. The root's
     # handler below writes only records from outside the gpumond tree, so nothing is written twice.
     foreign = _handler(out, formatter, limit, foreign_only=True)
-    foreign.setLevel(_FOREIGN_LEVEL)
+    # A level above WARNING holds for libraries too: `error` (the demo's, or an operator's) must not let
+    # apscheduler's "skipped: maximum number of running instances" warnings through.
+    foreign.setLevel(max(_FOREIGN_LEVEL, logging.getLevelName(level.upper())))
     root.addHandler(foreign)
     if root.level > _FOREIGN_LEVEL or root.level == logging.NOTSET:
         root.setLevel(_FOREIGN_LEVEL)

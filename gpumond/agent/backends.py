@@ -30,10 +30,12 @@ def sim_backend(gpus: int | None, scenario_path: Path | None, speed: float, node
             scenario = load_scenario(scenario_path)
         except ScenarioError as e:
             raise BackendError(f"--sim-scenario: {e}") from None
-    count = gpus or (len(scenario.gpus) if scenario is not None and scenario.gpus else 8)
+    # `gpus:` in a scenario holds per-GPU overrides, not the node's GPUs: without --sim, a node of 8
+    count = gpus or 8
     clock = SimClock(speed=speed)
     try:
-        sim = SimulatedNvml(gpu_count=count, node=node, scenario=scenario, clock=clock)
+        sim = SimulatedNvml(gpu_count=count, node=node, scenario=scenario, clock=clock,
+                            scenario_name=scenario_path.name if scenario_path is not None else None)
     except ScenarioError as e:  # e.g. a fault on GPU 3 of a two-GPU --sim
         raise BackendError(f"--sim-scenario: {e} (raise --sim or edit the scenario)") from None
     log.warning("running on SIMULATED GPUs (--sim): no real NVML is read",

@@ -12,9 +12,10 @@ _LOOKS = {"short": "its last few steps", "recent": "the recent window", "long": 
 
 def _pct(v: Any) -> str:
     try:
-        return f"{float(v) * 100:.0f} %"
+        text = f"{float(v) * 100:.0f}"
     except (TypeError, ValueError):
         return "?"
+    return ("0" if text == "-0" else text) + " %"  # a share a hair below zero (clock rounding) reads as 0 %
 
 
 def _num(v: Any, fmt: str = "g") -> str:

@@ -109,11 +109,11 @@ class DemoPlan:
                     expect=("finding:io_starved_rank",), related=("finding:job_slowdown",),
                     hint="finding io_starved_rank. Host evidence is this machine's real CPU and iowait (every "
                          "simulated node shares it); the stall is a sleep that loads neither, so the likely "
-                         "cause should read: no CPU or disk contention on the host"),
+                         "cause should read: no CPU or disk contention on the host (CPU, if something else keeps "
+                         "this machine busy)"),
             Planted("xid", f"XID 48 + 1 uncorrected ECC error at {self.xid_at_s:.0f} s",
                     self.place(self.xid_node, self.xid_gpu), self.xid_at_s, self.xid_at_s,
                     expect=("alert:GpuXidCritical", "alert:GpuEccUncorrectedIncreasing", "action:drain"),
-                    related=("alert:GpumondNodeDrained",),
                     lasting={"alert:GpuRowRemapPending": "until an operator resets the GPU"},
                     hint=f"agent alerts GpuXidCritical and GpuEccUncorrectedIncreasing at once, held "
                          f"{self.event_hold_s:g} simulated s; GpuRowRemapPending stays until the GPU is reset; "

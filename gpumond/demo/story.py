@@ -25,6 +25,9 @@ from typing import Literal
 from gpumond.alerts.catalogue import ALERTS
 
 Kind = Literal["finding", "alert", "action", "page"]
+# Alerts that announce an action rather than a signal of their own: their pages belong to the action's
+# episode (the summary's "node drain" row), as a finding's alert's pages belong to the finding.
+_ACTION_ALERTS = {"GpumondNodeDrained": "action:drain"}
 # `dropped`: a pending finding that went quiet without ever firing (not news, not a false alarm).
 State = Literal["pending", "firing", "resolved", "dropped"]
 
@@ -98,6 +101,8 @@ class Event:
         """`kind:name`; a page stands for the signal it notifies about."""
         if self.kind != "page":
             return f"{self.kind}:{self.name}"
+        if self.name in _ACTION_ALERTS:
+            return _ACTION_ALERTS[self.name]
         spec = ALERTS.get(self.name)
         if spec is not None and spec.finding_kind:
             return f"finding:{spec.finding_kind}"

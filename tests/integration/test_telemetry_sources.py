@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -127,6 +128,19 @@ def test_query_source_matches_a_direct_scrape_and_marks_stopped_agents_absent(
                                what=f"{tsdb.label} to hold all 8 GPUs with every signal")
             assert batch.errors == () and batch.absent_nodes == frozenset()
             _assert_same_gpus(batch, direct.fetch())
+
+            # Between refreshes (promql_tiers): narrowed queries on the real server, the rarely asked signals
+            # reused; at one instant, the same batch as every query in full.
+            now = time.time()
+            tiered = PrometheusSource(tsdb.base_url, timeout_s=5.0, lookback_s=120, clock=lambda: now)
+            full = PrometheusSource(tsdb.base_url, timeout_s=5.0, lookback_s=120, clock=lambda: now, refresh_s=0)
+            sources += [tiered, full]
+            tiered.fetch()
+            between, everything = tiered.fetch(), full.fetch()
+            assert between.errors == everything.errors == ()
+            assert (between.gpus, between.hosts, between.absent_nodes) == (everything.gpus, everything.hosts,
+                                                                          everything.absent_nodes)
+            assert _complete(between, set(NODES))
 
             agents["node-a"].stop()
 

@@ -24,8 +24,16 @@ def run(*args):
     (["agent", "--sim", "0"], "--sim: must be from 1 to 1024, got 0"),
     (["agent", "--sim-speed", "fast"], "--sim-speed: must be a number, got 'fast'"),
     (["agent", "--listen", "nohost"], "--listen: must be HOST:PORT"),
-    (["agent", "--bogus"], "unrecognized arguments: --bogus"),
+    (["agent", "--bogus"], "gpumond agent: unrecognized arguments: --bogus (see: gpumond agent --help)"),
+    (["remediation", "list", "--bogus"], "gpumond remediation list: unrecognized arguments: --bogus (see: gpumond "
+                                         "remediation list --help)"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["agent", "--sim", "1", "--state-dir", ""], "--state-dir: must be a directory path"),  # not the default
+    (["agent", "--sim", "1", "--node-name", " "], "--node-name: must not be empty"),
+    (["rules", "--config", str(Path(gpumond.__file__).parent.parent / "deploy/examples/rules.yaml"), "--listen", ""],
+     "--listen: "),
+    (["agent", "--sim-speed", "10"], "--sim-speed: applies to simulated GPUs only; add --sim N"),  # not ignored
+    (["demo", "--nodes", "2"], "--nodes: must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got 2"),
 ])
 def test_bad_flags_exit_2_with_one_line(args, fragment):
     p = run(*args)
@@ -94,6 +102,16 @@ def test_a_scenario_for_more_gpus_than_simulated_is_one_clear_line():
     p = run("agent", "--sim", "2", "--sim-scenario", "demo")  # the shipped demo plants faults on GPUs 1-3
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "GPU 3 does not exist" in p.stderr and "raise --sim" in p.stderr
+    assert "--sim-scenario: demo.yaml: gpus[0].index" in p.stderr  # the file, as for every other scenario error
+
+
+def test_a_scenario_without_sim_simulates_8_gpus_whatever_its_per_gpu_overrides():
+    from gpumond.agent.backends import sim_backend
+    from gpumond.cli import _SCENARIO_DIR
+
+    # the demo scenario overrides only GPU 3 and plants faults on GPUs 1-3: it used to build a node of 1 GPU
+    backend = sim_backend(None, Path(_SCENARIO_DIR) / "demo.yaml", 1.0, "n1")
+    assert len(backend.extra["sim"].gpus) == 8
 
 
 def test_help_teaches_the_simulator():
@@ -197,3 +215,25 @@ def test_a_scenario_file_in_the_working_directory_wins_over_a_shipped_name(tmp_p
     (tmp_path / "demo.yaml").write_text("faults: []\n")
     monkeypatch.chdir(tmp_path)
     assert build_parser().parse_args(["agent", "--sim-scenario", "demo.yaml"]).sim_scenario == Path("demo.yaml")
+
+
+def test_every_repository_path_a_help_text_names_exists():
+    # A newcomer copies the examples from --help; check-config's used to name deploy/rules.yaml, which is not here.
+    import argparse
+    import re
+
+    root = Path(gpumond.__file__).resolve().parent.parent
+    parser = build_parser()
+    helps = [parser.format_help()]
+    todo = [parser]
+    while todo:
+        for action in todo.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    helps.append(sub.format_help())
+                    todo.append(sub)
+    # `kubectl exec deploy/NAME` names a Kubernetes Deployment, not a file
+    path = re.compile(r"(?<![\w/.~-])(?<!exec )((?:deploy|docs|dashboards|scripts|gpumond)/[\w./-]*\w)")
+    named = {m for text in helps for m in path.findall(text)}
+    assert "deploy/examples/rules.yaml" in named
+    assert [path for path in sorted(named) if not (root / path).exists()] == []

@@ -77,3 +77,8 @@ def test_nvlink_as_the_cause_of_a_straggler_node_and_sm_activity_of_a_straggler_
     assert node[-1] == "likely cause: NVLink — replays slow every collective through it (2 GPU(s) replaying)"
     rank = describe("straggler", {"signals": {}, "sm_active": 0.05, "peer_median_sm_active": 0.8})
     assert rank == ("SM activity 5 % vs 80 % for its peers",)
+
+
+def test_a_share_rounding_to_zero_from_below_reads_as_0_not_minus_0():
+    ev = {"signals": {"compute_share": {"value": 0.15, "peer_median": -0.0004, "z": 30.8, "look": "short"}}}
+    assert describe("straggler", ev)[0].startswith("computes 15 % of each step vs 0 % for its peers")

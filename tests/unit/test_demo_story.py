@@ -303,3 +303,19 @@ def test_a_page_that_arrives_before_the_watcher_sees_its_signal_still_counts():
     _, out = timeline(ev(20.5, "page", "TrainingStraggler", "firing", HOT, via="pagerduty"),
                       ev(21, "finding", "straggler", "firing", HOT))
     assert {o.fault.key: o.pages for o in outcomes(FAULTS, out)}["cooling"] == 1
+
+
+def test_the_drain_alerts_pages_count_on_the_node_drain_row():
+    # GpumondNodeDrained announces the remediation action; no watcher event carries it, so its pages must
+    # land on the drain's episode, not vanish (the summary used to say 0 pages for a drain that paged twice).
+    faults = (Planted("xid", "XID 48 at 40 s", XID, 40.0, 40.0, expect=("alert:GpuXidCritical", "action:drain")),)
+    tl = Timeline(faults)
+    node = Place("n0")
+    out = [tl.record(e) for e in (ev(41, "alert", "GpuXidCritical", "firing", XID),
+                                  ev(42, "action", "drain", "firing", node),
+                                  ev(42.1, "page", "GpumondNodeDrained", "firing", node, via="slack"),
+                                  ev(42.2, "page", "GpumondNodeDrained", "firing", node, via="pagerduty"))]
+    assert [(e.signal, e.pages) for e in episodes(out)] == [("alert:GpuXidCritical", 0), ("action:drain", 2)]
+    assert false_alarms(out) == []
+    line = next(x for x in render_summary(faults, out, 50).splitlines() if "node drain" in x)
+    assert line.split()[-1] == "2"

@@ -328,3 +328,12 @@ def test_per_gpu_lines_get_a_budget_per_gpu_while_foreign_floods_stay_cut() -> N
     summary = {f["of_logger"]: f for f in lines if f["msg"] == "repeated log lines suppressed"}
     assert summary["gpumond.nvml"]["of_gpu"] == "3" and summary["gpumond.nvml"]["suppressed"] == "6"
     assert summary["somelib"]["suppressed"] == "5" and "of_gpu" not in summary["somelib"]
+
+
+def test_a_level_above_warning_holds_for_foreign_loggers_too() -> None:
+    stream, ours = emit("logfmt", level="error")
+    logging.getLogger("apscheduler.scheduler").warning("Execution of job skipped: maximum number of running instances")
+    ours.warning("ours, below error: not written")
+    logging.getLogger("apscheduler.scheduler").error("written")
+    lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+    assert [(f["logger"], f["msg"]) for f in lines] == [("apscheduler.scheduler", "written")]

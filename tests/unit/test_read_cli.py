@@ -303,8 +303,9 @@ def _rules_metrics(tmp_path, *, pushed: bool, telemetry: bool) -> bytes:
 
 
 @pytest.mark.parametrize("pushed, telemetry, expected", [
-    (False, False, "no findings: no job has pushed to it yet (check GPUMOND_ENDPOINT and GPUMOND_TOKEN in the "
-                   "training job); no GPU telemetry source configured (telemetry: in rules.yaml)"),
+    (False, False, "no findings: no job is pushing to it (none has yet, or each one ended or fell silent; check "
+                   "GPUMOND_ENDPOINT and GPUMOND_TOKEN in the training job); no GPU telemetry source configured "
+                   "(telemetry: in rules.yaml)"),
     (True, True, "no findings: 1 job(s) with 1 rank(s) pushing; GPU telemetry (scrape) configured but its last "
                  "fetch failed"),
 ], ids=["nothing-known", "a-job-and-a-failing-target"])
@@ -325,3 +326,43 @@ def test_no_findings_from_a_service_without_metrics_still_answers(capsys) -> Non
         assert main(["findings", "--url", url]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("no findings (what the service holds is unknown: ") and "/metrics" in out, out
+
+
+def test_a_401_asks_for_credentials_or_says_the_ones_given_were_refused(tmp_path, capsys) -> None:
+    token = tmp_path / "token"
+    token.write_text("a-read-token-of-enough-length\n")
+    with serving({"/api/v1/alerts": (401, JSON, b'{"error": "unauthorized"}')}) as (url, _):
+        assert main(["alerts", "--url", url]) == 1
+        assert "requires read credentials: --username with --password-file, or --token-file" in capsys.readouterr().err
+        assert main(["alerts", "--url", url, "--token-file", str(token)]) == 1
+    err = capsys.readouterr().err
+    assert "refused the credentials given" in err and "requires read credentials" not in err
+
+
+def test_plain_http_to_a_daemon_that_closes_without_answering_suggests_https(capsys) -> None:
+    # A daemon serving TLS closes a plain-HTTP request without an answer; say what to try.
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(5)
+    port = listener.getsockname()[1]
+
+    def close_each(n: int = 2) -> None:
+        for _ in range(n):  # bounded: one connection per command below
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(4096)
+            conn.close()
+
+    thread = threading.Thread(target=close_each, daemon=True)
+    thread.start()
+    try:
+        assert main(["alerts", "--url", f"http://127.0.0.1:{port}"]) == 1
+        assert f"(if it serves TLS, use https://127.0.0.1:{port}; else is a gpumond agent" in capsys.readouterr().err
+        assert main(["findings", "--url", f"http://127.0.0.1:{port}"]) == 1
+        assert f"use https://127.0.0.1:{port}; else is the rules service" in capsys.readouterr().err
+    finally:
+        listener.close()
+        thread.join(5)

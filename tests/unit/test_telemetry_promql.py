@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.parse
@@ -314,3 +315,196 @@ def test_vector_rows_reads_series_and_skips_non_finite_values_with_either_decode
 def test_vector_rows_says_in_one_line_why_an_answer_has_no_rows(loads, status, body, message) -> None:
     got = vector_rows(status, body, loads)
     assert isinstance(got, str) and got.startswith(message) and "\n" not in got
+
+
+# ----- tiers: what changes rarely is asked in full once per refresh ---------------------------------------
+class World:
+    """What a Prometheus holds now (by join key, as _results), answering full and narrowed queries alike."""
+
+    def __init__(self) -> None:
+        self.rows = _results(**{signals.MIG_INFO: [],
+                                "gpumond_gpu_power_limit_watts": [_gpu(A, "a0", "0", 700.0), _gpu(B, "b0", "0", 500.0)],
+                                "gpumond_gpu_sm_clock_max_hertz": [_gpu(A, "a0", "0", 2e9), _gpu(B, "b0", "0", 2e9)]})
+        self.by_query = {q: key for key, q in build_queries(300).items()}
+        self.failing: set[str] = set()
+
+    def respond(self, query: str) -> tuple[int, object]:
+        if query in self.failing:
+            return 503, b"unavailable"
+        if query.startswith("up{job=~"):  # between refreshes: `up` of the identity's jobs
+            assert query == 'up{job=~"gpumond"}'
+            return 200, _vector(self.rows[TARGETS])
+        if query.endswith(" != 0"):  # between refreshes: the active throttle reasons only
+            return 200, _vector([r for r in self.rows[self.by_query[query.removesuffix(" != 0")]] if r.value != 0])
+        return 200, _vector(self.rows.get(self.by_query[query], []))
+
+
+def _fetch_at(url: str, t: float, **kw: object) -> tuple[PrometheusSource, Callable[[float], object]]:
+    clock = [t]
+    src = PrometheusSource(url, timeout_s=0.5, clock=lambda: clock[0], **kw)  # type: ignore[arg-type]
+
+    def at(when: float) -> object:
+        clock[0] = when
+        return src.fetch()
+    return src, at
+
+
+def _full_fetch(url: str, t: float):
+    src, at = _fetch_at(url, t, refresh_s=0)  # every query in full, every fetch: the reference
+    try:
+        return at(t)
+    finally:
+        src.close()
+
+
+def test_between_refreshes_rare_signals_are_reused_and_the_result_is_what_a_full_fetch_gives(serve) -> None:
+    world = World()
+    prom = serve(world.respond)
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    full = build_queries(300)
+    try:
+        first = at(1000.0)
+        asked_first = [p["query"] for p in prom.params]
+        del prom.params[:]
+        second = at(1010.0)
+        asked_second = [p["query"] for p in prom.params]
+        del prom.params[:]
+        at(1060.0)  # refresh_s after the refresh: everything in full again
+        asked_third = [p["query"] for p in prom.params]
+    finally:
+        src.close()
+    assert sorted(asked_first) == sorted(full.values()) == sorted(asked_third)
+    reused = {full[k] for k in (IDENTITY, signals.MIG_INFO, "gpumond_gpu_sm_clock_max_hertz",
+                                "gpumond_gpu_power_limit_watts")}
+    assert sorted(asked_second) == sorted([q for k, q in full.items() if q not in reused and
+                                           k not in (TARGETS, signals.CLOCKS_EVENT)]
+                                          + ['up{job=~"gpumond"}', f"{full[signals.CLOCKS_EVENT]} != 0"])
+    assert first.errors == second.errors == ()
+    reference = _full_fetch(prom.url, 1010.0)
+    assert (second.gpus, second.hosts, second.absent_nodes) == (reference.gpus, reference.hosts,
+                                                                reference.absent_nodes)
+    assert dict(second.gpus[0].values) == {"power_w": 650.0, "power_limit_w": 700.0, "sm_clock_max_hz": 2e9,
+                                           "throttle_sw_power_cap": 1.0}
+
+
+def test_between_refreshes_throttle_changes_and_down_targets_are_seen_at_the_next_fetch(serve) -> None:
+    world = World()
+    prom = serve(world.respond)
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        at(1000.0)
+        world.rows["gpumond_gpu_clocks_event_active"] = [  # a0's reason ends, b0's starts
+            _gpu(A, "a0", "0", 0.0, reason="sw_power_cap"), _gpu(B, "b0", "0", 1.0, reason="hw_thermal_slowdown")]
+        world.rows[TARGETS] = [Row(A, 1.0), Row(B, 0.0)]  # node-b's agent stops answering
+        world.rows[signals.GPU_UP] = [r for r in world.rows[signals.GPU_UP] if r.labels["uuid"] != "b0"]
+        changed = at(1010.0)
+    finally:
+        src.close()
+    assert changed.gpus[0].values["throttle_sw_power_cap"] == 0.0
+    assert changed.absent_nodes == {"node-b"} and [g.uuid for g in changed.gpus] == ["a0", "a1"]
+    reference = _full_fetch(prom.url, 1010.0)
+    assert (changed.gpus, changed.absent_nodes) == (reference.gpus, reference.absent_nodes)
+    # b0 is absent, but its throttle reason, which the refresh knew, reads active on the next full answer too.
+    world.rows[TARGETS] = [Row(A, 1.0), Row(B, 1.0)]
+    world.rows[signals.GPU_UP] = _results()[signals.GPU_UP]
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        at(1000.0)
+        world.rows["gpumond_gpu_clocks_event_active"].append(_gpu(B, "b0", "0", 1.0, reason="sw_power_cap"))
+        new_reason = at(1010.0)  # a series the refresh did not see, active: taken as it comes
+    finally:
+        src.close()
+    assert new_reason.gpus[2].values == {"power_w": 400.0, "power_limit_w": 500.0, "sm_clock_max_hz": 2e9,
+                                         "throttle_hw_thermal": 1.0, "throttle_sw_power_cap": 1.0}
+
+
+def test_a_failed_refresh_is_reported_reuses_nothing_and_is_asked_again(serve) -> None:
+    world = World()
+    prom = serve(world.respond)
+    limit = build_queries(300)["gpumond_gpu_power_limit_watts"]
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        assert at(1000.0).gpus[0].values["power_limit_w"] == 700.0
+        at(1060.0)  # the next refresh …
+        world.failing.add(limit)
+        del prom.params[:]
+        failed = at(1120.0)  # … and the one after fails: the error, and no power limit from an old answer
+        assert [p["query"] for p in prom.params].count(limit) == 1
+        assert len(failed.errors) == 1 and failed.errors[0].startswith(f"prometheus {limit}: HTTP 503")
+        assert "power_limit_w" not in failed.gpus[0].values
+        world.failing.clear()
+        del prom.params[:]
+        again = at(1130.0)  # asked again at once, not a refresh_s later
+    finally:
+        src.close()
+    assert [p["query"] for p in prom.params].count(limit) == 1
+    assert again.errors == () and again.gpus[0].values["power_limit_w"] == 700.0
+
+
+def test_a_clock_that_goes_back_refreshes(serve) -> None:
+    world = World()
+    prom = serve(world.respond)
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        at(1000.0)
+        del prom.params[:]
+        at(990.0)
+    finally:
+        src.close()
+    assert sorted(p["query"] for p in prom.params) == sorted(build_queries(300).values())
+
+
+def test_up_of_the_identity_jobs_matches_job_names_literally() -> None:
+    from gpumond.rules.telemetry.promql_tiers import Tiers
+
+    full = build_queries(300)
+    tiers = Tiers(full, 60)
+    ident = [Row({"job": 'gpu.nodes|"x"\\', "uuid": "u"}, 1.0), Row({"job": "agents", "uuid": "v"}, 1.0)]
+    tiers.merge(tiers.plan(5.0), {IDENTITY: ident, TARGETS: []}, 5.0)
+    query = tiers.plan(6.0)[TARGETS]
+    assert query.startswith('up{job=~"') and query.endswith('"}')
+    pattern = json.loads(query[len("up{job=~"):-1])  # PromQL's string escapes (\\ and \") are JSON's
+    names = ['gpu.nodes|"x"\\', "agents", "gpuxnodes", "gpu", '"x"\\', "agent"]
+    assert [j for j in names if re.fullmatch(pattern, j)] == ['gpu.nodes|"x"\\', "agents"]
+    with pytest.raises(ValueError, match="refresh_s"):
+        Tiers(full, -1)
+
+
+def test_a_gpu_the_refresh_did_not_know_makes_the_next_fetch_a_refresh(serve) -> None:
+    world = World()
+    prom = serve(world.respond)
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        at(1000.0)
+        world.rows[IDENTITY].append(_info(B, "b1", "1", "node-b"))
+        world.rows[signals.GPU_UP].append(_gpu(B, "b1", "1", 1))
+        world.rows["gpumond_gpu_power_limit_watts"].append(_gpu(B, "b1", "1", 500.0))
+        world.rows["gpumond_gpu_sm_clock_max_hertz"].append(_gpu(B, "b1", "1", 2e9))
+        world.rows["gpumond_gpu_clocks_event_active"].append(_gpu(B, "b1", "1", 0.0, reason="hw_slowdown"))
+        joined = at(1010.0)  # b1 is there (from its fresh series), without the rarely asked signals …
+        del prom.params[:]
+        known = at(1020.0)  # … which the next fetch, a refresh, asks
+    finally:
+        src.close()
+    assert [g.values for g in joined.gpus if g.uuid == "b1"] == [{}]
+    assert sorted(p["query"] for p in prom.params) == sorted(build_queries(300).values())
+    assert [g.values for g in known.gpus if g.uuid == "b1"] == [{"power_limit_w": 500.0, "sm_clock_max_hz": 2e9,
+                                                                 "throttle_hw_slowdown": 0.0}]
+
+
+def test_a_live_gpu_missing_from_a_refresh_answer_makes_the_next_fetch_a_refresh_too(serve) -> None:
+    # A server that had not yet indexed every series when the refresh asked (VictoriaMetrics shows a new series
+    # ~10 s after it is written): the next fetch asks again rather than reuse the gap until the next refresh.
+    world = World()
+    world.rows["gpumond_gpu_sm_clock_max_hertz"].pop()  # b0's
+    prom = serve(world.respond)
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        assert "sm_clock_max_hz" not in at(1000.0).gpus[2].values
+        world.rows["gpumond_gpu_sm_clock_max_hertz"].append(_gpu(B, "b0", "0", 2e9))
+        del prom.params[:]
+        seen = at(1010.0)
+    finally:
+        src.close()
+    assert sorted(p["query"] for p in prom.params) == sorted(build_queries(300).values())
+    assert seen.gpus[2].values["sm_clock_max_hz"] == 2e9

@@ -60,11 +60,14 @@ class SimulatedNvml:
                  scenario: Scenario | str | Path | None = None,
                  clock: SimClock | ManualClock | None = None, seed: int = 0,
                  missing_functions: frozenset[str] | set[str] = frozenset(),
-                 init_error: str | None = None, allow_set: bool = True) -> None:
+                 init_error: str | None = None, allow_set: bool = True, scenario_name: str | None = None) -> None:
+        """`scenario_name` names the scenario in errors (its file's name; default: that, else "scenario")."""
         if not 0 <= gpu_count <= MAX_GPUS:
             raise ValueError(f"gpu_count must be between 0 and {MAX_GPUS}, got {gpu_count}")
         if isinstance(scenario, (str, Path)):
+            scenario_name = scenario_name or Path(scenario).name
             scenario = load_scenario(scenario)
+        name = scenario_name or "scenario"
         self.scenario = scenario if scenario is not None else Scenario()
         self.node = node
         self.seed = seed
@@ -90,7 +93,7 @@ class SimulatedNvml:
         entries = {}
         for i, entry in enumerate(self.scenario.gpus):
             if entry.index >= gpu_count:
-                raise ScenarioError(f"scenario: gpus[{i}].index: GPU {entry.index} does not exist "
+                raise ScenarioError(f"{name}: gpus[{i}].index: GPU {entry.index} does not exist "
                                     f"(gpu_count={gpu_count})")
             entries[entry.index] = entry
         t0 = self.clock.now()
@@ -108,7 +111,7 @@ class SimulatedNvml:
         self._by_handle = {gpu.handle: gpu for gpu in self._gpus}
         self._mig_by_handle = {m.handle: m for gpu in self._gpus for m in gpu.mig}
         for i, fault in enumerate(self.scenario.faults):
-            self._check_gpu(fault, f"scenario: faults[{i}].gpu")
+            self._check_gpu(fault, f"{name}: faults[{i}].gpu")
             self._schedule_fault(fault, fault.at_s or 0.0)
         self.library = build_library(self, frozenset(missing_functions))
 

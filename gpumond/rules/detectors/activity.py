@@ -9,6 +9,8 @@ later for GPM); nothing is added otherwise.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -21,6 +23,7 @@ from gpumond.rules.types import GpuSample
 NVLINK_REPLAY_PER_S = 1.0
 NVLINK_CAUSE = "nvlink_errors"
 _PER_GPU = frozenset({"straggler", "io_starved_rank", "hung_rank"})
+_KEYS = ("sm_active", "tensor_active")
 
 
 def _live(samples: Sequence[GpuSample], since: float) -> list[GpuSample]:
@@ -45,25 +48,103 @@ def replay_rate(samples: Sequence[GpuSample]) -> float | None:
 def with_activity(c: Candidate, gpu_windows: Mapping[str, Sequence[GpuSample]], job_gpus: Mapping[str, str],
                   since: float) -> Candidate:
     """`c` with GPM activity and NVLink evidence added where telemetry has it; `job_gpus` is uuid → node of
-    the job's reporting GPUs (the peers)."""
-    windows = {u: _live(gpu_windows.get(u, ()), since) for u in job_gpus}
+    the job's reporting GPUs (the peers). One candidate of `with_activity_many`."""
+    return with_activity_many([c], gpu_windows, job_gpus, since)[0]
+
+
+def with_activity_many(candidates: Sequence[Candidate], gpu_windows: Mapping[str, Sequence[GpuSample]],
+                       job_gpus: Mapping[str, str], since: float) -> list[Candidate]:
+    """Each of a job's candidates as `with_activity` gives it. The job's live windows, its GPUs' activity
+    and their sorted values are worked out once for all of them (not once per candidate: a job of
+    thousands of GPUs with a few findings would read every GPU's window once per finding)."""
+    job = _JobActivity(gpu_windows, job_gpus, since)
+    return [_with(c, job) for c in candidates]
+
+
+class _JobActivity:
+    """One job's telemetry for one evaluation, each piece computed the first time a candidate needs it."""
+
+    def __init__(self, gpu_windows: Mapping[str, Sequence[GpuSample]], job_gpus: Mapping[str, str],
+                 since: float) -> None:
+        self._gpu_windows, self.job_gpus, self._since = gpu_windows, job_gpus, since
+        self._live: dict[str, list[GpuSample]] = {}
+        self._rates: dict[str, float | None] = {}
+        self._values: dict[str, dict[str, float]] | None = None
+        self._sorted: dict[str, list[float] | None] = {}
+
+    def live(self, uuid: str) -> list[GpuSample]:
+        if (w := self._live.get(uuid)) is None:
+            w = self._live[uuid] = _live(self._gpu_windows.get(uuid, ()), self._since)
+        return w
+
+    def rate(self, uuid: str) -> float | None:
+        if uuid not in self._rates:
+            self._rates[uuid] = replay_rate(self.live(uuid))
+        return self._rates[uuid]
+
+    def values(self, key: str) -> dict[str, float]:
+        """uuid → activity(live window, key) of the job's GPUs that have one, in `job_gpus` order."""
+        if self._values is None:
+            # One pass over each window for its live samples and both keys (activity() per key reads the
+            # window once each: at 8,320 GPUs the passes are most of this function's cost).
+            self._values = {k: {} for k in _KEYS}
+            sm, tensor = (self._values[k] for k in _KEYS)
+            for u in self.job_gpus:
+                live, xs, ys = [], [], []
+                read = self._live.get(u)  # a straggler node's GPUs may have been read already
+                for s in read if read is not None else self._gpu_windows.get(u, ()):
+                    if s.up and s.t >= self._since:
+                        live.append(s)
+                        if (x := s.values.get(_KEYS[0])) is not None:
+                            xs.append(x)
+                        if (y := s.values.get(_KEYS[1])) is not None:
+                            ys.append(y)
+                self._live[u] = live
+                if xs:
+                    sm[u] = median(xs)
+                if ys:
+                    tensor[u] = median(ys)
+        return self._values[key]
+
+    def peer_median(self, key: str, uuid: str) -> float | None:
+        """The median of `key` over the job's GPUs other than `uuid` (None: no peer has it)."""
+        values = self.values(key)
+        if key not in self._sorted:
+            xs = list(values.values())
+            # NaN has no place in a sorted order: the median then depends on the order of the peers, so
+            # such a job takes the peers list as it comes, each time (telemetry drops NaN; this is a guard).
+            self._sorted[key] = None if any(math.isnan(x) for x in xs) else sorted(xs)
+        s = self._sorted[key]
+        if s is None:
+            peers = [v for u, v in values.items() if u != uuid]
+            return median(peers) if peers else None
+        # Its own value left out of the sorted values (any equal one: the same peers), in O(log n).
+        skip = bisect_left(s, values[uuid]) if uuid in values else len(s)
+        n = len(s) - (skip < len(s))
+        if n == 0:
+            return None
+        mid = n // 2
+        if n % 2:
+            return s[mid + (mid >= skip)]
+        return 0.5 * (s[mid - 1 + (mid - 1 >= skip)] + s[mid + (mid >= skip)])
+
+
+def _with(c: Candidate, job: _JobActivity) -> Candidate:
     evidence = dict(c.evidence)
-    if c.kind in _PER_GPU and c.gpu_uuid in windows:
-        mine = windows[c.gpu_uuid]
-        for key in ("sm_active", "tensor_active"):
-            value = activity(mine, key)
-            peers = [v for u, w in windows.items() if u != c.gpu_uuid and (v := activity(w, key)) is not None]
+    if c.kind in _PER_GPU and c.gpu_uuid in job.job_gpus:
+        for key in _KEYS:
+            value = job.values(key).get(c.gpu_uuid)
             if value is not None:
                 evidence[key] = round(value, 3)
-                if peers:
-                    evidence[f"peer_median_{key}"] = round(median(peers), 3)
-        rate = replay_rate(mine)
+                if (peers := job.peer_median(key, c.gpu_uuid)) is not None:
+                    evidence[f"peer_median_{key}"] = round(peers, 3)
+        rate = job.rate(c.gpu_uuid)
         if rate is not None and rate >= NVLINK_REPLAY_PER_S:
             evidence["nvlink_replays_per_s"] = round(rate, 1)
             evidence.setdefault("likely_cause", NVLINK_CAUSE)
     elif c.kind == "straggler_node" and c.node is not None:
-        rates = {u: r for u, node in job_gpus.items() if node == c.node
-                 and (r := replay_rate(windows[u])) is not None and r >= NVLINK_REPLAY_PER_S}
+        rates = {u: r for u, node in job.job_gpus.items() if node == c.node
+                 and (r := job.rate(u)) is not None and r >= NVLINK_REPLAY_PER_S}
         if rates:
             evidence["nvlink_replays_per_s"] = {u: round(r, 1) for u, r in sorted(rates.items())}
             evidence.setdefault("likely_cause", NVLINK_CAUSE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpumond.rules.detectors.activity import with_activity
+from gpumond.rules.detectors.activity import with_activity_many
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.compute_share import job_shares
 from gpumond.rules.detectors.config import DetectorConfig
@@ -190,7 +190,7 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     out.extend(c for c in found.candidates if c.rank not in explained)
     # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
     job_gpus = {r.gpu_uuid: r.node for r in reporting}
-    out[job_start:] = [with_activity(c, inputs.gpu_windows, job_gpus, since) for c in out[job_start:]]
+    out[job_start:] = with_activity_many(out[job_start:], inputs.gpu_windows, job_gpus, since)
 
 
 def _activity(active: Sequence[RankFeatures], shares: Mapping[int, object], reporting: Sequence[RankFeatures],

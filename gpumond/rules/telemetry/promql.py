@@ -15,6 +15,7 @@ from gpumond.rules.telemetry import signals
 from gpumond.rules.telemetry.access import Access, AccessError
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, agent_alerts, join
+from gpumond.rules.telemetry.promql_tiers import Tiers
 from gpumond.rules.types import TelemetryBatch
 from gpumond.safetext import one_line
 
@@ -23,6 +24,9 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_LOOKBACK_S = 300.0
 DEFAULT_MAX_WORKERS = 4
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# How long what changes rarely (identity, MIG devices, max clock, power limit, which throttle reasons exist) is
+# reused before it is asked in full again (promql_tiers): every 4th fetch at the default 15 s interval_s.
+DEFAULT_REFRESH_S = 60.0
 
 try:  # Optional fast path (the `fast` extra): decodes a fetch's answers ~1.5× faster than json; same results.
     from orjson import loads as _fast_loads
@@ -70,7 +74,8 @@ class PrometheusSource:
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None,
                  clock: Callable[[], float] = time.time, lookback_s: float = DEFAULT_LOOKBACK_S,
                  max_workers: int = DEFAULT_MAX_WORKERS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 access: Access | None = None, loads: Callable[[bytes], object] = DEFAULT_LOADS) -> None:
+                 access: Access | None = None, loads: Callable[[bytes], object] = DEFAULT_LOADS,
+                 refresh_s: float = DEFAULT_REFRESH_S) -> None:
         if timeout_s <= 0 or lookback_s <= 0 or max_workers < 1 or max_body_bytes < 1:
             raise ValueError("timeout_s, lookback_s, max_workers and max_body_bytes must be positive")
         # `url` is the API root, the part before /api/v1/query: http://prometheus:9090,
@@ -81,6 +86,7 @@ class PrometheusSource:
         self._max_body = max_body_bytes
         self._clock = clock
         self._queries = build_queries(lookback_s)
+        self._tiers = Tiers(self._queries, refresh_s)
         self._loads = loads
         self._owns_client = client is None
         self._access = access if access is not None else Access()
@@ -90,7 +96,7 @@ class PrometheusSource:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gpumond-promql")
 
     def fetch(self) -> TelemetryBatch:
-        """Run every query at one evaluation time and join the answers."""
+        """Run this fetch's queries (promql_tiers.Tiers.plan) at one evaluation time and join the answers."""
         t = self._clock()
         errors: list[str] = []
         if problem := self._access.refresh():
@@ -99,14 +105,16 @@ class PrometheusSource:
             self._headers = self._access.headers()
         except AccessError as e:  # the previous credentials are tried; the error says why they may fail
             errors.append(f"prometheus: {e}")
-        futures = {key: self._pool.submit(self._query_safely, q, t) for key, q in self._queries.items()}
-        results: dict[str, list[Row]] = {}
+        asked = self._tiers.plan(t)
+        futures = {key: self._pool.submit(self._query_safely, q, t) for key, q in asked.items()}
+        answered: dict[str, list[Row]] = {}
         for key, future in futures.items():
             outcome = future.result()
             if isinstance(outcome, str):
-                errors.append(f"prometheus {self._queries[key]}: {outcome}")
+                errors.append(f"prometheus {asked[key]}: {outcome}")
             else:
-                results[key] = outcome
+                answered[key] = outcome
+        results = self._tiers.merge(asked, answered, t)
         if IDENTITY not in results or signals.GPU_UP not in results:
             # Without identities and liveness nothing can be said about any node, least of all that it is absent.
             return TelemetryBatch(t=t, errors=tuple(errors))
