@@ -287,13 +287,14 @@ def _nodes(job: str, group: str | None, per_node: Mapping[str, list[RankFeatures
     for node, rs in per_node.items():
         bad = [r for r in rs if r.rank in flagged]
         if len(per_node) >= 2 and _together(len(bad), len(rs), cfg):
+            # Corroborated / sustained on the evidence of some of its GPUs alone, when those make the node: the
+            # rest only add to it (they reach it at their own evaluations).
+            corroborated = sum(_corroborates(flagged[r.rank]) for r in bad)
+            sequential = sum("sequential" in flagged[r.rank] for r in bad)  # type: ignore[operator]
             out.append(Candidate("straggler_node", job, node, None, None,
                                  round(max(scores[r.rank] for r in bad), 2),
                                  {"group": group, "gpus_flagged": len(bad), "gpus_on_node": len(rs),
                                   "ranks": sorted(r.rank for r in bad)},
-                                 # On the evidence of some of its GPUs alone, when those make the node:
-                                 # the rest only add to it (they reach it at their own evaluations).
-                                 corroborated=_together(sum(_corroborates(flagged[r.rank]) for r in bad), len(rs), cfg),
-                                 sustained=_together(sum("sequential" in flagged[r.rank] for r in bad),  # type: ignore[operator]
-                                                     len(rs), cfg)))
+                                 corroborated=_together(corroborated, len(rs), cfg),
+                                 sustained=_together(sequential, len(rs), cfg)))
     return out
