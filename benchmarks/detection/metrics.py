@@ -166,3 +166,26 @@ def cause_accuracy(results: Sequence[RunResult]) -> tuple[int, int]:
 def truths(results: Sequence[RunResult]) -> list[Truth]:
     """Every truth of every run."""
     return [tr for r in results for tr in r.truths]
+
+
+def latency_parts(results: Sequence[RunResult], pick) -> list[dict]:  # noqa: ANN001
+    """Where the latency of the truths `pick` selects goes, per (fault kind, throttled or silent, step time): the
+    detector's share (onset to the first evaluation that flagged the entity: its first `pending`), what the
+    persistence added (from there to `firing`), and how many fired at once (on sequential or corroborated
+    evidence, flagged and firing at the same evaluation)."""
+    by: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for r in results:
+        for i, tr in enumerate(r.truths):
+            if not pick(tr) or not tr.detected:
+                continue
+            ep = min((e for e in r.episodes if e.fault == i and e.label == "tp"), key=lambda e: e.fired)
+            f = tr.fault
+            key = (f.kind, "throttled" if f.visible else "silent", r.scenario.tags.get("step_s"))
+            by[key].append((ep.since - f.onset, ep.fired - ep.since))
+    out = []
+    for (kind, vis, step), xs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
+        flagged, added = np.array(xs).T
+        out.append({"kind": kind, "visible": vis, "step_s": step, "n": len(xs),
+                    "flagged_p50": float(np.median(flagged)), "added_p50": float(np.median(added)),
+                    "at_once": int((added < 0.5).sum()), "total_p50": float(np.median(flagged + added))})
+    return out

@@ -8,6 +8,7 @@ Writes benchmarks/results/detection.md (or detection_quick.md) and the PNG plots
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import multiprocessing as mp
 import time
@@ -20,6 +21,7 @@ from gpumond.rules.detectors import engine
 from benchmarks import _bench
 from benchmarks.detection import metrics as M
 from benchmarks.detection import scaling
+from benchmarks.detection.cluster import Cluster
 from gpumond.rules.findings import FINDINGS_PERSISTENCE
 
 from benchmarks.detection.scenarios import (
@@ -68,6 +70,7 @@ def plan(quick: bool, seeds: int, nodes: int | None = None, control_s: float = 1
 
 
 _CLUSTER_KW: dict = {}
+_PUSH_S = inspect.signature(Cluster).parameters["push_s"].default  # how often a rank pushes
 
 
 def _one(sc: Scenario) -> RunResult:
@@ -236,6 +239,20 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
               _bench.md_table(("faults", "detected", "p50", "p90", "max"),
                               [(r.label, f"{r.detected}/{r.n}", _s(r.p(50)), _s(r.p(90)),
                                 _s(max(r.lat) if r.lat else float("nan"))) for r in lat_rows]), ""]
+    parts = M.latency_parts(faults, lambda tr: tr.fault.kind in ("slow_gpu", "slow_node")
+                            and tr.fault.slowdown >= 1.25)
+    lines += ["### Where the latency goes (slowdowns ≥ 1.25×)", "",
+              "Per fault kind and base step time: onset to the first evaluation that flagged the entity (the "
+              "detectors: the first slow step must end, reach the service in the rank's next push "
+              f"(every {_CLUSTER_KW.get('push_s', _PUSH_S):g} s) and be evaluated, and the evidence must cross its "
+              "threshold and minimum duration), then what the persistence added; `at once`: flagged and firing "
+              "at the same evaluation (sequential or corroborated evidence). A synchronous step is ~1.3× the "
+              "base compute, and the slow rank lengthens every step by its factor.", "",
+              _bench.md_table(("fault", "base step", "n", "flagged p50", "persistence added p50", "at once",
+                               "firing p50"),
+                              [(f"{d['kind']} {d['visible']}", f"{d['step_s']:g} s", d["n"], _s(d["flagged_p50"]),
+                                _s(d["added_p50"]), f"{d['at_once']}/{d['n']}", _s(d["total_p50"]))
+                               for d in parts]), ""]
     # --- false alarms ---
     fa_rows = []
     for d in fa:

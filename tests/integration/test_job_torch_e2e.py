@@ -33,7 +33,11 @@ def test_a_rank_whose_loader_is_far_slower_is_named_while_the_whole_job_waits_a_
     # Issue 20: every loader sleeps a little, rank 1's most of its step. The service used to report only
     # io_starved_job (its branch returned before any rank was judged).
     out = run_case("outlier_in_starved_job", tmp_path, duration_s=45.0, settle_s=5.0)
-    assert out.first("io_starved_rank", 1, "firing") is not None, out
+    fired = out.first("io_starved_rank", 1, "firing")
+    # Within the issue's latency for a starved rank (p50 ≤ 20 s from onset; here the loader is slow from the
+    # first step): on sequential evidence it fires a few steps in (~3 s measured); the window medians and their
+    # persistence, used alone in a waiting job before, need most of a minute.
+    assert fired is not None and fired <= 20.0, out
     assert out.evidence[("io_starved_rank", 1, "firing")]["data_wait_frac"] > 0.3, out
     assert {k[:2] for k in out.unexpected()} <= {("io_starved_job", None)}, out
 

@@ -143,3 +143,10 @@ def test_nothing_fires_on_a_clean_16_node_job_with_2_s_steps():
     spec = JobSpec("job-0", 16, step_s=2.0)
     res = run(Scenario("clean-16", "control", (spec,), (), Noise(), 7, 300.0, eval_phase=3.0))
     assert firing(res) == []
+
+
+def test_the_fault_free_bound_is_the_poisson_upper_bound():
+    # one-sided 95 %: −ln 0.05 for no event (the "3 / exposure" rule), then the tabulated 4.74 and 6.30
+    from benchmarks.detection.fault_free import poisson_upper
+
+    assert [round(poisson_upper(k), 2) for k in (0, 1, 2)] == [3.0, 4.74, 6.3]

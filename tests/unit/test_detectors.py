@@ -297,15 +297,51 @@ def test_stragglers_are_corroborated_only_by_pushes_and_telemetry_together():
     assert c.rank == 5 and not c.corroborated and {"compute_share", "power_ratio"} <= set(c.evidence["signals"])
 
 
+def _with_gpu(inputs, uuids, **values):
+    """`inputs` with these GPUs' samples changed to `values`."""
+    return EvalInputs(inputs.now, inputs.jobs, {
+        u: tuple(GpuSample(s.uuid, s.node, s.gpu, s.t, s.up, {**s.values, **values} if u in uuids else s.values)
+                 for s in w) for u, w in inputs.gpu_windows.items()})
+
+
+def test_a_throttled_gpu_fires_on_a_few_slow_steps_where_a_silent_one_waits_out_the_transient_minimum():
+    # Rank 5 has computed 1.3× for its last four 1 s steps (3 s from the end of the first to the newest), well
+    # under the 10 s minimum that keeps a healthy rank's transient from firing; a throttle reason on its own GPU
+    # says it is no workload transient, so its sequential evidence needs only seq_short_s.
+    slow = share_job(NOW, compute=lambda r, k: 0.8 * (1.3 if r == 5 and k >= 116 else 1.0))
+    assert [c for c in run(slow)[1] if c.rank == 5] == []  # silent: not yet
+    (c,) = run(_with_gpu(slow, {"GPU-0005"}, throttle_hw_thermal=1.0))[1]
+    assert c.rank == 5 and c.sustained and c.evidence["signals"]["sequential"]["steps"] >= CFG.seq_min_steps
+    assert "throttled" in c.evidence["signals"]
+
+
+def test_a_node_fires_at_once_when_its_gpus_with_sequential_evidence_alone_make_it():
+    # Six of node 1's GPUs compute 2× for the last six steps; a seventh shows a low clock on telemetry but no
+    # slow step yet: six of eight GPUs with sequential evidence are the node already, and the seventh, flagged
+    # on a windowed check, does not hold it back to the windowed checks' persistence.
+    slow = share_job(NOW, compute=lambda r, k: 0.8 * (2.0 if 8 <= r < 14 and k >= 114 else 1.0))
+    cands = run(_with_gpu(slow, {"GPU-0014"}, sm_clock_hz=1.3e9))[1]
+    assert "sequential" not in [c for c in cands if c.rank == 14][0].evidence["signals"]
+    (node,) = [c for c in cands if c.kind == "straggler_node"]
+    assert node.node == "node-1" and node.sustained
+    flagged = {c.rank: c for c in cands if c.kind == "straggler"}
+    assert set(range(8, 14)) <= set(flagged) and all(flagged[r].sustained for r in range(8, 14))
+
+
 def test_a_starved_rank_in_a_calm_job_is_named_on_sequential_evidence_and_fires_at_once():
     (c,) = [x for x in run(build(wait={5: 0.5}))[1] if x.kind.startswith("io_")]
     assert (c.kind, c.rank, c.sustained) == ("io_starved_rank", 5, True)
     assert c.evidence["sequential"]["steps"] >= CFG.seq_min_steps and abs(c.evidence["data_wait_frac"] - 0.5) < 0.01
 
 
-def test_inside_a_job_that_waits_as_a_rule_the_outlier_is_named_on_the_window_medians_only():
-    # per-step waits in a slow pipeline scatter by factors of 2–4: step-by-step evidence is not used there
+def test_inside_a_job_that_waits_as_a_rule_the_outlier_is_named_on_sequential_evidence_and_fires_at_once():
+    # Issue 20: each step is judged against its peers' wait in units of that step's spread, whatever the job's
+    # own level (in steps whose median rank waits, past seq_wait_busy_ref units), so the outlier no longer waits
+    # for a minute of window medians; the job finding is still reported beside it.
     waits = {r: 0.12 + 0.004 * ((r % 5) - 2) for r in range(32)}
     waits[7] = 0.6
-    (c,) = [x for x in run(build(wait=waits))[1] if x.kind == "io_starved_rank"]
-    assert c.rank == 7 and not c.sustained and "sequential" not in c.evidence
+    cands = run(build(wait=waits))[1]
+    (c,) = [x for x in cands if x.kind == "io_starved_rank"]
+    assert c.rank == 7 and c.sustained and c.evidence["sequential"]["steps"] >= CFG.seq_min_steps
+    assert c.evidence["peer_median_data_wait_frac"] > CFG.wait_min_frac
+    assert [x.kind for x in cands if x.kind == "io_starved_job"] == ["io_starved_job"]

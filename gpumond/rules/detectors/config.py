@@ -64,6 +64,10 @@ class DetectorConfig:
     seq_wait_miss_max: float = 0.3
     seq_wait_s: float = 2.0
     seq_wait_large: float = 0.1
+    # In a step whose median rank waits wait_min_frac or more (a job whose pipeline is slow), a rank's step counts
+    # as evidence only past this many noise units of that step's spread: its peers' loaders scatter by factors of
+    # 2–4 step by step, and a rank near the top of that spread for a few steps is luck, not its own loader.
+    seq_wait_busy_ref: float = 3.0
     # SM activity (GPM) against the node's GPUs at the same instant, for ranks without a compute share
     # (detectors/sm_activity.py): the highest and lowest sm_trim of a GPU's instants cut off, judged at the
     # group's threshold plus few_steps_extra_z (a mean of a dozen 1 s readings is heavy-tailed), MAD floor

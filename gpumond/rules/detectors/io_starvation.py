@@ -68,11 +68,14 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     if job_med >= cfg.wait_min_frac:  # the job's ranks wait on data as a rule: the spread is its pipeline's
         outliers = [o for o in outliers
                     if o[0].wait_frac >= cfg.outlier_wait_ratio * job_med]  # type: ignore[operator]
-    # Sequential evidence only where the other ranks do not wait as a rule: in a job whose pipeline is slow,
-    # each loader drains at its own pace and per-step waits scatter by factors of 2–4 (the step is as long as
-    # its slowest loader), so a few steps of luck would name a rank; the window's medians judge there.
+    # Sequential evidence judges each step against that step's peers, in units of that step's own spread
+    # (wait_test's row noise), so it works whatever the job's own level. Where the other ranks wait as a rule
+    # (the job's window median, or the peers' over the run's own steps: a pipeline that just slowed still has
+    # a window median from before), each loader drains at its own pace and per-step waits scatter by factors
+    # of 2–4, so the run's mean must also be `outlier_wait_ratio` times its peers': the told-apart rule of the
+    # window medians, on the run's own steps.
     seq = {r.rank: (r, ev) for r, ev in _sequential(waiting, steps, cfg)
-           if ev.mean >= cfg.wait_min_frac and max(job_med, ev.peer) < cfg.wait_min_frac}
+           if ev.mean >= cfg.wait_min_frac and _apart(ev, job_med, cfg)}
     out = [_rank_candidate(job, r, ev.z, ev.peer, gpus, _since(hosts, host_windows, r.node, ev.start), cfg, ev)
            for r, ev in seq.values()]
     out += [_rank_candidate(job, r, z, med, gpus, hosts, cfg) for r, z, med in outliers if r.rank not in seq]
@@ -88,6 +91,14 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
             **({"outlier_ranks": sorted(named)} if named else {}),
             "meaning": "the whole job waits on its data pipeline"}))
     return out
+
+
+def _apart(ev: Evidence, job_med: float, cfg: DetectorConfig) -> bool:
+    """A rank's sequential run is its own loader's, not the job's pipeline: its peers do not wait as a rule, or
+    it waits `outlier_wait_ratio` times their level (the higher of the job's window median and the peers' over
+    the run's steps)."""
+    level = max(job_med, ev.peer)
+    return level < cfg.wait_min_frac or ev.mean >= cfg.outlier_wait_ratio * level
 
 
 def _job_starved(waiting: Sequence[RankFeatures], cfg: DetectorConfig) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -145,6 +145,11 @@ class Test:
     # loader draining at its own pace), a window MAD that still holds the calm before counts that scatter as
     # evidence.
     row_noise: bool = False
+    # Past this many noise units a step counts as evidence where that step's median rank reaches `busy_level`
+    # (a job whose ranks all wait on data: each loader drains at its own pace, and a rank a little luckier than
+    # its peers for a few steps in a row is no outlier); None: `ref` everywhere.
+    busy_ref: float | None = None
+    busy_level: float = math.inf
 
 
 def compute_test(cfg: DetectorConfig) -> Test:
@@ -152,6 +157,14 @@ def compute_test(cfg: DetectorConfig) -> Test:
     return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h, lambda _: cfg.seq_min_steps, cfg.seq_frac, cfg.seq_floor,
                 lambda x, med: np.log(np.maximum(x, 1e-3) / np.maximum(med, 1e-3)), _MAX_LOG_FACTOR, np.exp,
                 lambda factor, step_s: _min_duration(factor, cfg) + step_s)
+
+
+def corroborated_compute_test(cfg: DetectorConfig) -> Test:
+    """compute_test for a rank whose GPU shows its own cause (a throttle reason, a low clock): the minimum
+    duration is seq_short_s whatever the factor and the step time, so seq_min_steps slow steps do. The longer
+    minimum (a transient's longest, plus one step it may overlap) is there for workload transients of healthy
+    ranks, which slow a rank without any cause on its GPU."""
+    return replace(compute_test(cfg), need=lambda factor, step_s: np.full(np.shape(factor), cfg.seq_short_s))
 
 
 def wait_test(cfg: DetectorConfig) -> Test:
@@ -162,7 +175,8 @@ def wait_test(cfg: DetectorConfig) -> Test:
                 lambda excess: np.where(excess < cfg.seq_wait_miss_max, cfg.seq_wait_min_steps, cfg.seq_min_steps),
                 cfg.seq_frac, cfg.seq_wait_floor,
                 lambda x, med: x - med, 1.0, lambda y: y,
-                lambda excess, step_s: _wait_min_duration(excess, cfg), row_noise=True)
+                lambda excess, step_s: _wait_min_duration(excess, cfg), row_noise=True,
+                busy_ref=cfg.seq_wait_busy_ref, busy_level=cfg.wait_min_frac)
 
 
 def min_duration_s(factor: float, step_s: float, cfg: DetectorConfig) -> float:
@@ -215,11 +229,15 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
         if test.row_noise:
             sigma = np.maximum(sigma, np.nan_to_num(_MAD_TO_SIGMA * np.nanmedian(np.abs(y), axis=1)))[:, None]
     z = np.where(valid, np.clip(y / sigma, -test.cap, test.cap), 0.0)
+    ref = np.full((rows, 1), test.ref)
+    if test.busy_ref is not None:
+        ref[np.nan_to_num(med) >= test.busy_level] = test.busy_ref
     # Suffix sums, read from the newest step back: row j holds the run from step j to the newest.
     rev = slice(None, None, -1)
-    gain = np.cumsum(np.where(valid, z - test.ref, 0.0)[rev], axis=0)[rev]
+    gain = np.cumsum(np.where(valid, z - ref, 0.0)[rev], axis=0)[rev]
     steps = np.cumsum(valid[rev], axis=0)[rev]
-    above = np.cumsum((valid & (z > test.ref))[rev], axis=0)[rev]
+    above = np.cumsum((valid & (z > ref))[rev], axis=0)[rev]
+    refs = np.cumsum(np.where(valid, ref, 0.0)[rev], axis=0)[rev]
     # The magnitude is the deviation itself (a 3× rank is 3×, however many noise units that is), bounded so
     # that one absurd step (a share near 0 from a clock jump) cannot carry a run's mean.
     total = np.cumsum(np.where(valid, np.clip(y, -test.bound, test.bound), 0.0)[rev], axis=0)[rev]
@@ -239,6 +257,6 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
         j = int(np.argmax(np.where(ok[:, c], gain[:, c], -math.inf)))
         k = int(steps[j, c])
         out[ranks[c]] = Evidence(round(float(gain[j, c]), 2), k, round(float(span[j, c]), 2),
-                                 round(float(magnitude[j, c]), 4), round(float(gain[j, c] / k + test.ref), 2),
+                                 round(float(magnitude[j, c]), 4), round(float((gain[j, c] + refs[j, c]) / k), 2),
                                  float(own[j, c] / k), float(peer[j, c] / k), float(starts[j]))
     return out

@@ -17,7 +17,7 @@ from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.compute_share import LOOKS, Shares
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, RankFeatures
-from gpumond.rules.detectors.sequential import StepShares, judge
+from gpumond.rules.detectors.sequential import StepShares, corroborated_compute_test, judge
 from gpumond.rules.detectors.stats import median, robust_z, threshold_for
 
 
@@ -186,7 +186,15 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     if per_step is not None:
         held = set(per_step.ranks)
         ids = [r.rank for r, _ in with_sh if r.rank in held]
-        seq = judge(per_step.columns(ids), per_step.starts, per_step.ends, ids, cfg)
+        cols = per_step.columns(ids)
+        seq = judge(cols, per_step.starts, per_step.ends, ids, cfg)
+        # A rank whose GPU shows its own cause (a throttle reason, a low clock) is no workload transient: its
+        # sequential evidence needs only the short minimum duration (corroborated_compute_test), not the one
+        # that keeps the transients of healthy ranks from firing.
+        caused = {k for k, sig in flagged.items() if not _GPU_CAUSE.isdisjoint(sig)}.intersection(ids)
+        if caused - set(seq):
+            fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg))
+            seq.update({k: ev for k, ev in fast.items() if k in caused and k not in seq})
         node_of = {r.rank: r.node for r, _, _ in members}
         if len(seq) <= max(1, cfg.max_outlier_frac * len(members)) \
                 or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * nodes_in_group):
@@ -234,7 +242,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         out.append(Candidate("straggler", job, r.node, rank, r.gpu_uuid, round(scores[rank], 2),
                              {"group": group, "peers": len(members), "threshold_z": round(thr, 2),
                               "signals": evidence, **reasons, **mig},
-                             corroborated="compute_share" in evidence and not _GPU_CAUSE.isdisjoint(evidence),
+                             corroborated=_corroborates(evidence),
                              sustained="sequential" in evidence))
     out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
     return out, blocks, current
@@ -263,6 +271,11 @@ def _past_index(zs: list[float], thr: float, sign: int) -> list[int]:
     return [i for i, z in enumerate(zs) if sign * z > thr]
 
 
+def _corroborates(signals: object) -> bool:
+    """A GPU's flags corroborate each other: its compute share and a cause on the GPU itself."""
+    return "compute_share" in signals and not _GPU_CAUSE.isdisjoint(signals)  # type: ignore[arg-type, operator]
+
+
 def _together(bad: int, on_node: int, cfg: DetectorConfig) -> bool:
     """Whether `bad` of a node's `on_node` GPUs deviating is the node deviating."""
     return bad >= cfg.node_min_gpus and 2 * bad >= on_node
@@ -274,9 +287,14 @@ def _nodes(job: str, group: str | None, per_node: Mapping[str, list[RankFeatures
     for node, rs in per_node.items():
         bad = [r for r in rs if r.rank in flagged]
         if len(per_node) >= 2 and _together(len(bad), len(rs), cfg):
+            # Corroborated / sustained on the evidence of some of its GPUs alone, when those make the node: the
+            # rest only add to it (they reach it at their own evaluations).
+            corroborated = sum(_corroborates(flagged[r.rank]) for r in bad)
+            sequential = sum("sequential" in flagged[r.rank] for r in bad)  # type: ignore[operator]
             out.append(Candidate("straggler_node", job, node, None, None,
                                  round(max(scores[r.rank] for r in bad), 2),
                                  {"group": group, "gpus_flagged": len(bad), "gpus_on_node": len(rs),
                                   "ranks": sorted(r.rank for r in bad)},
-                                 sustained=all("sequential" in flagged[r.rank] for r in bad)))  # type: ignore[operator]
+                                 corroborated=_together(corroborated, len(rs), cfg),
+                                 sustained=_together(sequential, len(rs), cfg)))
     return out
