@@ -188,8 +188,8 @@ def evidence_needed(test: Test, ranks: int, cfg: DetectorConfig) -> float:
     """The evidence a run needs in a group of `ranks` ranks judged together: `test.h` up to seq_h_ranks ranks
     (the group size h was validated on), ln(ranks / seq_h_ranks) more beyond. Under no fault a rank's evidence
     passes h with probability ~e^(−θh) (Wald's bound on a random walk with negative drift, θ the root of
-    E[e^(θ·step)] = 1: 2 for Gaussian steps, less for heavy-tailed ones, taken as 1), so N ranks pass it N times
-    as often: ln N / θ more keeps the group's rate at the validated group's."""
+    E[e^(θ·step)] = 1: 2 for Gaussian steps, less for heavy-tailed ones, taken as 1), so a group of N ranks
+    passes it N / seq_h_ranks times as often as the validated one: ln(N / seq_h_ranks) / θ more keeps its rate."""
     if not test.grows or ranks <= cfg.seq_h_ranks:
         return test.h
     return test.h + math.log(ranks / cfg.seq_h_ranks)
