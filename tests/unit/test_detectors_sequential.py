@@ -70,6 +70,70 @@ def test_a_marginal_slowdown_keeps_accumulating_until_it_has_lasted_long_enough_
     assert set(flagged(x, s, e)) == {9}
 
 
+# ----- groups larger than the one h was validated on (seq_h_ranks) -----------------------------------------------
+from gpumond.rules.detectors.sequential import compute_test, corroborated_compute_test, evidence_needed  # noqa: E402
+
+BIG = 64 * CFG.seq_h_ranks  # a 1,024-node job of 8 GPUs per node, one peer group
+
+
+def grown(small, seed=7, noise=0.08):
+    """`small` (steps × validated-size group) with the columns of BIG − its ranks more peers appended: its own
+    ranks' values unchanged, the peers' ordinary."""
+    x, s, e = small
+    rng = np.random.default_rng(seed)
+    more = 0.8 * np.exp(noise * rng.standard_normal((x.shape[0], BIG - x.shape[1])))
+    return np.hstack([x, more]), s, e
+
+
+def group(n, k, slow, step_s=2.0, noise=0.08):
+    """k steps of `step_s` of n ranks, compute shares ~0.8 × (1 ± noise); slow(i) → {rank: factor}, exactly
+    that factor over 0.8 (its evidence then depends on the group's noise alone)."""
+    rng = np.random.default_rng(3)
+    x = 0.8 * np.exp(noise * rng.standard_normal((k, n)))
+    for i in range(k):
+        for rank, f in slow(i).items():
+            x[i, rank] = 0.8 * f
+    ends = step_s * np.arange(1, k + 1, dtype=float)
+    return x, ends - step_s, ends
+
+
+def test_the_evidence_needed_is_h_up_to_the_validated_group_and_grows_as_ln_of_the_size_beyond():
+    test = compute_test(CFG)
+    for n in (4, 16, CFG.seq_h_ranks):  # the benchmark's 16-node jobs, DDP e2e, the demo: exactly as validated
+        assert evidence_needed(test, n, CFG) == CFG.seq_h
+    assert evidence_needed(test, BIG, CFG) == CFG.seq_h + np.log(64)
+    # a test kept only for ranks another signal singled out is not a test of every rank
+    assert evidence_needed(corroborated_compute_test(CFG), BIG, CFG) == CFG.seq_h
+
+
+def test_a_marginal_lucky_run_named_in_the_validated_group_is_not_named_in_a_group_64_times_larger():
+    # The fault-free 1,024-node benchmark's false finding (seed 1001, rank 6130): 7 steps of 2 s at 1.15× with
+    # evidence 13.1, just past h = 12 and its minimum duration. Here 1.27× over 7 steps against 8 % noise: ~3
+    # noise units a step, 2 of evidence, and 7 steps are what its minimum duration (10 s + one step) needs.
+    small = group(CFG.seq_h_ranks, 60, lambda i: {5: 1.27} if i >= 53 else {})
+    ev = judge(*small, list(range(CFG.seq_h_ranks)), CFG)
+    assert set(ev) == {5}  # in a 16-node job: unchanged
+    assert CFG.seq_h <= ev[5].evidence < CFG.seq_h + np.log(64), ev[5]  # marginal: between the two thresholds
+    x, s, e = grown(small)
+    assert judge(x, s, e, list(range(BIG)), CFG) == {}
+
+
+def test_a_real_straggler_in_a_group_64_times_larger_is_named_as_soon_as_in_the_validated_group():
+    def first(n):
+        for k in range(1, 30):  # slow steps so far
+            x, s, e = group(n, 40 + k, lambda i: {5: 1.5 if i >= 40 else 1.0})  # ordinary before: at the median
+            if n == BIG:
+                x, s, e = grown((x[:, :CFG.seq_h_ranks], s, e))
+            found = judge(x, s, e, list(range(n)), CFG)
+            if found:
+                assert set(found) == {5}
+                return k
+        return None
+
+    small = first(CFG.seq_h_ranks)
+    assert small is not None and first(BIG) == small  # the minimum duration, not the evidence, sets when
+
+
 # ----- the same test on data wait (io_starved_rank) -------------------------------------------------------------
 from gpumond.rules.detectors.sequential import wait_min_duration_s, wait_test  # noqa: E402
 

@@ -46,6 +46,10 @@ class DetectorConfig:
     seq_ref: float = 1.0
     seq_cap: float = 7.0
     seq_h: float = 12.0
+    # …validated on peer groups of up to this many ranks (the benchmark's 16-node jobs). A larger group has more
+    # ranks whose noise may chain into a run of evidence: it needs ln(ranks / seq_h_ranks) more (see
+    # sequential.evidence_needed), so that the group's false alarms stay at the validated group's rate.
+    seq_h_ranks: int = 128
     seq_min_steps: int = 2
     seq_frac: float = 0.9
     seq_floor: float = 0.01

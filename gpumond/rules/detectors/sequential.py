@@ -150,6 +150,10 @@ class Test:
     # its peers for a few steps in a row is no outlier); None: `ref` everywhere.
     busy_ref: float | None = None
     busy_level: float = math.inf
+    # Whether `h` grows with the ranks judged together (evidence_needed): every rank of the group is tested, so
+    # the group's false alarms scale with its size. Not for a test whose findings are kept only for ranks that
+    # another signal already singled out (corroborated_compute_test): those are a few, whatever the group.
+    grows: bool = True
 
 
 def compute_test(cfg: DetectorConfig) -> Test:
@@ -164,7 +168,8 @@ def corroborated_compute_test(cfg: DetectorConfig) -> Test:
     duration is seq_short_s whatever the factor and the step time, so seq_min_steps slow steps do. The longer
     minimum (a transient's longest, plus one step it may overlap) is there for workload transients of healthy
     ranks, which slow a rank without any cause on its GPU."""
-    return replace(compute_test(cfg), need=lambda factor, step_s: np.full(np.shape(factor), cfg.seq_short_s))
+    return replace(compute_test(cfg), need=lambda factor, step_s: np.full(np.shape(factor), cfg.seq_short_s),
+                   grows=False)
 
 
 def wait_test(cfg: DetectorConfig) -> Test:
@@ -177,6 +182,17 @@ def wait_test(cfg: DetectorConfig) -> Test:
                 lambda x, med: x - med, 1.0, lambda y: y,
                 lambda excess, step_s: _wait_min_duration(excess, cfg), row_noise=True,
                 busy_ref=cfg.seq_wait_busy_ref, busy_level=cfg.wait_min_frac)
+
+
+def evidence_needed(test: Test, ranks: int, cfg: DetectorConfig) -> float:
+    """The evidence a run needs in a group of `ranks` ranks judged together: `test.h` up to seq_h_ranks ranks
+    (the group size h was validated on), ln(ranks / seq_h_ranks) more beyond. Under no fault a rank's evidence
+    passes h with probability ~e^(−θh) (Wald's bound on a random walk with negative drift, θ the root of
+    E[e^(θ·step)] = 1: 2 for Gaussian steps, less for heavy-tailed ones, taken as 1), so a group of N ranks
+    passes it N / seq_h_ranks times as often as the validated one: ln(N / seq_h_ranks) / θ more keeps its rate."""
+    if not test.grows or ranks <= cfg.seq_h_ranks:
+        return test.h
+    return test.h + math.log(ranks / cfg.seq_h_ranks)
 
 
 def min_duration_s(factor: float, step_s: float, cfg: DetectorConfig) -> float:
@@ -251,7 +267,8 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
     with np.errstate(all="ignore"):
         magnitude = test.magnitude(total / np.maximum(steps, 1))
     need = test.need(magnitude, step_s)
-    ok = (gain >= test.h) & (steps >= test.min_steps(magnitude)) & (above >= test.frac * steps) & (span >= need)
+    ok = (gain >= evidence_needed(test, n, cfg)) & (steps >= test.min_steps(magnitude)) \
+        & (above >= test.frac * steps) & (span >= need)
     out: dict[int, Evidence] = {}
     for c in np.flatnonzero(ok.any(axis=0)).tolist():
         j = int(np.argmax(np.where(ok[:, c], gain[:, c], -math.inf)))
