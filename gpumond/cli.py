@@ -28,25 +28,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see: {self.prog} --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if not 1 <= v <= 1024:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 1024, got {v}")
-    return v
+def _whole_number(lo: int, hi: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number from lo to hi, refused in one line that says the range (and why)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}{why}, got {v}")
+        return v
+
+    return parse
 
 
-def _demo_nodes(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if not 3 <= v <= 1024:
-        raise argparse.ArgumentTypeError(
-            f"must be from 3 to 1024 (the planted faults sit on nodes 0, 1 and 2), got {v}")
-    return v
+_positive_int = _whole_number(1, 1024)
+_demo_nodes = _whole_number(3, 1024, " (the planted faults sit on nodes 0, 1 and 2)")
 
 
 def _speed(text: str) -> float:
