@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpumond.job.early import DEFAULT as EARLY_PUSH
-from gpumond.job.early import push_early, stand_out_above
+from gpumond.job.early import history_len, push_early, stand_out_above
 from gpumond.rules.detectors.engine import EvalInputs
 from gpumond.rules.columns import SampleBuffer, sample_matrix
 from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord
@@ -309,9 +309,8 @@ class _Job:
         if k < 0:
             return
         ends = self.ends
-        newest = ends[k]
-        lo = max(bisect.bisect_left(ends, newest - EARLY_PUSH.history_s, 0, k + 1), k + 1 - EARLY_PUSH.max_steps)
-        lo = max(lo, self.col_base)
+        within = k + 1 - bisect.bisect_left(ends, ends[k] - EARLY_PUSH.history_s, 0, k + 1)
+        lo = max(k + 1 - history_len(within, k + 1, EARLY_PUSH), self.col_base)
         durations = self.cols[1, :, lo - self.col_base:k + 1 - self.col_base]
         for r in ranks.tolist():
             self.early_above[r] = stand_out_above(durations[r].tolist(), EARLY_PUSH)

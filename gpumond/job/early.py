@@ -33,8 +33,10 @@ class EarlyPush:
     """The rule's constants (defaults: see the module's docstring and docs/job-sdk.md)."""
 
     min_gap_s: float = 1.0  # early pushes of one rank at least this far apart
-    history_s: float = 60.0  # the rank's recent steps: those that ended this long before its newest
-    max_steps: int = 2048  # …at most this many of them (10 ms steps: the last 20 s), bounding the push thread's cost
+    history_s: float = 60.0  # the rank's recent steps: those that ended this long before its newest…
+    history_steps: int = 32  # …or this many newest, if more (long steps: a minute holds a dozen, and three slow
+    # ones among them already spread the median absolute deviation enough to hide the fourth)…
+    max_steps: int = 2048  # …and at most this many (10 ms steps: the last 20 s), bounding the push thread's cost
     min_steps: int = 8  # fewer recent steps than this (a job starting): no early push
     min_excess: float = 0.08  # a step stands out at this share longer than the median at least…
     noise_units: float = 5.0  # …and past this many of the recent steps' spread
@@ -54,6 +56,12 @@ def stand_out_above(durations: Sequence[float], rule: EarlyPush = DEFAULT) -> fl
     return median + max(rule.min_excess * median, rule.noise_units * spread)
 
 
+def history_len(within_history_s: int, held: int, rule: EarlyPush = DEFAULT) -> int:
+    """How many of a rank's newest steps stand_out_above judges against: those of the last history_s
+    (`within_history_s` of the `held` steps), at least history_steps, at most max_steps."""
+    return min(held, rule.max_steps, max(within_history_s, rule.history_steps))
+
+
 def push_early(duration: float, above: float, end: float, not_before: float) -> bool:
     """Whether a step of `duration` ending at `end` asks for a push now: it stands out (`above`, from
     stand_out_above) and the rank's previous early push was at least min_gap_s ago (`not_before`)."""
@@ -65,19 +73,22 @@ class StepHistory:
 
     def __init__(self, rule: EarlyPush = DEFAULT) -> None:
         self.rule = rule
-        self._steps: deque[tuple[float, float]] = deque(maxlen=rule.max_steps)
+        self._steps: deque[tuple[float, float]] = deque(maxlen=max(rule.max_steps, rule.history_steps))
 
     def add(self, end: float, duration: float) -> None:
         """One more step, in the order they ended."""
         self._steps.append((end, duration))
 
     def above(self) -> float:
-        """stand_out_above over the steps of the last history_s (of the newest step's end)."""
+        """stand_out_above over the rank's recent steps (history_len: the last history_s of the newest step's
+        end, at least history_steps)."""
         steps = self._steps
         if not steps:
             return math.inf
         since = steps[-1][0] - self.rule.history_s
-        while steps and steps[0][0] < since:
+        older = sum(1 for end, _ in steps if end < since)  # the deque is in order of end; short when it matters
+        keep = history_len(len(steps) - older, len(steps), self.rule)
+        while len(steps) > keep:
             steps.popleft()
         return stand_out_above([d for _, d in steps], self.rule)
 

@@ -35,13 +35,23 @@ def test_push_early_needs_a_standing_out_step_and_the_gap() -> None:
     assert not push_early(1.2, 1.08, end=10.0, not_before=10.5)
 
 
-def test_history_keeps_only_its_last_history_s() -> None:
-    h = StepHistory(EarlyPush(history_s=10.0))
+def test_history_keeps_its_last_history_s_or_history_steps_if_more() -> None:
+    h = StepHistory(EarlyPush(history_s=10.0, history_steps=8))
     for i in range(20):
         h.add(float(i), 3.0)  # slow steps long ago…
     for i in range(20, 40):
-        h.add(float(i), 1.0)  # …then the last 10 s at 1 s
+        h.add(float(i), 1.0)  # …then the last 20 s at 1 s
     assert h.above() == 1.08
+    # Long steps (a 1.5x rank on 4 s steps, as the detection benchmark has it): a minute holds a dozen, and three
+    # slow ones among them spread them enough to hide a fourth at 6.2 s; against the newest 32 it stands out.
+    long = StepHistory(EarlyPush(history_s=60.0, history_steps=32))
+    short = StepHistory(EarlyPush(history_s=60.0, history_steps=8))
+    t = 0.0
+    for d in [4.8, 5.0, 4.9, 5.1, 4.8] * 7 + [6.4, 6.7, 6.6]:
+        t += d
+        long.add(t, d)
+        short.add(t, d)
+    assert long.above() < 6.2 < short.above()
 
 
 def make_pusher(transport: FakeTransport, early: EarlyPush | None) -> tuple[deque[Record], Pusher]:
