@@ -254,7 +254,8 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
     lines += ["### Where the latency goes (slowdowns ≥ 1.25×)", "",
               "Per fault kind and base step time: onset to the first evaluation that flagged the entity (the "
               "detectors: the first slow step must end, reach the service in the rank's next push "
-              f"(every {_CLUSTER_KW.get('push_s', _PUSH_S):g} s) and be evaluated, and the evidence must cross its "
+              f"(every {_CLUSTER_KW.get('push_s', _PUSH_S):g} s, or at once when the step stands out: below) and be "
+              "evaluated, and the evidence must cross its "
               "threshold and minimum duration), then what the persistence added; `at once`: flagged and firing "
               "at the same evaluation (sequential or corroborated evidence). A synchronous step is ~1.3× the "
               "base compute, and the slow rank lengthens every step by its factor.", "",
@@ -284,7 +285,7 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
         lines += ["### Pushes", "",
                   "The simulated ranks push every "
                   f"{_CLUSTER_KW.get('push_s', _PUSH_S):g} s and, as the SDK does (`gpumond.job.early`, the same "
-                  "function), at once after a step that stands out against their last minute, at most once a "
+                  "function), at once after a step that stands out against their last minute (at least 32 steps), at most once a "
                   f"second. Requests in the fault runs: {share(fault_push)}; in the fault-free runs: "
                   f"{share(ctl_push)}.", ""]
     # --- false alarms ---
