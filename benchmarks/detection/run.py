@@ -285,8 +285,8 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
         lines += ["### Pushes", "",
                   "The simulated ranks push every "
                   f"{_CLUSTER_KW.get('push_s', _PUSH_S):g} s and, as the SDK does (`gpumond.job.early`, the same "
-                  "function), at once after a step that stands out against their last minute (at least 32 steps), at most once a "
-                  f"second. Requests in the fault runs: {share(fault_push)}; in the fault-free runs: "
+                  "function), at once after a step that stands out against their last minute (at least 32 steps), "
+                  f"at most once a second. Requests in the fault runs: {share(fault_push)}; in the fault-free runs: "
                   f"{share(ctl_push)}.", ""]
     # --- false alarms ---
     fa_rows = []
