@@ -52,7 +52,7 @@ def measure(get: Callable[[str, dict[str, str]], tuple[int, int]], vm_pid: int, 
     return statistics.median(walls), statistics.median(cpus), got[0], got[1]
 
 
-def probe(url: str, t: float, vm_pid: int, mask: str, gpus: int, repeat: int = 3) -> list[list[str]]:
+def probe(url: str, t: float, vm_pid: int, mask: str, gpus: int, repeat: int = 5) -> list[list[str]]:
     """Every variant, measured; a `|`-joined query is run once per part and summed."""
     import httpx
 
@@ -71,6 +71,7 @@ def probe(url: str, t: float, vm_pid: int, mask: str, gpus: int, repeat: int = 3
 
     rows = []
     try:
+        get(f"count({POWER})", {})  # warm-up: the first query after a pause pays for caches the rest share
         for what, query, extra in variants(mask):
             if "one query each" in what:
                 query, extra = "|".join(f"max by (uuid) ({g})" for g in GAUGES), {"_parts": "1"}
@@ -80,6 +81,11 @@ def probe(url: str, t: float, vm_pid: int, mask: str, gpus: int, repeat: int = 3
     finally:
         client.close()
     return rows
+
+
+NOTE = ("Every query but the count-only ones answers the same GPUs; `VM CPU per GPU` is its VictoriaMetrics CPU "
+        "over the fleet's GPUs. The per-reason throttle query selects 5 series a GPU and answers none of them "
+        "(`!= 0`, no throttling planted); the bitmask query selects 1.")
 
 
 def force_merge(url: str, t: float) -> float:

@@ -361,7 +361,9 @@ def fetch_variants(url: str, t: float, vm_pid: int, repeat: int = 2) -> list[lis
     from gpumond.rules.telemetry.promql import DEFAULT_REFRESH_S, PrometheusSource
 
     rows = []
-    for name, refresh_s, primed in (("refresh: every query in full", 0.0, False),
+    # Both primed: the first fetch of a source asks the per-reason throttle series too (promql_tiers), a refresh
+    # after it only where some live GPU lacks the bitmask.
+    for name, refresh_s, primed in (("refresh: every query in full", 0.0, True),
                                     (f"between refreshes (every {DEFAULT_REFRESH_S:g} s)", DEFAULT_REFRESH_S, True)):
         best = None
         for _ in range(repeat):
@@ -470,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             return time.perf_counter() - t0
 
         if args.fetch_only:
-            return fetch_only(url, fleet, args.cycles, importer, vm.pid)
+            return fetch_only(url, fleet, args.cycles, importer, vm.pid, args.quick)
         results = [run_shard(url, fleet, None, args.cycles, duration, importer, profile=args.profile)]
         last = START + (len(results[0]["rows"]) - 1) * CYCLE_S
         ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
@@ -486,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def fetch_only(url: str, fleet: Fleet, cycles: int, importer, vm_pid: int) -> int:
+def fetch_only(url: str, fleet: Fleet, cycles: int, importer, vm_pid: int, quick: bool) -> int:
     """Import `cycles` scrapes, compare query shapes, merge VictoriaMetrics' parts, compare again (stdout)."""
     import _fetch_probe
 
@@ -495,13 +497,19 @@ def fetch_only(url: str, fleet: Fleet, cycles: int, importer, vm_pid: int) -> in
         t = START + i * CYCLE_S
         print(f"import {i + 1}: {importer(t):.2f} s", file=sys.stderr, flush=True)
     gpus = fleet.nodes * GPUS_PER_NODE
-    out = [f"{gpus:,} GPUs, {max(1, cycles)} scrapes {CYCLE_S:g} s apart, queried at the last\n",
-           "### Right after the last import (parts not merged)\n",
+    out = ["# Fleet scale: what a telemetry query costs VictoriaMetrics, by its shape\n",
+           _bench.machine_block({
+               "victoria-metrics": _vm_version(),
+               "setup": f"{gpus:,} GPUs ({fleet.nodes:,} nodes), {max(1, cycles)} scrapes {CYCLE_S:g} s apart "
+                        "imported, each query at the last one's instant; the median of 5 runs of each, one after "
+                        "another, after one untimed warm-up query; VictoriaMetrics CPU from its /proc stat (other "
+                        "processes on the shared 2-CPU machine do not count, its own background merges do)"}),
+           "", "## Right after the last import (parts not yet merged)\n",
            _fetch_probe.table(_fetch_probe.probe(url, t, vm_pid, MASK, gpus))]
     merged = _fetch_probe.force_merge(url, t)
-    out += [f"\n### After /internal/force_merge ({merged:.1f} s)\n",
-            _fetch_probe.table(_fetch_probe.probe(url, t, vm_pid, MASK, gpus))]
-    print("\n".join(out))
+    out += ["", f"## After /internal/force_merge (it answered in {merged:.1f} s)\n",
+            _fetch_probe.table(_fetch_probe.probe(url, t, vm_pid, MASK, gpus)), "", _fetch_probe.NOTE]
+    _bench.write_result("fleet_scale_fetch", "\n".join(out), quick=quick)
     return 0
 
 
@@ -589,11 +597,14 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         "alert lifecycle.",
         "",
         "## Each query alone (one after another, at the last cycle's instant)\n",
-        _bench.md_table(["query (join key)", "refresh: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU",
+        _bench.md_table(["query (join key)", "first fetch (a refresh): series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU",
                          "between: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU"], per_query),
         "",
         "VictoriaMetrics spends CPU on every series a query selects, even one a filter then drops (`… != 0`): the "
-        "narrowed throttle query saves the answer's bytes and their decoding, not the scan.",
+        "narrowed throttle query saves the answer's bytes and their decoding, not the scan. So the throttle reasons "
+        f"are asked as the agents' one bitmask series per GPU (`{MASK}`); the per-reason series "
+        "(`gpumond_gpu_clocks_event_active`, 5 a GPU) only by the first fetch and while some live GPU lacks a "
+        "bitmask" + (" (here: every agent is an older one, --old-agents)" if fleet.mask is False else "") + ".",
         "",
         "## One whole-fleet fetch, at a refresh and between refreshes "
         f"({'best of 2' if args.quick else 'one each'}, the 4-worker pool, the default decoder)\n",
