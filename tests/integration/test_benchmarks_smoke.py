@@ -37,6 +37,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
     (["benchmarks/rules_store.py", "--quick"], "RSS per held step"),
     (["benchmarks/fleet_scale.py", "--quick"], "planted found"),
+    (["benchmarks/fleet_scale.py", "--quick", "--fetch-only", "--cycles", "2"], "throttle bitmask `!= 0`"),
     pytest.param(["benchmarks/ddp_overhead.py", "--quick"], "gpumond vs plain", marks=TORCH),
     pytest.param(["benchmarks/ddp_signal.py", "--quick"], "rank 1 slowed", marks=TORCH),
     pytest.param(["benchmarks/fsdp_signal.py", "--quick"], "forward all-gathers", marks=TORCH),
