@@ -14,7 +14,7 @@ as ingest does in the service: the wall/CPU gap then shows what sharing the inte
 `--profile` adds a cProfile of one cycle.
 
     python benchmarks/eval_cycle.py                  # ~8 min: 32,768 GPUs as 1 × 32,768 ranks and 4 × 8,192
-    python benchmarks/eval_cycle.py --quick          # seconds: 1,024 GPUs (smoke test)
+    python benchmarks/eval_cycle.py --quick          # seconds: 256 GPUs (smoke test)
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def _layout_name(layout: tuple[int, ...]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _bench.parser(__doc__, "1,024 GPUs, two cycles")
+    ap = _bench.parser(__doc__, "256 GPUs, one cycle a condition")
     ap.add_argument("--cycles", type=int, default=4, help="timed cycles per layout and condition (default 4)")
     ap.add_argument("--profile", action="store_true", help="cProfile one quiet cycle of each layout (to the results)")
     ap.add_argument("--layouts", default="32768;8192,8192,8192,8192",
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     layouts = [tuple(int(x) for x in part.split(",")) for part in args.layouts.split(";") if part]
     cycles = args.cycles
     if args.quick:
-        layouts, cycles = [(1024,), (512, 512)], 2
+        layouts, cycles = [(256,), (128, 128)], 1
     conditions = [Condition(None)] + [Condition(rate) for rate in args.push_rate] \
         + [Condition(rate, x) for rate in args.push_rate for x in args.switch_interval]
     rows, profiles = [], []
