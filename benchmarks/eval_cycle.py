@@ -250,6 +250,8 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
             gc.callbacks.remove(gc_time)
         by_condition[cond] = {"cycles": out, "full_gcs": gc_time.full,
                               "push_records_per_s": load.records / load.elapsed_s if load else None}
+        print(f"{_layout_name(layout)} {cond.name}: " + "; ".join(  # as it goes: a long run cut short still says it
+            f"wall {x.wall_s:.3f} s cpu {x.cpu_s:.3f} s gc {x.gc_s:.3f} s" for x in out), flush=True)
     result = {"layout": layout, "conditions": by_condition, "steps_held": ranks.counts().steps,
               "build_s": t_build, "samples_held": gpus.counts().samples, "findings": len(ev.findings())}
     if profile:
@@ -296,7 +298,6 @@ def main(argv: list[str] | None = None) -> int:
             wall = statistics.median(x.wall_s for x in cyc)
             cpu = statistics.median(x.cpu_s for x in cyc)
             gcs = statistics.median(x.gc_s for x in cyc)
-            print(f"{_layout_name(layout)} {cond.name}: wall {wall:.3f} s cpu {cpu:.3f} s gc {gcs:.3f} s", flush=True)
             rows.append((_layout_name(layout), cond.name, f"{r['steps_held']:,}",
                          f"{r['samples_held']:,}", f"{wall:.3f} s", f"{cpu:.3f} s", f"{cpu / INTERVAL_S:.0%}",
                          f"{gcs:.3f} s", str(m["full_gcs"]),
@@ -304,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                          " ".join(f"{x.wall_s:.2f}" for x in cyc), str(r["findings"])))
         if "profile" in r:
             profiles.append(f"### cProfile of one quiet cycle, {_layout_name(layout)}\n\n```\n{r['profile'].strip()}\n```")
+        _report(args, layouts, cycles, rows, profiles)  # after each layout: a run cut short keeps what it measured
+    return 0
+
+
+def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profiles: list[str]) -> None:
     table = _bench.md_table(("jobs × ranks", "beside it", "steps held", "GPU samples held", "evaluate wall",
                              "evaluate CPU", f"CPU share at {INTERVAL_S:g} s", "GC in it", "full GCs",
                              "push records/s meanwhile", "each cycle (wall s)", "findings"), rows)
@@ -315,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"cycle judges the steps pushed since the previous one ({INTERVAL_S:g} s of jobs stepping every "
                   "~2.6 s). Findings: pending and firing at the end (no fault is planted).\n\n" + table,
                   *profiles, quick=args.quick)
-    return 0
 
 
 if __name__ == "__main__":
