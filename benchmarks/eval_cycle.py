@@ -42,6 +42,7 @@ from benchmarks.detection.cluster import Cluster, JobSpec  # noqa: E402
 from benchmarks.detection.noise import Noise  # noqa: E402
 from gpumond.config.rules import RulesConfig  # noqa: E402
 from gpumond.rules.evaluator import Evaluator  # noqa: E402
+from gpumond.rules.service import GC_THRESHOLDS  # noqa: E402
 from gpumond.rules.store import GpuStore, RankStore  # noqa: E402
 from gpumond.rules.types import GpuSample, StepColumns, TelemetryBatch  # noqa: E402
 
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                          "the interpreter's, 0.005 s)")
     ap.add_argument("--name", default="eval_cycle", help="results file name under benchmarks/results/")
     args = ap.parse_args(argv)
+    gc.set_threshold(*GC_THRESHOLDS)  # the daemon's collector settings (service.serve sets them)
     if args.push_rate is None:
         args.push_rate = [65536.0]
     layouts = [tuple(int(x) for x in part.split(",")) for part in args.layouts.split(";") if part]
