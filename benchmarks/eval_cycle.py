@@ -8,12 +8,15 @@ by one interval, every rank's new steps are stored through `RankStore.record` (c
 them), the new telemetry samples through `Evaluator.poll_telemetry` into a `GpuStore`, and then
 `Evaluator.evaluate` runs: the same objects and the same code as the service, with its default RulesConfig.
 Timed: wall (perf_counter), the evaluating thread's own CPU time (thread_time), and the time the cyclic garbage
-collector spent in that window (gc.callbacks; the service runs with it on). With `--pushes` a second thread
-decodes columnar push bodies (`payload.parse`) and stores them (`RankStore.record`) as fast as it can meanwhile,
-as ingest does in the service: the wall/CPU gap then shows what sharing the interpreter with ingest costs.
-`--profile` adds a cProfile of one cycle.
+collector spent in that window (gc.callbacks), with the daemon's collector thresholds (service.GC_THRESHOLDS).
+Before the timed cycles, WARM_S of untimed ones (the jobs' baselines and structure learnt). Then each condition in
+turn on the same jobs: quiet, and with a second thread decoding columnar push bodies (`payload.parse`) and
+storing them (`RankStore.record`) at `--push-rate` records/s (0: as fast as it can), as ingest does in the
+service: the wall/CPU gap then shows what sharing the interpreter with ingest costs; `--switch-interval` repeats
+the push conditions under another `sys.setswitchinterval`. `--profile` adds a cProfile of one quiet cycle.
 
-    python benchmarks/eval_cycle.py                  # ~8 min: 32,768 GPUs as 1 × 32,768 ranks and 4 × 8,192
+    python benchmarks/eval_cycle.py                  # ~8 min: 32,768 GPUs as 1 × 32,768 ranks and 4 × 8,192,
+                                                     # quiet and with 65,536 pushed records/s
     python benchmarks/eval_cycle.py --quick          # seconds: 256 GPUs (smoke test)
 """
 
