@@ -99,7 +99,12 @@ def _scenario(text: str) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     """The whole CLI, with help that teaches."""
     p = _Parser(prog="gpumond", description="GPU-fleet telemetry, thermal management and straggler detection.",
-                epilog="Try it without a GPU:  gpumond agent --sim 8   then   curl localhost:9480/metrics")
+                epilog=("Try it without a GPU:  gpumond agent --sim 8   then   curl localhost:9480/metrics\n"
+                        "Or the whole system on simulated nodes:  gpumond demo\n\n"
+                        "exit status: 0 done; 1 the work could not be done (a port in use, a service that could not\n"
+                        "be asked, a planted demo fault not found); 2 a bad flag or config (a daemon stops: the\n"
+                        "systemd units do not restart it); 130 the demo interrupted"),
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"gpumond {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -335,6 +340,9 @@ def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gpumond` console script."""
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # a bare `gpumond` is someone asking what it does
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would blame `gpumond` and point at the top-level help; name the command given
         _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")

@@ -35,6 +35,7 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
+from gpumond.config.errors import more_problems
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
 from gpumond.connections import ConnectionStats, connection_cap
@@ -154,9 +155,8 @@ class Agent:
         if self.session.up:
             problems = self.policy.check(build_views(self.session.read("fast"), self.sampler.slow_read))
             if problems:
-                more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
                 self.stop()
-                raise AgentStartError(problems[0] + more)
+                raise AgentStartError(problems[0] + more_problems(len(problems) - 1))
         self.sampler.fast_cycle()
         now = datetime.now(timezone.utc)
         s = self.config.sampling

@@ -34,7 +34,7 @@ class FieldProblem(ValueError):
 def format_validation_error(
     source: str, err: ValidationError, model: type[BaseModel] | None = None
 ) -> str:
-    """Render a validation error as one line: `source: field.path: problem (+N more)`.
+    """Render a validation error as one line: `source: field.path: problem (+N more: …)`.
 
     Unknown keys get a "did you mean" hint from the validated model's fields; the model is
     found by the error's title among ConfigModel subclasses unless passed as `model`.
@@ -48,10 +48,13 @@ def validation_problem(err: ValidationError, model: type[BaseModel] | None = Non
     model = model or _model_named(err.title)
     if not errors:
         return "invalid configuration"
-    line = _describe(errors[0], model)
-    if len(errors) > 1:
-        line += f" (+{len(errors) - 1} more)"
-    return line
+    return _describe(errors[0], model) + more_problems(len(errors) - 1)
+
+
+def more_problems(n: int) -> str:
+    """' (+N more: fix this one and check again)', or '' for none: a one-line error names the first problem,
+    and says there are others so that fixing it is not taken for the end."""
+    return f" (+{n} more: fix this one and check again)" if n > 0 else ""
 
 
 def _describe(error: ErrorDetails, model: type[BaseModel] | None) -> str:

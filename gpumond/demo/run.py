@@ -193,6 +193,7 @@ def run_demo(plan: DemoPlan, *, duration_s: float, speed: float, say: Say = prin
             stop.wait(POLL_S)
         if interrupted.is_set():
             ended = "interrupted"
+        timeline.flush()  # pages whose finding the watcher never saw fire are still shown before the summary
         now = tell.now()
         events = timeline.events
         say("")

@@ -380,9 +380,17 @@ class Timeline:
         self._lock = threading.Lock()
         self._events: list[Event] = []
         self._open: dict[tuple[str, Place], str | None] = {}
+        self._firing: set[tuple[str, Place]] = set()
+        # Pages whose signal the watcher has not yet seen fire: a sink can deliver before the next poll of the
+        # rules service, and a PAGE line above the FINDING it is about reads as a page for nothing.
+        self._held: dict[tuple[str, Place], list[Event]] = {}
 
     def record(self, event: Event) -> Event:
-        """Match `event` to its fault, keep it, pass it to `on_event`; returns the matched event."""
+        """Match `event` to its fault, keep it, pass it to `on_event`; returns the matched event.
+
+        A page is kept at once (the summary counts it) but passed on only after its signal's `firing`,
+        or at `flush`.
+        """
         with self._lock:
             key = (event.signal, event.place)
             if key in self._open:
@@ -390,16 +398,35 @@ class Timeline:
             else:
                 m = match(event, self.faults)
                 fault = m.key if m else None
+            released: list[Event] = []
             if event.kind != "page":
                 if event.state in ("pending", "firing"):
                     self._open[key] = fault
                 else:
                     self._open.pop(key, None)
+                if event.state == "firing":
+                    self._firing.add(key)
+                    released = self._held.pop(key, [])
+                else:
+                    self._firing.discard(key)
             event = replace(event, fault=fault)
             self._events.append(event)
+            held = event.kind == "page" and event.state == "firing" and key not in self._firing
+            if held:
+                self._held.setdefault(key, []).append(event)
         if self._on_event is not None:
-            self._on_event(event)
+            for e in ([] if held else [event]) + released:
+                self._on_event(e)
         return event
+
+    def flush(self) -> None:
+        """Pass on the pages still held (their signal never showed firing to the watcher), oldest first."""
+        with self._lock:
+            held = sorted((e for pages in self._held.values() for e in pages), key=lambda e: e.t_s)
+            self._held.clear()
+        if self._on_event is not None:
+            for e in held:
+                self._on_event(e)
 
     @property
     def events(self) -> tuple[Event, ...]:

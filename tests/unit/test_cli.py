@@ -237,3 +237,11 @@ def test_every_repository_path_a_help_text_names_exists():
     named = {m for text in helps for m in path.findall(text)}
     assert "deploy/examples/rules.yaml" in named
     assert [path for path in sorted(named) if not (root / path).exists()] == []
+
+
+def test_a_bare_gpumond_shows_the_commands_and_what_its_exit_status_means(capsys):
+    # argparse alone says only "required: COMMAND"; someone typing `gpumond` wants to know what it does
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "demo" in err and "agent" in err and "check-config" in err
+    assert "exit status: 0 done; 1 the work could not be done" in err

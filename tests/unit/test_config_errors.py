@@ -86,4 +86,4 @@ def test_explicit_model_overrides_lookup() -> None:
 
 def test_plus_more_counts_every_other_error() -> None:
     text = line(AgentConfig, {"a": 1, "b": 2, "c": 3})
-    assert text.endswith("unknown key (+2 more)")
+    assert text.endswith("unknown key (+2 more: fix this one and check again)")

@@ -77,7 +77,7 @@ def test_unknown_key_without_a_close_match(write) -> None:
 
 def test_several_errors_report_the_first_and_count_the_rest(write) -> None:
     text = error_of(write("sampling: {fast_interval_s: -1, slow_interval_s: 0}\njobs: {cache_size: 1}\n"))
-    assert text == "agent.yaml: sampling.fast_interval_s: must be greater than 0 (got -1) (+2 more)"
+    assert text == "agent.yaml: sampling.fast_interval_s: must be greater than 0 (got -1) (+2 more: fix this one and check again)"
 
 
 def test_yaml_syntax_error_names_the_line(write) -> None:

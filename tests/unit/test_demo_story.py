@@ -298,6 +298,31 @@ def test_a_false_alarm_lists_its_pages_once_pages_exist():
     assert "  finding straggler on n3 · GPU 0 · rank 24 at 25 s, still firing, 1 page" in render_summary(FAULTS, out, 50)
 
 
+def test_a_page_that_arrives_before_its_finding_is_shown_after_it():
+    # the sink can deliver before the watcher's next poll of the rules service: the operator reads FINDING, then PAGE
+    seen = []
+    tl = Timeline(FAULTS, on_event=seen.append)
+    tl.record(ev(20.5, "page", "TrainingStraggler", "firing", HOT, via="pagerduty"))
+    assert seen == []
+    tl.record(ev(21, "finding", "straggler", "firing", HOT))
+    tl.record(ev(22, "page", "TrainingStraggler", "firing", HOT, via="slack"))  # its signal fires: shown at once
+    assert [(e.kind, e.via) for e in seen] == [("finding", None), ("page", "pagerduty"), ("page", "slack")]
+    assert [e.kind for e in tl.events] == ["page", "finding", "page"]  # kept in arrival order for the summary
+
+
+def test_a_page_whose_signal_never_shows_firing_is_shown_at_flush():
+    seen = []
+    tl = Timeline(FAULTS, on_event=seen.append)
+    tl.record(ev(30, "page", "GpuXidCritical", "firing", XID, via="pagerduty"))
+    tl.record(ev(31, "page", "TrainingStraggler", "firing", HOT, via="slack"))
+    tl.record(ev(32, "alert", "Other", "firing", Place("n3", 1)))
+    assert [e.kind for e in seen] == ["alert"]
+    tl.flush()
+    assert [(e.kind, e.t_s) for e in seen] == [("alert", 32), ("page", 30), ("page", 31)]
+    tl.flush()
+    assert len(seen) == 3  # shown once
+
+
 def test_a_page_that_arrives_before_the_watcher_sees_its_signal_still_counts():
     # The sink delivers within the evaluation; the demo's watcher polls once a second and may see it later.
     _, out = timeline(ev(20.5, "page", "TrainingStraggler", "firing", HOT, via="pagerduty"),
