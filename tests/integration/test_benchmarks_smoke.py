@@ -36,6 +36,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["benchmarks/tls_cost.py", "--quick"], "scrape, new connection"),
     (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
     (["benchmarks/rules_store.py", "--quick"], "RSS per held step"),
+    (["benchmarks/eval_cycle.py", "--quick"], "pushes 65,536/s"),
     (["benchmarks/fleet_scale.py", "--quick"], "planted found"),
     (["benchmarks/fleet_scale.py", "--quick", "--fetch-only", "--cycles", "2"], "throttle bitmask `!= 0`"),
     pytest.param(["benchmarks/ddp_overhead.py", "--quick"], "gpumond vs plain", marks=TORCH),
