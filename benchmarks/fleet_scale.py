@@ -597,8 +597,8 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         "alert lifecycle.",
         "",
         "## Each query alone (one after another, at the last cycle's instant)\n",
-        _bench.md_table(["query (join key)", "first fetch (a refresh): series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU",
-                         "between: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU"], per_query),
+        _bench.md_table(["query (join key)", "first fetch (a refresh): series", "bytes", "wall", "VictoriaMetrics CPU",
+                         "decode CPU", "between: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU"], per_query),
         "",
         "VictoriaMetrics spends CPU on every series a query selects, even one a filter then drops (`… != 0`): the "
         "narrowed throttle query saves the answer's bytes and their decoding, not the scan. So the throttle reasons "
