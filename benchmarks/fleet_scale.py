@@ -57,6 +57,7 @@ SMALL_RANKS = 8
 PUSHERS = 4  # load-generator processes, one keep-alive connection each
 TOKEN = "fleet-scale-benchmark-token"
 # The clock-event reasons the service selects (signals.GPU_SERIES); the agent exports every reason of every GPU.
+MASK = "gpumond_gpu_clocks_event_reasons_bitmask"
 REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown", "sw_power_cap", "hw_power_brake_slowdown")
 
 
@@ -67,7 +68,8 @@ def uuid(node: int, gpu: int) -> str:
 class Fleet:
     """The synthetic fleet: nodes, jobs, the planted faults."""
 
-    def __init__(self, nodes: int, small: int, faults: int) -> None:
+    def __init__(self, nodes: int, small: int, faults: int, mask: bool = True) -> None:
+        self.mask = mask
         self.big_nodes = nodes
         self.nodes = nodes + small  # each small job on a node of its own
         self.small = small
@@ -101,6 +103,8 @@ class Fleet:
                           f"gpumond_gpu_temperature_celsius{{{g}}} {62 + rank % 9} {ms}",
                           f"gpumond_gpu_energy_joules_total{{{g}}} {power * (t - START + 1e5):.0f} {ms}"]
                 lines += [f'gpumond_gpu_clocks_event_active{{{g},reason="{r}"}} 0 {ms}' for r in REASONS]
+                if self.mask:  # the agent's bitmask of the same reasons (one series a GPU), unless an older agent
+                    lines.append(f"{MASK}{{{g}}} 0 {ms}")
             lines += [f"gpumond_host_cpu_utilization_ratio{{{inst}}} 0.3 {ms}",
                       f"gpumond_host_cpu_iowait_ratio{{{inst}}} 0.01 {ms}",
                       f"gpumond_host_disk_read_bytes_total{{{inst}}} {int((t - START) * 5e7)} {ms}",
@@ -357,7 +361,9 @@ def fetch_variants(url: str, t: float, vm_pid: int, repeat: int = 2) -> list[lis
     from gpumond.rules.telemetry.promql import DEFAULT_REFRESH_S, PrometheusSource
 
     rows = []
-    for name, refresh_s, primed in (("refresh: every query in full", 0.0, False),
+    # Both primed: the first fetch of a source asks the per-reason throttle series too (promql_tiers), a refresh
+    # after it only where some live GPU lacks the bitmask.
+    for name, refresh_s, primed in (("refresh: every query in full", 0.0, True),
                                     (f"between refreshes (every {DEFAULT_REFRESH_S:g} s)", DEFAULT_REFRESH_S, True)):
         best = None
         for _ in range(repeat):
@@ -429,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, help="wall seconds the 1-shard run is sustained (default 600, quick 0)")
     ap.add_argument("--faults", type=int, help="slow and starved GPUs planted in the big job (default 4 each)")
     ap.add_argument("--one-shard-only", action="store_true", help="skip the 4-shard runs (their fetch is the same)")
+    ap.add_argument("--fetch-only", action="store_true",
+                    help="import --cycles scrapes, then only compare query shapes (benchmarks/_fetch_probe.py), "
+                         "before and after VictoriaMetrics merged its parts; prints the table")
+    ap.add_argument("--old-agents", action="store_true",
+                    help="agents without the clock-event bitmask gauge (per-reason series only)")
     ap.add_argument("--profile", action="store_true",
                     help="profile the 1-shard run's last evaluation (cProfile, top functions to stderr)")
     args = ap.parse_args(argv)
@@ -437,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(*GC_THRESHOLDS)  # the daemon's setting (service.serve)
     nodes = args.nodes or (64 if args.quick else 4096)
     duration = args.duration if args.duration is not None else (0.0 if args.quick else 600.0)
-    fleet = Fleet(nodes, args.small if args.small is not None else (4 if args.quick else 64), args.faults or 4)
+    fleet = Fleet(nodes, args.small if args.small is not None else (4 if args.quick else 64), args.faults or 4,
+                  mask=not args.old_agents)
     if not shutil.which(VM):
         raise SystemExit(f"{VM} is not installed: apt-get install -y victoria-metrics")
     data = Path(tempfile.mkdtemp(prefix="gpumond-bench-vm-"))
@@ -459,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
             client.get(url + "/internal/force_flush").raise_for_status()
             return time.perf_counter() - t0
 
+        if args.fetch_only:
+            return fetch_only(url, fleet, args.cycles, importer, vm.pid, args.quick)
         results = [run_shard(url, fleet, None, args.cycles, duration, importer, profile=args.profile)]
         last = START + (len(results[0]["rows"]) - 1) * CYCLE_S
         ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
@@ -471,6 +485,31 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(data, ignore_errors=True)
     _bench.write_result("fleet_scale", report(results, ways, per_query, fleet, args, duration, vm_rss),
                         quick=args.quick)
+    return 0
+
+
+def fetch_only(url: str, fleet: Fleet, cycles: int, importer, vm_pid: int, quick: bool) -> int:
+    """Import `cycles` scrapes, compare query shapes, merge VictoriaMetrics' parts, compare again (stdout)."""
+    import _fetch_probe
+
+    t = START
+    for i in range(max(1, cycles)):
+        t = START + i * CYCLE_S
+        print(f"import {i + 1}: {importer(t):.2f} s", file=sys.stderr, flush=True)
+    gpus = fleet.nodes * GPUS_PER_NODE
+    out = ["# Fleet scale: what a telemetry query costs VictoriaMetrics, by its shape\n",
+           _bench.machine_block({
+               "victoria-metrics": _vm_version(),
+               "setup": f"{gpus:,} GPUs ({fleet.nodes:,} nodes), {max(1, cycles)} scrapes {CYCLE_S:g} s apart "
+                        "imported, each query at the last one's instant; the median of 5 runs of each, one after "
+                        "another, after one untimed warm-up query; VictoriaMetrics CPU from its /proc stat (other "
+                        "processes on the shared 2-CPU machine do not count, its own background merges do)"}),
+           "", "## Right after the last import (parts not yet merged)\n",
+           _fetch_probe.table(_fetch_probe.probe(url, t, vm_pid, MASK, gpus))]
+    merged = _fetch_probe.force_merge(url, t)
+    out += ["", f"## After /internal/force_merge (it answered in {merged:.1f} s)\n",
+            _fetch_probe.table(_fetch_probe.probe(url, t, vm_pid, MASK, gpus)), "", _fetch_probe.NOTE]
+    _bench.write_result("fleet_scale_fetch", "\n".join(out), quick=quick)
     return 0
 
 
@@ -558,11 +597,14 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         "alert lifecycle.",
         "",
         "## Each query alone (one after another, at the last cycle's instant)\n",
-        _bench.md_table(["query (join key)", "refresh: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU",
-                         "between: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU"], per_query),
+        _bench.md_table(["query (join key)", "first fetch (a refresh): series", "bytes", "wall", "VictoriaMetrics CPU",
+                         "decode CPU", "between: series", "bytes", "wall", "VictoriaMetrics CPU", "decode CPU"], per_query),
         "",
         "VictoriaMetrics spends CPU on every series a query selects, even one a filter then drops (`… != 0`): the "
-        "narrowed throttle query saves the answer's bytes and their decoding, not the scan.",
+        "narrowed throttle query saves the answer's bytes and their decoding, not the scan. So the throttle reasons "
+        f"are asked as the agents' one bitmask series per GPU (`{MASK}`); the per-reason series "
+        "(`gpumond_gpu_clocks_event_active`, 5 a GPU) only by the first fetch and while some live GPU lacks a "
+        "bitmask" + (" (here: every agent is an older one, --old-agents)" if fleet.mask is False else "") + ".",
         "",
         "## One whole-fleet fetch, at a refresh and between refreshes "
         f"({'best of 2' if args.quick else 'one each'}, the 4-worker pool, the default decoder)\n",

@@ -152,3 +152,31 @@ def test_query_source_matches_a_direct_scrape_and_marks_stopped_agents_absent(
                                describe=tsdb.describe)
             assert {g.node for g in batch.gpus} == {"node-b"} and len(batch.gpus) == NODES["node-b"]
             assert {h.node for h in batch.hosts} == {"node-b"} and batch.errors == ()
+
+
+def test_query_source_reads_gpus_without_the_throttle_bitmask_through_the_per_reason_series(
+        tmp_path: Path, sources: list) -> None:
+    # node-b's series reach Prometheus without the bitmask (as from an agent older than it): its GPUs' throttle
+    # reasons come from the per-reason series, node-a's from the bitmask, between refreshes as in full.
+    scenario = tmp_path / "steady.yaml"
+    scenario.write_text(STEADY, encoding="utf-8")
+    with running_agents(NODES, tmp_path, ["--sim-scenario", scenario]) as agents:
+        drop = {"source_labels": ["__name__"], "regex": "gpumond_gpu_clocks_event_reasons_bitmask", "action": "drop"}
+        old = {"job_name": "gpumond-old", "scrape_interval": "1s", "scrape_timeout": "1s",
+               "static_configs": [{"targets": [agents["node-b"].address]}], "metric_relabel_configs": [drop]}
+        with PrometheusServer([agents["node-a"].address], tmp_path / "tsdb", extra_scrape_configs=[old]) as tsdb:
+            tsdb.wait_for('count(gpumond_gpu_up{job="gpumond-old"}) + count(gpumond_gpu_clocks_event_reasons_bitmask)',
+                          lambda r: r and float(r[0]["value"][1]) == GPUS, what="both nodes scraped")
+            assert tsdb.query('gpumond_gpu_clocks_event_reasons_bitmask{job="gpumond-old"}') == []
+            direct = ScrapeSource([a.address for a in agents.values()], timeout_s=2.0)
+            sources.append(direct)
+            now = time.time()
+            tiered = PrometheusSource(tsdb.base_url, timeout_s=5.0, lookback_s=120, clock=lambda: now)
+            full = PrometheusSource(tsdb.base_url, timeout_s=5.0, lookback_s=120, clock=lambda: now, refresh_s=0)
+            sources += [tiered, full]
+            first = wait_until(_when_complete(tiered), timeout=30, describe=tsdb.describe,
+                               what="prometheus to hold all 8 GPUs with every signal")
+            between, everything = tiered.fetch(), full.fetch()
+            assert first.errors == between.errors == everything.errors == ()
+            assert _complete(between, set(NODES)) and between.gpus == everything.gpus
+            _assert_same_gpus(between, direct.fetch())

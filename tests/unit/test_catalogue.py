@@ -5,7 +5,7 @@ from gpumond.nvml.catalogue import CATALOGUE, load_catalogue
 
 BASE_UNITS = ("_celsius", "_watts", "_joules_total", "_hertz", "_bytes", "_ratio", "_seconds_total",
               "_errors_total", "_info", "_active", "_rows", "_pending", "_failed", "_pages", "_bytes_total",
-              "_bytes_per_second", "_up")
+              "_bytes_per_second", "_up", "_bitmask")
 
 
 def test_every_row_names_a_reader_key_that_exists_and_a_base_unit():

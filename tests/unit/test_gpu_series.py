@@ -33,6 +33,13 @@ def test_clock_event_mask_expands_to_one_series_per_reason():
     assert len(active) == 9
 
 
+def test_clock_event_mask_is_also_exported_whole_as_one_bitmask_series():
+    # The rules service asks this one series a GPU (not nine) between refreshes and decodes the same bits.
+    read = TierRead(True, (GpuRead(G0, True, read_of(("clocks_event", "mask", 0x4 | 0x40 | 0x100))),))
+    s = by_name(tier_series(read, with_up=False))
+    assert s["gpumond_gpu_clocks_event_reasons_bitmask"] == [({"gpu": "0", "uuid": "GPU-aaa"}, 0x144)]
+
+
 def test_a_lost_gpu_exports_up_zero_and_nothing_else_while_its_peer_is_untouched():
     read = TierRead(True, (GpuRead(G0, False, ()), GpuRead(G1, True, read_of(("temperature", "gpu", 60.0)))))
     s = by_name(tier_series(read, with_up=True))

@@ -250,3 +250,24 @@ def test_a_buffers_oldest_end_follows_appends_drops_growth_and_clear() -> None:
     assert buf.oldest_end == NOW + 500
     buf.clear()
     assert buf.oldest_end == np.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=40), st.floats(0, 110), st.booleans())
+def test_a_window_rolls_out_exactly_its_leading_steps_older_than_the_window(ends, cutoff, by_snapshot):
+    """Trimming drops the leading run of steps (in arrival order) that ended before the window, however long
+    that run is (a few as usual, or more than a trim reads one by one) and whatever ends follow it."""
+    s = RankStore(window_s=1000, expire_after_s=10_000, max_jobs=1, max_ranks=1, max_gpus=1,
+                  max_steps_per_rank=64, max_steps_held=64)
+    info = RankInfo("j", 0, 1, "n", "G")
+    s.record(info, [StepRecord(i, e, 1.0, 0.0) for i, e in enumerate(ends)], now=100.0)
+    now = cutoff + 1000
+    cutoff = now - 1000  # the window's start, as the store computes it (cutoff + 1000 − 1000 may round)
+    if by_snapshot:
+        held = s.jobs(now)["j"][0].columns.end.tolist()
+    else:
+        s.expire(now)
+        held = s.jobs(now)["j"][0].columns.end.tolist()
+    leading = next((i for i, e in enumerate(ends) if not e < cutoff), len(ends))
+    assert held == ends[leading:]
+    assert s.counts().steps == len(ends) - leading

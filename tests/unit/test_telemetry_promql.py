@@ -121,7 +121,7 @@ def test_queries_are_one_per_metric_and_cover_every_signal() -> None:
     assert q[TARGETS] == "up and on (job, instance) last_over_time(gpumond_gpu_info[120s])"
     metrics = {m for m, _ in signals.GPU_SERIES.values()} | set(signals.HOST_SERIES.values())
     assert metrics | {IDENTITY, TARGETS, signals.GPU_UP, signals.JOB_INFO, signals.MIG_INFO,
-                      signals.ALERT_ACTIVE} == set(q)
+                      signals.ALERT_ACTIVE, signals.CLOCKS_EVENT_MASK} == set(q)
     selected = [(m, v) for m, v in signals.GPU_SERIES.values() if v]
     assert all(f'{signals.SELECTOR_LABEL[m]}=~"' in q[m] and v in q[m] for m, v in selected)
     assert "gpu_idle" not in q[signals.CLOCKS_EVENT]
@@ -130,6 +130,7 @@ def test_queries_are_one_per_metric_and_cover_every_signal() -> None:
     assert q["gpumond_gpu_power_watts"] == "max by (uuid) (gpumond_gpu_power_watts)"
     assert q[signals.CLOCKS_EVENT].startswith("max by (uuid, reason) (gpumond_gpu_clocks_event_active{reason=~")
     assert q[signals.NVLINK_ERRORS] == 'gpumond_gpu_nvlink_errors_total{type=~"replay"}'
+    assert q[signals.CLOCKS_EVENT_MASK] == "max by (uuid) (gpumond_gpu_clocks_event_reasons_bitmask)"
 
 
 # ----- over HTTP ---------------------------------------------------------------------------------
@@ -335,7 +336,8 @@ class World:
             assert query == 'up{job=~"gpumond"}'
             return 200, _vector(self.rows[TARGETS])
         if query.endswith(" != 0"):  # between refreshes: the active throttle reasons only
-            return 200, _vector([r for r in self.rows[self.by_query[query.removesuffix(" != 0")]] if r.value != 0])
+            return 200, _vector([r for r in self.rows.get(self.by_query[query.removesuffix(" != 0")], [])
+                                 if r.value != 0])
         return 200, _vector(self.rows.get(self.by_query[query], []))
 
 
@@ -376,9 +378,11 @@ def test_between_refreshes_rare_signals_are_reused_and_the_result_is_what_a_full
     assert sorted(asked_first) == sorted(full.values()) == sorted(asked_third)
     reused = {full[k] for k in (IDENTITY, signals.MIG_INFO, "gpumond_gpu_sm_clock_max_hertz",
                                 "gpumond_gpu_power_limit_watts")}
+    # These agents export no throttle bitmask: the per-reason series are asked too, the active ones in between.
     assert sorted(asked_second) == sorted([q for k, q in full.items() if q not in reused and
-                                           k not in (TARGETS, signals.CLOCKS_EVENT)]
-                                          + ['up{job=~"gpumond"}', f"{full[signals.CLOCKS_EVENT]} != 0"])
+                                           k not in (TARGETS, signals.CLOCKS_EVENT, signals.CLOCKS_EVENT_MASK)]
+                                          + ['up{job=~"gpumond"}', f"{full[signals.CLOCKS_EVENT]} != 0",
+                                             f"{full[signals.CLOCKS_EVENT_MASK]} != 0"])
     assert first.errors == second.errors == ()
     reference = _full_fetch(prom.url, 1010.0)
     assert (second.gpus, second.hosts, second.absent_nodes) == (reference.gpus, reference.hosts,
@@ -508,3 +512,154 @@ def test_a_live_gpu_missing_from_a_refresh_answer_makes_the_next_fetch_a_refresh
         src.close()
     assert sorted(p["query"] for p in prom.params) == sorted(build_queries(300).values())
     assert seen.gpus[2].values["sm_clock_max_hz"] == 2e9
+
+
+# ----- the throttle reasons as one bitmask series per GPU -------------------------------------------------------
+def _masked(world: World, *, skip: tuple[str, ...] = ()) -> World:
+    """The world's agents export the bitmask too (but for the GPUs in `skip`): the same reasons as the per-reason
+    series, as NVML's bits."""
+    bits: dict[str, int] = {}
+    labels: dict[str, dict[str, str]] = {}
+    for r in world.rows[signals.GPU_UP]:
+        bits.setdefault(r.labels["uuid"], 0)
+        labels[r.labels["uuid"]] = {k: v for k, v in r.labels.items()}
+    for r in world.rows[signals.CLOCKS_EVENT]:
+        if r.value:
+            bits[r.labels["uuid"]] |= signals.REASON_BITS[r.labels["reason"]]
+    world.rows[signals.CLOCKS_EVENT_MASK] = [Row(labels[u], float(m)) for u, m in bits.items() if u not in skip]
+    return world
+
+
+def _asked(prom: FakePrometheus) -> list[str]:
+    out = [p["query"] for p in prom.params]
+    del prom.params[:]
+    return out
+
+
+def test_the_bitmask_replaces_the_per_reason_series_once_every_live_gpu_has_one(serve) -> None:
+    world = _masked(World())
+    prom = serve(world.respond)
+    full = build_queries(300)
+    per_reason, mask = full[signals.CLOCKS_EVENT], full[signals.CLOCKS_EVENT_MASK]
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        first = at(1000.0)  # the first fetch cannot know: both, in full
+        assert per_reason in _asked(prom)
+        second = at(1010.0)
+        asked = _asked(prom)
+        assert f"{mask} != 0" in asked and not [q for q in asked if q.startswith(per_reason)]
+        assert first.gpus == _full_fetch(prom.url, 1000.0).gpus and second.gpus == _full_fetch(prom.url, 1010.0).gpus
+        assert second.gpus[0].values["throttle_sw_power_cap"] == 1.0  # a0's, from its bitmask 0x4
+        # b0 starts hw_slowdown, a0's power cap ends: the bitmask says so (the per-reason series are not asked).
+        world.rows[signals.CLOCKS_EVENT] = [_gpu(A, "a0", "0", 0.0, reason="sw_power_cap"),
+                                            _gpu(B, "b0", "0", 1.0, reason="hw_slowdown")]
+        _masked(world)
+        _asked(prom)  # (the reference fetches above asked everything)
+        changed = at(1020.0)
+        assert f"{mask} != 0" in _asked(prom)
+        refreshed = at(1060.0)  # a refresh asks the bitmask in full, and still not the per-reason series
+        asked = _asked(prom)
+        assert mask in asked and per_reason not in asked
+    finally:
+        src.close()
+    assert changed.gpus[0].values["throttle_sw_power_cap"] == 0.0
+    assert changed.gpus[2].values["throttle_hw_slowdown"] == 1.0
+    assert changed.gpus == _full_fetch(prom.url, 1020.0).gpus
+    assert refreshed.gpus == _full_fetch(prom.url, 1060.0).gpus
+    # Every reason the signals map, from the bitmask, for every GPU that has one (a1 is down: its bitmask reads too).
+    assert {k for k in changed.gpus[2].values if k.startswith("throttle_")} == {
+        s for s, (m, _) in signals.GPU_SERIES.items() if m == signals.CLOCKS_EVENT}
+
+
+def test_a_live_gpu_without_a_bitmask_keeps_the_per_reason_series_asked_for_it(serve) -> None:
+    # An older agent on node-b: its GPU's reasons come from the per-reason series, the others' from the bitmask.
+    world = _masked(World(), skip=("b0",))
+    world.rows[signals.CLOCKS_EVENT].append(_gpu(B, "b0", "0", 1.0, reason="sw_thermal_slowdown"))
+    prom = serve(world.respond)
+    per_reason = build_queries(300)[signals.CLOCKS_EVENT]
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        at(1000.0)
+        _asked(prom)
+        # Where a GPU has both and they disagree (they come from one NVML read, so only a server that mixes
+        # scrapes), the bitmask is read, between refreshes as in full.
+        world.rows[signals.CLOCKS_EVENT][0] = _gpu(A, "a0", "0", 0.0, reason="sw_power_cap")
+        _masked(world, skip=("b0",))  # a0's bitmask is 0 now …
+        world.rows[signals.CLOCKS_EVENT].append(_gpu(A, "a0", "0", 1.0, reason="hw_slowdown"))  # … this says not
+        between = at(1010.0)
+        assert f"{per_reason} != 0" in _asked(prom)
+    finally:
+        src.close()
+    assert between.gpus == _full_fetch(prom.url, 1010.0).gpus
+    assert between.gpus[0].values["throttle_hw_slowdown"] == 0.0
+    assert between.gpus[2].values["throttle_sw_thermal"] == 1.0
+
+
+def test_a_node_without_a_bitmask_joining_makes_the_next_fetch_ask_the_per_reason_series_again(serve) -> None:
+    world = _masked(World())
+    prom = serve(world.respond)
+    per_reason = build_queries(300)[signals.CLOCKS_EVENT]
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        at(1000.0)
+        at(1010.0)
+        world.rows[IDENTITY].append(_info(B, "b1", "1", "node-b"))
+        world.rows[signals.GPU_UP].append(_gpu(B, "b1", "1", 1))
+        world.rows["gpumond_gpu_power_limit_watts"].append(_gpu(B, "b1", "1", 500.0))
+        world.rows["gpumond_gpu_sm_clock_max_hertz"].append(_gpu(B, "b1", "1", 2e9))
+        world.rows[signals.CLOCKS_EVENT].append(_gpu(B, "b1", "1", 1.0, reason="hw_slowdown"))  # no bitmask
+        _asked(prom)
+        at(1020.0)  # b1 is new: its rarely asked signals and throttle reasons are missing for this fetch …
+        assert per_reason not in _asked(prom)
+        known = at(1030.0)  # … and the next, a refresh, asks both
+        assert per_reason in _asked(prom)
+        later = at(1040.0)
+        assert f"{per_reason} != 0" in _asked(prom)
+    finally:
+        src.close()
+    b1 = [g for g in known.gpus if g.uuid == "b1"][0]
+    assert b1.values["throttle_hw_slowdown"] == 1.0
+    assert later.gpus == _full_fetch(prom.url, 1040.0).gpus
+
+
+def test_a_failed_bitmask_query_is_reported_and_its_signals_are_missing_not_stale(serve) -> None:
+    world = _masked(World())
+    prom = serve(world.respond)
+    mask = build_queries(300)[signals.CLOCKS_EVENT_MASK]
+    src, at = _fetch_at(prom.url, 1000.0, refresh_s=60)
+    try:
+        at(1000.0)
+        at(1010.0)
+        world.failing.add(f"{mask} != 0")
+        failed = at(1020.0)
+        world.failing.clear()
+        again = at(1030.0)
+    finally:
+        src.close()
+    assert len(failed.errors) == 1 and failed.errors[0].startswith(f"prometheus {mask} != 0: HTTP 503")
+    assert not [k for g in failed.gpus for k in g.values if k.startswith("throttle_")]
+    assert again.errors == () and again.gpus == _full_fetch(prom.url, 1030.0).gpus
+
+
+@pytest.mark.parametrize(("value", "active"), [
+    (0.0, set()), (float(0x4 | 0x40 | 0x1 | 0x100), {"sw_power_cap", "hw_thermal_slowdown"}),
+    (float(0x8 | 0x20 | 0x80), {"hw_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}),
+    (-1.0, None), (4.5, None), (2.0**60, None),
+])
+def test_a_bitmask_decodes_into_the_per_reason_rows(value: float, active: set[str] | None) -> None:
+    from gpumond.rules.telemetry.promql_join import mask_rows
+
+    rows = mask_rows([Row({"uuid": "u", "job": "j"}, value), Row({"job": "no uuid"}, 4.0)])
+    if active is None:  # not a bitmask: no reading
+        assert rows == []
+        return
+    assert {r.labels["reason"]: r.value for r in rows} == {
+        reason: 1.0 if reason in active else 0.0 for reason in signals.REASON_BITS}
+    assert {r.labels["uuid"] for r in rows} == {"u"}
+
+
+def test_the_reason_bits_are_the_agents() -> None:
+    from gpumond.nvml.catalogue import CLOCK_EVENT_REASONS
+
+    assert dict(signals.REASON_BITS) == {r: b for b, r in CLOCK_EVENT_REASONS.items() if r in signals.REASON_BITS}
+    assert set(signals.REASON_BITS) == {v for m, v in signals.GPU_SERIES.values() if m == signals.CLOCKS_EVENT}

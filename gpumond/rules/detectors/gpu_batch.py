@@ -180,15 +180,15 @@ def _assemble(uuids: list[str], wins: list[Sequence[GpuSample]], x: np.ndarray, 
     newest = last_row(kept) - (width - counts)  # its index in the GPU's window
 
     out: dict[str, GpuFeatures] = {}
-    for i, (u, w, n_kept, at, n_live) in enumerate(zip(uuids, wins, kept.sum(axis=0).tolist(), newest.tolist(),
-                                                       live.sum(axis=0).tolist(), strict=True)):
+    # One zip over the per-GPU columns: a generator per GPU to pick its values cost ~1 µs each at 32,768 GPUs.
+    for u, w, n_kept, at, n_live, clock, power, util, temp, frac, reasons in zip(
+            uuids, wins, kept.sum(axis=0).tolist(), newest.tolist(), live.sum(axis=0).tolist(), *cols, strict=True):
         if not n_kept:
             continue
         s = w[at]
         if not n_live:
             out[u] = GpuFeatures(u, s.node, 0, s.up, None, None, None, None, None)
             continue
-        clock, power, util, temp, frac, reasons = (col[i] for col in cols)
         out[u] = GpuFeatures(uuid=u, node=s.node, samples=n_live, up=s.up, clock_ratio=clock, power_ratio=power,
                              utilization=util, temperature_c=temp, throttle_frac=frac,
                              throttle_reasons=_REASONS[reasons])

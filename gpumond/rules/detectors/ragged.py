@@ -97,7 +97,24 @@ def column_trimmed_mean(values: np.ndarray, mask: np.ndarray, trim: float) -> tu
 def gather(flat: np.ndarray, stops: np.ndarray, counts: np.ndarray, width: int, pad: float) -> np.ndarray:
     """The (…, width, n) matrix, layout as `to_matrix`, of sequences stored one after another along the last
     axis of `flat` (sequence j ends just before stops[j] and holds counts[j] elements; only its newest
-    `width` are taken). Cells above a shorter sequence hold `pad`. Pure index arithmetic: no Python loop."""
-    have = held(counts, width)
-    index = stops[None, :] - width + np.arange(width)[:, None]
-    return np.where(have, flat[..., np.where(have, index, 0)], pad)
+    `width` are taken). Cells above a shorter sequence hold `pad`. Pure index arithmetic: no Python loop.
+
+    Why this way: the taken elements are read in memory order (each sequence's newest run is contiguous) and
+    written one sequence after another into an (…, n, width) block returned transposed, so both sides stream.
+    Indexing the matrix cell by cell instead reads one element of every sequence per row, jumping across the
+    whole job's steps: at 32,768 ranks × 150 steps that was 4× slower and most of reading a window."""
+    n = len(counts)
+    lead = flat.shape[:-1]
+    out = np.full((*lead, n * width), pad, dtype=np.result_type(flat, pad))
+    if n == 0 or width == 0:
+        return np.swapaxes(out.reshape(*lead, n, width), -1, -2)
+    taken = np.minimum(counts, width)
+    through = np.cumsum(taken)  # taken elements of sequences 0..j
+    i = np.arange(int(through[-1]))
+    # The k-th taken element of sequence j: flat[stops[j] − taken[j] + k] → block cell (j, width − taken[j] + k).
+    dst = i + np.repeat(np.arange(1, n + 1) * width - through, taken)
+    if len(i) == flat.shape[-1] and np.array_equal(through, stops):
+        out[..., dst] = flat  # every element is taken, in order (a window read whole)
+    else:
+        out[..., dst] = flat[..., i + np.repeat(stops - through, taken)]
+    return np.swapaxes(out.reshape(*lead, n, width), -1, -2)

@@ -45,23 +45,26 @@ def step_matrices(windows: Sequence[RankWindow]) -> StepMatrices:
 
 
 class _FromColumns:
+    """Reads only what is asked: the ends of the whole window (one field), the other fields of each rank's
+    newest `depth` steps only (the recent steps are a fifth of a 300 s window)."""
+
     def __init__(self, cols: list[StepColumns]) -> None:
         self.counts = np.fromiter(map(len, cols), np.int64, len(cols))
         self._stops = np.cumsum(self.counts)
         self._cols = cols
-        self._values: np.ndarray | None = None
-
-    def _all(self) -> np.ndarray:
-        if self._values is None:  # every field of every rank, once: (4, total steps)
-            self._values = np.concatenate([c.values for c in self._cols], axis=1)
-        return self._values
 
     def ends(self, width: int) -> np.ndarray:
-        return gather(self._all()[0], self._stops, self.counts, width, math.nan)
+        flat = np.concatenate([c.values[0] for c in self._cols])
+        return gather(flat, self._stops, self.counts, width, math.nan)
 
     def tail(self, k: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        x = gather(self._all()[1:], self._stops, self.counts, depth, math.nan)
-        numbers = gather(np.concatenate([c.step for c in self._cols]), self._stops, self.counts, depth, -1)
+        taken = np.minimum(self.counts, depth)
+        cuts = (self.counts - taken).tolist()
+        stops = np.cumsum(taken)
+        x = gather(np.concatenate([c.values[1:, i:] for c, i in zip(self._cols, cuts, strict=True)], axis=1),
+                   stops, taken, depth, math.nan)
+        numbers = gather(np.concatenate([c.step[i:] for c, i in zip(self._cols, cuts, strict=True)]), stops, taken,
+                         depth, -1)
         # As floats, like the object path reads them: rank_batch refuses numbers past 2**53.
         return x[0], x[1], numbers.astype(float), x[2]
 

@@ -48,6 +48,8 @@ def build_queries(lookback_s: float) -> dict[str, str]:
         # The agents' firing alerts (they carry `gpu`; the rules services' own do not): fleet remediation's input.
         signals.ALERT_ACTIVE: f'{signals.ALERT_ACTIVE}{{gpu!=""}}',
         **{metric: _lean(metric, selector) for metric, selector in signals.gpu_selectors().items()},
+        # The throttle reasons as one series per GPU: asked first, the per-reason series only where it is missing.
+        signals.CLOCKS_EVENT_MASK: _lean(signals.CLOCKS_EVENT_MASK, signals.CLOCKS_EVENT_MASK),
         **{metric: metric for metric in signals.HOST_SERIES.values()},
     }
 

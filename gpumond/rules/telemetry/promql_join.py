@@ -115,6 +115,19 @@ def _hosts(results: Mapping[str, Sequence[Row]], nodes: Mapping[TargetKey, str],
     return tuple(HostSample(node=nodes[key], t=t, values=vals) for key, vals in sorted(by_target.items()))
 
 
+def mask_rows(rows: Sequence[Row]) -> list[Row]:
+    """The CLOCKS_EVENT rows (uuid, reason, 0 or 1) that rows of the CLOCKS_EVENT_MASK bitmask stand for: one per
+    reason the signals map, for each row with a uuid and a whole non-negative value (anything else is no reading)."""
+    bits = signals.REASON_BITS.items()
+    out = []
+    for row in rows:
+        uuid, v = row.labels.get("uuid"), row.value
+        if uuid and v >= 0 and v == int(v) and v < 2**53:
+            mask = int(v)
+            out += [Row({"uuid": uuid, "reason": reason}, 1.0 if mask & bit else 0.0) for reason, bit in bits]
+    return out
+
+
 def agent_alerts(rows: Sequence[Row]) -> tuple[AgentAlert, ...]:
     """What each agent has firing (rows of gpumond_alert_active), named by node as its GPUs are."""
     return tuple(AgentAlert(node=_node(r.labels), labels={k: v for k, v in r.labels.items()

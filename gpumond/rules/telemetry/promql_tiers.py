@@ -9,7 +9,13 @@ them). Every signal a detector reads stays fresh each fetch. What changes rarely
   in between, `up` of those jobs only, every fetch (a target going down is still seen at once);
 - MIG devices (`gpumond_gpu_mig_info`), the max SM clock and the enforced power limit;
 - the throttle reasons: in full at a refresh (which GPUs export which reason), in between only the active ones
-  (`… != 0`), every fetch; a reason the refresh saw and the fetch does not return is inactive.
+  (`… != 0`), every fetch; a reason the refresh saw and the fetch does not return is inactive. They are asked as
+  the agent's one bitmask series per GPU (signals.CLOCKS_EVENT_MASK, decoded into the same per-reason rows), and
+  as the per-reason series (signals.CLOCKS_EVENT, 5 series a GPU, each costing the server as much as the
+  bitmask) only while some live GPU lacks the bitmask: an older agent, or a server that drops the series. Where a
+  GPU has both, the bitmask is read. The first fetch asks both; a refresh that finds every live GPU with a
+  bitmask stops asking the per-reason series, and a live GPU without one (a node with an older agent joined)
+  makes the next fetch a refresh that asks both again.
 
 A live GPU (gpumond_gpu_up 1) that the kept identity, max clocks, power limits or throttle reasons lack (a node
 that joined; an answer from before the server had indexed all its series) makes the next fetch a refresh: what
@@ -25,14 +31,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpumond.rules.telemetry import signals
-from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row
+from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, mask_rows
 
 SM_CLOCK_MAX = signals.GPU_SERIES["sm_clock_max_hz"][0]
 POWER_LIMIT = signals.GPU_SERIES["power_limit_w"][0]
 # Asked in full only at a refresh; their rows are reused until the next one.
 REUSED = (IDENTITY, signals.MIG_INFO, SM_CLOCK_MAX, POWER_LIMIT)
 # Asked every fetch, in full at a refresh and in a cheaper form in between.
-NARROWED = (TARGETS, signals.CLOCKS_EVENT)
+MASK = signals.CLOCKS_EVENT_MASK
+NARROWED = (TARGETS, signals.CLOCKS_EVENT, MASK)
 REFRESHED = REUSED + NARROWED
 # Kept answers with a row per GPU: a live GPU missing from one makes the next fetch a refresh.
 _PER_GPU = (IDENTITY, SM_CLOCK_MAX, POWER_LIMIT, signals.CLOCKS_EVENT)
@@ -50,16 +57,21 @@ class Tiers:
         self._kept: dict[str, tuple[float, Sequence[Row]]] = {}  # key → (evaluation time of its refresh, rows)
         self._inactive: tuple[tuple[Row, ...], dict[tuple[str | None, str | None], int]] = ((), {})
         self._covered: tuple[tuple[float | None, ...], frozenset[str | None]] = ((), frozenset())
+        # Whether the per-reason throttle series are asked too: until a refresh finds every live GPU with a bitmask.
+        self._per_reason = True
+        self._masked: frozenset[str] = frozenset()  # the GPUs whose bitmask the last refresh read
 
     def plan(self, t: float) -> dict[str, str]:
         """The queries to run at evaluation time `t`, keyed as join expects."""
         out = {}
         for key, query in self._full.items():
+            if key == signals.CLOCKS_EVENT and MASK in self._full and not self._per_reason:
+                continue  # every live GPU exports the bitmask
             if key not in REFRESHED or self._due(key, t):
                 out[key] = query
             elif key == TARGETS:
                 out[key] = _up_of(self._kept[IDENTITY][1])
-            elif key == signals.CLOCKS_EVENT:
+            elif key in (signals.CLOCKS_EVENT, MASK):  # the throttle reasons: only the active ones
                 out[key] = f"{query} != 0"
         return out
 
@@ -67,24 +79,54 @@ class Tiers:
               t: float) -> dict[str, Sequence[Row]]:
         """The results of the queries `plan(t)` returned (a failed one missing), completed with the kept rows."""
         out: dict[str, Sequence[Row]] = dict(results)
-        for key in REFRESHED:
+        for key in REUSED + (TARGETS,):
             if key not in self._full:
                 continue
             full = asked.get(key) == self._full[key]
             if full:  # asked in full: keep what it answered, or forget what the last refresh said
                 if key in results:
                     self._kept[key] = (t, results[key])
-                    if key == signals.CLOCKS_EVENT:
-                        self._inactive = _inactive(results[key])
                 else:
                     self._kept.pop(key, None)
             elif key in REUSED:
                 out[key] = self._kept[key][1]
-            elif key == signals.CLOCKS_EVENT and key in results:
-                out[key] = _active_over(self._inactive, results[key])
+        self._merge_throttle(asked, results, out, t)
         if IDENTITY in self._kept and not self._covers(results.get(signals.GPU_UP, ())):
             self._kept.clear()  # a live GPU the refresh did not fully see: the next fetch asks everything in full
+            self._per_reason = True
         return out
+
+    def _merge_throttle(self, asked: Mapping[str, str], results: Mapping[str, Sequence[Row]],
+                        out: dict[str, Sequence[Row]], t: float) -> None:
+        """out[CLOCKS_EVENT]: per-reason rows from the bitmask and the per-reason answers (bitmask first); missing
+        when a throttle query asked failed. The per-reason rows of every GPU are kept at a refresh."""
+        throttle = [k for k in (MASK, signals.CLOCKS_EVENT) if k in asked]
+        out.pop(MASK, None)
+        if not throttle:
+            return
+        answered = all(k in results for k in throttle)
+        full = asked[throttle[0]] == self._full[throttle[0]]
+        masked = mask_rows(results.get(MASK, ()))
+        have = frozenset(r.labels["uuid"] for r in masked) | (frozenset() if full else self._masked)
+        rows = masked + [r for r in results.get(signals.CLOCKS_EVENT, ()) if r.labels.get("uuid") not in have]
+        if full:
+            if answered:
+                self._kept[signals.CLOCKS_EVENT] = (t, rows)
+                self._inactive = _inactive(rows)
+            else:
+                self._kept.pop(signals.CLOCKS_EVENT, None)
+            self._masked = have
+            if MASK in self._full:
+                self._per_reason = MASK not in results or not all(
+                    r.labels.get("uuid") in have for r in results.get(signals.GPU_UP, ()) if r.value == 1)
+            if any(k in results for k in throttle):
+                out[signals.CLOCKS_EVENT] = rows
+            else:
+                out.pop(signals.CLOCKS_EVENT, None)
+        elif answered:
+            out[signals.CLOCKS_EVENT] = _active_over(self._inactive, rows)
+        else:
+            out.pop(signals.CLOCKS_EVENT, None)
 
     def _covers(self, gpu_up: Sequence[Row]) -> bool:
         """Whether every live GPU has its rows in each kept answer about GPUs (identity, limits, throttle)."""
@@ -97,6 +139,8 @@ class Tiers:
     def _due(self, key: str, t: float) -> bool:
         if key == TARGETS:  # `up` of every target that exports an identity: asked with the identity
             key = IDENTITY
+        elif key == MASK:  # the throttle reasons, however asked, are kept as one answer
+            key = signals.CLOCKS_EVENT
         kept = self._kept.get(key)
         # A clock that went back (a test's, a corrected one) refreshes too: the kept rows may be from its future.
         return kept is None or not 0 <= t - kept[0] < self._refresh_s or (key == IDENTITY and not _jobs(kept[1]))

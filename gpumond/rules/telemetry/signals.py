@@ -10,6 +10,9 @@ GPU_UP = "gpumond_gpu_up"
 JOB_INFO = "gpumond_gpu_job_info"
 MIG_INFO = "gpumond_gpu_mig_info"
 CLOCKS_EVENT = "gpumond_gpu_clocks_event_active"
+# The same reasons as one bitmask series per GPU (newer agents): what a fetch asks first, CLOCKS_EVENT only for the
+# GPUs without it (promql_tiers). Bits are NVML's nvmlClocksEventReason* (gpumond.nvml.catalogue.CLOCK_EVENT_REASONS).
+CLOCKS_EVENT_MASK = "gpumond_gpu_clocks_event_reasons_bitmask"
 TENSOR_ACTIVE = "gpumond_gpu_tensor_active_ratio"
 NVLINK_ERRORS = "gpumond_gpu_nvlink_errors_total"
 ALERT_ACTIVE = "gpumond_alert_active"  # what the agent has firing: remediation acts on it
@@ -33,6 +36,11 @@ GPU_SERIES: Mapping[str, tuple[str, str | None]] = MappingProxyType({
     "sm_active": ("gpumond_gpu_sm_active_ratio", None),
     "tensor_active": (TENSOR_ACTIVE, "any"),
     "nvlink_replays_total": (NVLINK_ERRORS, "replay"),
+})
+# reason label value → its bit in CLOCKS_EVENT_MASK, for the reasons GPU_SERIES maps.
+REASON_BITS: Mapping[str, int] = MappingProxyType({
+    "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
 })
 SELECTOR_LABEL: Mapping[str, str] = MappingProxyType({CLOCKS_EVENT: "reason", TENSOR_ACTIVE: "precision",
                                                       NVLINK_ERRORS: "type"})
