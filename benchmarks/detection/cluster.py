@@ -16,12 +16,16 @@ that mix. Each node's agent samples on its own phase; the service scrapes every 
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpumond.job.early import DEFAULT as EARLY_PUSH
+from gpumond.job.early import history_len, push_early, stand_out_above
 from gpumond.rules.detectors.engine import EvalInputs
 from gpumond.rules.columns import SampleBuffer, sample_matrix
 from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord
@@ -41,6 +45,7 @@ from benchmarks.detection.noise import (
 )
 
 BIG = 1e18  # "never" (a hung step's end), finite so interval arithmetic stays NaN-free
+_EARLY_PUSH_DELAY_S = 0.005  # from the step that stood out to its push: the push thread wakes and posts
 GPU_KEYS = ("sm_clock_hz", "sm_clock_max_hz", "power_w", "power_limit_w", "utilization", "temperature_c",
             "throttle_hw_thermal", "throttle_sw_thermal", "throttle_hw_slowdown", "throttle_sw_power_cap",
             "throttle_hw_power_brake")
@@ -124,6 +129,16 @@ class _Job:
         self.recent: deque[_Step] = deque()
         self.hung = False
         self.push_phase = rng.uniform(0.0, sim.push_s, n)
+        # Each rank's pushes, as the SDK's push thread makes them: every push_s after its previous push, and,
+        # with early pushes on, at once after a step that stands out (gpumond/job/early.py decides, here as in
+        # the SDK). last_push: the newest push scheduled so far (at most the newest step's end); pushes later
+        # than the evaluation asking (`windows(now)`) wait in `queued` until it passes them.
+        self.last_push = sim.t0 + self.push_phase - sim.push_s
+        self.pushed_at = self.last_push.copy()
+        self.queued: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.early_above = np.full(n, math.inf)  # each rank's push thread's threshold, from the steps it pushed
+        self.early_next = np.full(n, -math.inf)
+        self.early_pushes = self.regular_pushes = 0  # requests made, for what early pushes cost
         self.skew = rng.normal(0.0, 0.001, n)  # host clocks differ by ~ms
         every = sim.noise.ckpt_every_s
         self.ckpt_next = sim.t0 + rng.uniform(0.2, 1.0) * every if every > 0 else BIG
@@ -243,6 +258,7 @@ class _Job:
             lst.append(step_record(k, e, d, ww, cc))
         self._append_columns(k, end + self.skew, durs, w, np.array(cw, dtype=float))
         self.ends.append(end)
+        self._push(k, end, durs)
         self.t = end
         self.k += 1
 
@@ -262,6 +278,61 @@ class _Job:
             self.cols_read.flags.writeable = False  # windows slice this: read-only without a flag per view
         self.cols[:, :, i] = (end, dur, wait, comm)
 
+    # ----- pushes ---------------------------------------------------------------------------------
+    def _push(self, k: int, end: float, durs: np.ndarray) -> None:
+        """The pushes up to step k's end: regular ones due before it (carrying steps before k), then the early
+        ones this step asks for (carrying it)."""
+        sim = self.sim
+        due = np.flatnonzero(self.last_push + sim.push_s <= end)
+        if len(due):
+            beats = np.floor((end - self.last_push[due]) / sim.push_s)
+            self.regular_pushes += int(beats.sum())
+            times = self.last_push[due] + beats * sim.push_s
+            self.last_push[due] = times
+            self.queued.append((times, due))
+            self._threshold(due, k - 1)
+        if not sim.early_push or k < 1:
+            return
+        above, nxt = self.early_above.tolist(), self.early_next.tolist()
+        early = [r for r, d in enumerate(durs.tolist()) if push_early(d, above[r], end, nxt[r])]
+        if early:
+            who = np.asarray(early)
+            at = end + _EARLY_PUSH_DELAY_S
+            self.early_next[who] = end + EARLY_PUSH.min_gap_s
+            self.last_push[who] = at
+            self.queued.append((np.full(len(who), at), who))
+            self._threshold(who, k)
+            self.early_pushes += len(who)
+
+    def _threshold(self, ranks: np.ndarray, k: int) -> None:
+        """What these ranks' push threads derive from their steps up to k (the newest each push took)."""
+        if k < 0:
+            return
+        ends = self.ends
+        within = k + 1 - bisect.bisect_left(ends, ends[k] - EARLY_PUSH.history_s, 0, k + 1)
+        lo = max(k + 1 - history_len(within, k + 1, EARLY_PUSH), self.col_base)
+        durations = self.cols[1, :, lo - self.col_base:k + 1 - self.col_base]
+        for r in ranks.tolist():
+            self.early_above[r] = stand_out_above(durations[r].tolist(), EARLY_PUSH)
+
+    def _pushed_by(self, now: float) -> np.ndarray:
+        """Each rank's newest push at or before `now`."""
+        queued, at = self.queued, self.pushed_at
+        while queued:
+            times, ranks = queued[0]
+            done = times <= now
+            np.maximum.at(at, ranks[done], times[done])
+            if not done.all():
+                queued[0] = (times[~done], ranks[~done])
+                break
+            queued.popleft()
+        if not queued and now > self.last_push.min():
+            # No step since (a hung job): its push threads still push (heartbeats) every push_s.
+            sim = self.sim
+            beat = self.last_push + np.floor(np.maximum(now - self.last_push, 0.0) / sim.push_s) * sim.push_s
+            at = np.maximum(at, beat)
+        return at
+
     # ----- what the service holds -----------------------------------------------------------------
     def windows(self, now: float) -> dict[int, RankWindow]:
         """RankWindows as the store would hand them out at `now`: steps pushed so far, within window_s."""
@@ -273,7 +344,7 @@ class _Job:
             for lst in self.recs:
                 del lst[:cut]
             self.offset = lo
-        last_push = np.floor((now - self.push_phase) / sim.push_s) * sim.push_s + self.push_phase
+        last_push = self._pushed_by(now)
         hi = np.searchsorted(ends, last_push, "right")
         a = lo - self.offset
         self.col_keep = max(self.col_keep, lo)
@@ -312,7 +383,7 @@ class Cluster:
     def __init__(self, jobs: Sequence[JobSpec], faults: Sequence[Fault] = (), noise: Noise = Noise(),
                  seed: int = 0, t0: float = 1_700_000_000.0, window_s: float = 300.0, recent_s: float = 60.0,
                  scrape_s: float = 5.0, push_s: float = 5.0, energy: bool = True, comm_wait: bool = True,
-                 gpm: float = 0.0) -> None:
+                 gpm: float = 0.0, early_push: bool = True) -> None:
         self.noise, self.t0, self.window_s, self.recent_s = noise, t0, window_s, recent_s
         # energy=True adds "energy_j" (gpumond_gpu_energy_joules_total, which the agent exports but the
         # service does not map today) to each sample: only for the detector-change experiments.
@@ -320,6 +391,9 @@ class Cluster:
         # comm_wait=True: ranks push comm_wait_s (an SDK timing a collective each step); False: older SDKs.
         self.comm_wait = comm_wait
         self.scrape_s, self.push_s = scrape_s, push_s
+        # early_push=True: ranks also push at once after a step that stands out (the SDK's default); False: only
+        # every push_s (an SDK without it, or push_early=False).
+        self.early_push = early_push
         self.faults = tuple(faults)
         rng = self.rng = np.random.default_rng(seed)
         n_nodes = max(j.first_node + j.nodes for j in jobs)

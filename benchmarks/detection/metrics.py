@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpumond.rules.detectors.config import DetectorConfig
+
 from benchmarks.detection.score import CLASSES, KIND_CLASS, RunResult, Truth
 
 EPISODE_CLASS = {"slow_gpu": "straggler", "slow_node": "straggler_node", "starved_rank": "starved_rank",
@@ -114,9 +116,11 @@ def confusion(results: Sequence[RunResult]) -> dict[str, dict[str, int]]:
     return {k: dict(v) for k, v in m.items()}
 
 
-def told_apart(results: Sequence[RunResult]) -> tuple[int, int]:
+def told_apart(results: Sequence[RunResult], job_line: float = DetectorConfig().job_min_cost_frac) -> tuple[int, int]:
     """(faults told apart, faults): a starved rank/node without an io_starved_job, a starved job with
-    io_starved_job and no io_starved_rank."""
+    io_starved_job and no io_starved_rank. A starved job whose wait is under `job_line` (the job finding's cost
+    line, job_min_cost_frac: a loader at ~5 % is not worth a page, issue 17) is told apart when no rank is
+    named: quiet is what the service promises for it, and naming one of its ranks is the confusion this counts."""
     ok = n = 0
     for r in results:
         seen_faults = set()
@@ -130,7 +134,7 @@ def told_apart(results: Sequence[RunResult]) -> tuple[int, int]:
                 ok += not tr.job_finding
             elif f.kind == "starved_job":
                 n += 1
-                ok += tr.job_finding and not tr.rank_finding
+                ok += (tr.job_finding or f.wait_frac < job_line) and not tr.rank_finding
     return ok, n
 
 

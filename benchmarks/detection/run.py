@@ -30,6 +30,7 @@ from benchmarks.detection.scenarios import (
     OUTLIER_BASE_WAIT,
     OUTLIER_WAIT_FRACS,
     SLOWDOWNS,
+    STEP_S,
     SUB_WAIT_FRACS,
     WAIT_FRACS,
     Scenario,
@@ -83,6 +84,12 @@ def _f(x: float, nd: int = 2) -> str:
 
 def _s(x: float) -> str:
     return "–" if x is None or math.isnan(x) else f"{x:.0f} s"
+
+
+def _by_step(faults: Sequence[RunResult], slowdown: float, step: float) -> M.Row:
+    """GPU and node slowdowns of this factor on jobs of this base step time."""
+    return M.row("", [r for r in faults if r.scenario.tags.get("step_s") == step],
+                 lambda tr: tr.fault.kind in ("slow_gpu", "slow_node") and tr.fault.slowdown == slowdown)
 
 
 def _verdict(ok: bool | None) -> str:
@@ -168,6 +175,9 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
                                                  + ("; ranks push no comm_wait_s (telemetry only)"
                                                     if _CLUSTER_KW.get("comm_wait") is False
                                                     else "; ranks push comm_wait_s")
+                                                 + ("; only every 5 s (no early pushes)"
+                                                    if _CLUSTER_KW.get("early_push") is False
+                                                    else ", early after a step that stands out")
                                                  + (f"; GPM on {_CLUSTER_KW['gpm']:.0%} of nodes"
                                                     if _CLUSTER_KW.get("gpm") else ""),
                                     "scenarios": f"{len(faults)} fault runs, {len(controls)} fault-free runs "
@@ -244,7 +254,8 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
     lines += ["### Where the latency goes (slowdowns ≥ 1.25×)", "",
               "Per fault kind and base step time: onset to the first evaluation that flagged the entity (the "
               "detectors: the first slow step must end, reach the service in the rank's next push "
-              f"(every {_CLUSTER_KW.get('push_s', _PUSH_S):g} s) and be evaluated, and the evidence must cross its "
+              f"(every {_CLUSTER_KW.get('push_s', _PUSH_S):g} s, or at once when the step stands out: below) and be "
+              "evaluated, and the evidence must cross its "
               "threshold and minimum duration), then what the persistence added; `at once`: flagged and firing "
               "at the same evaluation (sequential or corroborated evidence). A synchronous step is ~1.3× the "
               "base compute, and the slow rank lengthens every step by its factor.", "",
@@ -253,6 +264,30 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
                               [(f"{d['kind']} {d['visible']}", f"{d['step_s']:g} s", d["n"], _s(d["flagged_p50"]),
                                 _s(d["added_p50"]), f"{d['at_once']}/{d['n']}", _s(d["total_p50"]))
                                for d in parts]), ""]
+    by_step = []
+    for step in STEP_S:
+        cells = []
+        for sv in (1.25, 2.0):
+            r = _by_step(faults, sv, step)
+            cells.append(f"{_s(r.p(50))} ({r.detected}/{r.n})" if r.n else "–")
+        by_step.append((f"{step:g} s", *cells))
+    lines += ["### 1.25× against 2.0×, by base step time", "",
+              "Latency p50 (detected/planted) of GPU and node slowdowns of each factor on jobs of each base step "
+              "time: a slow step reaches the service only when it ends, and a 2.0× rank doubles the step's "
+              "compute, so each level's p50 over all runs depends on which step times its runs drew.", "",
+              _bench.md_table(("base step", "1.25×", "2.0×"), by_step), ""]
+    fault_push = [r.pushes for r in faults]
+    ctl_push = [r.pushes for r in controls]
+    if any(e for _, e in fault_push + ctl_push):
+        def share(xs: list[tuple[int, int]]) -> str:
+            reg, early = sum(x for x, _ in xs), sum(e for _, e in xs)
+            return f"{early:,} early beside {reg:,} regular ({early / max(reg, 1):.1%} more requests)"
+        lines += ["### Pushes", "",
+                  "The simulated ranks push every "
+                  f"{_CLUSTER_KW.get('push_s', _PUSH_S):g} s and, as the SDK does (`gpumond.job.early`, the same "
+                  "function), at once after a step that stands out against their last minute (at least 32 steps), "
+                  f"at most once a second. Requests in the fault runs: {share(fault_push)}; in the fault-free runs: "
+                  f"{share(ctl_push)}.", ""]
     # --- false alarms ---
     fa_rows = []
     for d in fa:
@@ -369,6 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-comm-wait", action="store_true",
                     help="ranks push no comm_wait_s (an SDK that does not time a collective): telemetry-only "
                          "straggler localisation")
+    ap.add_argument("--no-early-push", action="store_true",
+                    help="ranks push only every 5 s (an SDK with push_early=False), not also after a step that "
+                         "stands out")
     ap.add_argument("--gpm", type=float, default=0.0,
                     help="share of nodes whose GPUs export GPM SM/tensor activity (Hopper and later; default 0)")
     ap.add_argument("--out", default=None, help="result name (default detection / detection_quick)")
@@ -381,6 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _CLUSTER_KW["comm_wait"] = False
     if args.gpm:
         _CLUSTER_KW["gpm"] = args.gpm
+    if args.no_early_push:
+        _CLUSTER_KW["early_push"] = False
     if args.quick:
         args.seeds = 1
     start = time.perf_counter()

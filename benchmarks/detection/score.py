@@ -75,6 +75,7 @@ class RunResult:
     episodes: list[Episode]
     node_hours: float
     eval_s: list[float]
+    pushes: tuple[int, int] = (0, 0)  # the ranks' requests: (regular, early)
 
 
 def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persistence = FINDINGS_PERSISTENCE,
@@ -105,7 +106,8 @@ def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persi
         t += sc.eval_s
     truths = expand(sc)
     label(sc, truths, episodes)
-    return RunResult(sc, truths, episodes, sc.nodes * sc.duration_s / 3600.0, times)
+    pushes = (sum(j.regular_pushes for j in cluster.jobs), sum(j.early_pushes for j in cluster.jobs))
+    return RunResult(sc, truths, episodes, sc.nodes * sc.duration_s / 3600.0, times, pushes)
 
 
 def expand(sc: Scenario) -> list[Truth]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from gpumond.job.early import EarlyPush, StepHistory
 from gpumond.job.payload import Record, encode_head, encoder
 from gpumond.job.transport import Transport
 from gpumond.retry import Backoff, retryable
@@ -37,7 +39,8 @@ class Pusher:
 
     def __init__(self, queue: deque[Record], head: Mapping[str, object], transport: Transport, *,
                  interval_s: float, max_steps: int, timeout_s: float,
-                 clock: Callable[[], float], wall: Callable[[], float], encoding: str = "json") -> None:
+                 clock: Callable[[], float], wall: Callable[[], float], encoding: str = "json",
+                 early: EarlyPush | None = None) -> None:
         if queue.maxlen is None:
             raise ValueError("the queue must be bounded")
         self._q = queue
@@ -64,6 +67,11 @@ class Pusher:
         self._closing = False
         self._deadline = 0.0
         self._wake = threading.Event()
+        # Early pushes (gpumond/job/early.py; None: only the regular cadence): the steps this thread took, and
+        # the duration past which the training thread asks for a push at once (written here, read there).
+        self._history = None if early is None else StepHistory(early)
+        self.early_above = math.inf
+        self.early = 0  # pushes asked for by a step that stood out
         self._thread = threading.Thread(target=self._run, name="gpumond-job-push", daemon=True)
 
     @property
@@ -85,14 +93,27 @@ class Pusher:
             self._thread.join(timeout_s + JOIN_GRACE_S)
 
     # ----- the thread ------------------------------------------------------------------------------
+    def nudge(self) -> None:
+        """A step stood out (early.push_early): push now, unless a retry's backoff is pending. Any thread."""
+        self._wake.set()
+
     def _run(self) -> None:
         delay = self._interval
+        retrying = False
         try:
             while not self._closing:
-                self._wake.wait(delay)
+                due = time.monotonic() + delay
+                woke = self._wake.wait(delay)
                 if self._closing:
                     break
+                if woke:
+                    self._wake.clear()  # close() sets it after _closing, which the loop reads first
+                    if retrying and (left := due - time.monotonic()) > 0:
+                        delay = left  # the backoff stands: an early push would hammer a failing service
+                        continue
+                    self.early += 1
                 retry_in = self._drain_safely(self._timeout)
+                retrying = retry_in is not None
                 if retry_in is None and self._clock() - self._last_post >= self._interval * 0.9:
                     self._send_marker(self._timeout, final=False)
                 delay = self._interval if retry_in is None else retry_in
@@ -192,6 +213,11 @@ class Pusher:
         popleft = self._q.popleft
         batch = [popleft() for _ in range(n)]
         self.taken += n
+        history = self._history
+        if history is not None:
+            for record in batch:
+                history.add(record[1], record[2])
+            self.early_above = history.above()
         return batch
 
     def _trim(self) -> None:

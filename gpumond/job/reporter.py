@@ -23,6 +23,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from gpumond.job.device import local_gpu_uuid
+from gpumond.job.early import DEFAULT as EARLY_PUSH
+from gpumond.job.early import push_early as _push_early
 from gpumond.job.payload import CONTENT_TYPES, Record
 from gpumond.job.pusher import Pusher
 from gpumond.job.routing import shard_endpoint
@@ -52,7 +54,7 @@ class Reporter:
                  max_queue: int = 10_000, max_steps_per_push: int = 512, timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  transport: Transport | None = None, handle_sigterm: bool = True,
-                 encoding: str | None = None) -> None:
+                 encoding: str | None = None, push_early: bool = True) -> None:
         # Hot-path state comes first, so a reporter whose setup fails below is still safe to call.
         self._off = True
         self._closed = False
@@ -73,6 +75,7 @@ class Reporter:
         self._held: deque[tuple[Record, _Late | None]] = deque()
         self._late_lost = 0
         self._q: deque[Record] = deque(maxlen=1)
+        self._early_next = -float("inf")  # no early push before this (the rule's min_gap_s after the last)
         self._pusher: Pusher | None = None
         self._identity: Identity | None = None
         self.incarnation: str | None = None  # this process's id in every push (set once configured)
@@ -104,7 +107,7 @@ class Reporter:
             head = {**self._identity.head(), "incarnation": self.incarnation}
             self._pusher = Pusher(self._q, head, transport, interval_s=push_interval_s,
                                   max_steps=max_steps_per_push, timeout_s=timeout_s, clock=clock, wall=wall,
-                                  encoding=form)
+                                  encoding=form, early=EARLY_PUSH if push_early else None)
             self._start = self._last_end = clock()
             self._pusher.start()
         except ConfigError as exc:
@@ -288,6 +291,10 @@ class Reporter:
             self._q.append(record)
         self._last_end = end
         self._open = _NONE
+        pusher = self._pusher
+        if pusher is not None and _push_early(end - self._start, pusher.early_above, end, self._early_next):
+            self._early_next = end + EARLY_PUSH.min_gap_s
+            pusher.nudge()
 
     def _release(self, everything: bool = False) -> None:
         """Queue the held records whose late comm wait is in (all of them with `everything`), oldest first."""

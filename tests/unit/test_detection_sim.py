@@ -124,3 +124,31 @@ def test_starved_node_is_eight_truths_and_unlocalised_hang_is_reported_apart():
     eps = [Episode("hung_rank", "job-0", None, None, None, T0 + 130, T0 + 120)]
     label(hang, truths, eps)
     assert eps[0].label == "unlocalised" and truths[0].unlocalised and not truths[0].detected
+
+
+def test_ranks_push_every_5_s_and_at_once_after_a_step_that_stands_out():
+    # A 2.0× rank from T0 + 100 s on 1 s steps: every rank's step lengthens, so every rank pushes at that step's end
+    # (the SDK's rule, gpumond.job.early), and its steps reach the service within a second; without early pushes
+    # they wait for each rank's next regular push (up to 5 s).
+    slow = Fault("slow_gpu", "job-0", T0 + 100.0, 1e6, rank=3, slowdown=2.0)
+    for early in (True, False):
+        c = Cluster([JobSpec("job-0", 2, step_s=1.0)], [slow], QUIET, seed=4, t0=T0, early_push=early)
+        c.advance_to(T0 + 90.0)
+        job = c.jobs[0]
+        assert job.early_pushes == 0  # healthy steps never stand out
+        regular = job.regular_pushes
+        assert 16 * 17 <= regular <= 16 * 19  # 90 s / 5 s per rank
+        c.advance_to(T0 + 104.0)
+        lag = [T0 + 104.0 - w.steps[-1].end for w in c.inputs(T0 + 104.0).jobs["job-0"].values()]
+        if early:
+            assert job.early_pushes >= 16 and max(lag) < 2.0
+        else:
+            assert job.early_pushes == 0 and max(lag) > 2.0
+
+
+def test_a_hung_jobs_ranks_keep_their_heartbeats():
+    hang = Fault("hung_rank", "job-0", T0 + 60.0, 1e6, rank=2)
+    c = Cluster([JobSpec("job-0", 2, step_s=1.0)], [hang], QUIET, seed=4, t0=T0)
+    c.advance_to(T0 + 200.0)
+    beats = [w.last_beat for w in c.inputs(T0 + 200.0).jobs["job-0"].values()]
+    assert min(beats) > T0 + 195.0  # every 5 s, long after the last step ended
