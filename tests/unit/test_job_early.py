@@ -83,11 +83,19 @@ def wait_for(cond, limit_s: float = 5.0) -> bool:
     return cond()
 
 
-def test_a_step_that_stands_out_is_pushed_at_once_and_the_next_not_before_the_gap() -> None:
+def reporter(push_interval_s: float, *, push_early: bool = True,
+             replies: tuple[Reply, ...] = ()) -> tuple[FakeClock, FakeTransport, Reporter]:
+    """A rank's reporter on a fake clock and transport (the transport answers `replies`, then 202)."""
     clock = FakeClock(100.0)
-    transport = FakeTransport()
-    rep = Reporter(job="job-1", rank=1, world_size=4, node="node-a", gpu_uuid=GPU, push_interval_s=3600.0,
-                   clock=clock, wall=lambda: clock.now + 1.7e9, transport=transport, handle_sigterm=False)
+    transport = FakeTransport(*replies)
+    rep = Reporter(job="job-1", rank=1, world_size=4, node="node-a", gpu_uuid=GPU, push_interval_s=push_interval_s,
+                   clock=clock, wall=lambda: clock.now + 1.7e9, transport=transport, handle_sigterm=False,
+                   push_early=push_early)
+    return clock, transport, rep
+
+
+def test_a_step_that_stands_out_is_pushed_at_once_and_the_next_not_before_the_gap() -> None:
+    clock, transport, rep = reporter(3600.0)
     try:
         for _ in range(10):
             clock.advance(0.2)
@@ -118,11 +126,7 @@ def test_a_step_that_stands_out_is_pushed_at_once_and_the_next_not_before_the_ga
 
 
 def test_no_early_push_when_turned_off() -> None:
-    clock = FakeClock(100.0)
-    transport = FakeTransport()
-    rep = Reporter(job="job-1", rank=1, world_size=4, node="node-a", gpu_uuid=GPU, push_interval_s=3600.0,
-                   clock=clock, wall=lambda: clock.now + 1.7e9, transport=transport, handle_sigterm=False,
-                   push_early=False)
+    clock, transport, rep = reporter(3600.0, push_early=False)
     try:
         for _ in range(10):
             clock.advance(1.0)
@@ -138,10 +142,7 @@ def test_no_early_push_when_turned_off() -> None:
 
 
 def test_a_pending_backoff_is_not_cut_short_by_a_step_that_stands_out() -> None:
-    clock = FakeClock(100.0)
-    transport = FakeTransport(Reply(503), Reply(503), Reply(503))
-    rep = Reporter(job="job-1", rank=1, world_size=4, node="node-a", gpu_uuid=GPU, push_interval_s=0.05,
-                   clock=clock, wall=lambda: clock.now + 1.7e9, transport=transport, handle_sigterm=False)
+    clock, transport, rep = reporter(0.05, replies=(Reply(503),) * 3)
     try:
         for _ in range(10):
             clock.advance(1.0)
