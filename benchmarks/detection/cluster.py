@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpumond.job.early import DEFAULT as EARLY_PUSH
-from gpumond.job.early import history_len, push_early, stand_out_above
+from gpumond.job.early import history_len, push_early, regular_after_early, stand_out_above
 from gpumond.rules.detectors.engine import EvalInputs
 from gpumond.rules.columns import SampleBuffer, sample_matrix
 from gpumond.rules.types import GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord
@@ -132,8 +132,10 @@ class _Job:
         # Each rank's pushes, as the SDK's push thread makes them: every push_s after its previous push, and,
         # with early pushes on, at once after a step that stands out (gpumond/job/early.py decides, here as in
         # the SDK). last_push: the newest push scheduled so far (at most the newest step's end); pushes later
-        # than the evaluation asking (`windows(now)`) wait in `queued` until it passes them.
+        # than the evaluation asking (`windows(now)`) wait in `queued` until it passes them. regular: the newest
+        # beat of the regular cadence, which an early push leaves at its phase (early.regular_after_early).
         self.last_push = sim.t0 + self.push_phase - sim.push_s
+        self.regular = self.last_push.copy()
         self.pushed_at = self.last_push.copy()
         self.queued: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self.early_above = np.full(n, math.inf)  # each rank's push thread's threshold, from the steps it pushed
@@ -283,12 +285,13 @@ class _Job:
         """The pushes up to step k's end: regular ones due before it (carrying steps before k), then the early
         ones this step asks for (carrying it)."""
         sim = self.sim
-        due = np.flatnonzero(self.last_push + sim.push_s <= end)
+        due = np.flatnonzero(self.regular + sim.push_s <= end)
         if len(due):
-            beats = np.floor((end - self.last_push[due]) / sim.push_s)
+            beats = np.floor((end - self.regular[due]) / sim.push_s)
             self.regular_pushes += int(beats.sum())
-            times = self.last_push[due] + beats * sim.push_s
-            self.last_push[due] = times
+            times = self.regular[due] + beats * sim.push_s
+            self.regular[due] = times
+            self.last_push[due] = np.maximum(self.last_push[due], times)
             self.queued.append((times, due))
             self._threshold(due, k - 1)
         if not sim.early_push or k < 1:
@@ -300,6 +303,9 @@ class _Job:
             at = end + _EARLY_PUSH_DELAY_S
             self.early_next[who] = end + EARLY_PUSH.min_gap_s
             self.last_push[who] = at
+            for r in early:
+                self.regular[r] = regular_after_early(self.regular[r] + sim.push_s, at, sim.push_s,
+                                                      EARLY_PUSH) - sim.push_s
             self.queued.append((np.full(len(who), at), who))
             self._threshold(who, k)
             self.early_pushes += len(who)
@@ -329,7 +335,7 @@ class _Job:
         if not queued and now > self.last_push.min():
             # No step since (a hung job): its push threads still push (heartbeats) every push_s.
             sim = self.sim
-            beat = self.last_push + np.floor(np.maximum(now - self.last_push, 0.0) / sim.push_s) * sim.push_s
+            beat = self.regular + np.floor(np.maximum(now - self.regular, 0.0) / sim.push_s) * sim.push_s
             at = np.maximum(at, beat)
         return at
 

@@ -14,6 +14,8 @@ whose steps scatter (uneven sequence lengths) does not push early on every other
 minute of steps stays the healthy pace for half a minute of slow steps: long enough for the detectors'
 minimum duration, so a fault's evidence keeps arriving within `min_gap_s` until it is a finding.
 
+An early push is extra: the regular cadence keeps its phase (`regular_after_early`).
+
 One function decides for the SDK (the reporter's training thread reads the threshold the push thread
 derives) and for the detection benchmark's simulated ranks, so the benchmark measures this rule.
 """
@@ -66,6 +68,20 @@ def push_early(duration: float, above: float, end: float, not_before: float) -> 
     """Whether a step of `duration` ending at `end` asks for a push now: it stands out (`above`, from
     stand_out_above) and the rank's previous early push was at least min_gap_s ago (`not_before`)."""
     return duration > above and end >= not_before
+
+
+def regular_after_early(due_s: float, early_s: float, interval_s: float, rule: EarlyPush = DEFAULT) -> float:
+    """When the regular push is due after an early push at `early_s`: at its own phase (`due_s`, where the
+    cadence had it), a period later for each beat that falls within min_gap_s of the early push.
+
+    Restarting the cadence at each early push would line up a job's ranks: they all see the same long step (a
+    checkpoint, a slow rank), push early within milliseconds of each other, and would then all push together
+    every interval, one burst of the whole job's requests, until something scattered them again.
+    """
+    if interval_s <= 0:
+        return early_s
+    late = early_s + rule.min_gap_s - due_s
+    return due_s + math.ceil(late / interval_s) * interval_s if late > 0 else due_s
 
 
 class StepHistory:

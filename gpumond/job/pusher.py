@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from gpumond.job.early import EarlyPush, StepHistory
+from gpumond.job.early import EarlyPush, StepHistory, regular_after_early
 from gpumond.job.payload import Record, encode_head, encoder
 from gpumond.job.transport import Transport
 from gpumond.retry import Backoff, retryable
@@ -116,7 +116,13 @@ class Pusher:
                 retrying = retry_in is not None
                 if retry_in is None and self._clock() - self._last_post >= self._interval * 0.9:
                     self._send_marker(self._timeout, final=False)
-                delay = self._interval if retry_in is None else retry_in
+                now = time.monotonic()
+                if retry_in is not None:
+                    delay = retry_in
+                elif woke and self._history is not None:  # an early push: the regular cadence keeps its phase
+                    delay = regular_after_early(due, now, self._interval, self._history.rule) - now
+                else:
+                    delay = self._interval
             if self._flush_until_deadline():
                 left = self._deadline - time.monotonic()
                 if left > 0:

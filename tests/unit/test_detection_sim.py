@@ -146,6 +146,19 @@ def test_ranks_push_every_5_s_and_at_once_after_a_step_that_stands_out():
             assert job.early_pushes == 0 and max(lag) > 2.0
 
 
+def test_an_early_push_leaves_each_ranks_regular_cadence_at_its_phase():
+    # As the SDK (early.regular_after_early): the whole job pushes early after the same long step; restarting the
+    # cadence there would line every rank up into one burst each 5 s. Each rank's regular beats stay on its phase.
+    slow = Fault("slow_gpu", "job-0", T0 + 100.0, 1e6, rank=3, slowdown=2.0)
+    c = Cluster([JobSpec("job-0", 2, step_s=1.0)], [slow], QUIET, seed=4, t0=T0, early_push=True)
+    c.advance_to(T0 + 130.0)
+    job = c.jobs[0]
+    assert job.early_pushes >= 16
+    beats = (job.regular - (T0 + job.push_phase)) / c.push_s
+    assert np.allclose(beats, np.round(beats))
+    assert np.ptp(job.regular % c.push_s) > 0.5 * c.push_s  # still spread over the interval
+
+
 def test_a_hung_jobs_ranks_keep_their_heartbeats():
     hang = Fault("hung_rank", "job-0", T0 + 60.0, 1e6, rank=2)
     c = Cluster([JobSpec("job-0", 2, step_s=1.0)], [hang], QUIET, seed=4, t0=T0)

@@ -7,7 +7,7 @@ import time
 from collections import deque
 
 from gpumond.job import Reporter
-from gpumond.job.early import EarlyPush, StepHistory, push_early, stand_out_above
+from gpumond.job.early import EarlyPush, StepHistory, push_early, regular_after_early, stand_out_above
 from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
 from gpumond.job.transport import Reply
@@ -54,10 +54,41 @@ def test_history_keeps_its_last_history_s_or_history_steps_if_more() -> None:
     assert long.above() < 6.0 < short.above()
 
 
-def make_pusher(transport: FakeTransport, early: EarlyPush | None) -> tuple[deque[Record], Pusher]:
+def make_pusher(transport: FakeTransport, early: EarlyPush | None,
+                interval_s: float = 3600) -> tuple[deque[Record], Pusher]:
     q: deque[Record] = deque(maxlen=100)
-    return q, Pusher(q, HEAD, transport, interval_s=3600, max_steps=50, timeout_s=1.0, clock=time.monotonic,
+    return q, Pusher(q, HEAD, transport, interval_s=interval_s, max_steps=50, timeout_s=1.0, clock=time.monotonic,
                      wall=time.time, early=early)
+
+
+def test_an_early_push_leaves_the_regular_cadence_at_its_phase() -> None:
+    rule = EarlyPush(min_gap_s=1.0)
+    assert regular_after_early(10.0, 7.0, 5.0, rule) == 10.0  # the regular push stays where it was due
+    assert regular_after_early(10.0, 9.5, 5.0, rule) == 15.0  # within min_gap_s of the early one: a period later
+    assert regular_after_early(10.0, 9.0, 5.0, rule) == 10.0
+    assert regular_after_early(10.0, 9.9, 0.25, rule) == 11.0  # short intervals skip every beat within the gap
+
+
+def test_the_push_thread_keeps_its_regular_phase_after_an_early_push() -> None:
+    # Restarting the cadence at each early push would line up every rank of a job (they all see the same long
+    # step) into one burst per interval. Started at 0: regular push due at 3 s; an early one at ~1 s must not
+    # move it to ~4 s.
+    transport = FakeTransport()
+    q, p = make_pusher(transport, EarlyPush(), interval_s=3.0)
+    t0 = time.monotonic()
+    p.start()
+    try:
+        time.sleep(1.0)
+        q.append((0, 1.0, 1.0, 0.0, None))
+        p.nudge()
+        assert wait_for(lambda: len(transport.bodies) == 1)
+        q.append((1, 2.0, 1.0, 0.0, None))
+        assert wait_for(lambda: len(transport.bodies) == 2, limit_s=4.0)
+        regular_at = time.monotonic() - t0
+        assert p.early == 1
+        assert regular_at < 3.8, f"the regular push came at {regular_at:.2f} s: the early push restarted the cadence"
+    finally:
+        p.close(timeout_s=2)
 
 
 def test_the_pusher_derives_the_threshold_from_the_steps_it_took() -> None:
