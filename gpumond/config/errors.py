@@ -6,6 +6,7 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -42,19 +43,25 @@ def format_validation_error(
     return f"{source}: {validation_problem(err, model)}"
 
 
-def validation_problem(err: ValidationError, model: type[BaseModel] | None = None) -> str:
-    """The first problem of a validation error as `field.path: problem`, counting the rest."""
-    errors = err.errors(include_url=False)
-    model = model or _model_named(err.title)
-    if not errors:
-        return "invalid configuration"
-    return _describe(errors[0], model) + more_problems(len(errors) - 1)
-
-
 def more_problems(n: int) -> str:
     """' (+N more: fix this one and check again)', or '' for none: a one-line error names the first problem,
     and says there are others so that fixing it is not taken for the end."""
     return f" (+{n} more: fix this one and check again)" if n > 0 else ""
+
+
+def counted(n: int) -> str:
+    """' (+N more)', or '' for none: the terse count for an answer a program reads (the push API's 422 body)."""
+    return f" (+{n} more)" if n > 0 else ""
+
+
+def validation_problem(err: ValidationError, model: type[BaseModel] | None = None, *,
+                       more: Callable[[int], str] = more_problems) -> str:
+    """The first problem of a validation error as `field.path: problem`, then `more` of how many others."""
+    errors = err.errors(include_url=False)
+    model = model or _model_named(err.title)
+    if not errors:
+        return "invalid configuration"
+    return _describe(errors[0], model) + more(len(errors) - 1)
 
 
 def _describe(error: ErrorDetails, model: type[BaseModel] | None) -> str:

@@ -31,7 +31,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchem
                       ValidationError, ValidationInfo, field_validator)
 from pydantic_core import core_schema
 
-from gpumond.config.errors import validation_problem
+from gpumond.config.errors import counted, validation_problem
 from gpumond.identity import DEVICE_UUID, canonical_device_uuid
 from gpumond.rules.ingest.steps import MAX_STEP_DURATION_S, StepsError, check_waits, decode, from_records
 from gpumond.rules.types import RankInfo, StepColumns, StepRecord
@@ -226,8 +226,8 @@ def describe(err: ValidationError, model: type[PushBody]) -> tuple[int, str]:
     if first["type"] in ("model_type", "model_attributes_type", "dict_type"):
         where = _path(first["loc"]) or "body"
         more = len(err.errors()) - 1
-        return 422, f"{where}: must be a JSON object" + (f" (+{more} more)" if more else "")
-    return 422, validation_problem(err, model)
+        return 422, f"{where}: must be a JSON object" + counted(more)
+    return 422, validation_problem(err, model, more=counted)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
