@@ -19,6 +19,7 @@ from gpumond.rules.detectors.io_starvation import detect_io_starvation
 from gpumond.rules.detectors.job import JobBaseline, job_slowdown, job_stall
 from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.sequential import step_shares
+from gpumond.rules.detectors.step_matrix import read_steps
 from gpumond.rules.detectors.sm_activity import node_relative
 from gpumond.rules.detectors.straggler import detect_stragglers
 from gpumond.rules.detectors.structure import Structure, learn
@@ -134,9 +135,11 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
                out: list[Candidate]) -> None:
     """Judge one job: its candidates appended to `out`, its state updated in the dicts passed in."""
     job_start = len(out)
-    # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU.
+    # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU. The steps are read
+    # once, for the rank features and the per-step shares both.
+    read = read_steps(list(ranks.values()), since)
     feats, step_times = fns.ranks(ranks, since, inputs.now, cfg.share_short_steps, cfg.min_steps, cfg.share_trim,
-                                  short_s=cfg.share_short_s)
+                                  short_s=cfg.share_short_s, steps=read)
     if job not in shares_since and any(r.share_recent is not None for r in feats):
         shares_since[job] = inputs.now
     # The long look averages full windows only: a young job's windows all hold its first seconds.
@@ -177,7 +180,7 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
         return  # a stalled job's windows say nothing about stragglers or starvation
     active = [r for r in feats if r.steps > 0]
     out.extend(slow)
-    steps = step_shares(ranks, since)
+    steps = step_shares(ranks, since, read)
     starved = detect_io_starvation(job, active, gpus, hosts, cfg, steps, inputs.host_windows)
     out.extend(starved)
     # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.

@@ -35,8 +35,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from gpumond.rules.detectors.config import DetectorConfig
-from gpumond.rules.detectors.ragged import held
-from gpumond.rules.detectors.step_matrix import step_matrices
+from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.types import RankWindow
 
 _MAD_TO_SIGMA = 1.4826
@@ -63,26 +62,18 @@ class StepShares:
         return x[:, [index[r] for r in ranks]]
 
 
-def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares | None:
-    """The shares of the steps that ended since `since`, or None when the job has no timed steps there."""
+def step_shares(windows: Mapping[int, RankWindow], since: float,
+                steps: RecentSteps | None = None) -> StepShares | None:
+    """The shares of the steps that ended since `since`, or None when the job has no timed steps there.
+    `steps`: these windows already read (step_matrix.read_steps with this `since`), else they are read here."""
     ws = list(windows.values())
     if not ws:
         return None
-    m = step_matrices(ws)
-    counts = m.counts
-    depth = int(counts.max())
-    if depth == 0:
+    steps = steps if steps is not None else read_steps(ws, since)
+    if steps is None:
         return None
-    ends = m.ends(depth)
-    recent = held(counts, depth) & (ends >= since)
-    k = recent.sum(axis=0)
-    width = int(k.max())
-    if np.array_equal(recent[depth - width:], held(k, width)) and not recent[:depth - width].any():
-        # As usual, the recent steps are each rank's newest: read only those (as rank_batch does).
-        ends, recent, read, depth = ends[depth - width:], recent[depth - width:], k, width
-    else:
-        read = counts
-    durations, waits, numbers, comm = m.tail(read, depth)
+    recent, depth = steps.recent, len(steps.ends)
+    ends, durations, waits, numbers, comm = steps.ends, steps.durations, steps.waits, steps.numbers, steps.comm
     timed = recent & (durations > 0) & ~np.isnan(waits) & np.isfinite(numbers)
     if not timed.any():
         return None
@@ -103,12 +94,13 @@ def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares |
         return out
 
     shares = place(np.where(np.isnan(comm), np.nan, share))
-    kept = ~np.isnan(place(wait)).all(axis=1)
+    waited = place(wait)
+    kept = ~np.isnan(waited).all(axis=1)
     with warnings.catch_warnings():  # all-NaN columns of a row cannot occur (kept); numpy warns on any NaN
         warnings.simplefilter("ignore", RuntimeWarning)
-        row_end = np.nanmedian(place(ends)[kept], axis=1)
-        row_start = np.nanmedian(place(ends - durations)[kept], axis=1)
-    return StepShares(tuple(w.info.rank for w in ws), shares[kept], row_start, row_end, place(wait)[kept])
+        row_end = row_nanmedian(place(ends)[kept])
+        row_start = row_nanmedian(place(ends - durations)[kept])
+    return StepShares(tuple(w.info.rank for w in ws), shares[kept], row_start, row_end, waited[kept])
 
 
 @dataclass(frozen=True, slots=True)

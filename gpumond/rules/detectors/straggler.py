@@ -87,9 +87,15 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
             members_of.append((r, g, sh))
     blocks: set[str] = set()
     current: set[str] = set()
+    whole = None
     if learning:  # counted on the job as a whole: split by what was learnt so far, a block would vanish
-        _, blocks, current, _ = _judge(job, members_of, cfg, frozenset(), steps, activity)
-    out, after, after_current, judged = _judge(job, members_of, cfg, structural | blocks, steps, activity)
+        whole = _judge(job, members_of, cfg, frozenset(), steps, activity)
+        _, blocks, current, _ = whole
+    split = structural | blocks
+    if whole is not None and not split:
+        out, after, after_current, judged = whole  # nothing to split off: the same groups, judged already
+    else:
+        out, after, after_current, judged = _judge(job, members_of, cfg, split, steps, activity)
     if not learning:
         blocks, current = after, after_current
     return StragglerResult(out, frozenset(blocks), judged, frozenset(current))
@@ -193,8 +199,9 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         # that keeps the transients of healthy ranks from firing.
         caused = {k for k, sig in flagged.items() if not _GPU_CAUSE.isdisjoint(sig)}.intersection(ids)
         if caused - set(seq):
-            fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg))
-            seq.update({k: ev for k, ev in fast.items() if k in caused and k not in seq})
+            fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg),
+                         only=caused - set(seq))
+            seq.update(fast)
         node_of = {r.rank: r.node for r, _, _ in members}
         if len(seq) <= max(1, cfg.max_outlier_frac * len(members)) \
                 or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * nodes_in_group):
