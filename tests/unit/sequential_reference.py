@@ -1,16 +1,21 @@
-"""The sequential test's judge as it was before its columns were pruned (issue 25): the reference the pruned one
-must equal value for value (test_sequential_pruning.py). Not used by the product."""
+"""The sequential test's judge and step_shares as they were before issue 25 (the judge's columns pruned, the
+steps read once per evaluation): the references the new ones must equal value for value (test_sequential_pruning.py,
+test_engine_reads_once.py). Not used by the product."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from gpumond.rules.detectors.config import DetectorConfig
-from gpumond.rules.detectors.sequential import _MAD_TO_SIGMA, Evidence, Test, compute_test, evidence_needed
+from gpumond.rules.detectors.ragged import held
+from gpumond.rules.detectors.sequential import (_MAD_TO_SIGMA, Evidence, StepShares, Test, compute_test,
+                                                evidence_needed)
+from gpumond.rules.detectors.step_matrix import step_matrices
+from gpumond.rules.types import RankWindow
 
 
 def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[int],
@@ -66,3 +71,51 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
                                  round(float(magnitude[j, c]), 4), round(float((gain[j, c] + refs[j, c]) / k), 2),
                                  float(own[j, c] / k), float(peer[j, c] / k), float(starts[j]))
     return out
+
+
+def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares | None:
+    """The shares of the steps that ended since `since`, or None when the job has no timed steps there."""
+    ws = list(windows.values())
+    if not ws:
+        return None
+    m = step_matrices(ws)
+    counts = m.counts
+    depth = int(counts.max())
+    if depth == 0:
+        return None
+    ends = m.ends(depth)
+    recent = held(counts, depth) & (ends >= since)
+    k = recent.sum(axis=0)
+    width = int(k.max())
+    if np.array_equal(recent[depth - width:], held(k, width)) and not recent[:depth - width].any():
+        # As usual, the recent steps are each rank's newest: read only those (as rank_batch does).
+        ends, recent, read, depth = ends[depth - width:], recent[depth - width:], k, width
+    else:
+        read = counts
+    durations, waits, numbers, comm = m.tail(read, depth)
+    timed = recent & (durations > 0) & ~np.isnan(waits) & np.isfinite(numbers)
+    if not timed.any():
+        return None
+    with np.errstate(all="ignore"):
+        share = np.maximum(1.0 - (waits + comm) / durations, 0.0)
+        wait = np.clip(waits / durations, 0.0, 1.0)
+    nums = numbers[timed]
+    lo, hi = nums.min(), nums.max()
+    if hi - lo > 8 * depth + 64 or not bool((nums == np.floor(nums)).all()):
+        return None  # sparse or odd step numbers: no step-aligned view (the median looks still judge)
+    rows = int(hi - lo) + 1
+    col = np.broadcast_to(np.arange(len(ws))[None, :], timed.shape)[timed]
+    row = (nums - lo).astype(np.int64)
+
+    def place(v: np.ndarray) -> np.ndarray:
+        out = np.full((rows, len(ws)), np.nan)
+        out[row, col] = v[timed]
+        return out
+
+    shares = place(np.where(np.isnan(comm), np.nan, share))
+    kept = ~np.isnan(place(wait)).all(axis=1)
+    with warnings.catch_warnings():  # all-NaN columns of a row cannot occur (kept); numpy warns on any NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        row_end = np.nanmedian(place(ends)[kept], axis=1)
+        row_start = np.nanmedian(place(ends - durations)[kept], axis=1)
+    return StepShares(tuple(w.info.rank for w in ws), shares[kept], row_start, row_end, place(wait)[kept])
