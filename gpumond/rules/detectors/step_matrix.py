@@ -1,7 +1,8 @@
 """A job's rank windows read into padded matrices (layout of ragged.to_matrix), from either source:
-the windows' StepColumns (arrays the store keeps on ingest: one concatenation per field) or, when some
-window has none, their StepRecord objects (one attribute lookup per field per step). Both give the same
-matrices wherever a cell holds a step; rank_batch masks the padding."""
+the windows' StepColumns (arrays the store keeps on ingest: one concatenation of the value rows, one of the step
+numbers) or, when some window has none, their StepRecord objects (one attribute lookup per field per step). Both
+give the same matrices wherever a cell holds a step; the detectors mask the padding. `read_steps` reads a job
+once per evaluation for every detector that needs its steps."""
 
 from __future__ import annotations
 
