@@ -82,8 +82,8 @@ def test_the_oldest_end_is_the_min_over_the_windows_first_steps(columns):
 
 @pytest.mark.parametrize("columns", [False, True])
 def test_features_and_shares_from_one_read_equal_those_read_separately_and_the_old_shares(columns):
-    jobs = [job(NOW, wait=lambda r: 0.3 if r == 3 else 0.002, compute=lambda r, k: 1.04 if r == 5 else 0.8).jobs["job-a"],
-            _ragged(build().jobs["job-a"])]
+    starved_and_slow = job(NOW, wait=lambda r: 0.3 if r == 3 else 0.002, compute=lambda r, k: 1.04 if r == 5 else 0.8)
+    jobs = [starved_and_slow.jobs["job-a"], _ragged(build().jobs["job-a"])]
     for ranks in jobs:
         ranks = _with_columns(ranks) if columns else ranks
         since = NOW - 60.0
