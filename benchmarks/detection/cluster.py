@@ -289,10 +289,16 @@ class _Job:
         if len(due):
             beats = np.floor((end - self.regular[due]) / sim.push_s)
             self.regular_pushes += int(beats.sum())
-            times = self.regular[due] + beats * sim.push_s
+            # Every beat is a push (a heartbeat when no step ended since): a long step (a checkpoint) spans
+            # several, and an evaluation inside it must see the one just before it, not wait for the step's end.
+            # The queue stays in time order: beat b of every rank lies within the b-th interval after step k − 1.
+            start = self.regular[due]
+            for b in range(1, int(beats.max()) + 1):
+                who = beats >= b
+                self.queued.append((start[who] + b * sim.push_s, due[who]))
+            times = start + beats * sim.push_s
             self.regular[due] = times
             self.last_push[due] = np.maximum(self.last_push[due], times)
-            self.queued.append((times, due))
             self._threshold(due, k - 1)
         if not sim.early_push or k < 1:
             return

@@ -165,3 +165,18 @@ def test_a_hung_jobs_ranks_keep_their_heartbeats():
     c.advance_to(T0 + 200.0)
     beats = [w.last_beat for w in c.inputs(T0 + 200.0).jobs["job-0"].values()]
     assert min(beats) > T0 + 195.0  # every 5 s, long after the last step ended
+
+
+def test_ranks_keep_pushing_through_a_long_step():
+    # A 40 s checkpoint: no step ends inside it, but each rank's push thread still pushes (heartbeats) every 5 s.
+    # An evaluation inside it sees every rank's beat of the last 5 s, not the last one before the checkpoint.
+    c = Cluster([JobSpec("job-0", 2, step_s=1.0)], [], QUIET.with_(ckpt_every_s=100.0, ckpt_s=(40.0, 40.0)),
+                seed=4, t0=T0)
+    c.advance_to(T0 + 300.0)
+    job = c.jobs[0]
+    gaps = np.diff(job.ends)
+    k = int(np.argmax(gaps))
+    assert gaps[k] > 35.0
+    mid = job.ends[k] + 0.5 * gaps[k]
+    beats = [w.last_beat for w in c.inputs(mid).jobs["job-0"].values()]
+    assert min(beats) > mid - c.push_s and max(beats) <= mid
