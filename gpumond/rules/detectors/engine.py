@@ -68,6 +68,13 @@ class Judged:
     candidates: tuple[Candidate, ...]
 
 
+_PUSH, _BEAT, _COLS, _INFO = attrgetter("last_push"), attrgetter("last_beat"), attrgetter("columns"), attrgetter("info")
+
+
+def _is_not_none(x: object) -> bool:
+    return x is not None
+
+
 def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequence[GpuSample]],
                absent_nodes: frozenset[str]) -> tuple[float, ...]:
     """What changes when a job has anything new: its ranks' newest push, heartbeat and held steps (how many,
@@ -76,7 +83,7 @@ def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequen
     (C-level getters), not one Python loop body per rank, at about a third of the cost."""
     ws = list(ranks.values())
     push = max(chain((-1.0,), map(_PUSH, ws)))
-    beat = max(chain((-1.0,), filter(_NOT_NONE, map(_BEAT, ws))))
+    beat = max(chain((-1.0,), filter(_is_not_none, map(_BEAT, ws))))
     cols = list(map(_COLS, ws))
     ends = -1.0
     if None not in cols:
@@ -93,13 +100,6 @@ def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequen
     absent = sum(i.node in absent_nodes for i in infos) if absent_nodes else 0
     newest = max(chain((-1.0,), (g[-1].t for i in infos if (g := gpu_windows.get(i.gpu_uuid)))))
     return (push, beat, float(sum(counts)), ends, newest, float(absent))
-
-
-_PUSH, _BEAT, _COLS, _INFO = attrgetter("last_push"), attrgetter("last_beat"), attrgetter("columns"), attrgetter("info")
-
-
-def _NOT_NONE(x: object) -> bool:
-    return x is not None
 
 
 @dataclass(frozen=True, slots=True)
