@@ -299,7 +299,7 @@ def test_gpus_without_throttle_reasons_stay_on_the_vectorised_path():
 
 
 # ----- whole evaluations on simulated clusters ---------------------------------------------------
-def _reference_ranks(r, since, until, short, least, trim, short_s=0.0):
+def _reference_ranks(r, since, until, short, least, trim, short_s=0.0, steps=None):  # reads its own steps
     means = ref_means(r.values(), since)
     return [ref_rank(w, since, short, least, trim, short_s, means) for w in r.values()], ref_step_times(r, since, until)
 

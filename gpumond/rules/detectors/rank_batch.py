@@ -16,8 +16,8 @@ import numpy as np
 
 from gpumond.rules.detectors.features import (SHARE_QUANTUM, RankFeatures, job_step_times, rank_features,
                                                step_share_means)
-from gpumond.rules.detectors.ragged import column_median, column_trimmed_mean, has_nan, held, too_ragged
-from gpumond.rules.detectors.step_matrix import step_matrices
+from gpumond.rules.detectors.ragged import column_median, column_trimmed_mean, has_nan, too_ragged
+from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.types import RankWindow
 
 _EXACT_INT = 2.0**53  # step numbers travel as floats: exact below this
@@ -26,12 +26,14 @@ _DENSE_STEPS = 4
 
 
 def job_rank_features(ranks: Mapping[int, RankWindow], since: float, until: float, short_steps: int = 8,
-                      min_steps: int = 5, trim: float = 0.1,
-                      short_s: float = 0.0) -> tuple[list[RankFeatures], list[float]]:
+                      min_steps: int = 5, trim: float = 0.1, short_s: float = 0.0,
+                      steps: RecentSteps | None = None) -> tuple[list[RankFeatures], list[float]]:
     """([rank_features(w, since, short_steps, min_steps, trim, short_s, step_share_means(ranks.values(), since))
-    for w in ranks.values()], job_step_times(ranks, since, until)): compute shares relative to their step's mean."""
+    for w in ranks.values()], job_step_times(ranks, since, until)): compute shares relative to their step's mean.
+    `steps`: these windows already read (step_matrix.read_steps with this `since`), else they are read here."""
     windows = list(ranks.values())
-    out = _vectorised(windows, since, until, short_steps, min_steps, trim, short_s)
+    out = _vectorised(windows, steps if steps is not None else read_steps(windows, since), until, short_steps,
+                      min_steps, trim, short_s)
     if out is None:
         means = step_share_means(windows, since)
         return ([rank_features(w, since, short_steps, min_steps, trim, short_s, means) for w in windows],
@@ -39,28 +41,22 @@ def job_rank_features(ranks: Mapping[int, RankWindow], since: float, until: floa
     return out
 
 
-def _vectorised(windows: list[RankWindow], since: float, until: float, short_steps: int,
+def _vectorised(windows: list[RankWindow], read: RecentSteps | None, until: float, short_steps: int,
                 min_steps: int, trim: float, short_s: float) -> tuple[list[RankFeatures], list[float]] | None:
-    m = step_matrices(windows)
-    counts = m.counts
-    n = len(counts)
-    width = int(counts.max()) if n else 0
-    if width == 0 or too_ragged(counts, width):
+    if read is None:
         return None
-    have = held(counts, width)
-    all_ends = m.ends(width)
+    counts = read.counts
+    n = len(counts)
+    width = int(counts.max())
+    if too_ragged(counts, width):
+        return None
+    have, all_ends = read.have, read.all_ends
     if has_nan(all_ends[have]):
         return None
     last_end = np.where(have, all_ends, -np.inf).max(axis=0)
-    recent = have & (all_ends >= since)
-    k = recent.sum(axis=0)
-    depth = int(k.max())
-    if np.array_equal(recent, held(k, width)):
-        # As usual, the recent steps are each rank's newest: read only those (a fifth of a 300 s window).
-        ends, recent, read = all_ends[width - depth:], recent[width - depth:], k
-    else:
-        ends, depth, read = all_ends, width, counts
-    durations, waits, numbers, comm = m.tail(read, depth)
+    recent, k, ends = read.recent, read.k, read.ends
+    depth = len(ends)
+    durations, waits, numbers, comm = read.durations, read.waits, read.numbers, read.comm
     if has_nan(durations[recent], waits[recent]) or bool((np.abs(numbers[recent]) >= _EXACT_INT).any()):
         return None
     timed = recent & (durations > 0)

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from gpumond.rules.detectors.config import DetectorConfig
-from gpumond.rules.detectors.ragged import held
-from gpumond.rules.detectors.step_matrix import step_matrices
+from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.types import RankWindow
 
 _MAD_TO_SIGMA = 1.4826
@@ -63,26 +62,18 @@ class StepShares:
         return x[:, [index[r] for r in ranks]]
 
 
-def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares | None:
-    """The shares of the steps that ended since `since`, or None when the job has no timed steps there."""
+def step_shares(windows: Mapping[int, RankWindow], since: float,
+                steps: RecentSteps | None = None) -> StepShares | None:
+    """The shares of the steps that ended since `since`, or None when the job has no timed steps there.
+    `steps`: these windows already read (step_matrix.read_steps with this `since`), else they are read here."""
     ws = list(windows.values())
     if not ws:
         return None
-    m = step_matrices(ws)
-    counts = m.counts
-    depth = int(counts.max())
-    if depth == 0:
+    steps = steps if steps is not None else read_steps(ws, since)
+    if steps is None:
         return None
-    ends = m.ends(depth)
-    recent = held(counts, depth) & (ends >= since)
-    k = recent.sum(axis=0)
-    width = int(k.max())
-    if np.array_equal(recent[depth - width:], held(k, width)) and not recent[:depth - width].any():
-        # As usual, the recent steps are each rank's newest: read only those (as rank_batch does).
-        ends, recent, read, depth = ends[depth - width:], recent[depth - width:], k, width
-    else:
-        read = counts
-    durations, waits, numbers, comm = m.tail(read, depth)
+    recent, depth = steps.recent, len(steps.ends)
+    ends, durations, waits, numbers, comm = steps.ends, steps.durations, steps.waits, steps.numbers, steps.comm
     timed = recent & (durations > 0) & ~np.isnan(waits) & np.isfinite(numbers)
     if not timed.any():
         return None
@@ -103,12 +94,13 @@ def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares |
         return out
 
     shares = place(np.where(np.isnan(comm), np.nan, share))
-    kept = ~np.isnan(place(wait)).all(axis=1)
+    waited = place(wait)
+    kept = ~np.isnan(waited).all(axis=1)
     with warnings.catch_warnings():  # all-NaN columns of a row cannot occur (kept); numpy warns on any NaN
         warnings.simplefilter("ignore", RuntimeWarning)
-        row_end = np.nanmedian(place(ends)[kept], axis=1)
-        row_start = np.nanmedian(place(ends - durations)[kept], axis=1)
-    return StepShares(tuple(w.info.rank for w in ws), shares[kept], row_start, row_end, place(wait)[kept])
+        row_end = row_nanmedian(place(ends)[kept])
+        row_start = row_nanmedian(place(ends - durations)[kept])
+    return StepShares(tuple(w.info.rank for w in ws), shares[kept], row_start, row_end, waited[kept])
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,9 +217,10 @@ def _wait_min_duration(excess: np.ndarray, cfg: DetectorConfig) -> np.ndarray:
 
 
 def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[int],
-          cfg: DetectorConfig, test: Test | None = None) -> dict[int, Evidence]:
+          cfg: DetectorConfig, test: Test | None = None, only: Collection[int] | None = None) -> dict[int, Evidence]:
     """The ranks (columns of `x`, a StepShares slice of one peer group) with enough sequential evidence: on
-    compute shares by default, or under another `test` (wait_test on data-wait shares)."""
+    compute shares by default, or under another `test` (wait_test on data-wait shares). With `only`, just those
+    of these ranks (the group's medians and noise are still taken over all of them)."""
     test = test if test is not None else compute_test(cfg)
     rows, n = x.shape
     if rows == 0 or n < cfg.min_peers:
@@ -235,7 +228,7 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
     with np.errstate(all="ignore"), warnings.catch_warnings():  # steps no rank of the group pushed: NaN rows
         warnings.simplefilter("ignore", RuntimeWarning)
         counted = (~np.isnan(x)).sum(axis=1) >= cfg.min_peers  # a step few peers pushed is not compared
-        med = np.nanmedian(np.where(counted[:, None], x, np.nan), axis=1)
+        med = row_nanmedian(np.where(counted[:, None], x, np.nan))
         y = test.deviation(x, med[:, None])
         y[~counted] = np.nan
         valid = ~np.isnan(y)
@@ -243,7 +236,7 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
             return {}
         sigma = max(_MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), test.floor)
         if test.row_noise:
-            sigma = np.maximum(sigma, np.nan_to_num(_MAD_TO_SIGMA * np.nanmedian(np.abs(y), axis=1)))[:, None]
+            sigma = np.maximum(sigma, np.nan_to_num(_MAD_TO_SIGMA * row_nanmedian(np.abs(y))))[:, None]
     z = np.where(valid, np.clip(y / sigma, -test.cap, test.cap), 0.0)
     ref = np.full((rows, 1), test.ref)
     if test.busy_ref is not None:
@@ -251,6 +244,16 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
     # Suffix sums, read from the newest step back: row j holds the run from step j to the newest.
     rev = slice(None, None, -1)
     gain = np.cumsum(np.where(valid, z - ref, 0.0)[rev], axis=0)[rev]
+    # A run needs this much evidence whatever else it has: almost no rank's gain ever reaches it, so the rest of
+    # the test (six more suffix sums) is taken over those columns only. Column by column, the same arithmetic.
+    needed = evidence_needed(test, n, cfg)
+    wanted = (gain >= needed).any(axis=0)
+    if only is not None:
+        wanted &= np.isin(np.asarray(ranks), np.fromiter(only, np.int64, len(only)))
+    cand = np.flatnonzero(wanted)
+    if not len(cand):
+        return {}
+    x, y, z, valid, gain = x[:, cand], y[:, cand], z[:, cand], valid[:, cand], gain[:, cand]
     steps = np.cumsum(valid[rev], axis=0)[rev]
     above = np.cumsum((valid & (z > ref))[rev], axis=0)[rev]
     refs = np.cumsum(np.where(valid, ref, 0.0)[rev], axis=0)[rev]
@@ -267,13 +270,27 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
     with np.errstate(all="ignore"):
         magnitude = test.magnitude(total / np.maximum(steps, 1))
     need = test.need(magnitude, step_s)
-    ok = (gain >= evidence_needed(test, n, cfg)) & (steps >= test.min_steps(magnitude)) \
+    ok = (gain >= needed) & (steps >= test.min_steps(magnitude)) \
         & (above >= test.frac * steps) & (span >= need)
     out: dict[int, Evidence] = {}
     for c in np.flatnonzero(ok.any(axis=0)).tolist():
         j = int(np.argmax(np.where(ok[:, c], gain[:, c], -math.inf)))
         k = int(steps[j, c])
-        out[ranks[c]] = Evidence(round(float(gain[j, c]), 2), k, round(float(span[j, c]), 2),
-                                 round(float(magnitude[j, c]), 4), round(float((gain[j, c] + refs[j, c]) / k), 2),
-                                 float(own[j, c] / k), float(peer[j, c] / k), float(starts[j]))
+        out[ranks[cand[c]]] = Evidence(round(float(gain[j, c]), 2), k, round(float(span[j, c]), 2),
+                                       round(float(magnitude[j, c]), 4),
+                                       round(float((gain[j, c] + refs[j, c]) / k), 2),
+                                       float(own[j, c] / k), float(peer[j, c] / k), float(starts[j]))
+    return out
+
+
+def row_nanmedian(a: np.ndarray) -> np.ndarray:
+    """np.nanmedian(a, axis=1), value for value: np.median on the rows without a NaN (one partition for all of
+    them, where numpy's nanmedian of wide rows loops over them in Python), nanmedian on the others only."""
+    full = ~np.isnan(a).any(axis=1)
+    if full.all():
+        return np.median(a, axis=1)
+    out = np.nanmedian(a, axis=1) if not full.any() else np.empty(a.shape[0])
+    if full.any():
+        out[full] = np.median(a[full], axis=1)
+        out[~full] = np.nanmedian(a[~full], axis=1)
     return out

@@ -1,19 +1,21 @@
 """A job's rank windows read into padded matrices (layout of ragged.to_matrix), from either source:
-the windows' StepColumns (arrays the store keeps on ingest: one concatenation per field) or, when some
-window has none, their StepRecord objects (one attribute lookup per field per step). Both give the same
-matrices wherever a cell holds a step; rank_batch masks the padding."""
+the windows' StepColumns (arrays the store keeps on ingest: one concatenation of the value rows, one of the step
+numbers) or, when some window has none, their StepRecord objects (one attribute lookup per field per step). Both
+give the same matrices wherever a cell holds a step; the detectors mask the padding. `read_steps` reads a job
+once per evaluation for every detector that needs its steps."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
 
-from gpumond.rules.detectors.ragged import gather, newest_first, to_matrix
+from gpumond.rules.detectors.ragged import gather, held, newest_first, to_matrix
 from gpumond.rules.types import RankWindow, StepColumns, StepRecord
 
 _END = attrgetter("end")
@@ -44,27 +46,67 @@ def step_matrices(windows: Sequence[RankWindow]) -> StepMatrices:
     return _FromObjects(windows)
 
 
+@dataclass(frozen=True, slots=True)
+class RecentSteps:
+    """A job's rank windows read once per evaluation, for every detector that reads its steps (rank_batch's
+    features, sequential.step_shares): the ends of every held step (layout of ragged.to_matrix), and the other
+    fields of the rows that hold the steps that ended since `since` — as usual each rank's newest steps only
+    (the bottom rows: a fifth of a 300 s window), else the whole window."""
+
+    counts: np.ndarray  # (n,) steps held per rank
+    have: np.ndarray  # (width, n): which cells of all_ends hold a step
+    all_ends: np.ndarray  # (width, n)
+    recent: np.ndarray  # (depth, n): the cells read that hold a step that ended since `since`
+    k: np.ndarray  # (n,) how many each rank has
+    ends: np.ndarray  # (depth, n), then the rest as StepMatrices.tail
+    durations: np.ndarray
+    waits: np.ndarray
+    numbers: np.ndarray
+    comm: np.ndarray
+
+
+def read_steps(windows: Sequence[RankWindow], since: float) -> RecentSteps | None:
+    """The job's steps read for this evaluation (None when no rank holds any)."""
+    m = step_matrices(windows)
+    counts = m.counts
+    width = int(counts.max()) if len(counts) else 0
+    if width == 0:
+        return None
+    have = held(counts, width)
+    all_ends = m.ends(width)
+    recent = have & (all_ends >= since)
+    k = recent.sum(axis=0)
+    depth = int(k.max())
+    if np.array_equal(recent, held(k, width)):
+        # As usual, the recent steps are each rank's newest: read only those.
+        ends, recent, read = all_ends[width - depth:], recent[width - depth:], k
+    else:
+        ends, depth, read = all_ends, width, counts
+    durations, waits, numbers, comm = m.tail(read, depth)
+    out = RecentSteps(counts, have, all_ends, recent, k, ends, durations, waits, numbers, comm)
+    for a in (counts, have, all_ends, recent, k, ends, durations, waits, numbers, comm):
+        a.flags.writeable = False  # read by several detectors: none may write into what the others read
+    return out
+
+
 class _FromColumns:
-    """Reads only what is asked: the ends of the whole window (one field), the other fields of each rank's
-    newest `depth` steps only (the recent steps are a fifth of a 300 s window)."""
+    """All of the windows' fields in one concatenation (its cost is per window, not per step: at 32,768 ranks
+    concatenating the four rows cost about what the ends alone did, and slicing each window's newest steps
+    before concatenating cost more than the copy it saved); each matrix is then gathered by index arithmetic."""
 
     def __init__(self, cols: list[StepColumns]) -> None:
         self.counts = np.fromiter(map(len, cols), np.int64, len(cols))
         self._stops = np.cumsum(self.counts)
         self._cols = cols
+        self._values = np.concatenate([c.values for c in cols], axis=1) if cols else np.zeros((4, 0))
 
     def ends(self, width: int) -> np.ndarray:
-        flat = np.concatenate([c.values[0] for c in self._cols])
-        return gather(flat, self._stops, self.counts, width, math.nan)
+        return gather(self._values[0], self._stops, self.counts, width, math.nan)
 
     def tail(self, k: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        taken = np.minimum(self.counts, depth)
-        cuts = (self.counts - taken).tolist()
-        stops = np.cumsum(taken)
-        x = gather(np.concatenate([c.values[1:, i:] for c, i in zip(self._cols, cuts, strict=True)], axis=1),
-                   stops, taken, depth, math.nan)
-        numbers = gather(np.concatenate([c.step[i:] for c, i in zip(self._cols, cuts, strict=True)]), stops, taken,
-                         depth, -1)
+        x = gather(self._values[1:], self._stops, self.counts, depth, math.nan)  # each rank's newest `depth`
+        steps = np.concatenate([c.step for c in self._cols]) if self._cols else np.zeros(0, np.int64)
+        numbers = gather(steps, self._stops, self.counts, depth, -1)
         # As floats, like the object path reads them: rank_batch refuses numbers past 2**53.
         return x[0], x[1], numbers.astype(float), x[2]
 

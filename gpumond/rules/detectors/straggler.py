@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.compute_share import LOOKS, Shares
 from gpumond.rules.detectors.config import DetectorConfig
@@ -36,11 +38,7 @@ def _past(xs: Series, scored: tuple[list[float], float], thr: float,
           sign: int) -> dict[int, tuple[float, float, float]]:
     """rank → (z, value, peer median) for ranks past the threshold in the bad direction (sign=0: either)."""
     zs, med = scored
-    out = {}
-    for (r, v), z in zip(xs, zs):
-        if (abs(z) if sign == 0 else sign * z) > thr:
-            out[r.rank] = (z, v, med)
-    return out
+    return {xs[i][0].rank: (zs[i], xs[i][1], med) for i in _past_index(zs, thr, sign)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +85,15 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
             members_of.append((r, g, sh))
     blocks: set[str] = set()
     current: set[str] = set()
+    whole = None
     if learning:  # counted on the job as a whole: split by what was learnt so far, a block would vanish
-        _, blocks, current, _ = _judge(job, members_of, cfg, frozenset(), steps, activity)
-    out, after, after_current, judged = _judge(job, members_of, cfg, structural | blocks, steps, activity)
+        whole = _judge(job, members_of, cfg, frozenset(), steps, activity)
+        _, blocks, current, _ = whole
+    split = structural | blocks
+    if whole is not None and not split:
+        out, after, after_current, judged = whole  # nothing to split off: the same groups, judged already
+    else:
+        out, after, after_current, judged = _judge(job, members_of, cfg, split, steps, activity)
     if not learning:
         blocks, current = after, after_current
     return StragglerResult(out, frozenset(blocks), judged, frozenset(current))
@@ -193,8 +197,9 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         # that keeps the transients of healthy ranks from firing.
         caused = {k for k, sig in flagged.items() if not _GPU_CAUSE.isdisjoint(sig)}.intersection(ids)
         if caused - set(seq):
-            fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg))
-            seq.update({k: ev for k, ev in fast.items() if k in caused and k not in seq})
+            fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg),
+                         only=caused - set(seq))
+            seq.update(fast)
         node_of = {r.rank: r.node for r, _, _ in members}
         if len(seq) <= max(1, cfg.max_outlier_frac * len(members)) \
                 or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * nodes_in_group):
@@ -265,10 +270,10 @@ def _sm_active(members: list[Member], activity: Mapping[str, float], thr: float,
 
 
 def _past_index(zs: list[float], thr: float, sign: int) -> list[int]:
-    """Indices of the z-scores past `thr` in the bad direction (sign=0: either)."""
-    if sign == 0:
-        return [i for i, z in enumerate(zs) if abs(z) > thr]
-    return [i for i, z in enumerate(zs) if sign * z > thr]
+    """Indices of the z-scores past `thr` in the bad direction (sign=0: either), in order. Compared in one numpy
+    pass (the same IEEE comparisons as Python's): a group holds thousands of ranks and a few are past."""
+    z = np.asarray(zs, dtype=float)
+    return np.flatnonzero((np.abs(z) if sign == 0 else sign * z) > thr).tolist()
 
 
 def _corroborates(signals: object) -> bool:
