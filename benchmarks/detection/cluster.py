@@ -395,7 +395,7 @@ class Cluster:
     def __init__(self, jobs: Sequence[JobSpec], faults: Sequence[Fault] = (), noise: Noise = Noise(),
                  seed: int = 0, t0: float = 1_700_000_000.0, window_s: float = 300.0, recent_s: float = 60.0,
                  scrape_s: float = 5.0, push_s: float = 5.0, energy: bool = True, comm_wait: bool = True,
-                 gpm: float = 0.0, early_push: bool = False) -> None:
+                 gpm: float = 0.0, early_push: bool = True) -> None:
         self.noise, self.t0, self.window_s, self.recent_s = noise, t0, window_s, recent_s
         # energy=True adds "energy_j" (gpumond_gpu_energy_joules_total, which the agent exports but the
         # service does not map today) to each sample: only for the detector-change experiments.
@@ -403,8 +403,8 @@ class Cluster:
         # comm_wait=True: ranks push comm_wait_s (an SDK timing a collective each step); False: older SDKs.
         self.comm_wait = comm_wait
         self.scrape_s, self.push_s = scrape_s, push_s
-        # early_push=True: ranks also push at once after a step that stands out (the SDK's push_early=True);
-        # False, the SDK's default: only every push_s.
+        # early_push=True, the SDK's default: ranks also push at once after a step that stands out; False: only
+        # every push_s (an SDK with push_early=False).
         self.early_push = early_push
         self.faults = tuple(faults)
         rng = self.rng = np.random.default_rng(seed)

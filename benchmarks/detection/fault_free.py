@@ -1,15 +1,15 @@
 """False findings per job-day at fleet scale: fault-free jobs of 1,024 nodes through the service's detectors.
 
     python -m benchmarks.detection.fault_free [--quick] [--hours H] [--procs P] [--nodes N] [--segment-s S]
-                                              [--early-push]
+                                              [--no-early-push]
 
 The simulated hours are cut into independent segments (a fresh job and seed each: the jobs are independent,
 so their exposures add), run P at a time, each evaluated at the service's interval with the default
 persistence, as in run.py. Exposure counts only a segment's time after its warm-up (the job's first two
 minutes, while its baseline is learnt and some checks are not yet armed); false findings count whenever they
 fire. With k false findings in E job-days the one-sided 95 % upper bound on the rate is the Poisson bound
-(3 / E for k = 0). Writes benchmarks/results/detection_fault_free.md (…_early_push.md with --early-push;
-…_quick.md for --quick).
+(3 / E for k = 0). Writes benchmarks/results/detection_fault_free.md (…_no_early_push.md with
+--no-early-push; …_quick.md for --quick).
 """
 
 from __future__ import annotations
@@ -51,14 +51,15 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=2, help="segments run at a time (default 2)")
     ap.add_argument("--nodes", type=int, default=1024, help="nodes per job (default 1,024)")
     ap.add_argument("--segment-s", type=float, default=1800.0, help="simulated seconds per segment (default 1800)")
-    ap.add_argument("--early-push", action="store_true",
-                    help="ranks also push at once after a step that stands out (an SDK with push_early=True)")
+    ap.add_argument("--no-early-push", action="store_true",
+                    help="ranks push only every 5 s (an SDK with push_early=False), not also after a step that "
+                         "stands out")
     a = ap.parse_args()
     if a.quick:
         a.hours, a.nodes, a.segment_s = 480.0 / 3600.0, 16, 240.0
     segments = max(1, math.ceil(a.hours * 3600.0 / a.segment_s))
     # Seeds apart from run.py's controls; the same with and without early pushes, so the two runs compare.
-    plan = [(1000 + i, a.nodes, a.segment_s, a.early_push) for i in range(segments)]
+    plan = [(1000 + i, a.nodes, a.segment_s, not a.no_early_push) for i in range(segments)]
     start = time.perf_counter()
     results: list[RunResult] = []
     with mp.get_context("fork").Pool(a.procs) as pool:
@@ -79,13 +80,13 @@ def main() -> int:
     need_h = poisson_upper(0) * 24.0  # job-hours for a bound of one per job-day with no event
     run_h = math.ceil(need_h * a.segment_s / max(a.segment_s - WARMUP_S, 1.0))  # …with the segments' warm-ups
     _bench.report(
-        "detection_fault_free" + ("_early_push" if a.early_push else ""),
+        "detection_fault_free" + ("_no_early_push" if a.no_early_push else ""),
         "# False findings per job-day, fault-free jobs at fleet scale"
-        + (", with early pushes" if a.early_push else ""),
+        + (", without early pushes" if a.no_early_push else ""),
         {"scenario": f"`big_control`: one {a.nodes:,}-node job per segment (2 s steps, everyday noise, transient "
                      f"slowdowns at the fleet rate), evaluated every {EVAL_S:g} s with the default persistence",
-         "pushes": "every 5 s, and at once after a step that stands out (`--early-push`)" if a.early_push
-                   else "every 5 s (the SDK's default; `--early-push` adds the early ones)",
+         "pushes": "every 5 s only (`--no-early-push`: an SDK with push_early=False)" if a.no_early_push
+                   else "every 5 s, and at once after a step that stands out (the SDK's default)",
          "wall time": f"{wall:.0f} s on {a.procs} process(es): {speed:.1f} simulated s per second per process"},
         _bench.md_table(("nodes", "segments", "each", "job-hours exposed", "job-days", "false findings", "by kind",
                          "per job-day", "95 % upper bound per job-day"), rows),

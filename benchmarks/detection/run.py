@@ -175,9 +175,9 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
                                                  + ("; ranks push no comm_wait_s (telemetry only)"
                                                     if _CLUSTER_KW.get("comm_wait") is False
                                                     else "; ranks push comm_wait_s")
-                                                 + (", early after a step that stands out"
-                                                    if _CLUSTER_KW.get("early_push")
-                                                    else "; only every 5 s (no early pushes)")
+                                                 + ("; only every 5 s (no early pushes)"
+                                                    if _CLUSTER_KW.get("early_push") is False
+                                                    else ", early after a step that stands out")
                                                  + (f"; GPM on {_CLUSTER_KW['gpm']:.0%} of nodes"
                                                     if _CLUSTER_KW.get("gpm") else ""),
                                     "scenarios": f"{len(faults)} fault runs, {len(controls)} fault-free runs "
@@ -404,9 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-comm-wait", action="store_true",
                     help="ranks push no comm_wait_s (an SDK that does not time a collective): telemetry-only "
                          "straggler localisation")
-    ap.add_argument("--early-push", action="store_true",
-                    help="ranks also push at once after a step that stands out (an SDK with push_early=True, off by "
-                         "default until its false findings at 1,024 nodes are understood), not only every 5 s")
+    ap.add_argument("--no-early-push", action="store_true",
+                    help="ranks push only every 5 s (an SDK with push_early=False), not also at once after a step "
+                         "that stands out")
     ap.add_argument("--gpm", type=float, default=0.0,
                     help="share of nodes whose GPUs export GPM SM/tensor activity (Hopper and later; default 0)")
     ap.add_argument("--out", default=None, help="result name (default detection / detection_quick)")
@@ -419,8 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _CLUSTER_KW["comm_wait"] = False
     if args.gpm:
         _CLUSTER_KW["gpm"] = args.gpm
-    if args.early_push:
-        _CLUSTER_KW["early_push"] = True
+    if args.no_early_push:
+        _CLUSTER_KW["early_push"] = False
     if args.quick:
         args.seeds = 1
     start = time.perf_counter()

@@ -54,7 +54,7 @@ class Reporter:
                  max_queue: int = 10_000, max_steps_per_push: int = 512, timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  transport: Transport | None = None, handle_sigterm: bool = True,
-                 encoding: str | None = None, push_early: bool = False) -> None:
+                 encoding: str | None = None, push_early: bool = True) -> None:
         # Hot-path state comes first, so a reporter whose setup fails below is still safe to call.
         self._off = True
         self._closed = False
