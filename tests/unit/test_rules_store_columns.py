@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpumond.identity import legacy_mig_uuid
 from gpumond.rules.columns import step_columns, trailing_run
 from gpumond.rules.store import CapExceeded, GpuStore, RankStore
 from gpumond.rules.types import GPU_SIGNALS, GpuSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
@@ -320,3 +321,16 @@ def test_gpu_windows_read_at_once_equal_each_gpus_samples_read_back_from_its_new
                 assert_gpu_columns_match(got[u])
             else:
                 assert got[u].columns is None
+
+
+def test_gpu_windows_read_at_once_answer_a_mig_devices_legacy_name_under_the_name_asked():
+    parent, mig = "GPU-11111111-2222-3333-4444-555555555555", "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+    legacy = legacy_mig_uuid(parent, 1, 0)
+    g = GpuStore(window_s=60, expire_after_s=90, max_gpus=4, max_samples=8)
+    for i in range(3):
+        g.add(TelemetryBatch(NOW + i, (GpuSample(mig, "n", "0", NOW + i, True, {"power_w": float(i)}, parent_uuid=parent,
+                                                 gpu_instance=1, compute_instance=0),)))
+    got = g.windows([legacy, mig, "GPU-unknown"], NOW + 1)
+    assert list(got) == [legacy, mig, "GPU-unknown"]
+    assert [s.t for s in got[legacy]] == [s.t for s in got[mig]] == [NOW + 1, NOW + 2]
+    assert got[legacy].columns.t.tolist() == [NOW + 1, NOW + 2] and got["GPU-unknown"] == ()
