@@ -308,14 +308,17 @@ class Clients:
 class Service:
     """The `gpumond rules` daemon with the default config, a sampler of its RSS, and its /metrics."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, max_connections: int | None, tree: Path | None = None) -> None:
         self.port = _bench.free_port()
         config = workdir / "rules.yaml"
-        config.write_text(f"tokens: [{TOKEN}]\nstate_dir: {workdir / 'state'}\n")
+        config.write_text(f"tokens: [{TOKEN}]\nstate_dir: {workdir / 'state'}\n"
+                          + ("" if max_connections is None else f"http: {{max_connections: {max_connections}}}\n"))
         exe = shutil.which("gpumond")
-        argv = [exe] if exe else [sys.executable, "-m", "gpumond.cli"]
+        argv = [exe] if exe and tree is None else [sys.executable, "-m", "gpumond.cli"]
+        # `tree`: the daemon from another checkout's gpumond/ (a before/after in one run), imported first
         self.proc = _bench.Proc("rules", [*argv, "rules", "--config", str(config), "--listen",
-                                          f"127.0.0.1:{self.port}", "--log-level", "error"], workdir / "rules.log")
+                                          f"127.0.0.1:{self.port}", "--log-level", "error"], workdir / "rules.log",
+                                env={"PYTHONPATH": str(tree)} if tree else None, cwd=tree or _bench.REPO)
         self.proc.start()
         self.proc.wait_http(f"{self.url}/healthz", 60)
         self.rss_peak_kib = 0
@@ -355,9 +358,10 @@ class Service:
 
 
 # ----- the run -----------------------------------------------------------------------------------------------
-def run_variant(ranks: int, procs: int, jitter_s: float, phase_timeout_s: float, workdir: Path) -> dict:
+def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeout_s: float, workdir: Path,
+                max_connections: int | None, tree: Path | None) -> dict:
     """One service, CLIENTS processes, the three phases; every figure the report needs."""
-    service = Service(workdir)
+    service = Service(workdir, max_connections, tree)
     clients = None
     try:
         t0 = time.monotonic()
@@ -377,10 +381,11 @@ def run_variant(ranks: int, procs: int, jitter_s: float, phase_timeout_s: float,
             got.update(cpu_s=cpu, wall_s=wall, rss_peak_kib=service.rss_peak_kib,
                        metrics=service.metrics(), load1=os.getloadavg()[0])
             phases[kind] = got
-            print(f"[{ranks:,} ranks, jitter {jitter_s * 1e3:g} ms] {kind}: every rank accepted after {wall:.2f} s, "
+            print(f"[{ranks:,} ranks, {label}] {kind}: every rank accepted after {wall:.2f} s, "
                   f"unaccepted {got['unaccepted']}, service CPU {cpu:.1f} s", file=sys.stderr, flush=True)
         end = service.metrics()
-        return {"ranks": ranks, "procs": procs, "jitter_s": jitter_s, "setup_s": setup_s, "phases": phases,
+        return {"label": label, "ranks": ranks, "procs": procs, "jitter_s": jitter_s, "setup_s": setup_s,
+                "phases": phases,
                 "end": end, "rss_end_kib": service.rss_kib()}
     finally:
         if clients is not None:
@@ -415,7 +420,7 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
     sections = []
     rows, loss_rows, conn_rows = [], [], []
     for v in variants:
-        tag = f"{v['jitter_s'] * 1e3:g} ms" if len(variants) > 1 or v["jitter_s"] else ""
+        tag = v["label"] if len(variants) > 1 else ""
         prev_closed = {"evicted": 0, "shed": 0, "head_timeout": 0}
         for kind in ("warm", "regular", "burst"):
             p = v["phases"][kind]
@@ -423,7 +428,7 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
             lat = [d for d, outcome, _ in req if outcome == 202]
             failed = sum(1 for _, outcome, _ in req if outcome != 202)
             reconnects = sum(c for _, _, c in req)
-            label = kind + (f" (jitter {tag})" if kind == "burst" and tag else "")
+            label = f"{tag}: {kind}" if tag else kind
             rows.append([label, f"{len(req) - failed:,}", f"{p['wall_s']:.2f} s", _ms(_q(p["accept"], 0.5)),
                          _ms(_q(p["accept"], 0.99)), _ms(max(p["accept"], default=math.nan)),
                          _ms(_q(lat, 0.5)), _ms(_q(lat, 0.99)), f"{failed:,} ({_failures(req)})",
@@ -440,10 +445,10 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
         pushed = v["phases"]["burst"]["pushed"]
         dropped = v["phases"]["burst"]["dropped"]
         held = int(end.get('gpumond_rules_held{kind="steps"}', 0))
-        unaccepted = sum(v["phases"][k]["unaccepted"] for k in v["phases"])
-        loss_rows.append([tag or "—", f"{sent:,}", f"{pushed:,}", f"{dropped:,}",
+        queued = sent - pushed - dropped  # still retrying when the last phase's time ran out
+        loss_rows.append([v["label"], f"{sent:,}", f"{pushed:,}", f"{dropped:,}",
                           ", ".join(f"{k} {n:,}" for k, n in v["phases"]["burst"]["service_dropped"].items()) or "0",
-                          f"{held:,}", f"{sent - held:,}", f"{unaccepted:,}"])
+                          f"{held:,}", f"{queued:,}", f"**{sent - held - queued:,}**"])
     sections.append("## Per phase\n\n" + _bench.md_table(
         ["phase", "pushes accepted", "until every rank's steps accepted", "per rank p50", "per rank p99",
          "per rank max", "per request p50 (2xx)", "per request p99 (2xx)", "failed attempts (retried by the SDK)",
@@ -459,21 +464,26 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
         def per_push(p: dict) -> float:
             return p["cpu_s"] / max(1, sum(1 for _, outcome, _ in p["requests"] if outcome == 202))
 
-        ratios.append([f"{v['jitter_s'] * 1e3:g} ms",
+        ratios.append([v["label"],
                        *(f"{_q(burst['accept'], q) / _q(base['accept'], q):,.0f}×" for q in (0.5, 0.99, 1.0)),
                        f"{per_push(base) * 1e3:.2f} → {per_push(burst) * 1e3:.2f} ms ({per_push(burst) / per_push(base):.2f}×)"])
     sections.append("## Burst ÷ regular cadence\n\n" + _bench.md_table(
-        ["burst jitter", "per-rank p50", "per-rank p99", "per-rank max", "service CPU per accepted push"], ratios) +
+        ["variant", "per-rank p50", "per-rank p99", "per-rank max", "service CPU per accepted push"], ratios) +
         "\n\nThe same ranks, the same service, one after the other: the regular cadence's pushes spread over 5 s, the "
         "burst's at one instant. The burst's pushes carry fewer steps (1-10 by phase, against 10).")
     sections.append("## Records\n\n" + _bench.md_table(
-        ["burst jitter", "steps sent (all phases)", "pushed (SDK)", "dropped (SDK)", "not stored (service's reasons)",
-         "held by the service at the end", "**lost** (sent − held)", "ranks not accepted in time"], loss_rows))
+        ["variant", "steps sent (all phases)", "pushed (SDK)", "dropped (SDK)", "not stored (service's reasons)",
+         "held by the service at the end", "still queued at the ranks (retrying)",
+         "**lost** (sent − held − queued)"], loss_rows) +
+        "\n\nA phase that runs out of time (`--phase-timeout`) leaves the ranks it did not finish with their steps "
+        "queued; the next phase pushes them with its own (the per-phase table's *pushes accepted* falls short).")
     sections.append("## The connection guard\n\n" + _bench.md_table(
         ["phase", "connections evicted", "shed", "head timeouts", "peak held (cumulative)", "cap"], conn_rows) +
         "\n\nEvicted: the guard closed an idle kept-alive connection (or one without a complete request head) to make "
         "room for a new one past the cap; the SDK meets the closed connection at its next push and reconnects at "
-        "once (`reconnects`). Shed: a new connection closed at once because every held one was busy.")
+        "once (`reconnects`). Shed: a new connection closed at once because every held one was busy (or, since the "
+        "guard spares just-opened connections, opened less than a second ago); its client retries after its backoff. "
+        "Head timeouts: connections whose request head the service had not read within 10 s.")
     return sections
 
 
@@ -483,6 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, help="client processes holding the ranks (default 4; quick 2)")
     ap.add_argument("--jitter-ms", type=float, nargs="+", default=[0.0],
                     help="spread the burst over this many ms (one service per value; default 0: all at once)")
+    ap.add_argument("--max-connections", type=int,
+                    help="the service's http.max_connections (default: the config's default, 4,096)")
+    ap.add_argument("--before", type=Path, metavar="DIR",
+                    help="also run the service from DIR/gpumond first (e.g. `git archive REV gpumond | tar -x -C DIR`): "
+                         "a before/after of a change in one run")
     ap.add_argument("--phase-timeout", type=float, default=120.0, help="seconds a phase may take (default 120)")
     args = ap.parse_args(argv)
     ranks = args.ranks or (512 if args.quick else 32_768)
@@ -494,15 +509,21 @@ def main(argv: list[str] | None = None) -> int:
     if per_proc + 256 > nofile:
         raise SystemExit(f"{per_proc:,} connections per client process exceed the descriptor limit {nofile:,}: "
                          f"use --clients {math.ceil(ranks / max(1, nofile - 256))} or more")
+    plan = [(f"{name}, burst at once" if not jitter_ms else f"{name}, burst over {jitter_ms:g} ms", tree, jitter_ms)
+            for name, tree in ([(f"service from {args.before}", args.before)] if args.before else [])
+            + [("this tree", None)] for jitter_ms in args.jitter_ms]
     variants = []
     with tempfile.TemporaryDirectory(prefix="gpumond-bench-burst-") as tmp:
-        for i, jitter_ms in enumerate(args.jitter_ms):
+        for i, (label, tree, jitter_ms) in enumerate(plan):
             work = Path(tmp) / f"v{i}"
             work.mkdir()
-            variants.append(run_variant(ranks, procs, jitter_ms / 1e3, args.phase_timeout, work))
+            variants.append(run_variant(label, ranks, procs, jitter_ms / 1e3, args.phase_timeout, work,
+                                        args.max_connections, tree))
     facts = {"setup": f"one job of {ranks:,} ranks, {RANKS_PER_NODE} per node (each node its own loopback "
                       f"address), {procs} client processes of the SDK's push path on asyncio (a connection per rank), "
-                      f"JSON pushes, {STEP_S:g} s steps; the `gpumond rules` daemon, default config",
+                      f"JSON pushes, {STEP_S:g} s steps; the `gpumond rules` daemon, default config"
+                      + ("" if args.max_connections is None else
+                         f" but http.max_connections {args.max_connections:,}"),
              "note": "clients and service share the machine's CPUs (and it was shared with other work): the client "
                      "side's own CPU is inside every latency; ratios within the run are the comparable figures"}
     _bench.report("push_burst", "# The early-push burst: every rank of a job pushing at once", facts,
