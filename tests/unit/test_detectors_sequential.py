@@ -32,14 +32,24 @@ def test_a_clean_group_gives_nothing():
 
 
 def test_a_2x_rank_on_long_steps_is_flagged_after_two_slow_steps_and_the_short_minimum():
-    # 8 s steps: the run spans one step (end of its first to end of its newest) ≥ seq_short_s + one step after
-    # three slow steps; a median look over 8 steps needed four of them (32 s)
-    x, s, e = steps(12, 8.0, lambda i: {5: 2.0} if i >= 9 else {})
+    # 8 s steps: past seq_transient_factor a run needs seq_short_s of span (end of its first step to end of its
+    # newest) and no extra step, so two slow steps do (8 s of span); one step is never a run
+    x, s, e = steps(11, 8.0, lambda i: {5: 2.0} if i >= 9 else {})
     assert set(flagged(x, s, e)) == {5}
     ev = flagged(x, s, e)[5]
-    assert ev.magnitude > 1.9 and ev.span_s >= min_duration_s(ev.magnitude, 8.0, CFG)
-    x, s, e = steps(11, 8.0, lambda i: {5: 2.0} if i >= 9 else {})  # two slow steps: one step of span
+    assert ev.magnitude > 1.9 and ev.span_s == 8.0 and ev.span_s >= min_duration_s(ev.magnitude, 8.0, CFG)
+    x, s, e = steps(10, 8.0, lambda i: {5: 2.0} if i >= 9 else {})  # one slow step
     assert flagged(x, s, e) == {}
+
+
+def test_inside_the_transient_range_a_run_outlasts_the_transient_by_one_step():
+    # 1.5x on 8 s steps: 10 s (seq_transient_s) + one step = 18 s of span, three steps after the first
+    assert min_duration_s(1.5, 8.0, CFG) == CFG.seq_transient_s + 8.0
+    assert min_duration_s(2.0, 8.0, CFG) == CFG.seq_short_s
+    x, s, e = steps(12, 8.0, lambda i: {5: 1.5} if i >= 9 else {})  # three slow steps: 16 s of span
+    assert flagged(x, s, e) == {}
+    x, s, e = steps(13, 8.0, lambda i: {5: 1.5} if i >= 9 else {})  # four: 24 s
+    assert set(flagged(x, s, e)) == {5}
 
 
 def test_a_1_25x_rank_needs_the_transient_minimum_duration():

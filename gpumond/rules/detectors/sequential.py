@@ -152,7 +152,7 @@ def compute_test(cfg: DetectorConfig) -> Test:
     """A rank computing longer than its group's median rank: log compute factor; minimum duration by factor."""
     return Test(cfg.seq_ref, cfg.seq_cap, cfg.seq_h, lambda _: cfg.seq_min_steps, cfg.seq_frac, cfg.seq_floor,
                 lambda x, med: np.log(np.maximum(x, 1e-3) / np.maximum(med, 1e-3)), _MAX_LOG_FACTOR, np.exp,
-                lambda factor, step_s: _min_duration(factor, cfg) + step_s)
+                lambda factor, step_s: _compute_need(factor, step_s, cfg))
 
 
 def corroborated_compute_test(cfg: DetectorConfig) -> Test:
@@ -190,13 +190,24 @@ def evidence_needed(test: Test, ranks: int, cfg: DetectorConfig) -> float:
 def min_duration_s(factor: float, step_s: float, cfg: DetectorConfig) -> float:
     """How long (from the end of its first step to the end of its newest) a deviation of this mean compute
     factor must last before it is a finding, with steps of `step_s`."""
-    return float(_min_duration(np.array(factor), cfg)) + step_s
+    return float(_compute_need(np.array(factor), step_s, cfg))
 
 
 def wait_min_duration_s(excess: float, cfg: DetectorConfig) -> float:
     """How long (from the end of its first step to the end of its newest) a data wait this far above its
     peers' (mean excess share of the step) must last before it is a finding."""
     return float(_wait_min_duration(np.array(excess), cfg))
+
+
+def _compute_need(factor: np.ndarray, step_s: float | np.ndarray, cfg: DetectorConfig) -> np.ndarray:
+    """A compute run's minimum span: _min_duration, plus one step inside the transient range. Slowness of
+    wall length L slows steps whose ends lie within L plus one step of each other, so a run inside the range
+    must outlast the longest transient by a step. Past seq_transient_factor the step is not added: no healthy
+    slowness measured lasts longer than seq_short_s (0.18 s on real DDP), and to raise two whole steps' mean
+    factor to 1.8× it would have to add 0.8 of each step, which a slowness that short can do only on steps far
+    shorter than seq_short_s, whose run then spans seq_short_s only over steps beyond its reach."""
+    base = _min_duration(factor, cfg)
+    return np.where(factor < cfg.seq_transient_factor, base + step_s, base)
 
 
 def _min_duration(factor: np.ndarray, cfg: DetectorConfig) -> np.ndarray:
