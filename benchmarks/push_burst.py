@@ -216,6 +216,9 @@ SDK_TIMEOUT_S = 2.0  # the reporter's timeout_s
 
 
 def _client(port: int, ranks: list[int], world: int, orders: mp.Queue, results: mp.Queue) -> None:
+    # The service gets its core first: on a cluster every rank has a host of its own, here the ranks share the
+    # service's two CPUs, and their CPU would otherwise be taken from it (niced, they use what it leaves).
+    os.nice(19)
     asyncio.run(_client_loop(port, ranks, world, orders, results))
 
 
@@ -229,11 +232,17 @@ async def _client_loop(port: int, ranks: list[int], world: int, orders: mp.Queue
         marks = [len(s.log) for s in states]
         tasks, dues = [], []
         for s in states:
+            if kind == "settle":  # no new steps: what is still queued is pushed (retried) until taken
+                if s.queue:
+                    dues.append(start)
+                    tasks.append(asyncio.create_task(_at(start, s.push())))
+                continue
             s.queue_steps(burst_steps(s.rank, world) if kind == "burst" else round(INTERVAL_S / STEP_S), now)
             offset = (jitter_s * ((s.rank * 40503) % 65536) / 65536) if kind == "burst" else phase_of(s.rank, world)
             dues.append(start + offset)
             tasks.append(asyncio.create_task(_at(start + offset, s.push())))
-        await asyncio.wait(tasks, timeout=max(0.0, start + timeout_s - time.monotonic()))
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, start + timeout_s - time.monotonic()))
         accept, accepted_at, unaccepted = [], [], 0
         for task, due in zip(tasks, dues):
             if task.done() and not task.cancelled() and task.exception() is None:
@@ -369,13 +378,14 @@ def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeo
         setup_s = time.monotonic() - t0
         service.sample()
         phases = {}
-        for kind in ("warm", "regular", "burst"):
+        for kind in ("warm", "regular", "burst", "settle"):
             if kind == "burst":
                 time.sleep(1.0)  # a quiet second: the burst meets an idle service, not the regular pass's tail
             start = time.monotonic() + 0.5
             service.rss_peak_kib = service.rss_kib()
             cpu0 = service.cpu_s()
-            got = clients.phase(kind, start, jitter_s if kind == "burst" else 0.0, phase_timeout_s)
+            got = clients.phase(kind, start, jitter_s if kind == "burst" else 0.0,
+                                phase_timeout_s * (2 if kind == "settle" else 1))
             wall = max(got["accepted_at"], default=math.nan)
             cpu = service.cpu_s() - cpu0
             got.update(cpu_s=cpu, wall_s=wall, rss_peak_kib=service.rss_peak_kib,
@@ -422,17 +432,19 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
     for v in variants:
         tag = v["label"] if len(variants) > 1 else ""
         prev_closed = {"evicted": 0, "shed": 0, "head_timeout": 0}
-        for kind in ("warm", "regular", "burst"):
+        for kind in ("warm", "regular", "burst", "settle"):
             p = v["phases"][kind]
             req = p["requests"]
             lat = [d for d, outcome, _ in req if outcome == 202]
             failed = sum(1 for _, outcome, _ in req if outcome != 202)
             reconnects = sum(c for _, _, c in req)
             label = f"{tag}: {kind}" if tag else kind
-            rows.append([label, f"{len(req) - failed:,}", f"{p['wall_s']:.2f} s", _ms(_q(p["accept"], 0.5)),
+            wall = "—" if math.isnan(p["wall_s"]) else f"{p['wall_s']:.2f} s"
+            share = "" if math.isnan(p["wall_s"]) else f" ({p['cpu_s'] / max(p['wall_s'], 1e-9) * 100:.0f} %)"
+            rows.append([label, f"{len(req) - failed:,} of {len(p['accept']) + p['unaccepted']:,} ranks", wall, _ms(_q(p["accept"], 0.5)),
                          _ms(_q(p["accept"], 0.99)), _ms(max(p["accept"], default=math.nan)),
                          _ms(_q(lat, 0.5)), _ms(_q(lat, 0.99)), f"{failed:,} ({_failures(req)})",
-                         f"{reconnects:,}", f"{p['cpu_s']:.1f} s ({p['cpu_s'] / max(p['wall_s'], 1e-9) * 100:.0f} %)",
+                         f"{reconnects:,}", f"{p['cpu_s']:.1f} s{share}",
                          f"{p['rss_peak_kib'] / 1024:,.0f} MiB", f"{p['load1']:.1f}"])
             m = p["metrics"]
             closed = {k: _closed(m, k) for k in prev_closed}
@@ -441,16 +453,19 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
                               f"{int(m.get('gpumond_http_connections_limit', 0)):,}"])
             prev_closed = closed
         end = v["end"]
-        sent = v["phases"]["burst"]["sent"]  # the pushers' counts are cumulative
-        pushed = v["phases"]["burst"]["pushed"]
-        dropped = v["phases"]["burst"]["dropped"]
         held = int(end.get('gpumond_rules_held{kind="steps"}', 0))
-        queued = sent - pushed - dropped  # still retrying when the last phase's time ran out
+        last = v["phases"]["settle"]
+        sent, pushed, dropped = last["sent"], last["pushed"], last["dropped"]
+        queued = sent - pushed - dropped  # still retrying when the settle phase's time ran out
+        # A step is lost when the service does not hold it and no rank still has it queued. A queued step may be
+        # held already (stored, but its answer timed out): with steps queued, sent − held is only a bound.
+        lost = sent - held
+        loss = f"**{lost:,}**" if not queued or lost > queued else f"≤ {lost:,} (undecided: {queued:,} still queued)"
         loss_rows.append([v["label"], f"{sent:,}", f"{pushed:,}", f"{dropped:,}",
-                          ", ".join(f"{k} {n:,}" for k, n in v["phases"]["burst"]["service_dropped"].items()) or "0",
-                          f"{held:,}", f"{queued:,}", f"**{sent - held - queued:,}**"])
+                          ", ".join(f"{k} {n:,}" for k, n in last["service_dropped"].items()) or "0",
+                          f"{held:,}", f"{queued:,}", loss])
     sections.append("## Per phase\n\n" + _bench.md_table(
-        ["phase", "pushes accepted", "until every rank's steps accepted", "per rank p50", "per rank p99",
+        ["phase", "pushes accepted (ranks pushing)", "until every rank's steps accepted", "per rank p50", "per rank p99",
          "per rank max", "per request p50 (2xx)", "per request p99 (2xx)", "failed attempts (retried by the SDK)",
          "reconnects", "service CPU (of a core)", "service peak RSS", "load (1 min)"], rows) +
         "\n\n*Per rank*: from the rank's due time (its phase in the interval; the burst's instant) to the end of its "
@@ -464,19 +479,24 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
         def per_push(p: dict) -> float:
             return p["cpu_s"] / max(1, sum(1 for _, outcome, _ in p["requests"] if outcome == 202))
 
-        ratios.append([v["label"],
-                       *(f"{_q(burst['accept'], q) / _q(base['accept'], q):,.0f}×" for q in (0.5, 0.99, 1.0)),
-                       f"{per_push(base) * 1e3:.2f} → {per_push(burst) * 1e3:.2f} ms ({per_push(burst) / per_push(base):.2f}×)"])
+        def ratio(q: float) -> str:
+            r = _q(burst["accept"], q) / _q(base["accept"], q)
+            return "—" if math.isnan(r) else f"{r:,.1f}×"
+
+        ratios.append([v["label"], *(ratio(q) for q in (0.5, 0.99, 1.0)),
+                       f"{per_push(base) * 1e3:.2f} → {per_push(burst) * 1e3:.2f} ms ({per_push(burst) / per_push(base):.2f}×)"
+                       if base["accept"] and burst["accept"] else "—"])
     sections.append("## Burst ÷ regular cadence\n\n" + _bench.md_table(
         ["variant", "per-rank p50", "per-rank p99", "per-rank max", "service CPU per accepted push"], ratios) +
         "\n\nThe same ranks, the same service, one after the other: the regular cadence's pushes spread over 5 s, the "
         "burst's at one instant. The burst's pushes carry fewer steps (1-10 by phase, against 10).")
     sections.append("## Records\n\n" + _bench.md_table(
         ["variant", "steps sent (all phases)", "pushed (SDK)", "dropped (SDK)", "not stored (service's reasons)",
-         "held by the service at the end", "still queued at the ranks (retrying)",
-         "**lost** (sent − held − queued)"], loss_rows) +
+         "held by the service at the end", "still queued at the ranks", "**lost** (sent − held)"], loss_rows) +
         "\n\nA phase that runs out of time (`--phase-timeout`) leaves the ranks it did not finish with their steps "
-        "queued; the next phase pushes them with its own (the per-phase table's *pushes accepted* falls short).")
+        "queued; the next phase pushes them with its own (the per-phase table's *pushes accepted* falls short). "
+        "*settle*: after the burst, the ranks with steps still queued keep pushing them (no new steps) for up to "
+        "twice the phase timeout; then the steps the service holds are counted.")
     sections.append("## The connection guard\n\n" + _bench.md_table(
         ["phase", "connections evicted", "shed", "head timeouts", "peak held (cumulative)", "cap"], conn_rows) +
         "\n\nEvicted: the guard closed an idle kept-alive connection (or one without a complete request head) to make "
@@ -498,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, metavar="DIR",
                     help="also run the service from DIR/gpumond first (e.g. `git archive REV gpumond | tar -x -C DIR`): "
                          "a before/after of a change in one run")
+    ap.add_argument("--name", default="push_burst", help="result file name (default push_burst)")
+    ap.add_argument("--before-label", default="before", help="what --before's tree is, for the report")
     ap.add_argument("--phase-timeout", type=float, default=120.0, help="seconds a phase may take (default 120)")
     args = ap.parse_args(argv)
     ranks = args.ranks or (512 if args.quick else 32_768)
@@ -510,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{per_proc:,} connections per client process exceed the descriptor limit {nofile:,}: "
                          f"use --clients {math.ceil(ranks / max(1, nofile - 256))} or more")
     plan = [(f"{name}, burst at once" if not jitter_ms else f"{name}, burst over {jitter_ms:g} ms", tree, jitter_ms)
-            for name, tree in ([(f"service from {args.before}", args.before)] if args.before else [])
+            for name, tree in ([(args.before_label, args.before)] if args.before else [])
             + [("this tree", None)] for jitter_ms in args.jitter_ms]
     variants = []
     with tempfile.TemporaryDirectory(prefix="gpumond-bench-burst-") as tmp:
@@ -526,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                          f" but http.max_connections {args.max_connections:,}"),
              "note": "clients and service share the machine's CPUs (and it was shared with other work): the client "
                      "side's own CPU is inside every latency; ratios within the run are the comparable figures"}
-    _bench.report("push_burst", "# The early-push burst: every rank of a job pushing at once", facts,
+    _bench.report(args.name, "# The early-push burst: every rank of a job pushing at once", facts,
                   *report(variants, args), quick=args.quick)
     return 0
 
