@@ -24,10 +24,11 @@ real scrapes refused. What is added here:
 
   Why a connection without a head is spared its first second: the server accepts a whole backlog of
   connections before it reads any of them, so a just-accepted one "has no head" only because its bytes are
-  not read yet. Closing it for the next one accepted closed every connection of a burst but the last: at
-  32,768 job ranks pushing to a 4,096-connection cap, 447 ranks had been heard from after three minutes,
-  with 128,755 connections closed (benchmarks/push_burst.py). Shedding the newest instead serves the
-  connections in the order they came, and the shed client retries later.
+  not read yet. Closing it for the next one accepted closed every connection of a burst but the last: 2,048
+  job ranks pushing every 5 s against a 256-connection cap (the ratio of 32,768 ranks to the default 4,096)
+  took 30 s a pass, per-rank p99 26 s, ~7,000 connections closed a pass (benchmarks/results/
+  push_burst_scaled.md; at 32,768 ranks and the default cap no push was answered within a minute). Shedding
+  the newest instead serves the connections in the order they came, and the shed client retries later.
 
 Over TLS (gpumond/web/tls.py) the guard takes a connection at its TCP accept, before the handshake: a
 client that never completes its handshake is held to the same head timeout, counts against the same cap and
