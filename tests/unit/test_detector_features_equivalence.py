@@ -65,7 +65,8 @@ def ref_rank(w: RankWindow, since: float, short: int = 8, least: int = 5, trim: 
     shares = [x - (means or {}).get(s.step, 0.0) for s, x in zip(timed, absolute)]
     comm = [s.comm_wait_s / s.duration_s for s in timed]
     last = len(shares) - short
-    in_short = [x for i, (s, x) in enumerate(zip(timed, shares)) if i >= last or s.end >= timed[-1].end - short_s]
+    newest = max((s.end for s in timed), default=0.0)  # the latest end: steps may come out of order
+    in_short = [x for i, (s, x) in enumerate(zip(timed, shares)) if i >= last or s.end >= newest - short_s]
     return RankFeatures(w.info.rank, w.info.node, w.info.gpu_uuid, w.info.group, len(recent),
                         _median(durations) if durations else None, _median(waits) if waits else None,
                         max((s.end for s in w.steps), default=None), w.last_push,

@@ -33,14 +33,28 @@ def test_compute_share_takes_both_waits_out_and_needs_enough_steps():
     assert (fast.share_short, fast.share_recent) == pytest.approx((0.0, 0.0), abs=1e-9)
 
 
-def test_long_look_averages_the_last_evaluations_and_forgets_older_ones():
+def test_long_look_is_the_median_of_the_last_evaluations_and_forgets_older_ones():
     info = RankInfo("j", 0, 2, "n", "GPU-0")
     steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.0, None, 0.5) for k in range(10))
     f = rank_features(RankWindow(info, steps, 110.0), 0.0)
-    sh = rank_shares(f, (0.9, 0.9, 0.9, 0.9, 0.9), min_evals=5, long_evals=5)
-    assert sh.history == (0.9, 0.9, 0.9, 0.9, 0.5) and sh.long == pytest.approx(0.82)
+    sh = rank_shares(f, (0.1, 0.9, 0.9, 0.9, 0.9), min_evals=5, long_evals=5)
+    assert sh.history == (0.9, 0.9, 0.9, 0.9, 0.5) and sh.long == pytest.approx(0.9)  # 0.1 fell out
     first = rank_shares(f, (), min_evals=5, long_evals=5)
     assert first.long is None and first.history == (0.5,)  # one evaluation is not a long look
+
+
+def test_a_few_evaluations_apart_do_not_move_the_long_look():
+    # a healthy rank whose node had transients back to back: a minute of windows (12 evaluations at 5 s) holds
+    # them, the other 48 of five minutes do not; a mean carried them into the long look, the median does not
+    info = RankInfo("j", 0, 2, "n", "GPU-0")
+    steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.0, None, 0.5) for k in range(10))
+    f = rank_features(RankWindow(info, steps, 110.0), 0.0)
+    history = (0.5,) * 36 + (0.6,) * 12 + (0.5,) * 11
+    sh = rank_shares(f, history, min_evals=5, long_evals=60)
+    assert sh.long == pytest.approx(0.5)
+    # a straggler is apart in every window: its median is as far out as its mean
+    slow = rank_shares(f, (0.52,) * 59, min_evals=5, long_evals=60)
+    assert slow.long == pytest.approx(0.52)
 
 
 def test_jobs_that_push_no_comm_wait_have_no_shares():

@@ -16,12 +16,17 @@ only over minutes of steps):
   `share_short_s` seconds when that is more (fast steps: 8 steps of 50 ms are half a second, which one
   descheduled thread fills; measured on real DDP) (a rank feature);
 - `recent`: median over the steps that ended in the detectors' recent window (a rank feature);
-- `long`: mean of the rank's trimmed-mean shares (10 % cut off each end) at the evaluations of the last
+- `long`: median of the rank's trimmed-mean shares (10 % cut off each end) at the evaluations of the last
   `share_long_s` (5 minutes of wall time, not a count of evaluations: at a 1 s interval 30 evaluations
   would be 30 s, all of whose windows share the same steps), kept in the detector state so a long look
-  costs no more than a short one to compute; it needs `min_steps` evaluations spanning `share_long_min_s`. A
-  mean, because a 1.05× straggler moves the share by ~2 % against ~3 % of per-step noise and a median
-  wastes a third of the steps; trimmed, so a GC pause or a batch of long sequences cannot move it. Only
+  costs no more than a short one to compute; it needs `min_steps` evaluations spanning `share_long_min_s`.
+  Each evaluation's value is a mean over its window's steps, because a 1.05× straggler moves the share by
+  ~2 % against ~3 % of per-step noise and a median over steps wastes a third of them; trimmed, so a GC
+  pause or a batch of long sequences cannot move it. Across evaluations a median, not a mean: a healthy
+  rank whose node had a few transients back to back weighs in every window that holds them (a minute of
+  evaluations), and a mean over five minutes carried that into the long look (a fault-free rank at 1,024
+  nodes reached z 5.51 against a threshold of 5.57; the median gave 2.07), while a straggler is slow in
+  every window and its median is as far out as its mean (the 1.03× and 1.05× ones kept their z). Only
   full windows count: in a job's first `recent_s` every evaluation's window holds the job's first steps,
   so a node slowed for a few seconds at the start (warm-up on a busy host) would weigh in all of them and
   keep the long look apart for minutes after it ended.
@@ -33,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpumond.rules.detectors.features import RankFeatures
+from gpumond.rules.detectors.stats import median
 
 LOOKS = ("short", "recent", "long")
 
@@ -59,7 +65,7 @@ def rank_shares(r: RankFeatures, previous: tuple[float, ...], min_evals: int, lo
     history = (previous + (r.share_trimmed,) if add and r.share_trimmed is not None else previous)[-long_evals:] \
         if long_evals > 0 else ()
     # The long look only once it spans well beyond the recent window (else it says what `recent` says).
-    long = sum(history) / len(history) if ready and len(history) >= min_evals else None
+    long = median(history) if ready and len(history) >= min_evals else None
     return Shares(r.share_short, r.share_recent, long, history)
 
 

@@ -24,7 +24,7 @@ class DetectorConfig:
     floor_temperature_c: float = 1.5
     floor_wait_frac: float = 0.004
     floor_compute_share: float = 0.005  # half a percent of a step, for the median looks (short, recent)…
-    floor_compute_share_long: float = 0.003  # …and the long look, an average of 30 evaluations (less noisy)
+    floor_compute_share_long: float = 0.003  # …and the long look, a median of 5 minutes of evaluations (less noisy)
     min_steps: int = 5  # a rank with fewer steps in the recent window is not judged on data wait or compute share
     share_short_steps: int = 8  # compute share: the short look is the median of this many latest steps…
     # …and of every step that ended this many seconds before the newest: with fast steps (tens of ms) eight

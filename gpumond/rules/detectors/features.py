@@ -128,7 +128,7 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
     comm = [s.comm_wait_s / s.duration_s for s in timed]  # type: ignore[operator]
     if step_means is not None:
         shares = [x - step_means[s.step] for s, x in zip(timed, shares)]
-    newest = timed[-1].end if timed else 0.0
+    newest = max(s.end for s in timed) if timed else 0.0  # the latest end, whatever order the steps came in
     short = [x for i, (s, x) in enumerate(zip(timed, shares))
              if i >= len(shares) - short_steps or s.end >= newest - short_s]
     return RankFeatures(
