@@ -15,22 +15,24 @@ wait for), every rank sees it and pushes early within milliseconds (gpumond/job/
   reporter's 2 s timeout (connect, then the answer) and 512 steps a push, and how it counts a 2xx's `dropped`.
   One kept-alive connection per rank across the phases, in CLIENTS processes (the per-process descriptor
   limit). Each node's 8 ranks connect from the node's own loopback address (127.1.x.y; Linux routes all of 127/8
-  to lo), so the per-client rate limit and the ephemeral ports are per node, as in a real cluster.
+  to lo), so the per-client rate limit and the ephemeral ports are per node, as in a real cluster. The client
+  processes run at nice 19: on a cluster every rank has a host of its own, here they share the service's CPUs.
 - Every process follows one schedule on CLOCK_MONOTONIC: the regular phases' pushes at each rank's phase, spread
   evenly over the 5 s push interval; the burst's all at one instant.
 
 Phases, one after another: **warm** (every rank's first push: the service learns the ranks; regular cadence),
 **regular** (the baseline: every rank pushes the 10 steps of its last 5 s, spread over 5 s), a quiet second,
-then **burst** (every rank queues the steps since its last regular push, 1-10 by its phase, and all are
-nudged at one instant on CLOCK_MONOTONIC). Each phase ends when every rank's steps are accepted (the SDK's
-pushed + dropped counters) or after `--phase-timeout`. Per phase: time from the phase's start until every rank's
+then **burst** (every rank queues the steps since its last regular push, 1-10 by its phase, and all push at
+one instant on CLOCK_MONOTONIC), then **settle** (ranks with steps still queued keep pushing them, no new
+steps). Each phase ends when every rank's steps are accepted or after `--phase-timeout` (settle: twice that). Per phase: time from the phase's start until every rank's
 steps were accepted, per rank from its due time to its accepted push (p50/p99/max), per request latency,
 failed attempts by kind (the SDK retried each), reconnects, the service's CPU and peak RSS. At the end: steps
 sent against the steps the service holds (`gpumond_rules_held{kind="steps"}`): records lost, which must be 0,
 and the connection guard's counters (evicted, shed).
 
 `--jitter-ms` spreads the burst's pushes uniformly over that many milliseconds (what an SDK jitter on early
-pushes would do), for a before/after in one run (`--jitter-ms 0 300`: one service per variant).
+pushes would do), for a before/after in one run (`--jitter-ms 0 300`: one service per variant); `--before DIR`
+runs the same with the daemon from another checkout first; `--max-connections` sets the service's cap.
 
     python benchmarks/push_burst.py            # 32,768 ranks (a few minutes on 2 vCPUs; take the lock)
     python benchmarks/push_burst.py --quick    # 512 ranks, seconds (smoke test)
@@ -411,7 +413,8 @@ def _ms(seconds: float) -> str:
     return "—" if math.isnan(seconds) else f"{seconds * 1e3:,.0f} ms"
 
 
-FAILURE_NAMES = {"ConnectionResetError": "reset", "_Closed": "closed before an answer", "BrokenPipeError": "broken pipe",
+FAILURE_NAMES = {"ConnectionResetError": "reset", "_Closed": "closed before an answer",
+                 "BrokenPipeError": "broken pipe",
                  "TimeoutError": "timeout", "ConnectionRefusedError": "refused"}
 
 
@@ -441,7 +444,8 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
             label = f"{tag}: {kind}" if tag else kind
             wall = "—" if math.isnan(p["wall_s"]) else f"{p['wall_s']:.2f} s"
             share = "" if math.isnan(p["wall_s"]) else f" ({p['cpu_s'] / max(p['wall_s'], 1e-9) * 100:.0f} %)"
-            rows.append([label, f"{len(req) - failed:,} of {len(p['accept']) + p['unaccepted']:,} ranks", wall, _ms(_q(p["accept"], 0.5)),
+            ranks_pushing = len(p["accept"]) + p["unaccepted"]
+            rows.append([label, f"{len(req) - failed:,} of {ranks_pushing:,} ranks", wall, _ms(_q(p["accept"], 0.5)),
                          _ms(_q(p["accept"], 0.99)), _ms(max(p["accept"], default=math.nan)),
                          _ms(_q(lat, 0.5)), _ms(_q(lat, 0.99)), f"{failed:,} ({_failures(req)})",
                          f"{reconnects:,}", f"{p['cpu_s']:.1f} s{share}",
@@ -465,7 +469,8 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
                           ", ".join(f"{k} {n:,}" for k, n in last["service_dropped"].items()) or "0",
                           f"{held:,}", f"{queued:,}", loss])
     sections.append("## Per phase\n\n" + _bench.md_table(
-        ["phase", "pushes accepted (ranks pushing)", "until every rank's steps accepted", "per rank p50", "per rank p99",
+        ["phase", "pushes accepted (ranks pushing)", "until every rank's steps accepted", "per rank p50",
+         "per rank p99",
          "per rank max", "per request p50 (2xx)", "per request p99 (2xx)", "failed attempts (retried by the SDK)",
          "reconnects", "service CPU (of a core)", "service peak RSS", "load (1 min)"], rows) +
         "\n\n*Per rank*: from the rank's due time (its phase in the interval; the burst's instant) to the end of its "
@@ -484,7 +489,8 @@ def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
             return "—" if math.isnan(r) else f"{r:,.1f}×"
 
         ratios.append([v["label"], *(ratio(q) for q in (0.5, 0.99, 1.0)),
-                       f"{per_push(base) * 1e3:.2f} → {per_push(burst) * 1e3:.2f} ms ({per_push(burst) / per_push(base):.2f}×)"
+                       f"{per_push(base) * 1e3:.2f} → {per_push(burst) * 1e3:.2f} ms "
+                       f"({per_push(burst) / per_push(base):.2f}×)"
                        if base["accept"] and burst["accept"] else "—"])
     sections.append("## Burst ÷ regular cadence\n\n" + _bench.md_table(
         ["variant", "per-rank p50", "per-rank p99", "per-rank max", "service CPU per accepted push"], ratios) +
@@ -516,8 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-connections", type=int,
                     help="the service's http.max_connections (default: the config's default, 4,096)")
     ap.add_argument("--before", type=Path, metavar="DIR",
-                    help="also run the service from DIR/gpumond first (e.g. `git archive REV gpumond | tar -x -C DIR`): "
-                         "a before/after of a change in one run")
+                    help="also run the service from DIR/gpumond first (e.g. `git archive REV gpumond | tar -x -C "
+                         "DIR`): a before/after of a change in one run")
     ap.add_argument("--name", default="push_burst", help="result file name (default push_burst)")
     ap.add_argument("--before-label", default="before", help="what --before's tree is, for the report")
     ap.add_argument("--phase-timeout", type=float, default=120.0, help="seconds a phase may take (default 120)")
