@@ -18,8 +18,17 @@ real scrapes refused. What is added here:
 - a **connection cap**, the smaller of `max_connections` and what the descriptor limit leaves room for
   (a container's 1,048,576 descriptors alone would let a flood hold ~4.7 KB x 917,504 connections): a
   connection past it first closes the connection that has waited longest without a complete request head,
-  then the longest kept-alive idle one, then the longest write-paused one; only when every held connection
-  is busy with a request it is reading or answering is the newest shed (closed at once).
+  if that has waited at least `evict_after_s`, then the longest kept-alive idle one, then the longest
+  write-paused one; when none of those is held (every held connection is busy with a request, or opened
+  less than `evict_after_s` ago and its head not read yet) the newest is shed (closed at once).
+
+  Why a connection without a head is spared its first second: the server accepts a whole backlog of
+  connections before it reads any of them, so a just-accepted one "has no head" only because its bytes are
+  not read yet. Closing it for the next one accepted closed every connection of a burst but the last: 2,048
+  job ranks pushing every 5 s against a 256-connection cap (the ratio of 32,768 ranks to the default 4,096)
+  took 30 s a pass, per-rank p99 26 s, ~7,000 connections closed a pass (benchmarks/results/
+  push_burst_scaled.md; at 32,768 ranks and the default cap no push was answered within a minute). Shedding
+  the newest instead serves the connections in the order they came, and the shed client retries later.
 
 Over TLS (gpumond/web/tls.py) the guard takes a connection at its TCP accept, before the handshake: a
 client that never completes its handshake is held to the same head timeout, counts against the same cap and
@@ -59,6 +68,10 @@ class ConnectionLimits:
     write_timeout_s: float = 30.0
     # ~4.7 KB of memory per held connection: 4,096 is ~19 MiB, inside the chart's 128 Mi agent limit.
     max_connections: int = 4096
+    # A connection without a complete request head makes room for a new one only once it has waited this long:
+    # younger, its head is most likely unread rather than unsent (the module doc). Far below header_timeout_s,
+    # so a silent client still loses its place long before its head deadline.
+    evict_after_s: float = 1.0
 
 
 def connection_cap(limits: ConnectionLimits, nofile: int | None = None) -> int:
@@ -118,18 +131,22 @@ class _Guard:
     def __init__(self, cap: int, limits: ConnectionLimits, stats: ConnectionStats) -> None:
         self.cap = cap
         self.limits = limits
-        self.waiting: OrderedDict[Any, None] = OrderedDict()  # no complete request head yet
+        self.waiting: OrderedDict[Any, float] = OrderedDict()  # no complete request head yet: since when
         self.kept: OrderedDict[Any, None] = OrderedDict()  # kept alive between requests
         self.paused: OrderedDict[Any, None] = OrderedDict()  # writes paused: the client is not reading
         self.held: set[Any] = set()  # every connection taken, including those still in their TLS handshake
         self.stats = stats
         stats.cap = cap
 
-    def victim(self) -> tuple[Any, str] | None:
-        """The connection to close for a new one, and why it may go: longest waiting for a head, longest
-        kept idle, longest write-paused (a client that reads nothing gets nothing from waiting longer)."""
-        for idle, kind in ((self.waiting, "no_request_head"), (self.kept, "kept_alive_idle"),
-                           (self.paused, "client_not_reading")):
+    def victim(self, now: float) -> tuple[Any, str] | None:
+        """The connection to close for a new one at `now`, and why it may go: longest waiting for a head (once
+        it has waited evict_after_s), longest kept idle, longest write-paused (a client that reads nothing gets
+        nothing from waiting longer); None: shed the new one."""
+        if self.waiting:
+            oldest, since = next(iter(self.waiting.items()))
+            if now - since >= self.limits.evict_after_s:
+                return oldest, "no_request_head"
+        for idle, kind in ((self.kept, "kept_alive_idle"), (self.paused, "client_not_reading")):
             if idle:
                 return next(iter(idle)), kind
         return None
@@ -224,10 +241,10 @@ class GuardedConnection:
         guard.stats.open = held
         guard.stats.peak = max(guard.stats.peak, held)
         if held > guard.cap:
-            found = guard.victim()
+            found = guard.victim(self.loop.time())
             if found is None:
                 guard.stats.shed += 1
-                log.warning("connection shed: every held connection is busy", extra={
+                log.warning("connection shed: every held connection is busy or just opened", extra={
                     "cap": guard.cap, "total": guard.stats.shed})
                 tcp.abort()
                 return
@@ -236,7 +253,7 @@ class GuardedConnection:
             log.warning("connection closed to make room", extra={
                 "cap": guard.cap, "closed": kind, "total": guard.stats.evicted})
             victim._close("evicted")
-        guard.waiting[self] = None
+        guard.waiting[self] = self.loop.time()
         self._arm("head", guard.limits.header_timeout_s)
 
     def tcp_lost(self) -> None:
@@ -271,7 +288,7 @@ class GuardedConnection:
         guard = self._guard
         guard.forget(self)
         if self._head_started():  # part of the next request already arrived: its head is due
-            guard.waiting[self] = None
+            guard.waiting[self] = self.loop.time()
             self._arm("head", guard.limits.header_timeout_s)
         else:  # uvicorn's keep-alive timer runs now
             guard.kept[self] = None
@@ -307,7 +324,7 @@ class GuardedConnection:
         if state == "head":
             if self._phase is None:  # the first bytes of a request on a kept-alive connection
                 guard.kept.pop(self, None)
-                guard.waiting[self] = None
+                guard.waiting[self] = self.loop.time()
                 self._arm("head", guard.limits.header_timeout_s)
             return
         guard.forget(self)  # a request head arrived: busy until its response is complete

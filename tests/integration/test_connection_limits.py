@@ -68,14 +68,45 @@ def test_part_of_a_next_head_sent_behind_a_request_is_held_to_the_head_timeout(h
 
 
 def test_past_the_cap_the_longest_waiting_idle_connection_makes_room(http_parser: str) -> None:
-    with serving(ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=4),
-                 parser=http_parser) as (port, stats):
+    with serving(ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=4,
+                                  evict_after_s=0.1), parser=http_parser) as (port, stats):
         idle = [connect(port) for _ in range(4)]
-        time.sleep(0.2)  # the server has accepted them all
+        time.sleep(0.2)  # the server has accepted them all, and they have waited past evict_after_s
         assert get(port).startswith(b"HTTP/1.1 200")  # a fifth client is served…
         assert closed_by_server(idle[0], timeout=WAIT_S)  # …by closing the connection idle the longest
         assert stats.evicted >= 1 and stats.shed == 0
         for s in idle:
+            s.close()
+
+
+def test_past_the_cap_a_just_opened_connection_is_spared_and_a_kept_alive_idle_one_makes_room(
+        http_parser: str) -> None:
+    # A connection opened less than evict_after_s ago has most likely sent its head and is not read yet (a burst
+    # of clients accepted together): closing it for the next one would close every one of the burst but the last.
+    with serving(ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=2,
+                                  evict_after_s=30), parser=http_parser) as (port, stats):
+        kept = connect(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert response(kept).startswith(b"HTTP/1.1 200")  # now kept alive, idle
+        fresh = connect(port)
+        time.sleep(0.2)  # the server has accepted it
+        assert get(port).startswith(b"HTTP/1.1 200")  # a third client is served…
+        assert closed_by_server(kept)  # …by closing the kept-alive idle one…
+        assert not closed_by_server(fresh, timeout=0.3)  # …not the one just opened
+        assert stats.evicted == 1 and stats.shed == 0
+        kept.close()
+        fresh.close()
+
+
+def test_past_the_cap_with_only_just_opened_connections_the_newest_is_shed(http_parser: str) -> None:
+    with serving(ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=2,
+                                  evict_after_s=30), parser=http_parser) as (port, stats):
+        first = [connect(port) for _ in range(2)]
+        time.sleep(0.2)
+        newest = connect(port)
+        assert closed_by_server(newest)  # the connections come in order: the newest waits for a later try
+        assert stats.shed == 1 and stats.evicted == 0
+        assert not any(closed_by_server(s, timeout=0.3) for s in first)
+        for s in first:
             s.close()
 
 
@@ -156,7 +187,7 @@ def test_a_flood_of_one_kind_of_closing_does_not_hide_another_kinds_warning(http
     finally:
         logger.removeHandler(handler)
     assert seen.count("connection closed: request head not complete in time") == 3
-    assert "connection shed: every held connection is busy" in seen
+    assert "connection shed: every held connection is busy or just opened" in seen
 
 
 def test_a_kept_alive_connection_is_served_again_then_closed_when_idle(http_parser: str) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import pytest
@@ -179,12 +180,14 @@ def test_a_head_that_never_completes_after_the_handshake_is_closed(pki, http_par
 
 
 def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki, http_parser: str) -> None:
-    limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=4)
+    limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=4,
+                              evict_after_s=0.1)
     with serving(ServerTLS(settings(pki)), limits, parser=http_parser) as (port, stats):
         stuck = [connect(port) for _ in range(4)]
         for s in stuck:
             s.sendall(PARTIAL_HELLO)
         wait_until(lambda: stats.open == 4, timeout=WAIT_S, what="four connections held")
+        time.sleep(0.2)  # past evict_after_s: stuck, not just opened
         assert https_get(port, client(pki["ca"]))[0].startswith(b"HTTP/1.1 200")  # a fifth is served…
         assert closed_by_server(stuck[0])  # …by closing the one that has waited longest
         assert stats.evicted >= 1 and stats.shed == 0
@@ -193,7 +196,9 @@ def test_past_the_cap_a_connection_stuck_in_its_handshake_makes_room(pki, http_p
 
 
 def test_failed_handshakes_release_their_place(pki, tmp_path, http_parser: str) -> None:
-    limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=16)
+    # evict_after_s 0: the refused connections may make room at once (what is tested is their release)
+    limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=16,
+                              evict_after_s=0.0)
     with serving(ServerTLS(settings(pki)), limits, parser=http_parser) as (port, stats):
         stranger = client(CA(tmp_path / "other", "other-ca"))
         for _ in range(20):  # more refused clients than the cap: none of them may stay counted
