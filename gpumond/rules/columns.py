@@ -220,3 +220,25 @@ class SampleBuffer:
     def columns(self, newest: int) -> GpuColumns:
         """Read-only view of the `newest` latest samples."""
         return GpuColumns(self._read[:, self._stop - newest:self._stop])
+
+    def times(self) -> np.ndarray:
+        """The held samples' times, oldest first (read-only view)."""
+        return self._read[0, self._start:self._stop]
+
+
+def trailing_run(times: Sequence[np.ndarray], since: float) -> np.ndarray:
+    """For each array of times, how many of its last elements are all >= `since` (a NaN stops the run, as
+    it fails the comparison): what reading a window back from its newest sample, stopping at the first one
+    taken before `since`, keeps. All arrays at once: one concatenation and a segmented max, no Python loop."""
+    lengths = np.fromiter(map(len, times), np.int64, len(times))
+    if not lengths.any():
+        return lengths
+    flat = np.concatenate(times)
+    stops = np.cumsum(lengths)
+    starts = stops - lengths
+    # The last position in each array that is not >= since (-1 where every one is), then what follows it.
+    before = np.where(flat >= since, -1, np.arange(len(flat)))
+    held = lengths > 0
+    last = np.full(len(times), -1)
+    last[held] = np.maximum.reduceat(before, starts[held])
+    return np.where(last >= starts, stops - 1 - last, lengths)

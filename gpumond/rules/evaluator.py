@@ -156,7 +156,7 @@ class Evaluator:
         uuids = {w.info.gpu_uuid for ranks in jobs.values() for w in ranks.values()}
         nodes = {w.info.node for ranks in jobs.values() for w in ranks.values()}
         inputs = EvalInputs(now=now, jobs=jobs,
-                            gpu_windows={u: self._gpus.window(u, since) for u in uuids},
+                            gpu_windows=self._gpus.windows(uuids, since),
                             host_windows={n: self._gpus.hosts(n, since) for n in nodes},
                             absent_nodes=self._gpus.absent_nodes())
         with self._lock:

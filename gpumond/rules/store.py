@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpumond.identity import legacy_mig_uuid
-from gpumond.rules.columns import SampleBuffer, StepBuffer, StepView, sample_matrix, step_rows
+from gpumond.rules.columns import SampleBuffer, StepBuffer, StepView, sample_matrix, step_rows, trailing_run
 from gpumond.rules.types import (GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord,
                                  TelemetryBatch)
 
@@ -446,11 +447,33 @@ class GpuStore:
 
     def window(self, uuid: str, since: float) -> GpuWindow:
         """The GPU's samples taken at or after `since`, oldest first (empty when unknown), with their columns."""
+        return self.windows((uuid,), since)[uuid]
+
+    def windows(self, uuids: Iterable[str], since: float) -> dict[str, GpuWindow]:
+        """{uuid: window(uuid, since)} for each of `uuids`, read at once: how many of each GPU's newest samples
+        were taken at or after `since` is found from the columns' times for all of them together (one numpy
+        pass), so no sample object is read to find it; then only those samples are taken from the deque.
+        Read one GPU at a time, the times were a Python loop over sample objects (~10 µs a GPU at 32,768)."""
+        out: dict[str, GpuWindow] = {}
         with self._lock:
-            uuid = self._aliases.get(uuid, uuid)
-            samples = _since(self._gpus.get(uuid, ()), since)
-            buffer = self._cols.get(uuid)
-            return GpuWindow(samples, buffer.columns(len(samples)) if buffer is not None else None)
+            known, series, buffers = [], [], []
+            for u in uuids:
+                key = self._aliases.get(u, u)
+                out[u] = _UNKNOWN  # replaced below where known: the order asked is kept
+                window = self._gpus.get(key)
+                if window is None:
+                    continue
+                known.append(u)
+                series.append(window)
+                buffers.append(self._cols[key])
+            if not known:
+                return out
+            newest = trailing_run([b.times() for b in buffers], since)
+            for u, window, buffer, k in zip(known, series, buffers, newest.tolist(), strict=True):
+                # From the newest end: only the k samples taken are touched, not the whole window.
+                samples = tuple(islice(reversed(window), k))[::-1] if k else ()
+                out[u] = GpuWindow(samples, buffer.columns(k))
+        return out
 
     def hosts(self, node: str, since: float) -> tuple[HostSample, ...]:
         """The node's host samples taken at or after `since`, oldest first."""
@@ -484,6 +507,9 @@ class GpuStore:
     def _counts(self) -> GpuCounts:
         return GpuCounts(len(self._gpus), len(self._hosts), sum(len(w) for w in self._gpus.values()),
                          self._refused_gpus, self._refused_nodes, self._expired_gpus, self._expired_nodes)
+
+
+_UNKNOWN = GpuWindow((), None)  # a GPU without telemetry
 
 
 def _since(window: deque | tuple, since: float) -> tuple:

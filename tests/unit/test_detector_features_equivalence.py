@@ -343,3 +343,25 @@ def test_evaluate_matches_the_reference_features(name, energy):
         seen.update(c.kind for c in got)
     if name in ("hung rank", "starved rank", "starved job", "slow gpu, throttled"):
         assert seen, "the scenario should produce candidates"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.tuples(sample_time, st.booleans(), st.sampled_from(["none", "nan", "partial"])),
+                         min_size=1, max_size=8), min_size=1, max_size=5), st.booleans())
+def test_samples_that_are_not_live_never_send_a_batch_to_the_objects_path(extra, strict):
+    """Only live samples (up, in the look) decide whether the columns path can judge a batch: a down or older
+    sample with no values, a NaN or a missing signal leaves every GPU on it, with the reference's results."""
+    full = dict.fromkeys(FULL, 0.5) | {"sm_clock_max_hz": 100.0, "power_limit_w": 700.0}
+    odd = {"none": {}, "nan": dict.fromkeys(FULL, math.nan), "partial": {"power_w": 1.0}}
+    plain = {}
+    for g, others in enumerate(extra):
+        samples = [GpuSample(f"G{g}", "n", str(g), NOW - 1.0, True, full)]  # one live sample each
+        for t, up, kind in others:
+            in_look = t > SINCE if strict else t >= SINCE
+            samples.append(GpuSample(f"G{g}", "n", str(g), t, up and not in_look, odd[kind]))  # never live
+        samples.sort(key=lambda s: s.t)
+        plain[f"G{g}"] = tuple(samples)
+    windows = with_gpu_columns(plain)
+    got = gpu_batch._from_columns(list(plain), [windows[u] for u in plain], SINCE, strict)  # noqa: SLF001
+    assert got is not None
+    assert same(got, ref_gpus(list(plain), plain, SINCE, strict))

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumond.rules.columns import step_columns
+from gpumond.identity import legacy_mig_uuid
+from gpumond.rules.columns import step_columns, trailing_run
 from gpumond.rules.store import CapExceeded, GpuStore, RankStore
 from gpumond.rules.types import GPU_SIGNALS, GpuSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
 
@@ -271,3 +272,65 @@ def test_a_window_rolls_out_exactly_its_leading_steps_older_than_the_window(ends
     leading = next((i for i, e in enumerate(ends) if not e < cutoff), len(ends))
     assert held == ends[leading:]
     assert s.counts().steps == len(ends) - leading
+
+
+def _run_from_newest(times: list[float], since: float) -> int:
+    """How many of the newest times a reader going back from the newest keeps (stopping at the first not >= since)."""
+    k = 0
+    for t in reversed(times):
+        if not t >= since:
+            break
+        k += 1
+    return k
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([-2.0, 0.0, 1.0, 3.0, float("nan"), float("inf")]), max_size=6), max_size=6),
+       st.sampled_from([-1.0, 0.0, 1.0, 2.5, float("-inf"), float("nan")]))
+def test_trailing_runs_of_many_arrays_at_once_equal_reading_each_back_from_its_newest(arrays, since):
+    got = trailing_run([np.array(a, dtype=float) for a in arrays], since)
+    assert got.tolist() == [_run_from_newest(a, since) for a in arrays]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([-3.0, 0.0, 1.0, 4.0, float("nan")]),
+                                             st.booleans()), max_size=5),
+                          st.sampled_from([0.0, 2.0, 9.0]), st.booleans()), max_size=20),
+       st.sampled_from([-8.0, -3.0, 0.0, 1.0]))
+def test_gpu_windows_read_at_once_equal_each_gpus_samples_read_back_from_its_newest(fetches, look):
+    """GpuStore.windows (all GPUs together, counts from the columns) keeps exactly the samples a plain loop over
+    each GPU's held samples keeps, unknown GPUs included, with the matching columns."""
+    g = GpuStore(window_s=10, expire_after_s=15, max_gpus=3, max_samples=4)
+    now = NOW
+    for batch, advance, expire in fetches:
+        gpus = tuple(GpuSample(f"G{u}", "n", str(u), now + dt, up, {"power_w": dt}) for u, dt, up in batch)
+        g.add(TelemetryBatch(now, gpus))
+        now += advance
+        if expire:
+            g.expire(now)
+        asked = [f"G{u}" for u in (4, 0, 1, 2, 3)]
+        got = g.windows(asked, now + look)
+        assert list(got) == asked
+        for u in asked:
+            # The oracle reads the store's held samples directly (its deque), one object at a time.
+            held = tuple(g._gpus.get(u, ()))
+            k = _run_from_newest([s.t for s in held], now + look)
+            expected = held[len(held) - k:]
+            assert tuple(got[u]) == expected
+            if u in g._gpus:
+                assert_gpu_columns_match(got[u])
+            else:
+                assert got[u].columns is None
+
+
+def test_gpu_windows_read_at_once_answer_a_mig_devices_legacy_name_under_the_name_asked():
+    parent, mig = "GPU-11111111-2222-3333-4444-555555555555", "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+    legacy = legacy_mig_uuid(parent, 1, 0)
+    g = GpuStore(window_s=60, expire_after_s=90, max_gpus=4, max_samples=8)
+    for i in range(3):
+        g.add(TelemetryBatch(NOW + i, (GpuSample(mig, "n", "0", NOW + i, True, {"power_w": float(i)}, parent_uuid=parent,
+                                                 gpu_instance=1, compute_instance=0),)))
+    got = g.windows([legacy, mig, "GPU-unknown"], NOW + 1)
+    assert list(got) == [legacy, mig, "GPU-unknown"]
+    assert [s.t for s in got[legacy]] == [s.t for s in got[mig]] == [NOW + 1, NOW + 2]
+    assert got[legacy].columns.t.tolist() == [NOW + 1, NOW + 2] and got["GPU-unknown"] == ()

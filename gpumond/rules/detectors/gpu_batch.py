@@ -139,19 +139,21 @@ def _from_columns(uuids: list[str], wins: list[Sequence[GpuSample]], after: floa
     n = len(cols)
     if not n or None in cols:
         return None
-    counts = np.fromiter(map(len, cols), np.int64, n)
+    counts = np.fromiter(map(len, wins), np.int64, n)  # each window's length is its columns' (a C-level len)
     width = int(counts.max())
     if width == 0 or too_ragged(counts, width):
         return None
     data = np.concatenate([c.data for c in cols], axis=1)  # type: ignore[union-attr]
     stops = np.cumsum(counts)
-    t = gather(data[0], stops, counts, width, math.nan)
-    have = held(counts, width)
-    if has_nan(t[have]):
+    # width is the longest window, so every sample is in the matrix: checks over all of them or over the live
+    # ones read the columns as they are (their order does not matter to them), not the strided gathered matrix.
+    if has_nan(data[0]):
         return None
-    kept = have & (t > after if strict else t >= after)
+    t = gather(data[0], stops, counts, width, math.nan)
+    kept = held(counts, width) & (t > after if strict else t >= after)
     live = kept & (gather(data[1], stops, counts, width, 0.0) != 0.0)
-    present = gather(data[2], stops, counts, width, 0.0)[live].astype(np.int64)
+    live_at = (data[0] > after if strict else data[0] >= after) & (data[1] != 0.0)
+    present = data[2][live_at].astype(np.int64)
     if not ((present & _CORE_BITS) == _CORE_BITS).all():
         return None
     throttle = present & _THROTTLE_BITS
@@ -162,10 +164,10 @@ def _from_columns(uuids: list[str], wins: list[Sequence[GpuSample]], after: floa
     with_energy = bool(energy.all()) and bool(len(energy))
     if with_energy != bool(energy.any()):
         return None  # energy on some live samples only
-    rows = _ROWS[with_throttle, with_energy]
-    x = np.moveaxis(gather(data[rows], stops, counts, width, math.nan), 0, -1)  # (width, n, signals)
-    if has_nan(x[live]):
+    signals = data[_ROWS[with_throttle, with_energy]]
+    if has_nan(signals[:, live_at]):
         return None
+    x = np.moveaxis(gather(signals, stops, counts, width, math.nan), 0, -1)  # (width, n, signals)
     x[~live] = math.nan  # as the objects path builds it: only live samples are read
     return _assemble(uuids, wins, x, t, kept, live, counts, with_throttle, with_energy)
 
@@ -189,9 +191,9 @@ def _assemble(uuids: list[str], wins: list[Sequence[GpuSample]], x: np.ndarray, 
         if not n_live:
             out[u] = GpuFeatures(u, s.node, 0, s.up, None, None, None, None, None)
             continue
-        out[u] = GpuFeatures(uuid=u, node=s.node, samples=n_live, up=s.up, clock_ratio=clock, power_ratio=power,
-                             utilization=util, temperature_c=temp, throttle_frac=frac,
-                             throttle_reasons=_REASONS[reasons])
+        # Positional: GpuFeatures(uuid, node, samples, up, clock_ratio, power_ratio, utilization, temperature_c,
+        # throttle_frac, throttle_reasons); keywords cost ~0.4 µs more a GPU.
+        out[u] = GpuFeatures(u, s.node, n_live, s.up, clock, power, util, temp, frac, _REASONS[reasons])
     return out
 
 
