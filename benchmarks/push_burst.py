@@ -245,14 +245,18 @@ async def _client_loop(port: int, ranks: list[int], world: int, orders: mp.Queue
             tasks.append(asyncio.create_task(_at(start + offset, s.push())))
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, start + timeout_s - time.monotonic()))
-        accept, accepted_at, unaccepted = [], [], 0
+        accept, accepted_at, unaccepted, stopped = [], [], 0, []
         for task, due in zip(tasks, dues):
             if task.done() and not task.cancelled() and task.exception() is None:
                 accept.append(task.result() - due)
                 accepted_at.append(task.result() - start)
             else:
                 task.cancel()
+                stopped.append(task)
                 unaccepted += 1
+        # cancel() only asks: a rank's unfinished push must have closed its connection before the next phase
+        # pushes on that rank again, or two pushes would read one connection at once
+        await asyncio.gather(*stopped, return_exceptions=True)
         results.put(("phase", {
             "accept": accept, "accepted_at": accepted_at, "unaccepted": unaccepted,
             "requests": [(e[1] - e[0], e[2], e[3]) for s, m in zip(states, marks) for e in s.log[m:]],
