@@ -73,6 +73,16 @@ def fmt_us(seconds: float) -> str:
     return f"{us:.2f} µs"
 
 
+def stop_workers(orders: Iterable[Any], procs: Iterable[Any], timeout_s: float = 30.0) -> None:
+    """Tell worker processes to stop (a None on each order queue), wait for them, kill what is still alive."""
+    for q in orders:
+        q.put(None)
+    for p in procs:
+        p.join(timeout=timeout_s)
+        if p.is_alive():
+            p.kill()
+
+
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A GitHub Markdown table; numbers right-aligned."""
     rows = [[str(c) for c in r] for r in rows]

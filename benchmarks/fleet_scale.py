@@ -233,12 +233,7 @@ class Service:
                 "records": records}
 
     def close(self) -> None:
-        for q in self._orders:
-            q.put(None)
-        for p in self._procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+        _bench.stop_workers(self._orders, self._procs)
         self._server.should_exit = True
         self._thread.join(timeout=30)
 

@@ -311,12 +311,7 @@ class Clients:
         return merged
 
     def close(self) -> None:
-        for q in self.orders:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+        _bench.stop_workers(self.orders, self.procs)
 
 
 # ----- the service -------------------------------------------------------------------------------------------
