@@ -1,0 +1,103 @@
+"""Reading one job's steps for an evaluation (step_matrix.read_steps, the columns path) at 32,768 ranks, by steps held.
+
+Every evaluation reads each job's held steps once: the ends of all of them, the other fields of the recent ones.
+What that costs grows with the steps each rank holds (a 300 s window at 2 steps/s is 600 of them), so it is
+measured at a short and a long window. With `--before DIR` the same reads run from DIR's gpumond too (e.g. `git
+archive REV gpumond | tar -x -C DIR`), alternating with this tree's in separate processes: a before/after in one run.
+
+    python benchmarks/read_steps.py --before /tmp/before     # ~1 min
+    python benchmarks/read_steps.py --quick                  # seconds (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench  # noqa: E402
+
+NOW = 1000.0
+SINCE = NOW - 60.0  # the detectors' recent window
+
+
+def measure(ranks: int, per: int, repeats: int) -> dict:
+    """Least and median CPU of `repeats` reads of one job of `ranks` ranks holding `per` steps over 300 s each."""
+    import numpy as np
+
+    from gpumond.rules.detectors.step_matrix import read_steps
+    from gpumond.rules.types import RankInfo, RankWindow, StepColumns
+
+    rng = np.random.default_rng(1)
+    ends = NOW - (per - 1 - np.arange(per)) * (300.0 / per)  # oldest first, the newest at NOW
+    windows = []
+    for r in range(ranks):
+        values = np.vstack([ends, rng.uniform(0.4, 0.6, per), rng.uniform(0, 0.05, per), rng.uniform(0, 0.1, per)])
+        values.flags.writeable = False
+        windows.append(RankWindow(RankInfo("j", r, ranks, f"n{r // 8}", f"G{r}"), (), NOW,
+                                  columns=StepColumns(np.arange(per), values)))
+    cpu = []
+    for _ in range(repeats):
+        t = time.process_time()
+        read_steps(windows, SINCE)
+        cpu.append(time.process_time() - t)
+    cpu.sort()
+    return {"min": cpu[0], "median": cpu[len(cpu) // 2]}
+
+
+def _run(tree: Path | None, ranks: int, per: int, repeats: int) -> dict:
+    """One measurement in a fresh process, importing gpumond from `tree` (None: this checkout)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, __file__, "--one", str(ranks), str(per), str(repeats)], env=env,
+                         capture_output=True, text=True, check=True, timeout=600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = _bench.parser(__doc__, "256 ranks")
+    ap.add_argument("--before", type=Path, help="also read with DIR/gpumond, alternating with this tree")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per size (default 2)")
+    ap.add_argument("--one", nargs=3, type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(measure(*args.one)))
+        return
+    ranks, sizes, repeats = (256, (8, 64), 2) if args.quick else (32_768, (90, 430), 5)
+    rounds = 1 if args.quick else args.rounds
+    trees = [("this tree", None)] + ([("before", args.before.resolve())] if args.before else [])
+    rows = []
+    for per in sizes:
+        got: dict[str, list[float]] = {label: [] for label, _ in trees}
+        for _ in range(rounds):
+            for label, tree in (trees if len(got[trees[0][0]]) % 2 == 0 else trees[::-1]):
+                got[label].append(_run(tree, ranks, per, repeats)["min"])
+                print(f"[{per} steps a rank] {label}: {got[label][-1]:.3f} s", file=sys.stderr, flush=True)
+        now = min(got["this tree"])
+        row = [f"{ranks:,}", f"{per:,}", f"{ranks * per:,}", f"{now:.3f} s"]
+        if args.before:
+            before = min(got["before"])
+            row += [f"{before:.3f} s", f"{now / before:.2f}"]
+        rows.append(row)
+    headers = ["ranks", "steps a rank", "steps held", "CPU per read, this tree (least)"]
+    if args.before:
+        headers += ["before (least)", "this tree / before"]
+    text = "\n".join([
+        "# Reading a job's steps for one evaluation (step_matrix.read_steps, columns)", "",
+        _bench.machine_block({"rounds": f"{rounds} alternating, {repeats} reads each (least CPU kept)"}), "",
+        _bench.md_table(headers, rows), "",
+        "One job's windows as the rank store hands them over (columns), a 300 s window ending now, the recent "
+        "window 60 s: the ends of every held step are read, the other fields of the newest fifth. Each "
+        "figure is the least process CPU of the reads in a fresh process; the machine is shared, so compare "
+        "within a row."])
+    _bench.write_result("read_steps", text, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()

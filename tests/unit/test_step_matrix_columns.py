@@ -1,0 +1,59 @@
+"""The job's steps read from the windows' columns equal those read from the step objects, field by field.
+
+The columns path reads the other fields than the ends only for each rank's newest steps (sliced before they are
+concatenated); the objects path reads them one StepRecord at a time: two independent readings of one window."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpumond.rules.columns import step_columns
+from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
+from gpumond.rules.types import RankInfo, RankWindow, StepRecord
+
+NOW = 1000.0
+SINCE = NOW - 60.0
+# Read whole: the ends and what is derived from them. The tail's fields are read only where `recent` (every
+# detector masks them by it; outside it each path leaves what is cheapest: padding, or an older step).
+WHOLE = ("counts", "have", "all_ends", "recent", "k", "ends")
+TAIL = ("durations", "waits", "numbers", "comm")
+assert set(WHOLE + TAIL) == {f.name for f in dataclasses.fields(RecentSteps)}
+
+
+def _window(rank: int, ends: list[float], seed: int) -> RankWindow:
+    rng = np.random.default_rng(seed)
+    steps = tuple(StepRecord(k, e, float(rng.uniform(0.1, 2.0)), float(rng.uniform(0.0, 0.1)), None,
+                             None if rng.random() < 0.1 else float(rng.uniform(0.0, 0.3)))
+                  for k, e in enumerate(ends))
+    return RankWindow(RankInfo("j", rank, 8, f"n{rank // 4}", f"G{rank}"), steps, NOW)
+
+
+# Ends oldest first, as the store holds them; some windows long (hundreds of steps, only the newest recent),
+# some with no recent step, some with every step recent.
+ends_of = st.one_of(
+    st.builds(lambda n, m: [SINCE - 100.0 + 100.0 * i / max(n, 1) for i in range(n)]
+              + [SINCE + 59.0 * i / max(m, 1) for i in range(m)], st.integers(0, 400), st.integers(0, 60)),
+    st.lists(st.sampled_from([SINCE - 5.0, SINCE, SINCE + 1.0, NOW]), max_size=8).map(sorted),
+)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(ends_of, min_size=1, max_size=12), st.integers(0, 2**31))
+def test_the_columns_read_what_the_objects_read(all_ends, seed):
+    windows = [_window(r, ends, seed + r) for r, ends in enumerate(all_ends)]
+    with_columns = [dataclasses.replace(w, columns=step_columns(w.steps)) for w in windows]
+    a, b = read_steps(with_columns, SINCE), read_steps(windows, SINCE)
+    assert (a is None) == (b is None)
+    if a is not None:
+        for name in WHOLE:
+            assert _same(getattr(a, name), getattr(b, name)), name
+        for name in TAIL:
+            assert _same(getattr(a, name)[a.recent], getattr(b, name)[b.recent]), name
