@@ -4,7 +4,8 @@ Before the shared server bounded its connections, ~1,100 connections that send h
 the 1,024 descriptors and /metrics stopped answering until they closed; asyncio then wrote a multi-line
 traceback per failed accept(). Here 1,100 such connections are held (reopened as the server closes them)
 for longer than the head timeout while /metrics and /healthz are fetched on fresh connections: every fetch
-must answer 200, and every line the agent writes must be one logfmt line. Latency is reported by
+must answer 200 once the guard's first-second grace for new connections has passed (see below), and every
+line the agent writes must be one logfmt line. Latency is reported by
 benchmarks/hostile_network.py, not asserted here.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gpumond.connections import ConnectionLimits
 from gpumond.job.tlsclient import ClientTLS
 from tests.integration.helpers import AgentProcess, http_get, write_yaml
 from tests.integration.hostile import TLS_PARTIAL_HELLO, SlowLoris
@@ -59,18 +61,23 @@ def test_scrapes_keep_answering_under_a_slow_loris_at_1024_descriptors(tmp_path,
     agent = AgentProcess(args, tmp_path / "agent", tls=context)
     agent.argv = [prlimit, "--nofile=1024:1024", "--", *agent.argv]
     with agent:
-        fetched: list[tuple[str, int]] = []
+        fetched: list[tuple[float, str, int | str]] = []  # (when it started, path, status or the error)
         stop = threading.Event()
 
         def scrape() -> None:
             while not stop.is_set():
                 for path in ("/metrics", "/healthz"):
-                    status, _, _ = http_get(f"{agent.base_url}{path}", timeout=5.0, context=context)
-                    fetched.append((path, status))
+                    began = time.monotonic()
+                    try:
+                        status, _, _ = http_get(f"{agent.base_url}{path}", timeout=5.0, context=context)
+                    except OSError as e:  # shed: see below
+                        status = type(e).__name__
+                    fetched.append((began, path, status))
                 stop.wait(0.5)
 
         head = TLS_PARTIAL_HELLO if over == "tls" else SlowLoris.head
         loris = SlowLoris(agent.port, LORIS_CONNECTIONS, head=head).start()
+        flooded = time.monotonic()  # every loris connection is open (start() opens them all before it returns)
         scraper = threading.Thread(target=scrape, daemon=True)
         scraper.start()
         try:
@@ -80,7 +87,12 @@ def test_scrapes_keep_answering_under_a_slow_loris_at_1024_descriptors(tmp_path,
             scraper.join(15.0)
             loris.stop()
         assert loris.opened >= LORIS_CONNECTIONS and loris.closed_by_server > 0, vars(loris)
-        assert len(fetched) >= 10 and all(status == 200 for _, status in fetched), fetched
+        # The guard spares a connection without a request head for its first second (evict_after_s: in a burst
+        # of pushes its head is unread, not unsent), so while every held connection is a loris younger than that,
+        # a new connection is shed; from then on each scrape makes room by closing the oldest loris.
+        settled = flooded + ConnectionLimits().evict_after_s + 0.5
+        after = [(path, status) for began, path, status in fetched if began >= settled]
+        assert len(after) >= 10 and all(status == 200 for _, status in after), fetched
         assert agent.get("/healthz")[0] == 200
     assert agent.returncode == 0, agent.describe()
     lines = agent.stderr().splitlines()
