@@ -130,3 +130,15 @@ def test_the_stores_windows_take_the_columns_path_with_the_objects_paths_answer(
     got = _from_columns(list(job_gpus), [windows[u] for u in job_gpus], since)
     assert got is not None and repr(got) == repr(reference(windows, job_gpus, since))
     assert list(got["sm_active"]) == [u for u in job_gpus if UUIDS.index(u) % 3]
+
+
+def test_windows_too_ragged_for_one_matrix_take_the_objects_path():
+    # One long window among thousands of one-sample ones: the padded matrix would be mostly padding.
+    windows = {f"G{i}": (GpuSample(f"G{i}", "n0", "0", 1.0, True, {"sm_active": (i % 7) / 10}),) for i in range(5000)}
+    windows["G0"] = tuple(GpuSample("G0", "n0", "0", float(t), True, {"sm_active": 0.9}) for t in range(40))
+    job_gpus = dict.fromkeys(windows, "n0")
+    columns = with_columns(windows)
+    assert _from_columns(list(job_gpus), [columns[u] for u in job_gpus], 0.0) is None
+    c = Candidate("straggler", "j", "n0", 0, "G0")
+    (got,) = with_activity_many([c], columns, job_gpus, 0.0)
+    assert got.evidence == {"sm_active": 0.9, "peer_median_sm_active": 0.3}

@@ -29,6 +29,7 @@ _PER_GPU = frozenset({"straggler", "io_starved_rank", "hung_rank"})
 _KEYS = ("sm_active", "tensor_active")
 _KEY_ROWS = [3 + GPU_SIGNALS.index(k) for k in _KEYS]  # their GpuColumns rows
 _KEY_BITS = np.array([1 << GPU_SIGNALS.index(k) for k in _KEYS], dtype=np.int64)  # their presence bits
+_ANY_KEY = int(_KEY_BITS.sum())
 _EMPTY = GpuColumns(np.empty((SAMPLE_ROWS, 0)))  # a GPU without telemetry: no samples
 
 
@@ -153,26 +154,31 @@ class _JobActivity:
 
 def _from_columns(uuids: list[str], wins: list[Sequence[GpuSample]],
                   since: float) -> dict[str, dict[str, float]] | None:
-    """values() for every key from the windows' GpuColumns (one concatenation, index arithmetic, the medians of
+    """values() for every key from the windows' GpuColumns (concatenated once, index arithmetic, the medians of
     ragged.column_median), or None where the objects path must answer: a window without columns, a NaN activity
     value on a live sample, or windows so ragged that the padded matrix would be mostly padding.
 
     Why: read sample by sample, a 32,768-GPU job's windows cost ~0.5 s per evaluation that has a per-GPU
     candidate, nearly all of it spent finding that no sample carries GPM (the usual case before Hopper); the
-    presence bits say so for the whole job in one numpy pass."""
+    presence bits say so for the whole job in one numpy pass, with no per-GPU work after it."""
     cols = [getattr(w, "columns", None) if w else _EMPTY for w in wins]
     if None in cols:
         return None
     empty: dict[str, dict[str, float]] = {k: {} for k in _KEYS}
+    # The presence row alone first: without GPM on any sample held (the usual case) that is all there is to
+    # read, and it costs half of concatenating every row (~20 ms against ~50 at 32,768 GPUs × 13 samples).
     if not cols:
+        return empty
+    present = np.concatenate([c.data[2] for c in cols]).astype(np.int64)  # type: ignore[union-attr]
+    if not (present & _ANY_KEY).any():
         return empty
     data = np.concatenate([c.data for c in cols], axis=1)  # type: ignore[union-attr]
     # NaN times are never live (`s.t >= since` is False for them), as in the objects path.
     live = (data[0] >= since) & (data[1] != 0.0)
     # (keys, samples): sample i carries key j, live. `key in s.values` is the presence bit, not a non-NaN value.
-    has = ((data[2].astype(np.int64)[None, :] & _KEY_BITS[:, None]) != 0) & live[None, :]
+    has = ((present[None, :] & _KEY_BITS[:, None]) != 0) & live[None, :]
     if not has.any():
-        return empty  # no GPM anywhere in the job: nothing per GPU to read
+        return empty  # GPM only on samples that are down or older than since
     values = data[_KEY_ROWS]
     if has_nan(values[has]):
         return None
