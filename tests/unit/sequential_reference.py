@@ -92,7 +92,7 @@ def step_shares(windows: Mapping[int, RankWindow], since: float) -> StepShares |
         ends, recent, read, depth = ends[depth - width:], recent[depth - width:], k, width
     else:
         read = counts
-    durations, waits, numbers, comm = m.tail(read, depth)
+    _, durations, waits, numbers, comm = m.tail(read, depth)
     timed = recent & (durations > 0) & ~np.isnan(waits) & np.isfinite(numbers)
     if not timed.any():
         return None

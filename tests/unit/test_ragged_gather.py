@@ -53,7 +53,8 @@ step = st.builds(StepRecord, st.integers(0, 50), st.floats(0, 100), st.floats(0.
 def test_step_matrices_from_columns_match_those_from_objects(windows, depth):
     objects = _FromObjects([_Window(tuple(w)) for w in windows])
     columns = _FromColumns([step_columns(tuple(w)) for w in windows])
-    assert np.array_equal(objects.counts, columns.counts)
+    assert np.array_equal(objects.counts, columns.counts) and np.array_equal(objects.stops, columns.stops)
+    assert np.array_equal(objects.flat_ends, columns.flat_ends, equal_nan=True)
     width = int(objects.counts.max())
     mask = held(objects.counts, width)
     assert np.array_equal(objects.ends(width)[mask], columns.ends(width)[mask])

@@ -6,6 +6,7 @@ concatenated); the objects path reads them one StepRecord at a time: two indepen
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from hypothesis import given, settings
@@ -17,10 +18,10 @@ from gpumond.rules.types import RankInfo, RankWindow, StepRecord
 
 NOW = 1000.0
 SINCE = NOW - 60.0
-# Read whole: the ends and what is derived from them. The tail's fields are read only where `recent` (every
+# Read whole: what is derived from every held end. The tail's fields are read only where `recent` (every
 # detector masks them by it; outside it each path leaves what is cheapest: padding, or an older step).
-WHOLE = ("counts", "have", "all_ends", "recent", "k", "ends")
-TAIL = ("durations", "waits", "numbers", "comm")
+WHOLE = ("counts", "first_end", "last_end", "ends_nan", "recent", "k")
+TAIL = ("ends", "durations", "waits", "numbers", "comm")
 assert set(WHOLE + TAIL) == {f.name for f in dataclasses.fields(RecentSteps)}
 
 
@@ -41,7 +42,9 @@ ends_of = st.one_of(
 )
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
+def _same(a: np.ndarray | bool, b: np.ndarray | bool) -> bool:
+    if isinstance(a, bool):
+        return a is b
     return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
 
 
@@ -57,3 +60,32 @@ def test_the_columns_read_what_the_objects_read(all_ends, seed):
             assert _same(getattr(a, name), getattr(b, name)), name
         for name in TAIL:
             assert _same(getattr(a, name)[a.recent], getattr(b, name)[b.recent]), name
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(ends_of, st.lists(st.sampled_from([SINCE - 5.0, SINCE, NOW, math.nan]), max_size=6)),
+                min_size=1, max_size=12), st.integers(0, 2**31), st.booleans())
+def test_what_the_whole_window_says_is_what_each_windows_steps_say(all_ends, seed, columns):
+    """Per rank, read flat from every held end (not a matrix of them): checked against the steps one by one, in
+    any order of ends (a NaN end, a recent step before an older one)."""
+    windows = [_window(r, ends, seed + r) for r, ends in enumerate(all_ends)]
+    if columns:
+        windows = [dataclasses.replace(w, columns=step_columns(w.steps)) for w in windows]
+    got = read_steps(windows, SINCE)
+    if not any(w.steps for w in windows):
+        assert got is None
+        return
+    assert got is not None
+    for j, w in enumerate(windows):
+        ends = [s.end for s in w.steps]
+        assert got.counts[j] == len(ends)
+        assert got.k[j] == sum(e >= SINCE for e in ends)
+        assert got.recent[:, j].sum() == got.k[j]
+        assert sorted(got.ends[:, j][got.recent[:, j]].tolist()) == sorted(e for e in ends if e >= SINCE)
+        if not ends:
+            assert math.isnan(got.first_end[j]) and got.last_end[j] == -math.inf
+        else:
+            assert _same(got.first_end[j:j + 1], np.array(ends[:1]))
+            want_last = math.nan if any(math.isnan(e) for e in ends) else max(ends)
+            assert _same(got.last_end[j:j + 1], np.array([want_last]))
+    assert got.ends_nan == any(math.isnan(s.end) for w in windows for s in w.steps)

@@ -221,13 +221,12 @@ def _activity(active: Sequence[RankFeatures], shares: Mapping[int, object], repo
 
 
 def _oldest_end(read: RecentSteps | None, default: float) -> float:
-    """The earliest of the ranks' oldest steps' ends (`default` when no rank holds a step), read from the
-    job's step matrix: each column's first held cell. Where one is NaN, Python's min over them in rank order,
+    """The earliest of the ranks' oldest steps' ends (`default` when no rank holds a step): the min of each
+    rank's first held step's end (RecentSteps.first_end). Where one is NaN, Python's min over them in rank order,
     as a loop over the windows gives (numpy's min would be NaN)."""
     if read is None:
         return default
-    held = read.counts > 0
-    oldest = read.all_ends[len(read.all_ends) - read.counts[held], np.flatnonzero(held)]
+    oldest = read.first_end[read.counts > 0]
     return float(oldest.min()) if not np.isnan(oldest).any() else min(oldest.tolist())
 
 

@@ -50,10 +50,9 @@ def _vectorised(windows: list[RankWindow], read: RecentSteps | None, until: floa
     width = int(counts.max())
     if too_ragged(counts, width):
         return None
-    have, all_ends = read.have, read.all_ends
-    if has_nan(all_ends[have]):
+    if read.ends_nan:
         return None
-    last_end = np.where(have, all_ends, -np.inf).max(axis=0)
+    last_end = read.last_end
     recent, k, ends = read.recent, read.k, read.ends
     depth = len(ends)
     durations, waits, numbers, comm = read.durations, read.waits, read.numbers, read.comm
