@@ -37,7 +37,8 @@ def matrices(draw):
 
 
 def _equal(got: float, want: float) -> bool:
-    return got == want or (np.isnan(got) and np.isnan(want))  # inf - inf in a mean of two: NaN both ways
+    # repr: the sign of a zero counts (0.0 == -0.0 would hide it); inf − inf in a mean of two is NaN both ways.
+    return repr(float(got)) == repr(want) or (np.isnan(got) and np.isnan(want))
 
 
 @settings(max_examples=300, deadline=None)

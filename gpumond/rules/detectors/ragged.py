@@ -58,15 +58,19 @@ def column_median(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.
     idx = k // 2
     at_hi, at_lo = np.minimum(idx, width - 1), np.maximum(idx - 1, 0)
     wanted = np.union1d(at_hi, at_lo)
-    if len(wanted) <= _FEW_ORDERS:
+    if len(wanted) <= _FEW_ORDERS and not _negative_zero(m):
         # Only the middle one or two of each column are read, and columns hold nearly the same count (a job's
         # ranks step together): selecting those few order statistics is a linear pass per column, where a sort
-        # is ~log2(width) of them. The values there are the sorted ones; among equal values which one lands
-        # there differs, which changes nothing but the sign of a zero (-0.0 == 0.0).
+        # is ~log2(width) of them. The values there are the sorted ones; which of equal values lands there
+        # differs, which only a -0.0 beside a 0.0 could tell apart: a stable sort then, as `sorted` orders them.
         m.partition(wanted, axis=1)
     else:
         m.sort(axis=1, kind="stable")
     return _middle(m, k, at_hi, at_lo), k
+
+
+def _negative_zero(m: np.ndarray) -> bool:
+    return bool((np.signbit(m) & (m == 0.0)).any())
 
 
 def _middle(m: np.ndarray, k: np.ndarray, at_hi: np.ndarray, at_lo: np.ndarray) -> np.ndarray:
@@ -107,7 +111,8 @@ def column_trimmed_mean_and_median(values: np.ndarray, mask: np.ndarray,
     g = (trim * k).astype(np.int64)  # floor, as int() in the reference (k ≥ 0)
     pos = np.arange(width)[None, :]
     kept = (pos >= g[:, None]) & (pos < (k - g)[:, None])
-    total = np.cumsum(np.where(kept, m, 0.0), axis=1)[:, -1]
+    # + 0.0: the reference's sum starts from 0.0, so it is never -0.0 (a cumulative sum of -0.0 alone is).
+    total = np.cumsum(np.where(kept, m, 0.0), axis=1)[:, -1] + 0.0
     idx = k // 2
     median = _middle(m, k, np.minimum(idx, width - 1), np.maximum(idx - 1, 0))
     with np.errstate(all="ignore"):
