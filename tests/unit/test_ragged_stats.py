@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpumond.rules.detectors.features import trimmed_mean
-from gpumond.rules.detectors.ragged import _FEW_ORDERS, column_median, column_trimmed_mean_and_median
+from gpumond.rules.detectors.ragged import _FEW_ORDERS, _order, column_median, column_trimmed_mean_and_median
 from gpumond.rules.detectors.stats import median
 
 # Cell values: continuous, or few distinct ones (ties), with ±0.0 and ±inf among them.
@@ -24,7 +24,7 @@ def matrices(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     x = rng.normal(scale=1e3, size=(width, n))
     if draw(st.booleans()):
-        x = np.round(x / 500.0)  # ties
+        x = np.round(x / 500.0) + 0.0  # ties (+ 0.0: round gives -0.0 below 0, which takes the sorted path)
     special = rng.random((width, n)) < draw(st.sampled_from([0.0, 0.05, 0.3]))
     x[special] = rng.choice(_SPECIAL, size=int(special.sum()))
     if draw(st.booleans()):  # nearly equal counts a column: a few order statistics in all
@@ -76,4 +76,23 @@ def test_many_different_counts_are_sorted_and_still_exact():
     x = rng.normal(size=(width, n))
     mask = np.arange(width)[:, None] >= (width - np.arange(1, n + 1) * 3)[None, :]
     got, _ = column_median(x, mask)
+    assert got.tolist() == [median(x[:, j][mask[:, j]].tolist()) for j in range(n)]
+
+
+def test_nearly_equal_counts_are_selected_and_only_rows_with_a_negative_zero_sorted():
+    """Which path runs (both give the definition, so the tests above cannot tell): a job's columns of nearly equal
+    counts select their middle order statistics; a -0.0 sends only its own row to the stable sort."""
+    rng = np.random.default_rng(5)
+    width, n = 120, 50
+    x = rng.normal(size=(width, n))
+    counts = width - rng.integers(0, 3, n)
+    mask = np.arange(width)[:, None] >= (width - counts)[None, :]
+    m = np.where(mask, x, np.inf).T.copy()
+    wanted = np.union1d(counts // 2, counts // 2 - 1)
+    assert _order(m.copy(), wanted) == n
+    m[7, 3] = -0.0
+    ordered = m.copy()
+    assert _order(ordered, wanted) == n - 1
+    assert ordered[7].tolist() == sorted(m[7].tolist())  # the signed row, sorted whole
+    got, _ = column_median(np.where(mask, x, np.inf), mask)
     assert got.tolist() == [median(x[:, j][mask[:, j]].tolist()) for j in range(n)]

@@ -89,3 +89,31 @@ def test_what_the_whole_window_says_is_what_each_windows_steps_say(all_ends, see
             want_last = math.nan if any(math.isnan(e) for e in ends) else max(ends)
             assert _same(got.last_end[j:j + 1], np.array([want_last]))
     assert got.ends_nan == any(math.isnan(s.end) for w in windows for s in w.steps)
+
+
+def test_sorted_windows_never_build_the_whole_windows_matrix(monkeypatch):
+    """The fast path (every rank's recent steps are its newest): the (width, n) matrix of every held end, what
+    read_steps exists to avoid, is never built; only the recent rows are read."""
+    from gpumond.rules.detectors import step_matrix
+
+    def whole(self, width):
+        raise AssertionError(f"the whole window's ends were read ({width} rows)")
+
+    monkeypatch.setattr(step_matrix._FromColumns, "ends", whole)
+    windows = [dataclasses.replace(w, columns=step_columns(w.steps))
+               for w in (_window(r, [SINCE - 100.0 + i for i in range(150)] + [SINCE + i for i in range(40 + r)], r)
+                         for r in range(6))]
+    got = read_steps(windows, SINCE)
+    assert got is not None and got.k.tolist() == [40 + r for r in range(6)] and len(got.ends) == 45
+
+
+def test_newest_of_each_looks_within_each_segment_only():
+    from gpumond.rules.detectors.step_matrix import _newest_of_each
+
+    # rank A: all recent; rank B: an old step first, then recent ones (still its newest): True.
+    assert _newest_of_each(np.array([True, True, False, True]), np.array([2, 4]))
+    # rank B: a recent step before an old one: False.
+    assert not _newest_of_each(np.array([True, True, True, False]), np.array([2, 4]))
+    # rank A's recent steps are followed by rank B's old first step: not a fall within a segment.
+    assert _newest_of_each(np.array([False, True, False, False]), np.array([2, 4]))
+    assert _newest_of_each(np.array([True]), np.array([1]))

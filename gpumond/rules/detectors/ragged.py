@@ -57,20 +57,33 @@ def column_median(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.
     m = np.where(mask, values, np.inf).T.copy()
     idx = k // 2
     at_hi, at_lo = np.minimum(idx, width - 1), np.maximum(idx - 1, 0)
-    wanted = np.union1d(at_hi, at_lo)
-    if len(wanted) <= _FEW_ORDERS and not _negative_zero(m):
-        # Only the middle one or two of each column are read, and columns hold nearly the same count (a job's
-        # ranks step together): selecting those few order statistics is a linear pass per column, where a sort
-        # is ~log2(width) of them. The values there are the sorted ones; which of equal values lands there
-        # differs, which only a -0.0 beside a 0.0 could tell apart: a stable sort then, as `sorted` orders them.
-        m.partition(wanted, axis=1)
-    else:
-        m.sort(axis=1, kind="stable")
+    _order(m, np.union1d(at_hi, at_lo))
     return _middle(m, k, at_hi, at_lo), k
 
 
-def _negative_zero(m: np.ndarray) -> bool:
-    return bool((np.signbit(m) & (m == 0.0)).any())
+def _order(m: np.ndarray, wanted: np.ndarray) -> int:
+    """Put each row's order statistics at the positions `wanted` where a stable sort puts them; how many rows
+    were selected rather than sorted.
+
+    Only the middle one or two of each column are read, and columns hold nearly the same count (a job's ranks
+    step together): selecting those few order statistics (np.partition) is a linear pass per row, where a sort is
+    ~log2(width) of them. The values there are the sorted ones; which of equal values lands there differs, which
+    only a -0.0 beside a 0.0 could tell apart: a row holding a -0.0 is sorted (stable, as `sorted` orders it)."""
+    if len(wanted) > _FEW_ORDERS:
+        m.sort(axis=1, kind="stable")
+        return 0
+    signed = (np.signbit(m) & (m == 0.0)).any(axis=1)
+    if not signed.any():
+        m.partition(wanted, axis=1)
+        return len(m)
+    sorted_rows, selected_rows = np.flatnonzero(signed), np.flatnonzero(~signed)
+    part = m[sorted_rows]
+    part.sort(axis=1, kind="stable")
+    m[sorted_rows] = part
+    part = m[selected_rows]
+    part.partition(wanted, axis=1)
+    m[selected_rows] = part
+    return len(selected_rows)
 
 
 def _middle(m: np.ndarray, k: np.ndarray, at_hi: np.ndarray, at_lo: np.ndarray) -> np.ndarray:

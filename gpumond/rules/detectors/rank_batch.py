@@ -1,11 +1,12 @@
 """Every rank's features and the job's step times in one pass over a job's steps, vectorised with numpy.
 
 Same results as features.rank_features (per rank) and features.job_step_times, which stay the reference:
-a job's ~100 steps × thousands of ranks are read once with C-level attribute getters into padded matrices
-(ragged), and the medians are taken for all ranks at once. Numbers are treated as floats, as ingest
-stores them (pydantic turns a JSON int into a float). A job with a NaN anywhere, a step number past 2**53,
-or one rank holding far more steps than the rest is computed by the reference code instead: numpy orders
-and compares NaN differently from `sorted` and `max`, and a mostly empty matrix would waste memory.
+a job's recent steps × thousands of ranks are read once (step_matrix.read_steps: from the store's columns, else
+the step objects) into padded matrices (ragged), and the medians are taken for all ranks at once. Numbers are
+treated as floats, as ingest stores them (pydantic turns a JSON int into a float). A job with a NaN end, a NaN
+recent duration or wait, a step number past 2**53, or a recent-steps matrix that would be mostly padding (one
+rank with far more recent steps than the rest) is computed by the reference code instead: numpy orders and
+compares NaN differently from `sorted` and `max`, and a mostly empty matrix would waste memory.
 """
 
 from __future__ import annotations
@@ -47,14 +48,13 @@ def _vectorised(windows: list[RankWindow], read: RecentSteps | None, until: floa
         return None
     counts = read.counts
     n = len(counts)
-    width = int(counts.max())
-    if too_ragged(counts, width):
+    depth = len(read.ends)
+    if too_ragged(np.minimum(counts, depth), depth):  # the cells of the matrices read that hold a step
         return None
     if read.ends_nan:
         return None
     last_end = read.last_end
     recent, k, ends = read.recent, read.k, read.ends
-    depth = len(ends)
     durations, waits, numbers, comm = read.durations, read.waits, read.numbers, read.comm
     if has_nan(durations[recent], waits[recent]) or bool((np.abs(numbers[recent]) >= _EXACT_INT).any()):
         return None

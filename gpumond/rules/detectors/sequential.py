@@ -84,7 +84,8 @@ def step_shares(windows: Mapping[int, RankWindow], since: float,
     lo, hi = nums.min(), nums.max()
     if hi - lo > 8 * depth + 64 or not bool((nums == np.floor(nums)).all()):
         return None  # sparse or odd step numbers: no step-aligned view (the median looks still judge)
-    rows, n = int(hi - lo) + 1, len(ws)
+    rows, n = int(hi - lo) + 1, timed.shape[1]
+    assert n == len(ws), "steps read from other windows than these"  # a flat index would misplace them
     # Where each timed cell goes in the flat (rows, n) result, worked out once for the four fields placed: a pair
     # of index arrays is turned into flat positions again on every assignment (at 32,768 ranks × 120 steps the
     # four placements took ~1.3× as long that way).

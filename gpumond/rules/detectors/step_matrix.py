@@ -1,8 +1,10 @@
-"""A job's rank windows read into padded matrices (layout of ragged.to_matrix), from either source:
-the windows' StepColumns (arrays the store keeps on ingest: one concatenation of the value rows, one of the step
-numbers) or, when some window has none, their StepRecord objects (one attribute lookup per field per step). Both
-give the same matrices wherever a cell holds a step; the detectors mask the padding. `read_steps` reads a job
-once per evaluation for every detector that needs its steps."""
+"""A job's rank windows read for one evaluation, from either source: the windows' StepColumns (arrays the store
+keeps on ingest) or, when some window has none, their StepRecord objects (one attribute lookup per field per step).
+What the whole window says per rank (its first and latest step end, whether an end is NaN, how many steps are
+recent) is read from one flat concatenation of every held end; the fields of the recent steps are read into
+padded matrices (layout of ragged.to_matrix). Both sources give the same values wherever a cell holds a recent
+step; the detectors mask the rest. `read_steps` reads a job once per evaluation for every detector that needs
+its steps."""
 
 from __future__ import annotations
 
@@ -63,7 +65,9 @@ class RecentSteps:
     ends_nan: bool  # whether a held step's end is NaN (first_end / last_end then mean what numpy makes of it)
     recent: np.ndarray  # (depth, n): the cells read that hold a step that ended since `since`
     k: np.ndarray  # (n,) how many each rank has
-    ends: np.ndarray  # (depth, n), then the rest as StepMatrices.tail
+    # (depth, n) each, as StepMatrices.tail: meaningful only where `recent` (outside it a cell is padding or an
+    # older step, whichever the source reads more cheaply; every detector masks by `recent`).
+    ends: np.ndarray
     durations: np.ndarray
     waits: np.ndarray
     numbers: np.ndarray
@@ -99,8 +103,9 @@ def read_steps(windows: Sequence[RankWindow], since: float) -> RecentSteps | Non
         recent = held(counts, depth) & (m.ends(depth) >= since)
         k, read = recent.sum(axis=0), counts
     ends, durations, waits, numbers, comm = m.tail(read, depth)
-    out = RecentSteps(counts, first_end, last_end, bool(np.isnan(flat).any()), recent, k, ends, durations, waits,
-                      numbers, comm)
+    # np.maximum propagates NaN: a rank's latest end is NaN when any of its ends is (no second pass over them).
+    out = RecentSteps(counts, first_end, last_end, bool(np.isnan(last_end).any()), recent, k, ends, durations,
+                      waits, numbers, comm)
     for a in (counts, first_end, last_end, recent, k, ends, durations, waits, numbers, comm):
         a.flags.writeable = False  # read by several detectors: none may write into what the others read
     return out
@@ -108,7 +113,8 @@ def read_steps(windows: Sequence[RankWindow], since: float) -> RecentSteps | Non
 
 def _newest_of_each(is_recent: np.ndarray, stops: np.ndarray) -> bool:
     """Whether in each segment (ending just before `stops`) the selected elements are its last ones: no selected
-    element is followed by an unselected one of the same segment."""
+    element is followed by an unselected one of the same segment. Every segment must hold an element (`stops`
+    strictly increasing from above 0: the non-empty ranks'), so that stops − 1 is each one's last."""
     falls = is_recent[:-1] & ~is_recent[1:]
     falls[stops[:-1] - 1] = False  # the last of a segment followed by the next one's first
     return not bool(falls.any())
