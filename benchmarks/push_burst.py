@@ -49,6 +49,8 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -97,8 +99,8 @@ class Rank:
     kept-alive connection from its node's address, the SDK's encoder, backoff and Retry-After handling, and the
     transport's one immediate retry on a stale kept-alive connection. What a 2xx's `dropped` says is counted."""
 
-    def __init__(self, rank: int, world: int, port: int) -> None:
-        from gpumond.job.payload import encode_head
+    def __init__(self, rank: int, world: int, port: int, encoding: str = "json") -> None:
+        from gpumond.job.payload import CONTENT_TYPES, encode_head, encoder
         from gpumond.job.pusher import BACKOFF_BASE_S, BACKOFF_CAP_S
         from gpumond.job.settings import Identity
         from gpumond.retry import Backoff
@@ -107,7 +109,9 @@ class Rank:
         self.address = node_address(rank // RANKS_PER_NODE)
         self.head = encode_head({**Identity(JOB, rank, world, f"node-{rank // RANKS_PER_NODE:05d}",
                                             f"GPU-{rank:08x}-0000-4000-8000-000000000000", None).head(),
-                                 "incarnation": f"{os.getpid():x}-{rank:08x}"}, "json")
+                                 "incarnation": f"{os.getpid():x}-{rank:08x}"}, encoding)
+        self.encode = encoder(encoding)  # the SDK's GPUMOND_PUSH_ENCODING: json (its default) or columns
+        self.request = REQUEST.replace(b"%CT", CONTENT_TYPES[encoding].encode())
         self.backoff = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)
         self.queue: list[tuple] = []
         self.next_step = 0
@@ -125,12 +129,11 @@ class Rank:
 
     async def push(self) -> float:
         """Push what is queued, retrying as the SDK's push thread does, until the service took it: when it did."""
-        from gpumond.job.payload import encode
         from gpumond.retry import parse_retry_after, retryable
 
         while True:
             batch = self.queue[:SDK_MAX_STEPS]
-            body = encode(self.head, batch, time.time(), time.monotonic())
+            body = self.encode(self.head, batch, time.time(), time.monotonic())
             t0, opened = time.monotonic(), self.connections
             try:
                 status, retry_after, text = await self._post(body)
@@ -185,7 +188,7 @@ class Rank:
                 self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(
                     "127.0.0.1", self.port, local_addr=(self.address, 0)), SDK_TIMEOUT_S)
                 self.connections += 1
-            self._writer.write(REQUEST % (self.port, len(body)) + body)
+            self._writer.write(self.request % (self.port, len(body)) + body)
             return await asyncio.wait_for(self._answer(), SDK_TIMEOUT_S)
         except BaseException:
             self.close()  # half a request leaves the connection in an unknown state
@@ -211,22 +214,23 @@ class Rank:
 
 
 REQUEST = (f"POST /api/v1/push HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer {TOKEN}\r\n"
-           f"Content-Type: application/json\r\nUser-Agent: gpumond-job-burst-bench\r\nContent-Length: %d\r\n"
+           f"Content-Type: %CT\r\nUser-Agent: gpumond-job-burst-bench\r\nContent-Length: %d\r\n"
            f"\r\n").encode()
 SDK_MAX_STEPS = 512  # the reporter's max_steps_per_push
 SDK_TIMEOUT_S = 2.0  # the reporter's timeout_s
 
 
-def _client(port: int, ranks: list[int], world: int, orders: mp.Queue, results: mp.Queue) -> None:
+def _client(port: int, ranks: list[int], world: int, encoding: str, orders: mp.Queue, results: mp.Queue) -> None:
     # The service gets its core first: on a cluster every rank has a host of its own, here the ranks share the
     # service's two CPUs, and their CPU would otherwise be taken from it (niced, they use what it leaves).
     os.nice(19)
-    asyncio.run(_client_loop(port, ranks, world, orders, results))
+    asyncio.run(_client_loop(port, ranks, world, encoding, orders, results))
 
 
-async def _client_loop(port: int, ranks: list[int], world: int, orders: mp.Queue, results: mp.Queue) -> None:
+async def _client_loop(port: int, ranks: list[int], world: int, encoding: str, orders: mp.Queue,
+                       results: mp.Queue) -> None:
     loop = asyncio.get_running_loop()  # its clock is time.monotonic: one schedule across the processes
-    states = [Rank(r, world, port) for r in ranks]
+    states = [Rank(r, world, port, encoding) for r in ranks]
     results.put(("ready", len(ranks)))
     while (order := await loop.run_in_executor(None, orders.get)) is not None:
         kind, start, jitter_s, timeout_s = order
@@ -276,11 +280,12 @@ async def _at(when: float, work):
 class Clients:
     """CLIENTS processes holding the ranks; forked before the harness starts any thread."""
 
-    def __init__(self, port: int, ranks: int, procs: int) -> None:
+    def __init__(self, port: int, ranks: int, procs: int, encoding: str = "json") -> None:
         ctx = mp.get_context("fork")
         self.results = ctx.Queue()
         self.orders = [ctx.Queue() for _ in range(procs)]
-        self.procs = [ctx.Process(target=_client, args=(port, list(range(i, ranks, procs)), ranks, q, self.results),
+        self.procs = [ctx.Process(target=_client, args=(port, list(range(i, ranks, procs)), ranks, encoding, q,
+                                                                 self.results),
                                   daemon=True) for i, q in enumerate(self.orders)]
         for p in self.procs:
             p.start()
@@ -367,36 +372,75 @@ class Service:
         self.proc.terminate(30)
 
 
+class Spy:
+    """py-spy sampling one process's Python stacks (the thread holding the GIL) until stop().
+    Non-blocking: the service is never paused, and py-spy's own CPU is its own process's."""
+
+    def __init__(self, pid: int, out: Path, rate: int = 250) -> None:
+        exe = shutil.which("py-spy")
+        if exe is None:
+            raise SystemExit("--profile needs py-spy (pip install py-spy)")
+        self.out = out
+        # --gil: only a thread holding the GIL is sampled, so a thread waiting in epoll (or any system call
+        # that releases the GIL) is not counted as busy: this profiles the Python side, user CPU; the kernel's
+        # share is the per-regime table's.
+        self.proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
+                                      "--nonblocking", "--gil", "--function", "--output", str(out)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> collections.Counter:
+        """Stop sampling; the collapsed stacks (outermost frame first) and their sample counts."""
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+        self.proc.wait(60)
+        stacks: collections.Counter = collections.Counter()
+        for line in self.out.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if stack:
+                stacks[tuple(stack.split(";"))] += int(n)
+        return stacks
+
+
 # ----- the run -----------------------------------------------------------------------------------------------
 def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeout_s: float, workdir: Path,
-                max_connections: int | None, tree: Path | None) -> dict:
-    """One service, CLIENTS processes, the three phases; every figure the report needs."""
+                max_connections: int | None, tree: Path | None, encoding: str = "json",
+                profile: str | None = None) -> dict:
+    """One service, CLIENTS processes, the three phases; every figure the report needs. `profile`: the phase
+    during which py-spy samples the service (its Python stacks, on CPU only)."""
     service = Service(workdir, max_connections, tree)
     clients = None
+    stacks: collections.Counter = collections.Counter()
     try:
+        rss_idle_kib = service.rss_kib()
         t0 = time.monotonic()
-        clients = Clients(service.port, ranks, procs)
+        clients = Clients(service.port, ranks, procs, encoding)
         setup_s = time.monotonic() - t0
         service.sample()
-        phases = {}
+        phases, pushed = {}, 0
         for kind in ("warm", "regular", "burst", "settle"):
             if kind == "burst":
                 time.sleep(1.0)  # a quiet second: the burst meets an idle service, not the regular pass's tail
             start = time.monotonic() + 0.5
             service.rss_peak_kib = service.rss_kib()
+            split0 = _bench.proc_cpu_split(service.proc.pid)
             cpu0 = service.cpu_s()
+            spy = Spy(service.proc.pid, workdir / f"{kind}.stacks") if kind == profile else None
             got = clients.phase(kind, start, jitter_s if kind == "burst" else 0.0,
                                 phase_timeout_s * (2 if kind == "settle" else 1))
             wall = max(got["accepted_at"], default=math.nan)
             cpu = service.cpu_s() - cpu0
-            got.update(cpu_s=cpu, wall_s=wall, rss_peak_kib=service.rss_peak_kib,
+            sys_s = _bench.proc_cpu_split(service.proc.pid)[1] - split0[1]
+            if spy is not None:
+                stacks = spy.stop()
+            got.update(cpu_s=cpu, wall_s=wall, rss_peak_kib=service.rss_peak_kib, rss_end_kib=service.rss_kib(), sys_s=sys_s,
                        metrics=service.metrics(), load1=os.getloadavg()[0])
+            got["pushed_in_phase"], pushed = got["pushed"] - pushed, got["pushed"]
             phases[kind] = got
             print(f"[{ranks:,} ranks, {label}] {kind}: every rank accepted after {wall:.2f} s, "
                   f"unaccepted {got['unaccepted']}, service CPU {cpu:.1f} s", file=sys.stderr, flush=True)
         end = service.metrics()
         return {"label": label, "ranks": ranks, "procs": procs, "jitter_s": jitter_s, "setup_s": setup_s,
-                "phases": phases,
+                "phases": phases, "encoding": encoding, "max_connections": max_connections,
+                "rss_idle_kib": rss_idle_kib, "stacks": stacks,
                 "end": end, "rss_end_kib": service.rss_kib()}
     finally:
         if clients is not None:
@@ -428,8 +472,121 @@ def _closed(metrics: dict[str, float], reason: str) -> int:
     return int(metrics.get(f'gpumond_http_connections_closed_total{{reason="{reason}"}}', 0))
 
 
+def _accepted(p: dict) -> int:
+    return sum(1 for _, outcome, _ in p["requests"] if outcome == 202)
+
+
+def regimes(variants: list[dict], phase: str = "regular") -> str:
+    """The service's CPU per accepted push in `phase` by variant (connection cap x encoding), and the memory of
+    a held connection from two variants that differ only in how many connections they held."""
+    rows, by = [], {}
+    for v in variants:
+        p = v["phases"][phase]
+        pushes = _accepted(p)
+        steps = p["pushed_in_phase"]
+        held = int(p["metrics"].get("gpumond_http_connections_open", 0))
+        reconnects = sum(c for _, _, c in p["requests"])
+        per_push = p["cpu_s"] / max(1, pushes)
+        by[(v["encoding"], v["max_connections"])] = (per_push, held, p["rss_end_kib"])
+        rows.append([v["label"], f"{pushes:,}", f"{steps / max(1, pushes):.1f}", f"{reconnects:,}",
+                     f"{held:,}", f"{p['cpu_s']:.2f} s", f"{per_push * 1e3:.3f} ms",
+                     f"{(p['cpu_s'] - p['sys_s']) / max(1, pushes) * 1e3:.3f} ms",
+                     f"{p['sys_s'] / max(1, pushes) * 1e3:.3f} ms",
+                     f"{p['cpu_s'] / max(1, steps) * 1e6:.0f} µs", f"{p['rss_end_kib'] / 1024:,.1f} MiB"])
+    text = _bench.md_table(["variant", "pushes accepted", "steps a push", "reconnects", "connections held at the end",
+                            "service CPU", "**CPU per push**", "of which user", "of which kernel", "CPU per step", "service RSS at the end"], rows)
+    notes = []
+    caps = sorted({c for _, c in by if c is not None})
+    for enc in sorted({e for e, _ in by}):
+        if len(caps) >= 2 and (enc, caps[0]) in by and (enc, caps[-1]) in by:
+            low, high = by[(enc, caps[0])], by[(enc, caps[-1])]
+            notes.append(f"{enc}: reconnecting (cap {caps[0]:,}) ÷ kept alive (cap {caps[-1]:,}) = "
+                         f"**{low[0] / high[0]:.2f}×** CPU per push ({(low[0] - high[0]) * 1e3:+.3f} ms)")
+            if high[1] != low[1]:
+                notes.append(f"{enc}: RSS per held connection ≈ ({high[2]:,} − {low[2]:,} KiB) ÷ ({high[1]:,} − "
+                             f"{low[1]:,} connections) = **{(high[2] - low[2]) * 1024 / (high[1] - low[1]):,.0f} "
+                             f"bytes** (same steps held by both)")
+    for cap in caps:
+        if ("json", cap) in by and ("columns", cap) in by:
+            notes.append(f"cap {cap:,}: columns ÷ JSON = **{by[('columns', cap)][0] / by[('json', cap)][0]:.2f}×** "
+                         f"CPU per push")
+    return (f"## CPU per push by regime ({phase} phase)\n\n" + text + "\n\n" + "".join(f"- {n}\n" for n in notes) +
+            f"\nThe {phase} phase: every rank pushes its 10 steps once, spread over 5 s. With a cap below the ranks "
+            "the guard closes the longest-idle kept-alive connection for each new one, so every push meets a closed "
+            "connection and reconnects (the SDK's transport retries at once on a fresh one); with a cap above "
+            "them the warm phase's connections are reused. CPU per push: the service's process CPU over the phase "
+            "(its evaluation loop included: a few ms a 5 s cycle) ÷ pushes accepted; user: the process's own code "
+            "(Python, the parser, numpy); kernel: system calls on its behalf (accept, recv, send, close, epoll) and "
+            "what the kernel charges it meanwhile (on loopback, the TCP processing of the packets it sends). "
+            "The clocks tick at 100 Hz: a figure is ± 0.01 s ÷ pushes.")
+
+
+# Functions whose inclusive share of the profile is shown: where a push's CPU could go besides the handler.
+_WATCH = (("_accept_connection", "accept(): the listening socket's backlog"),
+          ("_accept_connection2", "a new connection: transport, protocol, connection_made"),
+          ("tcp_opened", "the guard taking a connection (cap, eviction)"),
+          ("_close", "the guard closing a connection (eviction)"),
+          ("data_received", "bytes in: parse, then the guard's state"),
+          ("run_asgi", "the ASGI request (app, handler, response)"),
+          ("connection_lost", "a connection's end (protocol + guard)"),
+          ("_call_connection_lost", "asyncio's close of a transport"),
+          ("_read_ready__data_received", "socket recv + data_received"),
+          ("_write_ready", "socket send of a buffered response"),
+          ("write", "sending a response"),
+          ("warning", "log records (the guard's eviction warnings)"),
+          ("_run_once", "the event loop (everything on it)"))
+
+
+def _frame(frame: str) -> tuple[str, str]:
+    """(function, file) of a py-spy frame "function (path:line)"."""
+    name, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    for marker in ("site-packages/", "lib/python3", "gpumond/"):
+        if marker in path:
+            path = path[path.index(marker) + len(marker):] if marker != "gpumond/" else path[path.index(marker):]
+            break
+    return name, path
+
+
+def profile_section(v: dict, phase: str, top: int = 20) -> str:
+    """Where the service's CPU went in one variant's `phase`, from py-spy's samples, per accepted push."""
+    stacks = v["stacks"]
+    total = sum(stacks.values())
+    if not total:
+        return f"## Profile: {v['label']}, {phase} phase\n\nNo samples (py-spy could not attach?)."
+    p = v["phases"][phase]
+    per_push_us = (p["cpu_s"] - p["sys_s"]) / max(1, _accepted(p)) * 1e6  # the GIL holder's CPU is user CPU
+    own: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    for stack, n in stacks.items():
+        frames = [_frame(f) for f in stack]
+        own[frames[-1]] += n
+        for f in set(frames):
+            inclusive[f] += n
+    def row(key, n):
+        return [f"`{key[0]}`", f"`{key[1]}`", f"{n / total * 100:.1f} %", f"{n / total * per_push_us:.0f} µs"]
+    own_rows = [row(k, n) for k, n in own.most_common(top)]
+    watch_rows = []
+    for name, what in _WATCH:
+        for key, n in sorted(inclusive.items(), key=lambda kv: -kv[1]):
+            if key[0].rpartition(".")[2] == name:
+                watch_rows.append([*row(key, n), what])
+    return (f"## Profile: {v['label']}, {phase} phase\n\n"
+            f"py-spy, {total:,} samples of the service's thread holding the GIL; each share × the phase's "
+            f"{per_push_us:,.0f} µs of the service's *user* CPU per accepted push (the kernel's: the table above).\n\n**Inclusive** (the function and what it "
+            f"calls):\n\n" + _bench.md_table(["function", "file", "share", "per push", "what"], watch_rows) +
+            "\n\n**Own time** (top functions; C code called from a Python function counts as that function's):\n\n"
+            + _bench.md_table(["function", "file", "share", "per push"], own_rows))
+
+
 def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
     sections = []
+    if len(variants) > 1 and any(v["encoding"] != variants[0]["encoding"] or
+                                 v["max_connections"] != variants[0]["max_connections"] for v in variants):
+        sections.append(regimes(variants))
+    for v in variants:
+        if v["stacks"]:
+            sections.append(profile_section(v, args.profile))
     rows, loss_rows, conn_rows = [], [], []
     for v in variants:
         tag = v["label"] if len(variants) > 1 else ""
@@ -518,8 +675,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, help="client processes holding the ranks (default 4; quick 2)")
     ap.add_argument("--jitter-ms", type=float, nargs="+", default=[0.0],
                     help="spread the burst over this many ms (one service per value; default 0: all at once)")
-    ap.add_argument("--max-connections", type=int,
-                    help="the service's http.max_connections (default: the config's default, 4,096)")
+    ap.add_argument("--max-connections", type=int, nargs="+", default=[None],
+                    help="the service's http.max_connections (default: the config's default, 4,096); several: one "
+                         "service each, and a table of the CPU per push by regime")
+    ap.add_argument("--encoding", nargs="+", choices=("json", "columns"), default=["json"],
+                    help="the ranks' push encoding (the SDK's GPUMOND_PUSH_ENCODING; default json, the SDK's "
+                         "default); several: one service each")
+    ap.add_argument("--profile", choices=("warm", "regular", "burst"),
+                    help="sample the service with py-spy during this phase (every variant) and report its hot "
+                         "functions; py-spy's own CPU competes with the service's, so take figures from a run "
+                         "without it")
     ap.add_argument("--before", type=Path, metavar="DIR",
                     help="also run the service from DIR/gpumond first (e.g. `git archive REV gpumond | tar -x -C "
                          "DIR`): a before/after of a change in one run")
@@ -536,21 +701,31 @@ def main(argv: list[str] | None = None) -> int:
     if per_proc + 256 > nofile:
         raise SystemExit(f"{per_proc:,} connections per client process exceed the descriptor limit {nofile:,}: "
                          f"use --clients {math.ceil(ranks / max(1, nofile - 256))} or more")
-    plan = [(f"{name}, burst at once" if not jitter_ms else f"{name}, burst over {jitter_ms:g} ms", tree, jitter_ms)
-            for name, tree in ([(args.before_label, args.before)] if args.before else [])
-            + [("this tree", None)] for jitter_ms in args.jitter_ms]
+    def label(name: str, cap: int | None, encoding: str, jitter_ms: float) -> str:
+        parts = [name]
+        if len(args.max_connections) > 1:
+            parts.append(f"cap {cap:,}" if cap is not None else "default cap")
+        if len(args.encoding) > 1:
+            parts.append(encoding)
+        parts.append("burst at once" if not jitter_ms else f"burst over {jitter_ms:g} ms")
+        return ", ".join(parts)
+
+    plan = [(label(name, cap, encoding, jitter_ms), tree, cap, encoding, jitter_ms)
+            for name, tree in ([(args.before_label, args.before)] if args.before else []) + [("this tree", None)]
+            for cap in args.max_connections for encoding in args.encoding for jitter_ms in args.jitter_ms]
     variants = []
     with tempfile.TemporaryDirectory(prefix="gpumond-bench-burst-") as tmp:
-        for i, (label, tree, jitter_ms) in enumerate(plan):
+        for i, (name, tree, cap, encoding, jitter_ms) in enumerate(plan):
             work = Path(tmp) / f"v{i}"
             work.mkdir()
-            variants.append(run_variant(label, ranks, procs, jitter_ms / 1e3, args.phase_timeout, work,
-                                        args.max_connections, tree))
+            variants.append(run_variant(name, ranks, procs, jitter_ms / 1e3, args.phase_timeout, work,
+                                        cap, tree, encoding, args.profile))
     facts = {"setup": f"one job of {ranks:,} ranks, {RANKS_PER_NODE} per node (each node its own loopback "
                       f"address), {procs} client processes of the SDK's push path on asyncio (a connection per rank), "
-                      f"JSON pushes, {STEP_S:g} s steps; the `gpumond rules` daemon, default config"
-                      + ("" if args.max_connections is None else
-                         f" but http.max_connections {args.max_connections:,}"),
+                      f"{' / '.join(e if e == 'columns' else 'JSON' for e in args.encoding)} pushes, {STEP_S:g} s "
+                      f"steps; the `gpumond rules` daemon, default config"
+                      + ("" if args.max_connections == [None] else
+                         f" but http.max_connections {' / '.join(f'{c:,}' for c in args.max_connections if c)}"),
              "note": "clients and service share the machine's CPUs (and it was shared with other work): the client "
                      "side's own CPU is inside every latency; ratios within the run are the comparable figures"}
     _bench.report(args.name, "# The early-push burst: every rank of a job pushing at once", facts,
