@@ -21,7 +21,7 @@ wait for), every rank sees it and pushes early within milliseconds (gpumond/job/
   evenly over the 5 s push interval; the burst's all at one instant.
 
 Phases, one after another: **warm** (every rank's first push: the service learns the ranks; regular cadence),
-**regular** (the baseline: every rank pushes the 10 steps of its last 5 s, spread over 5 s), a quiet second,
+**regular** (the baseline: every rank pushes the 10 steps of its last 5 s, spread over 5 s), a quiet window (5 s: the service's CPU with no pushes),
 then **burst** (every rank queues the steps since its last regular push, 1-10 by its phase, and all push at
 one instant on CLOCK_MONOTONIC), then **settle** (ranks with steps still queued keep pushing them, no new
 steps). Each phase ends when every rank's steps are accepted or after `--phase-timeout` (settle: twice that). Per phase: time from the phase's start until every rank's
@@ -376,7 +376,7 @@ class Spy:
     """py-spy sampling one process's Python stacks (the thread holding the GIL) until stop().
     Non-blocking: the service is never paused, and py-spy's own CPU is its own process's."""
 
-    def __init__(self, pid: int, out: Path, rate: int = 250) -> None:
+    def __init__(self, pid: int, out: Path, rate: int = 1000) -> None:
         exe = shutil.which("py-spy")
         if exe is None:
             raise SystemExit("--profile needs py-spy (pip install py-spy)")
@@ -400,12 +400,24 @@ class Spy:
         return stacks
 
 
+QUIET_S = 5.0  # one evaluation cycle at the default 5 s interval
+
+
+def _quiet_cpu(service: "Service", seconds: float) -> float:
+    """The service's CPU per second of wall time while no rank pushes (its evaluation loop, its timers)."""
+    cpu0, t0 = service.cpu_s(), time.monotonic()
+    time.sleep(seconds)
+    return (service.cpu_s() - cpu0) / (time.monotonic() - t0)
+
+
 # ----- the run -----------------------------------------------------------------------------------------------
 def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeout_s: float, workdir: Path,
                 max_connections: int | None, tree: Path | None, encoding: str = "json",
-                profile: str | None = None) -> dict:
+                profile: str | None = None, passes: int = 1) -> dict:
     """One service, CLIENTS processes, the three phases; every figure the report needs. `profile`: the phase
-    during which py-spy samples the service (its Python stacks, on CPU only)."""
+    during which py-spy samples the service (its Python stacks, on CPU only). `passes`: how many times the
+    regular phase runs (the per-regime table sums them); a quiet window after them measures the service's CPU
+    with no pushes (its evaluation loop), which that table subtracts."""
     service = Service(workdir, max_connections, tree)
     clients = None
     stacks: collections.Counter = collections.Counter()
@@ -415,32 +427,36 @@ def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeo
         clients = Clients(service.port, ranks, procs, encoding)
         setup_s = time.monotonic() - t0
         service.sample()
-        phases, pushed = {}, 0
-        for kind in ("warm", "regular", "burst", "settle"):
-            if kind == "burst":
-                time.sleep(1.0)  # a quiet second: the burst meets an idle service, not the regular pass's tail
+        phases, pushed, extra = {}, 0, []
+        for kind in ("warm", *["regular"] * passes, "burst", "settle"):
+            if kind == "burst":  # a quiet window: the burst meets an idle service, not the regular pass's tail
+                quiet = _quiet_cpu(service, QUIET_S)
             start = time.monotonic() + 0.5
             service.rss_peak_kib = service.rss_kib()
             split0 = _bench.proc_cpu_split(service.proc.pid)
-            cpu0 = service.cpu_s()
+            cpu0, wall0 = service.cpu_s(), time.monotonic()
             spy = Spy(service.proc.pid, workdir / f"{kind}.stacks") if kind == profile else None
             got = clients.phase(kind, start, jitter_s if kind == "burst" else 0.0,
                                 phase_timeout_s * (2 if kind == "settle" else 1))
             wall = max(got["accepted_at"], default=math.nan)
-            cpu = service.cpu_s() - cpu0
+            cpu, span = service.cpu_s() - cpu0, time.monotonic() - wall0
             sys_s = _bench.proc_cpu_split(service.proc.pid)[1] - split0[1]
             if spy is not None:
-                stacks = spy.stop()
+                stacks += spy.stop()  # every regular pass's, with --passes
             got.update(cpu_s=cpu, wall_s=wall, rss_peak_kib=service.rss_peak_kib, rss_end_kib=service.rss_kib(), sys_s=sys_s,
-                       metrics=service.metrics(), load1=os.getloadavg()[0])
+                       span_s=span, metrics=service.metrics(), load1=os.getloadavg()[0])
             got["pushed_in_phase"], pushed = got["pushed"] - pushed, got["pushed"]
-            phases[kind] = got
+            if kind in phases:  # a further regular pass: kept apart, the per-phase tables show the first
+                extra.append(got)
+            else:
+                phases[kind] = got
             print(f"[{ranks:,} ranks, {label}] {kind}: every rank accepted after {wall:.2f} s, "
                   f"unaccepted {got['unaccepted']}, service CPU {cpu:.1f} s", file=sys.stderr, flush=True)
         end = service.metrics()
         return {"label": label, "ranks": ranks, "procs": procs, "jitter_s": jitter_s, "setup_s": setup_s,
                 "phases": phases, "encoding": encoding, "max_connections": max_connections,
-                "rss_idle_kib": rss_idle_kib, "stacks": stacks,
+                "rss_idle_kib": rss_idle_kib, "stacks": stacks, "regular_passes": [phases["regular"], *extra],
+                "quiet_cpu_per_s": quiet,
                 "end": end, "rss_end_kib": service.rss_kib()}
     finally:
         if clients is not None:
@@ -481,20 +497,24 @@ def regimes(variants: list[dict], phase: str = "regular") -> str:
     a held connection from two variants that differ only in how many connections they held."""
     rows, by = [], {}
     for v in variants:
-        p = v["phases"][phase]
-        pushes = _accepted(p)
-        steps = p["pushed_in_phase"]
+        passes = v["regular_passes"]
+        p = passes[-1]
+        pushes = sum(_accepted(q) for q in passes)
+        steps = sum(q["pushed_in_phase"] for q in passes)
+        cpu, sys_s = sum(q["cpu_s"] for q in passes), sum(q["sys_s"] for q in passes)
+        quiet = v["quiet_cpu_per_s"] * sum(q["span_s"] for q in passes)  # what the same time costs idle
         held = int(p["metrics"].get("gpumond_http_connections_open", 0))
-        reconnects = sum(c for _, _, c in p["requests"])
-        per_push = p["cpu_s"] / max(1, pushes)
+        reconnects = sum(c for q in passes for _, _, c in q["requests"])
+        per_push = (cpu - quiet) / max(1, pushes)
         by[(v["encoding"], v["max_connections"])] = (per_push, held, p["rss_end_kib"])
-        rows.append([v["label"], f"{pushes:,}", f"{steps / max(1, pushes):.1f}", f"{reconnects:,}",
-                     f"{held:,}", f"{p['cpu_s']:.2f} s", f"{per_push * 1e3:.3f} ms",
-                     f"{(p['cpu_s'] - p['sys_s']) / max(1, pushes) * 1e3:.3f} ms",
-                     f"{p['sys_s'] / max(1, pushes) * 1e3:.3f} ms",
-                     f"{p['cpu_s'] / max(1, steps) * 1e6:.0f} µs", f"{p['rss_end_kib'] / 1024:,.1f} MiB"])
-    text = _bench.md_table(["variant", "pushes accepted", "steps a push", "reconnects", "connections held at the end",
-                            "service CPU", "**CPU per push**", "of which user", "of which kernel", "CPU per step", "service RSS at the end"], rows)
+        rows.append([v["label"], f"{len(passes)}", f"{pushes:,}", f"{steps / max(1, pushes):.1f}", f"{reconnects:,}",
+                     f"{held:,}", f"{cpu:.2f} s", f"{quiet:.2f} s", f"**{per_push * 1e3:.3f} ms**",
+                     f"{(cpu - sys_s - quiet) / max(1, pushes) * 1e3:.3f} ms", f"{sys_s / max(1, pushes) * 1e3:.3f} ms",
+                     f"{(cpu - quiet) / max(1, steps) * 1e6:.0f} µs", f"{p['rss_end_kib'] / 1024:,.1f} MiB"])
+    text = _bench.md_table(["variant", "passes", "pushes accepted", "steps a push", "reconnects",
+                            "connections held at the end", "service CPU", "of which idle (quiet window's rate)",
+                            "**CPU per push** (less idle)", "of which user (less idle)", "of which kernel",
+                            "CPU per step", "service RSS at the end"], rows)
     notes = []
     caps = sorted({c for _, c in by if c is not None})
     for enc in sorted({e for e, _ in by}):
@@ -515,7 +535,8 @@ def regimes(variants: list[dict], phase: str = "regular") -> str:
             "the guard closes the longest-idle kept-alive connection for each new one, so every push meets a closed "
             "connection and reconnects (the SDK's transport retries at once on a fresh one); with a cap above "
             "them the warm phase's connections are reused. CPU per push: the service's process CPU over the phase "
-            "(its evaluation loop included: a few ms a 5 s cycle) ÷ pushes accepted; user: the process's own code "
+            "less what the same time cost it with no pushes (its evaluation loop, measured over a quiet "
+            f"{QUIET_S:g} s window after the regular passes), ÷ pushes accepted; user: the process's own code "
             "(Python, the parser, numpy); kernel: system calls on its behalf (accept, recv, send, close, epoll) and "
             "what the kernel charges it meanwhile (on loopback, the TCP processing of the packets it sends). "
             "The clocks tick at 100 Hz: a figure is ± 0.01 s ÷ pushes.")
@@ -554,18 +575,25 @@ def profile_section(v: dict, phase: str, top: int = 20) -> str:
     total = sum(stacks.values())
     if not total:
         return f"## Profile: {v['label']}, {phase} phase\n\nNo samples (py-spy could not attach?)."
-    p = v["phases"][phase]
-    per_push_us = (p["cpu_s"] - p["sys_s"]) / max(1, _accepted(p)) * 1e6  # the GIL holder's CPU is user CPU
+    sampled = v["regular_passes"] if phase == "regular" else [v["phases"][phase]]
+    user_s = sum(p["cpu_s"] - p["sys_s"] for p in sampled)  # the GIL holder's CPU is user CPU
+    per_push_us = user_s / max(1, sum(_accepted(p) for p in sampled)) * 1e6
     own: collections.Counter = collections.Counter()
     inclusive: collections.Counter = collections.Counter()
+    callers: dict = collections.defaultdict(collections.Counter)
     for stack, n in stacks.items():
         frames = [_frame(f) for f in stack]
         own[frames[-1]] += n
+        if len(frames) > 1:
+            callers[frames[-1]][frames[-2]] += n
         for f in set(frames):
             inclusive[f] += n
     def row(key, n):
         return [f"`{key[0]}`", f"`{key[1]}`", f"{n / total * 100:.1f} %", f"{n / total * per_push_us:.0f} µs"]
-    own_rows = [row(k, n) for k, n in own.most_common(top)]
+    def caller(key) -> str:
+        (name, path), n = callers[key].most_common(1)[0] if callers[key] else ((None, None), 0)
+        return "—" if name is None else f"`{name}` ({path}, {n / own[key] * 100:.0f} %)"
+    own_rows = [[*row(k, n), caller(k)] for k, n in own.most_common(top)]
     watch_rows = []
     for name, what in _WATCH:
         for key, n in sorted(inclusive.items(), key=lambda kv: -kv[1]):
@@ -576,7 +604,7 @@ def profile_section(v: dict, phase: str, top: int = 20) -> str:
             f"{per_push_us:,.0f} µs of the service's *user* CPU per accepted push (the kernel's: the table above).\n\n**Inclusive** (the function and what it "
             f"calls):\n\n" + _bench.md_table(["function", "file", "share", "per push", "what"], watch_rows) +
             "\n\n**Own time** (top functions; C code called from a Python function counts as that function's):\n\n"
-            + _bench.md_table(["function", "file", "share", "per push"], own_rows))
+            + _bench.md_table(["function", "file", "share", "per push", "mostly called from"], own_rows))
 
 
 def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
@@ -681,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoding", nargs="+", choices=("json", "columns"), default=["json"],
                     help="the ranks' push encoding (the SDK's GPUMOND_PUSH_ENCODING; default json, the SDK's "
                          "default); several: one service each")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="run the regular phase this many times (default 1): more pushes for the per-regime table")
     ap.add_argument("--profile", choices=("warm", "regular", "burst"),
                     help="sample the service with py-spy during this phase (every variant) and report its hot "
                          "functions; py-spy's own CPU competes with the service's, so take figures from a run "
@@ -719,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(tmp) / f"v{i}"
             work.mkdir()
             variants.append(run_variant(name, ranks, procs, jitter_ms / 1e3, args.phase_timeout, work,
-                                        cap, tree, encoding, args.profile))
+                                        cap, tree, encoding, args.profile, args.passes))
     facts = {"setup": f"one job of {ranks:,} ranks, {RANKS_PER_NODE} per node (each node its own loopback "
                       f"address), {procs} client processes of the SDK's push path on asyncio (a connection per rank), "
                       f"{' / '.join(e if e == 'columns' else 'JSON' for e in args.encoding)} pushes, {STEP_S:g} s "
