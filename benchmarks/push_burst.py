@@ -233,7 +233,7 @@ async def _client_loop(port: int, ranks: list[int], world: int, encoding: str, o
     states = [Rank(r, world, port, encoding) for r in ranks]
     results.put(("ready", len(ranks)))
     while (order := await loop.run_in_executor(None, orders.get)) is not None:
-        kind, start, jitter_s, timeout_s = order
+        kind, start, jitter_s, spread_s, timeout_s = order
         now = time.monotonic()
         marks = [len(s.log) for s in states]
         tasks, dues = [], []
@@ -244,7 +244,7 @@ async def _client_loop(port: int, ranks: list[int], world: int, encoding: str, o
                     tasks.append(asyncio.create_task(_at(start, s.push())))
                 continue
             s.queue_steps(burst_steps(s.rank, world) if kind == "burst" else round(INTERVAL_S / STEP_S), now)
-            offset = (jitter_s * ((s.rank * 40503) % 65536) / 65536) if kind == "burst" else phase_of(s.rank, world)
+            offset = (jitter_s * ((s.rank * 40503) % 65536) / 65536) if kind == "burst" else phase_of(s.rank, world) * spread_s / INTERVAL_S
             dues.append(start + offset)
             tasks.append(asyncio.create_task(_at(start + offset, s.push())))
         if tasks:
@@ -300,9 +300,9 @@ class Clients:
             out.append(value)
         return out
 
-    def phase(self, kind: str, start: float, jitter_s: float, timeout_s: float) -> dict:
+    def phase(self, kind: str, start: float, jitter_s: float, timeout_s: float, spread_s: float = INTERVAL_S) -> dict:
         for q in self.orders:
-            q.put((kind, start, jitter_s, timeout_s))
+            q.put((kind, start, jitter_s, spread_s, timeout_s))
         parts = self._collect("phase", timeout_s + 120)
         merged: dict = {"service_dropped": collections.Counter()}
         for part in parts:
@@ -323,7 +323,8 @@ class Clients:
 class Service:
     """The `gpumond rules` daemon with the default config, a sampler of its RSS, and its /metrics."""
 
-    def __init__(self, workdir: Path, max_connections: int | None, tree: Path | None = None) -> None:
+    def __init__(self, workdir: Path, max_connections: int | None, tree: Path | None = None,
+                 log_level: str = "error") -> None:
         self.port = _bench.free_port()
         config = workdir / "rules.yaml"
         config.write_text(f"tokens: [{TOKEN}]\nstate_dir: {workdir / 'state'}\n"
@@ -332,7 +333,7 @@ class Service:
         argv = [exe] if exe and tree is None else [sys.executable, "-m", "gpumond.cli"]
         # `tree`: the daemon from another checkout's gpumond/ (a before/after in one run), imported first
         self.proc = _bench.Proc("rules", [*argv, "rules", "--config", str(config), "--listen",
-                                          f"127.0.0.1:{self.port}", "--log-level", "error"], workdir / "rules.log",
+                                          f"127.0.0.1:{self.port}", "--log-level", log_level], workdir / "rules.log",
                                 env={"PYTHONPATH": str(tree)} if tree else None, cwd=tree or _bench.REPO)
         self.proc.start()
         self.proc.wait_http(f"{self.url}/healthz", 60)
@@ -413,12 +414,13 @@ def _quiet_cpu(service: "Service", seconds: float) -> float:
 # ----- the run -----------------------------------------------------------------------------------------------
 def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeout_s: float, workdir: Path,
                 max_connections: int | None, tree: Path | None, encoding: str = "json",
-                profile: str | None = None, passes: int = 1) -> dict:
+                profile: str | None = None, passes: int = 1, spread_s: float = INTERVAL_S,
+                log_level: str = "error") -> dict:
     """One service, CLIENTS processes, the three phases; every figure the report needs. `profile`: the phase
     during which py-spy samples the service (its Python stacks, on CPU only). `passes`: how many times the
     regular phase runs (the per-regime table sums them); a quiet window after them measures the service's CPU
     with no pushes (its evaluation loop), which that table subtracts."""
-    service = Service(workdir, max_connections, tree)
+    service = Service(workdir, max_connections, tree, log_level)
     clients = None
     stacks: collections.Counter = collections.Counter()
     try:
@@ -437,7 +439,7 @@ def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeo
             cpu0, wall0 = service.cpu_s(), time.monotonic()
             spy = Spy(service.proc.pid, workdir / f"{kind}.stacks") if kind == profile else None
             got = clients.phase(kind, start, jitter_s if kind == "burst" else 0.0,
-                                phase_timeout_s * (2 if kind == "settle" else 1))
+                                phase_timeout_s * (2 if kind == "settle" else 1), spread_s)
             wall = max(got["accepted_at"], default=math.nan)
             cpu, span = service.cpu_s() - cpu0, time.monotonic() - wall0
             sys_s = _bench.proc_cpu_split(service.proc.pid)[1] - split0[1]
@@ -454,7 +456,7 @@ def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeo
                   f"unaccepted {got['unaccepted']}, service CPU {cpu:.1f} s", file=sys.stderr, flush=True)
         end = service.metrics()
         return {"label": label, "ranks": ranks, "procs": procs, "jitter_s": jitter_s, "setup_s": setup_s,
-                "phases": phases, "encoding": encoding, "max_connections": max_connections,
+                "phases": phases, "encoding": encoding, "max_connections": max_connections, "spread_s": spread_s,
                 "rss_idle_kib": rss_idle_kib, "stacks": stacks, "regular_passes": [phases["regular"], *extra],
                 "quiet_cpu_per_s": quiet,
                 "end": end, "rss_end_kib": service.rss_kib()}
@@ -506,7 +508,7 @@ def regimes(variants: list[dict], phase: str = "regular") -> str:
         held = int(p["metrics"].get("gpumond_http_connections_open", 0))
         reconnects = sum(c for q in passes for _, _, c in q["requests"])
         per_push = (cpu - quiet) / max(1, pushes)
-        by[(v["encoding"], v["max_connections"])] = (per_push, held, p["rss_end_kib"])
+        by[(v["encoding"], v["max_connections"], v["spread_s"])] = (per_push, held, p["rss_end_kib"])
         rows.append([v["label"], f"{len(passes)}", f"{pushes:,}", f"{steps / max(1, pushes):.1f}", f"{reconnects:,}",
                      f"{held:,}", f"{cpu:.2f} s", f"{quiet:.2f} s", f"**{per_push * 1e3:.3f} ms**",
                      f"{(cpu - sys_s - quiet) / max(1, pushes) * 1e3:.3f} ms", f"{sys_s / max(1, pushes) * 1e3:.3f} ms",
@@ -516,20 +518,28 @@ def regimes(variants: list[dict], phase: str = "regular") -> str:
                             "**CPU per push** (less idle)", "of which user (less idle)", "of which kernel",
                             "CPU per step", "service RSS at the end"], rows)
     notes = []
-    caps = sorted({c for _, c in by if c is not None})
-    for enc in sorted({e for e, _ in by}):
-        if len(caps) >= 2 and (enc, caps[0]) in by and (enc, caps[-1]) in by:
-            low, high = by[(enc, caps[0])], by[(enc, caps[-1])]
-            notes.append(f"{enc}: reconnecting (cap {caps[0]:,}) ÷ kept alive (cap {caps[-1]:,}) = "
-                         f"**{low[0] / high[0]:.2f}×** CPU per push ({(low[0] - high[0]) * 1e3:+.3f} ms)")
-            if high[1] != low[1]:
-                notes.append(f"{enc}: RSS per held connection ≈ ({high[2]:,} − {low[2]:,} KiB) ÷ ({high[1]:,} − "
-                             f"{low[1]:,} connections) = **{(high[2] - low[2]) * 1024 / (high[1] - low[1]):,.0f} "
-                             f"bytes** (same steps held by both)")
-    for cap in caps:
-        if ("json", cap) in by and ("columns", cap) in by:
-            notes.append(f"cap {cap:,}: columns ÷ JSON = **{by[('columns', cap)][0] / by[('json', cap)][0]:.2f}×** "
-                         f"CPU per push")
+    caps = sorted({c for _, c, _ in by if c is not None})
+    spreads = sorted({sp for _, _, sp in by}, reverse=True)
+    for sp in spreads:
+        at = f" (over {sp:g} s)" if len(spreads) > 1 else ""
+        for enc in sorted({e for e, _, _ in by}):
+            if len(caps) >= 2 and (enc, caps[0], sp) in by and (enc, caps[-1], sp) in by:
+                low, high = by[(enc, caps[0], sp)], by[(enc, caps[-1], sp)]
+                notes.append(f"{enc}{at}: reconnecting (cap {caps[0]:,}) ÷ kept alive (cap {caps[-1]:,}) = "
+                             f"**{low[0] / high[0]:.2f}×** CPU per push ({(low[0] - high[0]) * 1e3:+.3f} ms)")
+                if high[1] != low[1]:
+                    notes.append(f"{enc}{at}: RSS per held connection ≈ ({high[2]:,} − {low[2]:,} KiB) ÷ ({high[1]:,} "
+                                 f"− {low[1]:,} connections) = **{(high[2] - low[2]) * 1024 / (high[1] - low[1]):,.0f}"
+                                 f" bytes** (same steps held by both)")
+        for cap in caps:
+            if ("json", cap, sp) in by and ("columns", cap, sp) in by:
+                notes.append(f"cap {cap:,}{at}: columns ÷ JSON = "
+                             f"**{by[('columns', cap, sp)][0] / by[('json', cap, sp)][0]:.2f}×** CPU per push")
+    for enc, cap in sorted({(e, c) for e, c, _ in by if c is not None}):
+        if len(spreads) >= 2 and (enc, cap, spreads[0]) in by and (enc, cap, spreads[-1]) in by:
+            notes.append(f"{enc}, cap {cap:,}: pushes {spreads[0] / spreads[-1]:g}× as fast (over {spreads[-1]:g} s) ÷ "
+                         f"over {spreads[0]:g} s = **{by[(enc, cap, spreads[-1])][0] / by[(enc, cap, spreads[0])][0]:.2f}"
+                         f"×** CPU per push")
     return (f"## CPU per push by regime ({phase} phase)\n\n" + text + "\n\n" + "".join(f"- {n}\n" for n in notes) +
             f"\nThe {phase} phase: every rank pushes its 10 steps once, spread over 5 s. With a cap below the ranks "
             "the guard closes the longest-idle kept-alive connection for each new one, so every push meets a closed "
@@ -709,6 +719,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoding", nargs="+", choices=("json", "columns"), default=["json"],
                     help="the ranks' push encoding (the SDK's GPUMOND_PUSH_ENCODING; default json, the SDK's "
                          "default); several: one service each")
+    ap.add_argument("--spread-s", type=float, nargs="+", default=[INTERVAL_S],
+                    help="spread the warm and regular phases' pushes over this many seconds (default 5, the push "
+                         "interval; less: the same pushes arrive faster); several: one service each")
+    ap.add_argument("--log-level", default="error",
+                    help="the daemon's --log-level (default error: quiet; the daemon's own default is info, at "
+                         "which each connection the guard closes makes a rate-limited warning record)")
     ap.add_argument("--passes", type=int, default=1,
                     help="run the regular phase this many times (default 1): more pushes for the per-regime table")
     ap.add_argument("--profile", choices=("warm", "regular", "burst"),
@@ -731,8 +747,10 @@ def main(argv: list[str] | None = None) -> int:
     if per_proc + 256 > nofile:
         raise SystemExit(f"{per_proc:,} connections per client process exceed the descriptor limit {nofile:,}: "
                          f"use --clients {math.ceil(ranks / max(1, nofile - 256))} or more")
-    def label(name: str, cap: int | None, encoding: str, jitter_ms: float) -> str:
+    def label(name: str, cap: int | None, encoding: str, jitter_ms: float, spread_s: float) -> str:
         parts = [name]
+        if len(args.spread_s) > 1:
+            parts.append(f"over {spread_s:g} s")
         if len(args.max_connections) > 1:
             parts.append(f"cap {cap:,}" if cap is not None else "default cap")
         if len(args.encoding) > 1:
@@ -740,16 +758,18 @@ def main(argv: list[str] | None = None) -> int:
         parts.append("burst at once" if not jitter_ms else f"burst over {jitter_ms:g} ms")
         return ", ".join(parts)
 
-    plan = [(label(name, cap, encoding, jitter_ms), tree, cap, encoding, jitter_ms)
+    plan = [(label(name, cap, encoding, jitter_ms, spread_s), tree, cap, encoding, jitter_ms, spread_s)
             for name, tree in ([(args.before_label, args.before)] if args.before else []) + [("this tree", None)]
-            for cap in args.max_connections for encoding in args.encoding for jitter_ms in args.jitter_ms]
+            for spread_s in args.spread_s for cap in args.max_connections for encoding in args.encoding
+            for jitter_ms in args.jitter_ms]
     variants = []
     with tempfile.TemporaryDirectory(prefix="gpumond-bench-burst-") as tmp:
-        for i, (name, tree, cap, encoding, jitter_ms) in enumerate(plan):
+        for i, (name, tree, cap, encoding, jitter_ms, spread_s) in enumerate(plan):
             work = Path(tmp) / f"v{i}"
             work.mkdir()
             variants.append(run_variant(name, ranks, procs, jitter_ms / 1e3, args.phase_timeout, work,
-                                        cap, tree, encoding, args.profile, args.passes))
+                                        cap, tree, encoding, args.profile, args.passes, spread_s,
+                                        args.log_level))
     facts = {"setup": f"one job of {ranks:,} ranks, {RANKS_PER_NODE} per node (each node its own loopback "
                       f"address), {procs} client processes of the SDK's push path on asyncio (a connection per rank), "
                       f"{' / '.join(e if e == 'columns' else 'JSON' for e in args.encoding)} pushes, {STEP_S:g} s "
