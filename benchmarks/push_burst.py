@@ -437,7 +437,7 @@ def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeo
             service.rss_peak_kib = service.rss_kib()
             split0 = _bench.proc_cpu_split(service.proc.pid)
             cpu0, wall0 = service.cpu_s(), time.monotonic()
-            spy = Spy(service.proc.pid, workdir / f"{kind}.stacks") if kind == profile else None
+            spy = Spy(service.proc.pid, workdir / f"{kind}-{len(extra)}.stacks") if kind == profile else None
             got = clients.phase(kind, start, jitter_s if kind == "burst" else 0.0,
                                 phase_timeout_s * (2 if kind == "settle" else 1), spread_s)
             wall = max(got["accepted_at"], default=math.nan)
@@ -457,6 +457,7 @@ def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeo
         end = service.metrics()
         return {"label": label, "ranks": ranks, "procs": procs, "jitter_s": jitter_s, "setup_s": setup_s,
                 "phases": phases, "encoding": encoding, "max_connections": max_connections, "spread_s": spread_s,
+                "log_level": log_level,
                 "rss_idle_kib": rss_idle_kib, "stacks": stacks, "regular_passes": [phases["regular"], *extra],
                 "quiet_cpu_per_s": quiet,
                 "end": end, "rss_end_kib": service.rss_kib()}
@@ -497,7 +498,7 @@ def _accepted(p: dict) -> int:
 def regimes(variants: list[dict], phase: str = "regular") -> str:
     """The service's CPU per accepted push in `phase` by variant (connection cap x encoding), and the memory of
     a held connection from two variants that differ only in how many connections they held."""
-    rows, by = [], {}
+    rows, by, levels = [], {}, {}
     for v in variants:
         passes = v["regular_passes"]
         p = passes[-1]
@@ -509,6 +510,7 @@ def regimes(variants: list[dict], phase: str = "regular") -> str:
         reconnects = sum(c for q in passes for _, _, c in q["requests"])
         per_push = (cpu - quiet) / max(1, pushes)
         by[(v["encoding"], v["max_connections"], v["spread_s"])] = (per_push, held, p["rss_end_kib"])
+        levels.setdefault((v["encoding"], v["max_connections"], v["spread_s"]), {})[v["log_level"]] = per_push
         rows.append([v["label"], f"{len(passes)}", f"{pushes:,}", f"{steps / max(1, pushes):.1f}", f"{reconnects:,}",
                      f"{held:,}", f"{cpu:.2f} s", f"{quiet:.2f} s", f"**{per_push * 1e3:.3f} ms**",
                      f"{(cpu - sys_s - quiet) / max(1, pushes) * 1e3:.3f} ms", f"{sys_s / max(1, pushes) * 1e3:.3f} ms",
@@ -535,6 +537,11 @@ def regimes(variants: list[dict], phase: str = "regular") -> str:
             if ("json", cap, sp) in by and ("columns", cap, sp) in by:
                 notes.append(f"cap {cap:,}{at}: columns ÷ JSON = "
                              f"**{by[('columns', cap, sp)][0] / by[('json', cap, sp)][0]:.2f}×** CPU per push")
+    for (enc, cap, sp), per_level in levels.items():
+        if "info" in per_level and "error" in per_level:
+            notes.append(f"{enc}, cap {cap}, over {sp:g} s: the daemon at log level info ÷ error = "
+                         f"**{per_level['info'] / per_level['error']:.2f}×** CPU per push "
+                         f"({(per_level['info'] - per_level['error']) * 1e3:+.3f} ms)")
     for enc, cap in sorted({(e, c) for e, c, _ in by if c is not None}):
         if len(spreads) >= 2 and (enc, cap, spreads[0]) in by and (enc, cap, spreads[-1]) in by:
             notes.append(f"{enc}, cap {cap:,}: pushes {spreads[0] / spreads[-1]:g}× as fast (over {spreads[-1]:g} s) ÷ "
@@ -619,8 +626,8 @@ def profile_section(v: dict, phase: str, top: int = 20) -> str:
 
 def report(variants: list[dict], args: argparse.Namespace) -> list[str]:
     sections = []
-    if len(variants) > 1 and any(v["encoding"] != variants[0]["encoding"] or
-                                 v["max_connections"] != variants[0]["max_connections"] for v in variants):
+    axes = ("encoding", "max_connections", "spread_s", "log_level")
+    if any(v[k] != variants[0][k] for v in variants for k in axes) or args.passes > 1:
         sections.append(regimes(variants))
     for v in variants:
         if v["stacks"]:
@@ -722,9 +729,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spread-s", type=float, nargs="+", default=[INTERVAL_S],
                     help="spread the warm and regular phases' pushes over this many seconds (default 5, the push "
                          "interval; less: the same pushes arrive faster); several: one service each")
-    ap.add_argument("--log-level", default="error",
+    ap.add_argument("--log-level", nargs="+", default=["error"],
                     help="the daemon's --log-level (default error: quiet; the daemon's own default is info, at "
-                         "which each connection the guard closes makes a rate-limited warning record)")
+                         "which each connection the guard closes makes a rate-limited warning record); several: one service each")
+    ap.add_argument("--keep-stacks", type=Path, metavar="DIR",
+                    help="with --profile: copy py-spy's collapsed stacks (one file per variant and pass) into DIR")
     ap.add_argument("--passes", type=int, default=1,
                     help="run the regular phase this many times (default 1): more pushes for the per-regime table")
     ap.add_argument("--profile", choices=("warm", "regular", "burst"),
@@ -747,8 +756,10 @@ def main(argv: list[str] | None = None) -> int:
     if per_proc + 256 > nofile:
         raise SystemExit(f"{per_proc:,} connections per client process exceed the descriptor limit {nofile:,}: "
                          f"use --clients {math.ceil(ranks / max(1, nofile - 256))} or more")
-    def label(name: str, cap: int | None, encoding: str, jitter_ms: float, spread_s: float) -> str:
+    def label(name: str, cap: int | None, encoding: str, jitter_ms: float, spread_s: float, level: str) -> str:
         parts = [name]
+        if len(args.log_level) > 1:
+            parts.append(f"log level {level}")
         if len(args.spread_s) > 1:
             parts.append(f"over {spread_s:g} s")
         if len(args.max_connections) > 1:
@@ -758,18 +769,22 @@ def main(argv: list[str] | None = None) -> int:
         parts.append("burst at once" if not jitter_ms else f"burst over {jitter_ms:g} ms")
         return ", ".join(parts)
 
-    plan = [(label(name, cap, encoding, jitter_ms, spread_s), tree, cap, encoding, jitter_ms, spread_s)
+    plan = [(label(name, cap, encoding, jitter_ms, spread_s, level), tree, cap, encoding, jitter_ms, spread_s, level)
             for name, tree in ([(args.before_label, args.before)] if args.before else []) + [("this tree", None)]
-            for spread_s in args.spread_s for cap in args.max_connections for encoding in args.encoding
+            for level in args.log_level for spread_s in args.spread_s for cap in args.max_connections for encoding in args.encoding
             for jitter_ms in args.jitter_ms]
     variants = []
     with tempfile.TemporaryDirectory(prefix="gpumond-bench-burst-") as tmp:
-        for i, (name, tree, cap, encoding, jitter_ms, spread_s) in enumerate(plan):
+        for i, (name, tree, cap, encoding, jitter_ms, spread_s, level) in enumerate(plan):
             work = Path(tmp) / f"v{i}"
             work.mkdir()
             variants.append(run_variant(name, ranks, procs, jitter_ms / 1e3, args.phase_timeout, work,
                                         cap, tree, encoding, args.profile, args.passes, spread_s,
-                                        args.log_level))
+                                        level))
+            if args.keep_stacks and args.profile:
+                (args.keep_stacks / f"v{i}").mkdir(parents=True, exist_ok=True)
+                for f in work.glob("*.stacks"):
+                    shutil.copy(f, args.keep_stacks / f"v{i}" / f.name)
     facts = {"setup": f"one job of {ranks:,} ranks, {RANKS_PER_NODE} per node (each node its own loopback "
                       f"address), {procs} client processes of the SDK's push path on asyncio (a connection per rank), "
                       f"{' / '.join(e if e == 'columns' else 'JSON' for e in args.encoding)} pushes, {STEP_S:g} s "
