@@ -21,7 +21,8 @@ wait for), every rank sees it and pushes early within milliseconds (gpumond/job/
   evenly over the 5 s push interval; the burst's all at one instant.
 
 Phases, one after another: **warm** (every rank's first push: the service learns the ranks; regular cadence),
-**regular** (the baseline: every rank pushes the 10 steps of its last 5 s, spread over 5 s), a quiet window (5 s: the service's CPU with no pushes),
+**regular** (the baseline: every rank pushes the 10 steps of its last 5 s, spread over 5 s; `--passes` times),
+a quiet window (5 s: the service's CPU with no pushes),
 then **burst** (every rank queues the steps since its last regular push, 1-10 by its phase, and all push at
 one instant on CLOCK_MONOTONIC), then **settle** (ranks with steps still queued keep pushing them, no new
 steps). Each phase ends when every rank's steps are accepted or after `--phase-timeout` (settle: twice that). Per phase: time from the phase's start until every rank's
@@ -244,7 +245,8 @@ async def _client_loop(port: int, ranks: list[int], world: int, encoding: str, o
                     tasks.append(asyncio.create_task(_at(start, s.push())))
                 continue
             s.queue_steps(burst_steps(s.rank, world) if kind == "burst" else round(INTERVAL_S / STEP_S), now)
-            offset = (jitter_s * ((s.rank * 40503) % 65536) / 65536) if kind == "burst" else phase_of(s.rank, world) * spread_s / INTERVAL_S
+            offset = ((jitter_s * ((s.rank * 40503) % 65536) / 65536) if kind == "burst"
+                      else phase_of(s.rank, world) * spread_s / INTERVAL_S)
             dues.append(start + offset)
             tasks.append(asyncio.create_task(_at(start + offset, s.push())))
         if tasks:
@@ -437,7 +439,7 @@ def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeo
             service.rss_peak_kib = service.rss_kib()
             split0 = _bench.proc_cpu_split(service.proc.pid)
             cpu0, wall0 = service.cpu_s(), time.monotonic()
-            spy = Spy(service.proc.pid, workdir / f"{kind}-{len(extra)}.stacks") if kind == profile else None
+            spy = Spy(service.proc.pid, workdir / f"{kind}-{len(extra) + (kind in phases)}.stacks") if kind == profile else None
             got = clients.phase(kind, start, jitter_s if kind == "burst" else 0.0,
                                 phase_timeout_s * (2 if kind == "settle" else 1), spread_s)
             wall = max(got["accepted_at"], default=math.nan)
@@ -445,7 +447,8 @@ def run_variant(label: str, ranks: int, procs: int, jitter_s: float, phase_timeo
             sys_s = _bench.proc_cpu_split(service.proc.pid)[1] - split0[1]
             if spy is not None:
                 stacks += spy.stop()  # every regular pass's, with --passes
-            got.update(cpu_s=cpu, wall_s=wall, rss_peak_kib=service.rss_peak_kib, rss_end_kib=service.rss_kib(), sys_s=sys_s,
+            got.update(cpu_s=cpu, wall_s=wall, rss_peak_kib=service.rss_peak_kib, rss_end_kib=service.rss_kib(),
+                       sys_s=sys_s,
                        span_s=span, metrics=service.metrics(), load1=os.getloadavg()[0])
             got["pushed_in_phase"], pushed = got["pushed"] - pushed, got["pushed"]
             if kind in phases:  # a further regular pass: kept apart, the per-phase tables show the first
@@ -530,9 +533,10 @@ def regimes(variants: list[dict], phase: str = "regular") -> str:
                 notes.append(f"{enc}{at}: reconnecting (cap {caps[0]:,}) ÷ kept alive (cap {caps[-1]:,}) = "
                              f"**{low[0] / high[0]:.2f}×** CPU per push ({(low[0] - high[0]) * 1e3:+.3f} ms)")
                 if high[1] != low[1]:
-                    notes.append(f"{enc}{at}: RSS per held connection ≈ ({high[2]:,} − {low[2]:,} KiB) ÷ ({high[1]:,} "
-                                 f"− {low[1]:,} connections) = **{(high[2] - low[2]) * 1024 / (high[1] - low[1]):,.0f}"
-                                 f" bytes** (same steps held by both)")
+                    per_conn = (high[2] - low[2]) * 1024 / (high[1] - low[1])
+                    notes.append(f"{enc}{at}: RSS per held connection ≈ ({high[2]:,} − {low[2]:,} KiB) ÷ "
+                                 f"({high[1]:,} − {low[1]:,} connections) = **{per_conn:,.0f} bytes** (same steps "
+                                 f"held by both)")
         for cap in caps:
             if ("json", cap, sp) in by and ("columns", cap, sp) in by:
                 notes.append(f"cap {cap:,}{at}: columns ÷ JSON = "
@@ -544,9 +548,9 @@ def regimes(variants: list[dict], phase: str = "regular") -> str:
                          f"({(per_level['info'] - per_level['error']) * 1e3:+.3f} ms)")
     for enc, cap in sorted({(e, c) for e, c, _ in by if c is not None}):
         if len(spreads) >= 2 and (enc, cap, spreads[0]) in by and (enc, cap, spreads[-1]) in by:
-            notes.append(f"{enc}, cap {cap:,}: pushes {spreads[0] / spreads[-1]:g}× as fast (over {spreads[-1]:g} s) ÷ "
-                         f"over {spreads[0]:g} s = **{by[(enc, cap, spreads[-1])][0] / by[(enc, cap, spreads[0])][0]:.2f}"
-                         f"×** CPU per push")
+            fast, slow = by[(enc, cap, spreads[-1])][0], by[(enc, cap, spreads[0])][0]
+            notes.append(f"{enc}, cap {cap:,}: pushes {spreads[0] / spreads[-1]:g}× as fast (over {spreads[-1]:g} s) "
+                         f"÷ over {spreads[0]:g} s = **{fast / slow:.2f}×** CPU per push")
     return (f"## CPU per push by regime ({phase} phase)\n\n" + text + "\n\n" + "".join(f"- {n}\n" for n in notes) +
             f"\nThe {phase} phase: every rank pushes its 10 steps once, spread over 5 s. With a cap below the ranks "
             "the guard closes the longest-idle kept-alive connection for each new one, so every push meets a closed "
@@ -618,7 +622,8 @@ def profile_section(v: dict, phase: str, top: int = 20) -> str:
                 watch_rows.append([*row(key, n), what])
     return (f"## Profile: {v['label']}, {phase} phase\n\n"
             f"py-spy, {total:,} samples of the service's thread holding the GIL; each share × the phase's "
-            f"{per_push_us:,.0f} µs of the service's *user* CPU per accepted push (the kernel's: the table above).\n\n**Inclusive** (the function and what it "
+            f"{per_push_us:,.0f} µs of the service's *user* CPU per accepted push (the kernel's: the table "
+            f"above).\n\n**Inclusive** (the function and what it "
             f"calls):\n\n" + _bench.md_table(["function", "file", "share", "per push", "what"], watch_rows) +
             "\n\n**Own time** (top functions; C code called from a Python function counts as that function's):\n\n"
             + _bench.md_table(["function", "file", "share", "per push", "mostly called from"], own_rows))
@@ -731,7 +736,8 @@ def main(argv: list[str] | None = None) -> int:
                          "interval; less: the same pushes arrive faster); several: one service each")
     ap.add_argument("--log-level", nargs="+", default=["error"],
                     help="the daemon's --log-level (default error: quiet; the daemon's own default is info, at "
-                         "which each connection the guard closes makes a rate-limited warning record); several: one service each")
+                         "which each connection the guard closes makes a rate-limited warning record); several: one "
+                         "service each")
     ap.add_argument("--keep-stacks", type=Path, metavar="DIR",
                     help="with --profile: copy py-spy's collapsed stacks (one file per variant and pass) into DIR")
     ap.add_argument("--passes", type=int, default=1,
@@ -771,8 +777,8 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = [(label(name, cap, encoding, jitter_ms, spread_s, level), tree, cap, encoding, jitter_ms, spread_s, level)
             for name, tree in ([(args.before_label, args.before)] if args.before else []) + [("this tree", None)]
-            for level in args.log_level for spread_s in args.spread_s for cap in args.max_connections for encoding in args.encoding
-            for jitter_ms in args.jitter_ms]
+            for level in args.log_level for spread_s in args.spread_s for cap in args.max_connections
+            for encoding in args.encoding for jitter_ms in args.jitter_ms]
     variants = []
     with tempfile.TemporaryDirectory(prefix="gpumond-bench-burst-") as tmp:
         for i, (name, tree, cap, encoding, jitter_ms, spread_s, level) in enumerate(plan):
