@@ -7,7 +7,7 @@ the clock-event reasons the service reads, host CPU / iowait / disk / memory, `u
 GPUs (SM clock 0.72×, power 0.6×) and starved GPUs (utilization 0.15, power 0.3). The jobs: one job with a rank
 on every GPU of the NODES nodes (32,768 ranks at the default 4,096 nodes) and SMALL jobs of 8 ranks on 8 more
 GPUs each; the starved GPUs' ranks push a data wait of half the step, the slow GPUs' ranks a comm wait near 0
-(the slowest rank waits least), every other rank ~0.1 s.
+(the slowest rank waits least), every other rank ~0.1 s; each step's duration and waits vary by a few per cent.
 
 The rules service's own app (`gpumond.rules.http.build_app`, the daemon's guarded protocol, its GC
 thresholds) serves under uvicorn in this process; PUSHERS load-generator processes push every rank's steps of
@@ -61,6 +61,9 @@ PUSHERS = 4  # load-generator processes, one keep-alive connection each
 TOKEN = "fleet-scale-benchmark-token"
 # The clock-event reasons the service selects (signals.GPU_SERIES); the agent exports every reason of every GPU.
 MASK = "gpumond_gpu_clocks_event_reasons_bitmask"
+# A rank's data wait and comm wait (s) by its kind: a starved rank waits on its loader; the slowest rank waits
+# least for its peers.
+KINDS = {"base": (0.01, 0.1), "starved": (0.25, 0.0), "slow": (0.01, 0.002)}
 REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown", "sw_power_cap", "hw_power_brake_slowdown")
 
 
@@ -145,14 +148,22 @@ def _pusher(port: int, ranks: list[tuple[str, int, int, str, str, str]], orders:
                           "columns"), kind) for job, rank, world, node, uuid, kind in ranks]
     headers = {"Content-Type": CONTENT_TYPES["columns"], "Authorization": f"Bearer {TOKEN}"}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    import numpy as np
+
     while (order := orders.get()) is not None:
         first, count, now = order
-        # (step, end, duration, data wait, samples, comm wait): the SDK's record, ends already on the wall clock.
-        recs = {k: [(first + i, now - (count - 1 - i) * STEP_S, STEP_S, wait, 32, comm) for i in range(count)]
-                for k, wait, comm in (("base", 0.01, 0.1), ("starved", 0.25, 0.0), ("slow", 0.01, 0.002))}
+        # Every rank's steps vary a little from step to step, as measured ones do (detectors sort and rank them:
+        # identical values would make that work look cheaper than it is): ±3 % on the duration, ±20 % on the
+        # waits, drawn per push from a generator seeded by the first step (the same run, the same steps).
+        rng = np.random.default_rng(first)
+        noise = 1.0 + rng.uniform(-1.0, 1.0, (len(heads), 3, count)) * np.array([0.03, 0.2, 0.2])[:, None]
         lat, failed, ok = [], [], 0
-        for head, kind in heads:
-            body = encode_columns(head, recs[kind], 0.0, 0.0)
+        for (head, kind), (dur, wait, comm) in zip(heads, noise.tolist(), strict=True):
+            base_wait, base_comm = KINDS[kind]
+            # (step, end, duration, data wait, samples, comm wait): the SDK's record, ends on the wall clock.
+            recs = [(first + i, now - (count - 1 - i) * STEP_S, STEP_S * dur[i], base_wait * wait[i], 32,
+                     base_comm * comm[i]) for i in range(count)]
+            body = encode_columns(head, recs, 0.0, 0.0)
             t0 = time.perf_counter()
             for attempt in (1, 2):
                 try:

@@ -22,6 +22,8 @@ T = TypeVar("T")
 # Padding up to this many times the data: beyond that one sequence dwarfs the rest and callers use the
 # reference code rather than a mostly empty matrix.
 MAX_PAD = 8
+# column_median selects up to this many distinct order statistics (np.partition) rather than sorting.
+_FEW_ORDERS = 8
 
 
 def newest_first(seqs: Sequence[Sequence[T]], pad: T) -> Iterator[T]:
@@ -53,12 +55,29 @@ def column_median(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.
         return np.zeros(n), k
     # Unselected cells sort last as +inf; a selected +inf ties with them, which changes nothing.
     m = np.where(mask, values, np.inf).T.copy()
-    m.sort(axis=1, kind="stable")  # stable, in oldest-first order: ±0.0 keep their order, as in `sorted`
     idx = k // 2
-    cols = np.arange(n)
-    hi = m[cols, np.minimum(idx, width - 1)]
-    lo = m[cols, np.maximum(idx - 1, 0)]
-    return np.where(k % 2 == 1, hi, 0.5 * (lo + hi)), k
+    at_hi, at_lo = np.minimum(idx, width - 1), np.maximum(idx - 1, 0)
+    wanted = np.union1d(at_hi, at_lo)
+    if len(wanted) <= _FEW_ORDERS and not _negative_zero(m):
+        # Only the middle one or two of each column are read, and columns hold nearly the same count (a job's
+        # ranks step together): selecting those few order statistics is a linear pass per column, where a sort
+        # is ~log2(width) of them. The values there are the sorted ones; which of equal values lands there
+        # differs, which only a -0.0 beside a 0.0 could tell apart: a stable sort then, as `sorted` orders them.
+        m.partition(wanted, axis=1)
+    else:
+        m.sort(axis=1, kind="stable")
+    return _middle(m, k, at_hi, at_lo), k
+
+
+def _negative_zero(m: np.ndarray) -> bool:
+    return bool((np.signbit(m) & (m == 0.0)).any())
+
+
+def _middle(m: np.ndarray, k: np.ndarray, at_hi: np.ndarray, at_lo: np.ndarray) -> np.ndarray:
+    """stats.median's arithmetic on each row of `m` (its order statistics at at_hi / at_lo in place)."""
+    rows = np.arange(len(m))
+    hi, lo = m[rows, at_hi], m[rows, at_lo]
+    return np.where(k % 2 == 1, hi, 0.5 * (lo + hi))
 
 
 def first_row(mask: np.ndarray) -> np.ndarray:
@@ -76,22 +95,28 @@ def has_nan(*arrays: np.ndarray) -> bool:
     return any(bool(np.isnan(a).any()) for a in arrays if a.size)
 
 
-def column_trimmed_mean(values: np.ndarray, mask: np.ndarray, trim: float) -> tuple[np.ndarray, np.ndarray]:
-    """(mean of each column's selected cells without the floor(trim · k) smallest and largest, k); the same
-    arithmetic as features.trimmed_mean: kept values summed smallest first (a cumulative sum is sequential,
-    numpy's plain sum is pairwise and would differ in the last bit). Meaningless where k is 0."""
+def column_trimmed_mean_and_median(values: np.ndarray, mask: np.ndarray,
+                                   trim: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean of each column's selected cells without the floor(trim · k) smallest and largest, column_median of
+    them, k): the same arithmetic as features.trimmed_mean and stats.median; the kept values summed smallest
+    first (a cumulative sum is sequential, numpy's plain sum is pairwise and would differ in the last bit). From
+    one sort: the trimmed mean needs every selected cell in order, and the median is then two reads of it.
+    Meaningless where k is 0."""
     k = mask.sum(axis=0)
     width, n = values.shape
     if width == 0 or n == 0:
-        return np.zeros(n), k
+        return np.zeros(n), np.zeros(n), k
     m = np.where(mask, values, np.inf).T.copy()
     m.sort(axis=1, kind="stable")
     g = (trim * k).astype(np.int64)  # floor, as int() in the reference (k ≥ 0)
     pos = np.arange(width)[None, :]
     kept = (pos >= g[:, None]) & (pos < (k - g)[:, None])
-    total = np.cumsum(np.where(kept, m, 0.0), axis=1)[:, -1]
+    # + 0.0: the reference's sum starts from 0.0, so it is never -0.0 (a cumulative sum of -0.0 alone is).
+    total = np.cumsum(np.where(kept, m, 0.0), axis=1)[:, -1] + 0.0
+    idx = k // 2
+    median = _middle(m, k, np.minimum(idx, width - 1), np.maximum(idx - 1, 0))
     with np.errstate(all="ignore"):
-        return total / np.maximum(k - 2 * g, 1), k
+        return total / np.maximum(k - 2 * g, 1), median, k
 
 
 def gather(flat: np.ndarray, stops: np.ndarray, counts: np.ndarray, width: int, pad: float) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 
 from gpumond.rules.detectors.features import (SHARE_QUANTUM, RankFeatures, job_step_times, rank_features,
                                                step_share_means)
-from gpumond.rules.detectors.ragged import column_median, column_trimmed_mean, has_nan, too_ragged
+from gpumond.rules.detectors.ragged import column_median, column_trimmed_mean_and_median, has_nan, too_ragged
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.types import RankWindow
 
@@ -73,12 +73,11 @@ def _vectorised(windows: list[RankWindow], read: RecentSteps | None, until: floa
         comm_frac, _ = column_median(comm / durations, shared)
     if shared.any():
         shares = _relative(shares, shared, numbers)
-    share_recent, n_shared = column_median(shares, shared)
+    share_trimmed, share_recent, n_shared = column_trimmed_mean_and_median(shares, shared, trim)
     # The last `short_steps` of them, and every one that ended within `short_s` of the newest of them.
     newest_end = np.where(shared, ends, -np.inf).max(axis=0) if depth else np.zeros(n)
     newest = shared & ((np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps) | (ends >= newest_end - short_s))
     share_short, _ = column_median(shares, newest)
-    share_trimmed, _ = column_trimmed_mean(shares, shared, trim)
     short_ok = n_shared >= min(short_steps, min_steps)
     recent_ok = n_shared >= min_steps
 
