@@ -92,7 +92,7 @@ def log_limited(logger: logging.Logger, level: int, msg: str, extra: dict[str, A
     limit = _only_limit(logger, level)
     if limit is not None:
         caller = sys._getframe(1)
-        gpu = _gpu_key(logger.name, (extra or {}).get("gpu"), (extra or {}).get("uuid"))
+        gpu = _gpu_key(logger.name, extra.get("gpu"), extra.get("uuid")) if extra else None
         if limit.held_back((logger.name, caller.f_code.co_filename, caller.f_lineno, gpu), level, msg):
             return
     logger.log(level, msg, extra=extra, stacklevel=2)  # stacklevel: the record names our caller's line
@@ -107,8 +107,12 @@ def _only_limit(logger: logging.Logger, level: int) -> RateLimit | None:
         for handler in node.handlers:
             if level < handler.level:
                 continue
-            limit = next((f for f in handler.filters if isinstance(f, RateLimit)), None)
-            if limit is None or (found is not None and limit is not found):
+            for limit in handler.filters:
+                if isinstance(limit, RateLimit):
+                    break
+            else:
+                return None  # this handler writes every record it gets
+            if found is not None and limit is not found:
                 return None
             found = limit
         node = node.parent if node.propagate else None
