@@ -83,9 +83,8 @@ _LIMITS: list[RateLimit] = []  # the live limiter, flushed at exit so no count o
 def log_limited(logger: logging.Logger, level: int, msg: str, extra: dict[str, Any] | None = None) -> None:
     """`logger.log(level, msg, extra=extra)` from a call site that floods by design, where a line held back by the
     rate limit is not even built. A server past its connection cap closes one connection per new one and logs
-    each: a held-back record still cost ~20-40 µs to make and filter (LogRecord, findCaller, the limit), several
-    % of a reconnecting push's CPU (benchmarks/results/push_cost_logging.md); asking the limit first costs a few
-    µs. The same budget, `suppressed=N` and summary lines as logger.log() (the same key: logger, file, line,
+    each: a held-back record still costs ~13 µs to make and filter (LogRecord, findCaller, the limit; ~40 µs in
+    the daemon's profile, benchmarks/results/push_cost_profile.md), asking the limit first ~3-4 µs. The same budget, `suppressed=N` and summary lines as logger.log() (the same key: logger, file, line,
     GPU); a record is always made when some handler it would reach has no rate limit (pytest's caplog, say)."""
     if not logger.isEnabledFor(level):
         return
