@@ -35,7 +35,9 @@ client that never completes its handshake is held to the same head timeout, coun
 is the first evicted, exactly like one that never sends its request head.
 
 Each kind of closing has its own log call site, so that one flood's rate limit (gpumond.logs) never hides
-another kind's warning, and its own counter (`ConnectionStats`), exported on both daemons' /metrics.
+another kind's warning, and its own counter (`ConnectionStats`), exported on both daemons' /metrics. The
+warnings go through `log_limited`: past the cap every new connection closes one, and a warning the rate limit
+holds back is then not built at all.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumond.logs import log_limited
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.serving")
@@ -244,13 +247,13 @@ class GuardedConnection:
             found = guard.victim(self.loop.time())
             if found is None:
                 guard.stats.shed += 1
-                log.warning("connection shed: every held connection is busy or just opened", extra={
+                log_limited(log, logging.WARNING, "connection shed: every held connection is busy or just opened", {
                     "cap": guard.cap, "total": guard.stats.shed})
                 tcp.abort()
                 return
             victim, kind = found
             guard.stats.evicted += 1
-            log.warning("connection closed to make room", extra={
+            log_limited(log, logging.WARNING, "connection closed to make room", {
                 "cap": guard.cap, "closed": kind, "total": guard.stats.evicted})
             victim._close("evicted")
         guard.waiting[self] = self.loop.time()
@@ -347,7 +350,7 @@ class GuardedConnection:
         if self.transport.is_closing() and not self.transport.get_write_buffer_size():
             return
         guard.stats.write_timeouts += 1
-        log.warning("connection closed: client did not read the response in time", extra={
+        log_limited(log, logging.WARNING, "connection closed: client did not read the response in time", {
             "timeout_s": guard.limits.write_timeout_s, "total": guard.stats.write_timeouts,
             "client": _peer(self)})
         self._close("write")
@@ -369,12 +372,12 @@ class GuardedConnection:
             return
         if phase == "head":
             guard.stats.head_timeouts += 1
-            log.warning("connection closed: request head not complete in time", extra={
+            log_limited(log, logging.WARNING, "connection closed: request head not complete in time", {
                 "timeout_s": guard.limits.header_timeout_s, "total": guard.stats.head_timeouts,
                 "client": _peer(self)})
         else:
             guard.stats.body_timeouts += 1
-            log.warning("connection closed: request body not complete in time", extra={
+            log_limited(log, logging.WARNING, "connection closed: request body not complete in time", {
                 "timeout_s": guard.limits.body_timeout_s, "total": guard.stats.body_timeouts,
                 "client": _peer(self)})
         self._close(phase)

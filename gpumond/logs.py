@@ -80,6 +80,44 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream: TextIO | Non
 _LIMITS: list[RateLimit] = []  # the live limiter, flushed at exit so no count of suppressed lines is lost
 
 
+def log_limited(logger: logging.Logger, level: int, msg: str, extra: dict[str, Any] | None = None) -> None:
+    """`logger.log(level, msg, extra=extra)` from a call site that floods by design, where a line held back by the
+    rate limit is not even built. A server past its connection cap closes one connection per new one and logs
+    each: a held-back record still costs ~13 µs to make and filter (LogRecord, findCaller, the limit; ~40 µs in
+    the daemon's profile, benchmarks/results/push_cost_profile.md), asking the limit first ~3-4 µs. The same budget, `suppressed=N` and summary lines as logger.log() (the same key: logger, file, line,
+    GPU); a record is always made when some handler it would reach has no rate limit (pytest's caplog, say)."""
+    if not logger.isEnabledFor(level):
+        return
+    limit = _only_limit(logger, level)
+    if limit is not None:
+        caller = sys._getframe(1)
+        gpu = _gpu_key(logger.name, extra.get("gpu"), extra.get("uuid")) if extra else None
+        if limit.held_back((logger.name, caller.f_code.co_filename, caller.f_lineno, gpu), level, msg):
+            return
+    logger.log(level, msg, extra=extra, stacklevel=2)  # stacklevel: the record names our caller's line
+
+
+def _only_limit(logger: logging.Logger, level: int) -> RateLimit | None:
+    """The one RateLimit that every handler a record of `logger` at `level` reaches filters it with; None when
+    one of them has none, or they have different ones (then only the record itself can be judged)."""
+    found = None
+    node: logging.Logger | None = logger
+    while node is not None:
+        for handler in node.handlers:
+            if level < handler.level:
+                continue
+            for limit in handler.filters:
+                if isinstance(limit, RateLimit):
+                    break
+            else:
+                return None  # this handler writes every record it gets
+            if found is not None and limit is not found:
+                return None
+            found = limit
+        node = node.parent if node.propagate else None
+    return found
+
+
 def _capture_stray_output(limit: RateLimit) -> None:
     """Route what Python would print raw to stderr through logging: warnings, thread and unraisable errors."""
     logging.captureWarnings(True)  # warnings.warn -> the "py.warnings" logger, one line each
@@ -157,6 +195,19 @@ class RateLimit(logging.Filter):
             self._summarise(due)
         return True
 
+    def held_back(self, site: tuple[str, str, int, Any], levelno: int, message: str) -> bool:
+        """Whether filter() would hold back the next record of `site` (logger, file, line, GPU) now; if so it is
+        counted as held back here, as filter() would, and need not be made (log_limited)."""
+        now = self._clock()
+        with self._lock:
+            state = self._sites.get(site)
+            if state is None or now - state[0] >= self._window or state[1] < self._burst:
+                return False  # filter() lets it through, and counts it against the budget
+            state[2] += 1
+            state[3] = (site[0], levelno, message[:200], site[3])
+            self.suppressed_total += 1
+            return True
+
     def _sweep_due(self, now: float) -> list[tuple[tuple[str, int, str, Any], int]]:
         """Sites whose window ended with lines held back and nothing since (called under the lock)."""
         if now < self._next_sweep:
@@ -191,11 +242,14 @@ class RateLimit(logging.Filter):
 
 def _gpu_of(record: logging.LogRecord) -> Any:
     """The GPU a gpumond record names (its `gpu`, else `uuid` field), which gets its own budget; else None."""
-    if not (record.name == "gpumond" or record.name.startswith("gpumond.")):
+    return _gpu_key(record.name, getattr(record, "gpu", None), getattr(record, "uuid", None))
+
+
+def _gpu_key(logger: str, gpu: Any, uuid: Any) -> Any:
+    if not (logger == "gpumond" or logger.startswith("gpumond.")):
         return None
-    gpu = getattr(record, "gpu", None)
     if gpu is None:
-        gpu = getattr(record, "uuid", None)
+        gpu = uuid
     # Only plain values key a budget: an unhashable or long one is treated as naming no GPU.
     return gpu if isinstance(gpu, int) or (isinstance(gpu, str) and len(gpu) <= 64) else None
 

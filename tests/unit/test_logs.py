@@ -337,3 +337,69 @@ def test_a_level_above_warning_holds_for_foreign_loggers_too() -> None:
     logging.getLogger("apscheduler.scheduler").error("written")
     lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
     assert [(f["logger"], f["msg"]) for f in lines] == [("apscheduler.scheduler", "written")]
+
+
+class _Built(logging.Filter):
+    """Counts the records a logger makes (a logger's filters see every record made for it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return True
+
+
+def test_log_limited_builds_no_record_the_limit_holds_back_and_keeps_its_count() -> None:
+    from gpumond.logs import BURST, WINDOW_S, RateLimit, log_limited
+
+    stream, _ = emit("logfmt")
+    logging.getLogger("gpumond").propagate = False  # pytest's own capture handler at the root has no limit
+    clock = FakeClock()
+    limit = next(f for f in logging.getLogger("gpumond").handlers[-1].filters if isinstance(f, RateLimit))
+    limit._clock = clock
+    log = logging.getLogger("gpumond.serving")
+    built = _Built()
+    log.addFilter(built)
+    try:
+        def evicted(i: int) -> None:  # one call site, as the connection guard's
+            log_limited(log, logging.WARNING, "connection closed to make room", {"total": i})
+
+        for i in range(500):
+            evicted(i)
+        log_limited(log, logging.WARNING, "another event")  # another site has its own budget
+        assert len(built.records) == BURST + 1  # the 490 held back were never made
+        site = built.records[0]
+        assert site.pathname == __file__ and site.funcName == "evicted"  # the caller's line keys the budget
+        lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+        assert len(lines) == BURST + 1 and lines[-1]["msg"] == "another event"
+        clock.now += WINDOW_S
+        evicted(500)
+        log.warning("not limited beforehand")
+        lines = [parse_logfmt(line) for line in stream.getvalue().splitlines()]
+        assert lines[BURST + 1]["msg"] == "connection closed to make room"
+        assert lines[BURST + 1]["suppressed"] == str(500 - BURST)  # the count the filter alone would give
+        assert limit.suppressed_total == 500 - BURST
+        for _ in range(BURST + 4):
+            evicted(0)
+        limit.flush()  # the site fell silent: its summary line names it
+        summary = parse_logfmt(stream.getvalue().splitlines()[-1])
+        assert summary["msg"] == "repeated log lines suppressed" and summary["suppressed"] == "5"
+        assert summary["of_msg"] == "connection closed to make room" and summary["of_logger"] == "gpumond.serving"
+    finally:
+        log.removeFilter(built)
+
+
+def test_log_limited_makes_every_record_when_a_handler_has_no_limit(caplog: pytest.LogCaptureFixture) -> None:
+    from gpumond.logs import BURST, log_limited
+
+    emit("logfmt")  # gpumond's handler has the limit; caplog's handler at the root has none
+    log = logging.getLogger("gpumond.serving")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(BURST + 5):
+            log_limited(log, logging.WARNING, "connection shed")
+    assert len([r for r in caplog.records if r.getMessage() == "connection shed"]) == BURST + 5
+    logging.getLogger("gpumond").setLevel(logging.ERROR)
+    log_limited(log, logging.WARNING, "below the level")
+    assert "below the level" not in caplog.text
