@@ -101,7 +101,7 @@ def test_sorted_windows_never_build_the_whole_windows_matrix(monkeypatch):
 
     monkeypatch.setattr(step_matrix._FromColumns, "ends", whole)
     windows = [dataclasses.replace(w, columns=step_columns(w.steps))
-               for w in (_window(r, [SINCE - 100.0 + i for i in range(150)] + [SINCE + i for i in range(40 + r)], r)
+               for w in (_window(r, [SINCE - 200.0 + i for i in range(150)] + [SINCE + i for i in range(40 + r)], r)
                          for r in range(6))]
     got = read_steps(windows, SINCE)
     assert got is not None and got.k.tolist() == [40 + r for r in range(6)] and len(got.ends) == 45
