@@ -83,6 +83,38 @@ def stop_workers(orders: Iterable[Any], procs: Iterable[Any], timeout_s: float =
             p.kill()
 
 
+def before_after_args(ap: argparse.ArgumentParser, what: str) -> None:
+    """--before DIR (another tree's gpumond, e.g. `git archive REV gpumond | tar -x -C DIR`), --rounds, and the
+    hidden --one that one_in_fresh_process calls the script back with (its three integers)."""
+    ap.add_argument("--before", type=Path, help=f"also {what} with DIR/gpumond, alternating with this tree")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per case (default 2)")
+    ap.add_argument("--one", nargs=3, type=int, help=argparse.SUPPRESS)
+
+
+def alternating(args: argparse.Namespace, rounds: int) -> Iterable[tuple[str, Path | None]]:
+    """(label, tree) for `rounds` rounds: this tree then --before's, the other way round every second round."""
+    trees = [("this tree", None)] + ([("before", args.before.resolve())] if args.before else [])
+    for r in range(rounds):
+        yield from (trees if r % 2 == 0 else trees[::-1])
+
+
+def before_after_headers(args: argparse.Namespace, measured: str) -> list[str]:
+    """A measured column's header, and with --before the before tree's and the ratio's after it."""
+    return [measured] + (["before (least)", "this tree / before"] if args.before else [])
+
+
+def one_in_fresh_process(script: str, tree: Path | None, *args: object, timeout_s: float = 600.0) -> Any:
+    """Run `script --one ARGS` in a fresh interpreter importing gpumond from `tree` (None: this checkout) and return
+    the JSON its last line prints: a before/after of a change alternates such runs, so neither tree warms the
+    other's caches or allocator."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, script, "--one", *map(str, args)], env=env, capture_output=True,
+                         text=True, check=True, timeout=timeout_s)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A GitHub Markdown table; numbers right-aligned."""
     rows = [[str(c) for c in r] for r in rows]

@@ -13,10 +13,7 @@ DIR`), alternating with this tree's in separate processes: a before/after in one
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,19 +70,12 @@ def measure(gpus: int, gpm: bool, repeats: int) -> dict:
 
 def _run(tree: Path | None, gpus: int, gpm: bool, repeats: int) -> dict:
     """One measurement in a fresh process, importing gpumond from `tree` (None: this checkout)."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, __file__, "--one", str(gpus), str(int(gpm)), str(repeats)], env=env,
-                         capture_output=True, text=True, check=True, timeout=600)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _bench.one_in_fresh_process(__file__, tree, gpus, int(gpm), repeats)
 
 
 def main() -> None:
     ap = _bench.parser(__doc__, "512 GPUs")
-    ap.add_argument("--before", type=Path, help="also run with DIR/gpumond, alternating with this tree")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per case (default 2)")
-    ap.add_argument("--one", nargs=3, type=int, help=argparse.SUPPRESS)
+    _bench.before_after_args(ap, "run")
     args = ap.parse_args()
     if args.one:
         gpus, gpm, repeats = args.one
@@ -93,18 +83,16 @@ def main() -> None:
         return
     gpus, repeats = (512, 2) if args.quick else (32_768, 5)
     rounds = 1 if args.quick else args.rounds
-    trees = [("this tree", None)] + ([("before", args.before.resolve())] if args.before else [])
     rows = []
     for gpm in (False, True):
         case = "GPM on every sample" if gpm else "no GPM (before Hopper)"
-        got: dict[str, list[float]] = {label: [] for label, _ in trees}
+        got: dict[str, list[float]] = {"this tree": [], "before": []}
         evidence: dict[str, str] = {}
-        for r in range(rounds):
-            for label, tree in (trees if r % 2 == 0 else trees[::-1]):
-                one = _run(tree, gpus, gpm, repeats)
-                got[label].append(one["min"])
-                evidence[label] = one["evidence"]
-                print(f"[{case}] {label}: {got[label][-1] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        for label, tree in _bench.alternating(args, rounds):
+            one = _run(tree, gpus, gpm, repeats)
+            got[label].append(one["min"])
+            evidence[label] = one["evidence"]
+            print(f"[{case}] {label}: {got[label][-1] * 1e3:.1f} ms", file=sys.stderr, flush=True)
         if len(set(evidence.values())) != 1:
             raise SystemExit(f"{case}: the evidence differs between the trees")
         now = min(got["this tree"])
@@ -113,9 +101,7 @@ def main() -> None:
             before = min(got["before"])
             row += [f"{before * 1e3:.1f} ms", f"{now / before:.3f}"]
         rows.append(row)
-    headers = ["telemetry", "GPUs in the job", "CPU per call, this tree (least)"]
-    if args.before:
-        headers += ["before (least)", "this tree / before"]
+    headers = ["telemetry", "GPUs in the job", *_bench.before_after_headers(args, "CPU per call, this tree (least)")]
     text = "\n".join([
         "# GPM and NVLink evidence on one job's 9 findings (activity.with_activity_many)", "",
         _bench.machine_block({"rounds": f"{rounds} alternating, {repeats} calls each (least CPU kept)"}), "",

@@ -19,13 +19,15 @@ phases of a cycle run one after another (import, pushes, fetch, evaluate), so ea
 daemon overlaps them. The clock is simulated (10 s a cycle, the default evaluation interval) so that findings
 reach their persistence; step ends and sample timestamps follow it.
 
-As 1 shard (one evaluator owns every job), sustained for `--duration` wall seconds and at least until the
-service's 300 s window has filled (FILL_CYCLES cycles), then as 4 shards (each shard's service gets the pushes
-of the jobs crc32(job) mod 4 routes to it, as the SDK routes, and fetches the whole fleet's telemetry, as a real
-shard does; `--cycles` cycles each, one after another). Reported: per cycle fetch and evaluation seconds, ingest records/s and server CPU per record, push
-p50/p99, RSS over time, and the findings against the planted faults (found, missed, anything else at any cycle).
+As 1 shard (one evaluator owns every job), sustained for `--duration` wall seconds and at least until the service's
+300 s window has filled (FILL_CYCLES cycles), then as 4 shards (each shard's service gets the pushes of the jobs
+crc32(job) mod 4 routes to it, as the SDK routes, and fetches the whole fleet's telemetry, as a real shard does;
+`--cycles` cycles each, one after another). Reported: per cycle fetch and evaluation seconds, ingest records/s and
+server CPU per record, push p50/p99, RSS over time, and the findings against the planted faults (found, missed,
+anything else at any cycle).
 
-    python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 1 shard until its window is full, then 4 shards (~25 min)
+    python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 1 shard until its window is full,
+                                                # then 4 shards (~25 min)
     python benchmarks/fleet_scale.py --quick    # 64 nodes, seconds (smoke test)
 """
 

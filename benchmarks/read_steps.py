@@ -3,8 +3,9 @@
 Every evaluation reads each job's held steps once: the ends of all of them, the other fields of the recent ones.
 What that costs grows with the steps each rank holds (a 300 s window at 2 steps/s is 600 of them), so it is
 measured at a short and a long window; then the job's rank features from that read (the medians and trimmed means
-over each rank's recent steps, which grow with the recent ones). With `--before DIR` the same reads run from DIR's gpumond too (e.g. `git
-archive REV gpumond | tar -x -C DIR`), alternating with this tree's in separate processes: a before/after in one run.
+over each rank's recent steps, which grow with the recent ones). With `--before DIR` the same reads run from DIR's
+gpumond too (e.g. `git archive REV gpumond | tar -x -C DIR`), alternating with this tree's in separate processes: a
+before/after in one run.
 
     python benchmarks/read_steps.py --before /tmp/before     # ~3 min
     python benchmarks/read_steps.py --quick                  # seconds (smoke test)
@@ -12,10 +13,7 @@ archive REV gpumond | tar -x -C DIR`), alternating with this tree's in separate 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,34 +56,25 @@ def measure(ranks: int, per: int, repeats: int) -> dict:
 
 def _run(tree: Path | None, ranks: int, per: int, repeats: int) -> dict:
     """One measurement in a fresh process, importing gpumond from `tree` (None: this checkout)."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, __file__, "--one", str(ranks), str(per), str(repeats)], env=env,
-                         capture_output=True, text=True, check=True, timeout=600)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _bench.one_in_fresh_process(__file__, tree, ranks, per, repeats)
 
 
 def main() -> None:
     ap = _bench.parser(__doc__, "256 ranks")
-    ap.add_argument("--before", type=Path, help="also read with DIR/gpumond, alternating with this tree")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per size (default 2)")
-    ap.add_argument("--one", nargs=3, type=int, help=argparse.SUPPRESS)
+    _bench.before_after_args(ap, "read")
     args = ap.parse_args()
     if args.one:
         print(json.dumps(measure(*args.one)))
         return
     ranks, sizes, repeats = (256, (8, 64), 2) if args.quick else (32_768, (90, 430), 5)
     rounds = 1 if args.quick else args.rounds
-    trees = [("this tree", None)] + ([("before", args.before.resolve())] if args.before else [])
     rows = []
     for per in sizes:
-        got: dict[str, list[dict]] = {label: [] for label, _ in trees}
-        for _ in range(rounds):
-            for label, tree in (trees if len(got[trees[0][0]]) % 2 == 0 else trees[::-1]):
-                got[label].append(_run(tree, ranks, per, repeats))
-                print(f"[{per} steps a rank] {label}: read {got[label][-1]['min']:.3f} s, features "
-                      f"{got[label][-1]['features_min']:.3f} s", file=sys.stderr, flush=True)
+        got: dict[str, list[dict]] = {"this tree": [], "before": []}
+        for label, tree in _bench.alternating(args, rounds):
+            got[label].append(_run(tree, ranks, per, repeats))
+            print(f"[{per} steps a rank] {label}: read {got[label][-1]['min']:.3f} s, features "
+                  f"{got[label][-1]['features_min']:.3f} s", file=sys.stderr, flush=True)
         row = [f"{ranks:,}", f"{per:,}", f"{ranks * per:,}"]
         for key in ("min", "features_min"):
             now = min(g[key] for g in got["this tree"])
@@ -94,12 +83,9 @@ def main() -> None:
                 before = min(g[key] for g in got["before"])
                 row += [f"{before:.3f} s", f"{now / before:.2f}"]
         rows.append(row)
-    headers = ["ranks", "steps a rank", "steps held", "CPU per read, this tree (least)"]
-    if args.before:
-        headers += ["before (least)", "this tree / before"]
-    headers.append("rank features from the read, this tree (least)")
-    if args.before:
-        headers += ["before (least)", "this tree / before"]
+    headers = ["ranks", "steps a rank", "steps held",
+               *_bench.before_after_headers(args, "CPU per read, this tree (least)"),
+               *_bench.before_after_headers(args, "rank features from the read, this tree (least)")]
     text = "\n".join([
         "# Reading a job's steps for one evaluation (step_matrix.read_steps, columns), and its rank features", "",
         _bench.machine_block({"rounds": f"{rounds} alternating, {repeats} reads each (least CPU kept)"}), "",
