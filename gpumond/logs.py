@@ -84,8 +84,9 @@ def log_limited(logger: logging.Logger, level: int, msg: str, extra: dict[str, A
     """`logger.log(level, msg, extra=extra)` from a call site that floods by design, where a line held back by the
     rate limit is not even built. A server past its connection cap closes one connection per new one and logs
     each: a held-back record still costs ~13 µs to make and filter (LogRecord, findCaller, the limit; ~40 µs in
-    the daemon's profile, benchmarks/results/push_cost_profile.md), asking the limit first ~3-4 µs. The same budget, `suppressed=N` and summary lines as logger.log() (the same key: logger, file, line,
-    GPU); a record is always made when some handler it would reach has no rate limit (pytest's caplog, say)."""
+    the daemon's profile, benchmarks/results/push_cost_profile.md), asking the limit first ~3-4 µs. The same
+    budget, `suppressed=N` and summary lines as logger.log() (the same key: logger, file, line, GPU); a record
+    is always made when some handler it would reach has no rate limit (pytest's caplog, say)."""
     if not logger.isEnabledFor(level):
         return
     limit = _only_limit(logger, level)
@@ -182,9 +183,7 @@ class RateLimit(logging.Filter):
             if now - state[0] >= self._window:
                 state[0], state[1] = now, 0
             if state[1] >= self._burst:
-                state[2] += 1
-                state[3] = (record.name, record.levelno, record.getMessage()[:200], gpu)
-                self.suppressed_total += 1
+                self._hold(state, record.name, record.levelno, record.getMessage(), gpu)
                 return False
             state[1] += 1
             if state[2]:
@@ -203,10 +202,14 @@ class RateLimit(logging.Filter):
             state = self._sites.get(site)
             if state is None or now - state[0] >= self._window or state[1] < self._burst:
                 return False  # filter() lets it through, and counts it against the budget
-            state[2] += 1
-            state[3] = (site[0], levelno, message[:200], site[3])
-            self.suppressed_total += 1
+            self._hold(state, site[0], levelno, message, site[3])
             return True
+
+    def _hold(self, state: list, logger: str, levelno: int, message: str, gpu: Any) -> None:
+        """Count one line of a site held back, keeping it as the site's sample (called under the lock)."""
+        state[2] += 1
+        state[3] = (logger, levelno, message[:200], gpu)
+        self.suppressed_total += 1
 
     def _sweep_due(self, now: float) -> list[tuple[tuple[str, int, str, Any], int]]:
         """Sites whose window ended with lines held back and nothing since (called under the lock)."""
