@@ -95,19 +95,38 @@ def main(args: argparse.Namespace) -> int:
         return 1
     state_dir = args.state_dir / "health-check"
     state_dir.mkdir(parents=True, exist_ok=True)
-    remediator = Remediator(cfg, backend=backend, state_dir=state_dir, audit=AuditLog(state_dir / AUDIT_FILE))
+    remediator = Remediator(cfg, backend=backend, state_dir=state_dir, audit=AuditLog(state_dir / AUDIT_FILE),
+                            scope={node})
     try:
         remediator.observe(TelemetryBatch(t=time.time(), gpus=reading.gpus, alerts=reading.alerts))
-        actions = [a for a in remediator.step([]) if a.node == node]
+        actions = [a for a in remediator.step([]) if a.node in (node, "")]
     finally:
         remediator.close()
-    held = remediator.state.records.get(node)
+    lines, rc = report(node, mode, actions, remediator.faults.get(node, ()), remediator.state)
+    print("\n".join(lines))
+    return rc
+
+
+def report(node: str, mode: str, actions: Any, faults: Any, state: Any) -> tuple[list[str], int]:
+    """What one run saw and did, a line each, and the exit status: what the agent reports is said whatever the
+    guard decided to do about it. 0: healthy, or acted as the faults ask; 1: faulty and not (or no longer)
+    held out of service by this check (refused, breaker open, someone else's drain), or an action failed."""
+    lines = []
     for a in actions:
-        verb = ("would " if a.dry_run and a.kind in ("drain", "resume") else "") + a.kind
-        print(f"{node}: {verb}: {a.why}")
-    if not actions:
-        print(f"{node}: {'held: ' + held.reason if held else 'healthy'} ({mode})")
-    return 1 if any(a.kind in ("refuse", "skip") for a in actions) else 0
+        verb = ("would " if a.dry_run and a.kind in ("drain", "resume", "undo") else "") + a.kind
+        lines.append(f"{node}: {verb}: {a.why}" if a.node else f"{verb}: {a.why}")
+    held = state.records.get(node)
+    seen = "; ".join(dict.fromkeys(f.detail for f in faults))
+    if held is not None:
+        lines.append(f"{node}: {'would be held' if held.dry_run else 'held'} out of service: {held.reason} ({mode})")
+    elif faults:
+        why = ("circuit breaker open: " + state.breaker.why if state.breaker is not None
+               else "not drained by this check")
+        lines.append(f"{node}: FAULTY: {seen}; {why} ({mode})")
+    else:
+        lines.append(f"{node}: healthy ({mode})")
+    faulty_not_held = bool(faults) and held is None
+    return lines, 1 if faulty_not_held or any(a.kind in ("refuse", "skip") for a in actions) else 0
 
 
 def _read_agent(url: str, node: str) -> Any:

@@ -31,12 +31,14 @@ def add_parser(sub: Any) -> None:
                 "  gpumond remediation list --json\n"
                 "  gpumond remediation undo gpu-node-07             # resume it now; left alone until it is clear\n"
                 "  gpumond remediation reset-breaker                # after a guard refusal, once understood\n"
+                "  gpumond remediation list --state-dir /var/lib/gpumond/health-check   # the health check's, on a node\n"
                 "  tail -f /var/lib/gpumond-rules/remediation-audit.jsonl   # every action and refusal\n"
                 "\nexit status: 0 done, 1 nothing to do (node not held, breaker closed), 2 bad flags or state dir\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--state-dir", type=Path, default=None,
-                        help=f"the rules service's state_dir (default: from --config, else {DEFAULT_STATE_DIR})")
+                        help=(f"the rules service's state_dir (default: from --config, else {DEFAULT_STATE_DIR}); "
+                              "on a node, the health check's: /var/lib/gpumond/health-check"))
     common.add_argument("--config", type=Path, default=None, help="the rules.yaml to take state_dir from")
     actions = r.add_subparsers(dest="remediation_action", metavar="ACTION", required=True)
     ls = actions.add_parser("list", parents=[common], help="nodes gpumond holds out of service, and the breaker")
@@ -59,7 +61,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpumond remediation: {state_dir} is not a directory (pass the rules service's state_dir with "
               f"--state-dir or --config)", file=sys.stderr)
         return 2
-    state = records_of(state_dir)
+    loaded = records_of(state_dir)
+    for problem in loaded.problems:  # read-only: reported here, set aside by the service at its next start
+        print(f"gpumond remediation: warning: state file: {problem}", file=sys.stderr)
+    state = loaded.state
+    owner = "the health check" if state_dir.name == "health-check" else "the rules service"
     by = getpass.getuser()
     if args.remediation_action == "list":
         print(json.dumps(_as_json(state), indent=1) if args.json else table(state))
@@ -70,15 +76,15 @@ def main(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
         path = write_undo(state_dir, args.node, by)
-        print(f"requested: the rules service returns {args.node} to service at its next step and leaves it alone "
+        print(f"requested: {owner} returns {args.node} to service at its next step and leaves it alone "
               f"until its faults clear ({path})")
         return 0
     if state.breaker is None:
         print("gpumond remediation: the circuit breaker is closed; nothing to reset", file=sys.stderr)
         return 1
     path = write_reset_breaker(state_dir, by)
-    print(f"requested: the rules service closes the circuit breaker at its next step ({path}); "
-          f"it was opened for: {state.breaker.why}")
+    print(f"requested: {owner} closes the circuit breaker at its next {'run' if owner == 'the health check' else 'step'}"
+          f" ({path}); it was opened for: {state.breaker.why}")
     return 0
 
 
@@ -98,9 +104,9 @@ def _state_dir(args: argparse.Namespace) -> Path | None:
 
 
 def _as_json(state: Any) -> dict[str, Any]:
-    from gpumond.rules.remediation.state import dumps
+    from gpumond.rules.remediation.state import VERSION, dumps_body
 
-    return json.loads(dumps(state))
+    return {"version": VERSION, **dumps_body(state)}
 
 
 def table(state: Any, now: float | None = None) -> str:
@@ -117,6 +123,7 @@ def table(state: Any, now: float | None = None) -> str:
     if len(rows) == 1:
         lines = ["no node is held out of service by gpumond"]
     if state.breaker is not None:
-        lines.append(f"CIRCUIT BREAKER OPEN since {rfc3339(state.breaker.opened_at)}: {state.breaker.why} "
+        dry = " (dry run: only imagined)" if state.breaker.dry_run else ""
+        lines.append(f"CIRCUIT BREAKER OPEN{dry} since {rfc3339(state.breaker.opened_at)}: {state.breaker.why} "
                      f"(every action stopped; gpumond remediation reset-breaker)")
     return "\n".join(lines)

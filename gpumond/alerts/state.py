@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from gpumond.alerts.model import Alert, pairs
-from gpumond.atomicfile import replace_atomically
+from gpumond.statefile import Document, JsonStateFile, Number, Text
 
 log = logging.getLogger("gpumond.alerts")
 
@@ -19,19 +19,41 @@ VERSION = 1
 FILE_NAME = "alerts-state.json"
 
 
+class _AlertDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    labels: dict[Text, Text]
+    annotations: dict[Text, Text]
+    starts_at: Number
+
+
 def _to_json(a: Alert) -> dict[str, Any]:
     return {"labels": dict(a.labels), "annotations": dict(a.annotations), "starts_at": a.starts_at}
 
 
-def _from_json(raw: Any) -> Alert:
-    return Alert(pairs(raw["labels"]), pairs(raw["annotations"]), float(raw["starts_at"]))
+def _alert(key: str, raw: Any) -> Alert:
+    doc = _AlertDoc.model_validate(raw)
+    if not doc.labels.get("alertname"):
+        raise ValueError("no alertname label")
+    return Alert(pairs(doc.labels), pairs(doc.annotations), doc.starts_at)
+
+
+def _by_fingerprint(alerts: dict[str, Alert]) -> dict[str, Alert]:
+    # An alert is filed under its labels' fingerprint, whatever key the file used: a key that does not match
+    # would make a sink resolve what it never sees firing again, at every update, forever.
+    return {a.fingerprint: a for a in alerts.values()}
 
 
 class AlertStateFile:
-    """`alerts-state.json` in the daemon's state directory; None keeps everything in memory (one run only)."""
+    """`alerts-state.json` in the daemon's state directory; None keeps everything in memory (one run only).
+
+    Read through gpumond.statefile: a file that cannot be used is set aside (alerts opened before this start are
+    then not resolved by it), a record that cannot be trusted is left out and the rest used."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self._file = JsonStateFile(path, what="alert state", version=VERSION,
+                                   consequence="alerts opened before this start will not be resolved by it")
         self._lock = threading.Lock()
         self._firing: dict[str, Alert] = {}
         self._sinks: dict[str, dict[str, Alert]] = {}
@@ -39,24 +61,18 @@ class AlertStateFile:
         self._load()
 
     def _load(self) -> None:
-        if self.path is None:
-            return
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return
-        try:
-            data = json.loads(raw.decode("utf-8"))
-            if data.get("version") != VERSION:
-                raise ValueError(f"unknown version {data.get('version')!r}")
-            self._firing = {fp: _from_json(a) for fp, a in data["firing"].items()}
-            self._sinks = {name: {fp: _from_json(a) for fp, a in book.items()} for name, book in data["sinks"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:  # UnicodeDecodeError is a ValueError
-            aside = self.path.with_suffix(".corrupt")
-            os.replace(self.path, aside)
-            log.error("alert state file unreadable; set aside: alerts opened before this start will not be "
-                      "resolved by it", extra={"path": str(self.path), "moved_to": str(aside), "error": str(e)})
-            self._firing, self._sinks = {}, {}
+        doc = self._file.read()
+        firing, problems = self._file.records(doc, "firing", _alert)
+        self._firing = _by_fingerprint(firing)
+        sinks = doc.body.get("sinks", {})
+        if not isinstance(sinks, dict):
+            problems.append(f"sinks: a JSON {type(sinks).__name__}, not an object")
+            sinks = {}
+        for name in sinks:
+            book, bad = self._file.records(Document(sinks), name, _alert)
+            self._sinks[str(name)] = _by_fingerprint(book)
+            problems += [f"sinks.{p}" for p in bad]
+        self._file.reject(problems)
 
     @property
     def firing(self) -> tuple[Alert, ...]:
@@ -89,13 +105,12 @@ class AlertStateFile:
     def _write(self) -> bool:
         if self.path is None:
             return True
-        body = json.dumps({"version": VERSION,
-                           "firing": {fp: _to_json(a) for fp, a in sorted(self._firing.items())},
-                           "sinks": {name: {fp: _to_json(a) for fp, a in sorted(book.items())}
-                                     for name, book in sorted(self._sinks.items())}}, indent=1, sort_keys=True)
+        body = {"firing": {fp: _to_json(a) for fp, a in sorted(self._firing.items())},
+                "sinks": {name: {fp: _to_json(a) for fp, a in sorted(book.items())}
+                          for name, book in sorted(self._sinks.items())}}
         try:
-            replace_atomically(self.path, body)
-        except OSError as e:  # a full disk must not stop alerting; exactly-once across restarts is then at risk
+            self._file.write(body)
+        except (OSError, ValueError) as e:  # ValueError: a NaN that slipped in (never written as JSON)  # a full disk must not stop alerting; exactly-once across restarts is then at risk
             if not self._failing:
                 log.error("cannot write the alert state file (alerting goes on; a restart may notify again)",
                           extra={"path": str(self.path), "error": str(e)})

@@ -61,6 +61,12 @@ class RemediationConfig(ConfigModel):
     kubernetes: KubernetesConfig = KubernetesConfig()
     # The JSON-lines audit log; default <state_dir>/remediation-audit.jsonl.
     audit_log: AbsolutePath | None = None
+    # Severity of the alerts dry run raises for what it only imagined (a breaker it would have opened, a
+    # scheduler it cannot reach): warning by default, so a dry run never pages as if nodes were held.
+    dry_run_severity: Literal["info", "warning", "critical"] = "warning"
+    # A decided drain or return that has not been carried out for this long (the scheduler unreachable, its
+    # command failing or hanging) raises GpumondRemediationBackendDown.
+    backend_down_after_s: float = Field(30.0, ge=0, le=86_400)
 
     @field_validator("conditions")
     @classmethod

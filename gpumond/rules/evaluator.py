@@ -23,6 +23,10 @@ log = logging.getLogger("gpumond.rules")
 # A failing telemetry source is logged when it starts failing, then at most this often while it still fails
 # (with the count of failed fetches in between), and once when it recovers.
 TELEMETRY_LOG_EVERY_S = 300.0
+# Evaluations failing this long make /healthz answer 503: the process is alive but does not do its job, and a
+# restart (which validates every state file again) is the remedy a liveness probe applies. Shorter failures are
+# reported on /healthz, /readyz and /metrics without it.
+EVALUATION_DEAD_AFTER_S = 60.0
 
 
 # Shares are absolute, 0–1 of the step. The detectors compare each rank's compute share with its step's
@@ -83,6 +87,10 @@ class Evaluator:
         self._logged_at = 0.0
         self.resolved_total = 0
         self.jobs_ended_total = 0
+        self.evaluation_failures_total = 0
+        self.evaluation_error: str | None = None
+        self._evaluation_failing_since: float | None = None
+        self._evaluation_logged_at = 0.0
 
     def owns(self, job: str) -> bool:
         """Whether this replica evaluates `job` (always, without sharding)."""
@@ -171,6 +179,42 @@ class Evaluator:
         self.last_duration_s = self._timer() - start
         return self._findings
 
+    def run(self) -> None:
+        """One scheduled evaluation. A failure is counted, said on /healthz, /readyz and /metrics
+        (gpumond_rules_evaluation_failing) and logged (the first, then every TELEMETRY_LOG_EVERY_S), never
+        raised: the schedule goes on, and the next evaluation may succeed."""
+        try:
+            self.evaluate()
+        except Exception as e:  # an evaluation bug must not kill the schedule
+            now = self._clock()
+            self.evaluation_failures_total += 1
+            self.evaluation_error = f"{type(e).__name__}: {e}"[:300]
+            first = self._evaluation_failing_since is None
+            if first:
+                self._evaluation_failing_since = now
+            if first or now - self._evaluation_logged_at >= TELEMETRY_LOG_EVERY_S:
+                self._evaluation_logged_at = now
+                log.exception("evaluation failed: no finding or alert is updated until it succeeds"
+                              if first else "evaluation still failing", extra={
+                                  "failures": self.evaluation_failures_total})
+            return
+        if self._evaluation_failing_since is not None:
+            log.warning("evaluation recovered", extra={
+                "failed_for_s": round(self._clock() - self._evaluation_failing_since, 1),
+                "failures": self.evaluation_failures_total})
+        self._evaluation_failing_since, self.evaluation_error = None, None
+
+    def evaluation_status(self) -> tuple[bool, str]:
+        """Whether evaluation works (False once it has failed for EVALUATION_DEAD_AFTER_S), and a line on it."""
+        since = self._evaluation_failing_since
+        if since is None:
+            return True, f"evaluations: {self.evaluations}"
+        failing_for = self._clock() - since
+        return (failing_for < EVALUATION_DEAD_AFTER_S,
+                f"evaluation FAILING for {failing_for:.0f} s ({self.evaluation_failures_total} failures, "
+                f"{self.evaluations} evaluations done): {self.evaluation_error}; no finding or alert is updated "
+                f"(see the service's log)")
+
     def _gpu_index(self, uuid: str) -> str | None:
         """The GPU's index on its node, from the newest telemetry sample (None when no agent reported it)."""
         window = self._gpus.window(uuid, 0.0)
@@ -184,11 +228,13 @@ class Evaluator:
         """Readiness means "can accept pushes": the push path needs only this process and its stores, so it is
         ready while it serves. A telemetry outage is reported (here, /healthz, /metrics, the log) but must not
         take the push API out of a Kubernetes Service: jobs would lose their steps for the whole outage."""
-        return True, f"ready: accepting pushes\n{self.telemetry_status()}"
+        return True, f"ready: accepting pushes\n{self.evaluation_status()[1]}\n{self.telemetry_status()}"
 
-    def health(self) -> str:
-        """/healthz detail: evaluation and telemetry, one line each."""
-        return f"ok\nevaluations: {self.evaluations}\n{self.telemetry_status()}"
+    def health(self) -> tuple[bool, str]:
+        """/healthz: unhealthy once evaluation has failed for EVALUATION_DEAD_AFTER_S; evaluation and
+        telemetry, one line each."""
+        ok, evaluation = self.evaluation_status()
+        return ok, f"{'ok' if ok else 'unhealthy'}\n{evaluation}\n{self.telemetry_status()}"
 
     def series(self) -> Sequence[Series]:
         """gpumond_finding{…} for firing findings, and the evaluator's own health."""
@@ -205,6 +251,9 @@ class Evaluator:
         out += [Series("gpumond_findings", (("kind", k), ("state", s)), float(n)) for (k, s), n in sorted(counts.items())]
         out += rank_series(self._state.rank_features)
         out.append(Series("gpumond_rules_evaluations_total", (), float(self.evaluations)))
+        out.append(Series("gpumond_rules_evaluation_failures_total", (), float(self.evaluation_failures_total)))
+        out.append(Series("gpumond_rules_evaluation_failing", (),
+                          0.0 if self._evaluation_failing_since is None else 1.0))
         out.append(Series("gpumond_rules_evaluation_duration_seconds", (), self.last_duration_s))
         out.append(Series("gpumond_rules_findings_resolved_total", (), float(self.resolved_total)))
         out.append(Series("gpumond_rules_jobs_ended_total", (), float(self.jobs_ended_total)))

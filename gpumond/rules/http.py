@@ -35,7 +35,7 @@ _FILTERS = ("job", "kind", "state")
 def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[[], Sequence[Finding]],
               metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]], clock: Callable[[], float],
               stats: IngestStats | None = None, alerts: Callable[[], bytes] = lambda: b'{"alerts":[]}',
-              health: Callable[[], str] = lambda: "ok") -> RulesApp:
+              health: Callable[[], tuple[bool, str]] = lambda: (True, "ok")) -> RulesApp:
     """The rules service's ASGI app; `stats` (made when None) is also at app.state.ingest_stats."""
     # findings, metrics and ready are called on a worker thread: they must be thread-safe, and
     # may then take a moment without stalling pushes.
@@ -63,7 +63,8 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
         return Response(await run_in_threadpool(alerts), media_type="application/json")
 
     async def healthz(request: Request) -> Response:
-        return Response(await run_in_threadpool(health) + "\n", media_type="text/plain")
+        ok, why = await run_in_threadpool(health)
+        return Response(why + "\n", status_code=200 if ok else 503, media_type="text/plain")
 
     async def readyz(request: Request) -> Response:
         ok, why = await run_in_threadpool(ready)

@@ -58,6 +58,10 @@ _HELP = {
                                                           "than its peers, as a straggler does)."),
     "gpumond_rules_evaluations_total": ("counter", "Detector evaluations run."),
     "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
+    "gpumond_rules_evaluation_failures_total": ("counter", "Evaluations that raised an error (logged; the next one "
+                                                           "runs on schedule)."),
+    "gpumond_rules_evaluation_failing": ("gauge", "1 while the last evaluation failed: no finding or alert is "
+                                                  "updated (GpumondRulesEvaluationFailing)."),
     "gpumond_rules_findings_resolved_total": ("counter", "Findings that fired and then resolved."),
     "gpumond_rules_jobs_ended_total": ("counter", "Jobs released because every rank sent its final push "
                                                   "(the job SDK's end of job)."),
@@ -141,7 +145,7 @@ class RulesService:
             interval = _telemetry_interval(self.config)
             self._scheduler.add_job(self.evaluator.poll_telemetry, IntervalTrigger(seconds=interval),
                                     id="telemetry", max_instances=1, coalesce=True, next_run_time=now)
-        self._scheduler.add_job(self._evaluate, IntervalTrigger(seconds=self.config.evaluation_interval_s),
+        self._scheduler.add_job(self.evaluator.run, IntervalTrigger(seconds=self.config.evaluation_interval_s),
                                 id="evaluate", max_instances=1, coalesce=True, next_run_time=now)
         # Sharded replicas all see every agent: only the first acts, so a node is never drained twice.
         if self.config.remediation.mode != "off" and (self.config.shard is None or self.config.shard.index == 0):
@@ -156,11 +160,6 @@ class RulesService:
             log.warning("the example's demo push token is accepted: anyone who read deploy/examples/rules.yaml can "
                         "push; replace it (tokens_file or GPUMOND_RULES_TOKENS)", extra={"listen": str(self.config.listen)})
 
-    def _evaluate(self) -> None:
-        try:
-            self.evaluator.evaluate()
-        except Exception:  # an evaluation bug must not kill the schedule; it is logged and retried
-            log.exception("evaluation failed")
 
     def _remediate(self) -> None:
         try:

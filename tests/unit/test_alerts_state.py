@@ -79,26 +79,20 @@ def test_memory_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("content", [
     "{not json",
     json.dumps({"version": VERSION + 1, "firing": {}, "sinks": {}}),
-    json.dumps({"version": VERSION, "firing": {"x": {"labels": {}}}, "sinks": {}}),
-    json.dumps({"version": VERSION, "firing": {"x": {"labels": {"alertname": "A"}, "annotations": {},
-                                                     "starts_at": 1}}, "sinks": {}}),  # no severity
     json.dumps([1, 2]),
-    # Firing readable, a sink's book not: nothing half-loaded is kept.
-    json.dumps({"version": VERSION, "firing": {"x": {"labels": {"alertname": "A", "severity": "critical"},
-                                                     "annotations": {}, "starts_at": 1}},
-                "sinks": {"slack": {"x": {"labels": {"alertname": "A"}}}}}),
-    json.dumps({"version": VERSION}),
-])
-def test_corrupt_file_is_set_aside_with_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                  content: str) -> None:
+    "[" * 100_000,  # nesting that would raise RecursionError in the parser
+    json.dumps({"firing": {}}),
+], ids=["not-json", "version", "list", "deep", "no-version"])
+def test_an_unusable_file_is_set_aside_with_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                     content: str) -> None:
     path = tmp_path / FILE_NAME
     path.write_text(content)
-    with caplog.at_level(logging.ERROR, logger="gpumond.alerts"):
+    with caplog.at_level(logging.ERROR):
         s = AlertStateFile(path)
     assert s.firing == () and s.book("slack").load() == {}
-    aside = path.with_suffix(".corrupt")
+    aside = tmp_path / f"{FILE_NAME}.corrupt.1"
     assert not path.exists() and aside.read_text() == content  # kept for a person to look at
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "gpumond.alerts"]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "set aside" in errors[0].getMessage()
     assert errors[0].moved_to == str(aside)  # type: ignore[attr-defined]
     # The daemon carries on: the next save writes a fresh, readable file.
@@ -106,12 +100,39 @@ def test_corrupt_file_is_set_aside_with_an_error(tmp_path: Path, caplog: pytest.
     assert len(AlertStateFile(path).firing) == 1
 
 
-def test_state_file_that_is_not_utf8_is_set_aside_like_any_corrupt_file(tmp_path: Path) -> None:
+GOOD = {"labels": {"alertname": "A", "severity": "critical"}, "annotations": {}, "starts_at": 1}
+
+
+@pytest.mark.parametrize("bad", [
+    {"labels": {}},
+    {"labels": {"alertname": "B", "severity": "critical"}, "annotations": {}, "starts_at": "2026-11-28T19:57:50Z"},
+    {"labels": {"alertname": "B", "severity": "critical"}, "annotations": {}, "starts_at": float("nan")},
+    {"labels": {"alertname": "B", "severity": 3}, "annotations": {}, "starts_at": 1},
+    [1, 2],
+], ids=["no-labels", "date-string", "nan", "int-label", "list"])
+def test_a_bad_record_is_left_out_the_rest_kept_and_the_file_copied(tmp_path: Path, bad: object,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / FILE_NAME
-    path.write_bytes(b"\xff\xfe{garbage")
+    content = json.dumps({"version": VERSION, "firing": {"a": GOOD, "b": bad}, "sinks": {"slack": {"b": bad}}})
+    path.write_text(content)
+    with caplog.at_level(logging.ERROR):
+        s = AlertStateFile(path)
+    assert [a.alertname for a in s.firing] == ["A"] and s.book("slack").load() == {}
+    assert (tmp_path / f"{FILE_NAME}.rejected.1").read_text() == content
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "left out" in error.getMessage() and "firing['b']" in error.errors  # type: ignore[attr-defined]
+
+
+def test_a_record_filed_under_another_key_is_filed_under_its_fingerprint(tmp_path: Path) -> None:
+    # A key that does not match the labels' fingerprint once made a sink resolve, every second, forever.
+    path = tmp_path / FILE_NAME
+    a = alert()
+    path.write_text(json.dumps({"version": VERSION, "firing": {"wrong": {
+        "labels": dict(a.labels), "annotations": dict(a.annotations), "starts_at": a.starts_at}},
+        "sinks": {"pagerduty": {"wrong": {"labels": dict(a.labels), "annotations": {}, "starts_at": 5}}}}))
     s = AlertStateFile(path)
-    assert s.firing == ()
-    assert path.with_suffix(".corrupt").read_bytes() == b"\xff\xfe{garbage"
+    assert by_fp(s.firing) == {a.fingerprint: a}
+    assert list(s.book("pagerduty").load()) == [a.fingerprint]
 
 
 def test_save_firing_writes_only_when_the_set_changes(tmp_path: Path) -> None:

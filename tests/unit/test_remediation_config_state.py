@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from gpumond.config import ConfigError
 from gpumond.config.rules import load_rules_config
 from gpumond.rules.remediation.plan import Breaker, Record, State
 from gpumond.rules.remediation.requests import read_requests
-from gpumond.rules.remediation.state import FILE_NAME, StateFile, dumps, loads
+from gpumond.rules.remediation.state import FILE_NAME, StateFile
 
 
 def _load(tmp_path: Path, body: str):
@@ -42,18 +43,95 @@ def test_bad_remediation_config_is_one_line(tmp_path: Path, body: str, message: 
     assert message in text and "\n" not in text, text
 
 
-def test_state_round_trips_and_a_corrupt_file_is_set_aside(tmp_path: Path) -> None:
-    state = State(records={"n1": Record("n1", "gpu", "gpumond: GPU 3 lost", ("gpu_lost",), 10.0, False, "drained",
-                                        True, 20.0)},
-                  drains=(10.0,), breaker=Breaker(30.0, "n2: over max_nodes"), straggler_since={"n3": 5.0},
-                  undone=("n4",), noted=("n2",))
-    assert loads(dumps(state)) == state
+STATE = State(records={"n1": Record("n1", "gpu", "gpumond: GPU 3 lost", ("gpu_lost",), 10.0, False, "drained",
+                                    True, 20.0)},
+              drains=(10.0,), breaker=Breaker(30.0, "n2: over max_nodes"), straggler_since={"n3": 5.0},
+              undone=("n4",), noted=("n2",))
+
+
+def test_state_round_trips(tmp_path: Path) -> None:
     f = StateFile(tmp_path / FILE_NAME)
-    f.save(state)
-    assert f.load() == state
-    (tmp_path / FILE_NAME).write_text('{"version": 1, "records": {"n1": {"node": "n1"}}}')
-    assert f.load() == State()
-    assert (tmp_path / "remediation-state.corrupt").exists()
+    f.save(STATE)
+    assert f.load() == STATE
+    assert StateFile(tmp_path / FILE_NAME).read().problems == ()
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    (b"\xff\xfe{not utf-8", "not UTF-8 text"),
+    (b"[" * 200_000, "nested too deeply"),
+    (b'{"records": {}}', "version None"),
+    (b"[1, 2]", "a JSON list, not an object"),
+    (b"{" + b"x" * 10, "not JSON"),
+], ids=["not-utf8", "deep", "no-version", "list", "not-json"])
+def test_an_unusable_file_is_set_aside_numbered_and_the_service_starts_empty(tmp_path: Path, body: bytes,
+                                                                             problem: str) -> None:
+    path = tmp_path / FILE_NAME
+    path.write_bytes(b"an older corrupt file")
+    path.rename(tmp_path / f"{FILE_NAME}.corrupt.1")  # kept from an earlier start: never overwritten
+    path.write_bytes(body)
+    loaded = StateFile(path).read()
+    assert loaded.state == State() and problem in loaded.problems[0], loaded.problems
+    assert not path.exists()
+    assert (tmp_path / f"{FILE_NAME}.corrupt.1").read_bytes() == b"an older corrupt file"
+    assert (tmp_path / f"{FILE_NAME}.corrupt.2").read_bytes() == body
+
+
+def _doc(**fields: object) -> dict[str, object]:
+    doc = json.loads(Path(_saved()).read_text())
+    doc.update(fields)
+    return doc
+
+
+def _saved() -> str:
+    import tempfile
+    path = Path(tempfile.mkdtemp()) / FILE_NAME
+    StateFile(path).save(STATE)
+    return str(path)
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"since": "2026-11-28T19:57:50Z"}, "records['n1'].since: Input should be a valid number"),
+    ({"since": float("nan")}, "finite number"),
+    ({"dry_run": "no"}, "records['n1'].dry_run"),
+    ({"phase": "gone"}, "records['n1'].phase"),
+    ({"node": "n7"}, "filed under 'n1'"),
+    ({"surprise": 1}, "Extra inputs"),
+])
+def test_a_wrong_typed_record_is_left_out_the_rest_used_and_the_file_kept(tmp_path: Path, change: dict[str, object],
+                                                                          problem: str) -> None:
+    doc = _doc()
+    good = dict(doc["records"]["n1"], node="n5")
+    doc["records"] = {"n1": {**doc["records"]["n1"], **change}, "n5": good}
+    path = tmp_path / FILE_NAME
+    path.write_text(json.dumps(doc))
+    loaded = StateFile(path).read()
+    assert list(loaded.state.records) == ["n5"], loaded.state.records  # the good record kept, the bad left out
+    assert loaded.state.drains == STATE.drains and loaded.state.breaker == STATE.breaker
+    assert len(loaded.problems) == 1 and problem in loaded.problems[0], loaded.problems
+    assert json.loads((tmp_path / f"{FILE_NAME}.rejected.1").read_text()) == json.loads(json.dumps(doc))
+
+
+def test_a_damaged_breaker_record_keeps_the_breaker_open(tmp_path: Path) -> None:
+    path = tmp_path / FILE_NAME
+    path.write_text(json.dumps(_doc(breaker={"opened_at": "yesterday", "why": 3})))
+    loaded = StateFile(path, clock=lambda: 99.0).read()
+    assert loaded.state.breaker is not None and loaded.state.breaker.opened_at == 99.0
+    assert "unreadable" in loaded.state.breaker.why and loaded.problems
+
+
+def test_list_is_read_only_on_a_damaged_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / FILE_NAME
+    path.write_bytes(b"\xff" * 10)
+    assert main(["remediation", "list", "--state-dir", str(tmp_path)]) == 0
+    assert "not UTF-8 text" in capsys.readouterr().err
+    assert path.read_bytes() == b"\xff" * 10 and sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]
+    doc = _doc()
+    doc["records"]["n1"]["since"] = "soon"
+    path.write_text(json.dumps(doc))
+    assert main(["remediation", "list", "--state-dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "records['n1'].since" in err and "n1" not in out.split("CIRCUIT")[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]
 
 
 def test_cli_lists_undoes_and_resets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

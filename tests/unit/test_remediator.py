@@ -4,6 +4,8 @@ real Slurm and Kubernetes backends are exercised in tests/integration/test_remed
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,13 +67,18 @@ def test_a_restart_neither_repeats_nor_forgets_a_drain(tmp_path: Path) -> None:
     second = Remediator.build(ENFORCE, tmp_path, sched, clock=lambda: now[0])
     assert second.state.records["n1"].phase == "draining"  # not forgotten
     second.observe(_batch(1.0, "n1"))
-    actions = second.step([])
-    assert [(a.kind, a.node, a.retry) for a in actions] == [("drain", "n1", True)]
+    assert second.step([]) == []  # the scheduler shows it drained by gpumond: confirmed, not called again
     assert second.state.records["n1"].phase == "drained" and len(second.state.drains) == 1
     third = Remediator.build(ENFORCE, tmp_path, sched, clock=lambda: now[0])
     third.observe(_batch(2.0, "n1"))
     assert third.step([]) == []  # not repeated
-    assert sched.calls == [("drain", "n1"), ("drain", "n1")]
+    assert sched.calls == [("drain", "n1")]
+    sched.state["n1"] = NodeStatus("n1", "gpu", False, False)  # crashed before scontrol: the drain is re-driven
+    fourth = Remediator.build(ENFORCE, tmp_path, sched, clock=lambda: now[0])
+    fourth._file.save(replace(fourth.state, records={"n1": replace(fourth.state.records["n1"], phase="draining")}))
+    fourth = Remediator.build(ENFORCE, tmp_path, sched, clock=lambda: now[0])
+    fourth.observe(_batch(3.0, "n1"))
+    assert [(a.kind, a.node, a.retry) for a in fourth.step([])] == [("drain", "n1", True)]
 
 
 def test_held_while_a_gpu_reads_lost_then_hold_down_then_resume(tmp_path: Path) -> None:
@@ -143,7 +150,10 @@ def test_the_guard_refusal_is_audited_exported_and_pages(tmp_path: Path) -> None
     names = [dict(c.labels)["alertname"] for c in rem.conditions()]
     assert names == ["GpumondNodeDrained", "GpumondRemediationHalted"]
     series = {(s.name, s.labels): s.value for s in rem.series()}
-    assert series[("gpumond_remediation_breaker_open", ())] == 1.0
+    assert series[("gpumond_remediation_breaker_open", (("dry_run", "false"),))] == 1.0
+    halted = rem.conditions()[-1]
+    assert dict(halted.labels) == {"alertname": "GpumondRemediationHalted", "severity": "critical",
+                                   "dry_run": "false"}
 
 
 def test_unreadable_alerts_keep_the_last_word(tmp_path: Path) -> None:
@@ -155,3 +165,92 @@ def test_unreadable_alerts_keep_the_last_word(tmp_path: Path) -> None:
     unknown = _batch(100.0)
     rem.observe(TelemetryBatch(t=100.0, gpus=unknown.gpus, alerts_known=False))  # the alerts query failed
     assert rem.step([]) == [] and "n1" in rem.state.records
+
+
+def test_a_restart_never_returns_a_node_whose_agent_is_silent(tmp_path: Path) -> None:
+    sched, now = Scheduler(["n1", "n2", "n3"]), [0.0]
+    first = Remediator.build(ENFORCE, tmp_path, sched, clock=lambda: now[0])
+    first.observe(_batch(0.0, "n1", lost=("n1",)))
+    first.step([])
+    assert sched.state["n1"].drained
+    # The service restarts; n1's agent has stopped (absent from every batch), the others answer.
+    second = Remediator.build(ENFORCE, tmp_path, sched, clock=lambda: now[0])
+    for t in (10.0, 30.0, 300.0):
+        now[0] = t
+        second.observe(TelemetryBatch(t=t, gpus=_batch(t).gpus[1:], absent_nodes=frozenset({"n1"})))
+        assert second.step([]) == [] and second.state.records["n1"].clear_since is None
+    assert sched.state["n1"].drained and sched.calls == [("drain", "n1")]
+    for t in (310.0, 320.0):  # the agent is back and reads every GPU: the hold-down runs from 310 s
+        now[0] = t
+        second.observe(_batch(t))
+        acts = second.step([])
+    assert [(a.kind, a.node) for a in acts] == [("resume", "n1")]
+
+
+class Hanging(Scheduler):
+    """scontrol hangs (a wrapper that sleeps): each drain blocks until released, then times out."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        super().__init__(nodes)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def drain(self, node: str, reason: str, fatal: bool) -> None:
+        self.calls.append(("drain", node))
+        self.entered.set()
+        self.release.wait(10)
+        raise BackendError("slurm: scontrol update NodeName=n1 timed out after 10 s (is slurmctld up?)")
+
+
+def test_a_hanging_scheduler_never_stalls_telemetry_and_a_failing_drain_is_not_reported_done(tmp_path: Path) -> None:
+    sched, now = Hanging(["n1", "n2", "n3"]), [0.0]
+    rem = Remediator.build(ENFORCE.model_copy(update={"backend_down_after_s": 20.0}), tmp_path, sched,
+                           clock=lambda: now[0])
+    rem.observe(_batch(0.0, "n1"))
+    step = threading.Thread(target=rem.step, args=([],))
+    step.start()
+    try:
+        assert sched.entered.wait(5)
+        # The step is stuck in scontrol: telemetry and the evaluation's reads go on at once.
+        done = threading.Event()
+        threading.Thread(target=lambda: (rem.observe(_batch(1.0, "n1")), rem.conditions(), rem.series(),
+                                         done.set()), daemon=True).start()
+        assert done.wait(2), "observe/conditions/series waited on the scheduler call"
+    finally:
+        sched.release.set()
+        step.join(10)
+    names = [dict(c.labels)["alertname"] for c in rem.conditions()]
+    assert names == []  # decided, not done: no "drained" page
+    series = {(s.name, s.labels): s.value for s in rem.series()}
+    assert not any(name == "gpumond_remediation_node_drained" for name, _ in series)
+    assert series[("gpumond_remediation_node_pending", (("node", "n1"), ("action", "drain")))] == 1.0
+    assert series[("gpumond_remediation_backend_up", (("backend", "slurm"),))] == 0.0
+    now[0] = 25.0  # still failing after backend_down_after_s: it pages
+    sched.release.set()
+    rem.step([])
+    (down,) = rem.conditions()
+    assert dict(down.labels) == {"alertname": "GpumondRemediationBackendDown", "severity": "critical",
+                                 "backend": "slurm", "dry_run": "false"}
+    assert "n1" in dict(down.annotations)["summary"] and "timed out" in dict(down.annotations)["description"]
+    # The scheduler answers again: the drain is done, reported, and the backend alert ends.
+    sched.drain = Scheduler.drain.__get__(sched)  # type: ignore[method-assign]
+    now[0] = 30.0
+    rem.step([])
+    assert [dict(c.labels)["alertname"] for c in rem.conditions()] == ["GpumondNodeDrained"]
+    assert {(s.name, s.labels): s.value for s in rem.series()}[("gpumond_remediation_backend_up",
+                                                                  (("backend", "slurm"),))] == 1.0
+
+
+def test_a_dry_run_refusal_is_marked_and_does_not_page_critical(tmp_path: Path) -> None:
+    sched = Scheduler(["n1", "n2", "n3"])
+    dry = RemediationConfig(backend="slurm", guard={"max_nodes": 1, "max_pool_fraction": 1.0})
+    rem = Remediator.build(dry, tmp_path, sched, clock=lambda: 0.0)
+    rem.observe(_batch(0.0, "n1", "n2"))
+    rem.step([])
+    halted = rem.conditions()[-1]
+    labels, ann = dict(halted.labels), dict(halted.annotations)
+    assert labels == {"alertname": "GpumondRemediationHalted", "severity": "warning", "dry_run": "true"}
+    assert "(dry run)" in ann["summary"] and "nothing was drained or refused for real" in ann["description"]
+    asked = Remediator.build(dry.model_copy(update={"dry_run_severity": "critical"}), tmp_path, sched,
+                             clock=lambda: 0.0)
+    assert dict(asked.conditions()[-1].labels)["severity"] == "critical"  # the operator asked for pages

@@ -2,13 +2,18 @@
 (new state, actions) out. Pure; the remediator carries the actions out.
 
 A node gpumond drains has a Record. Its phase is `draining` from the moment the drain is decided until the
-backend confirmed it, `drained` after, `resuming` once the hold-down passed. A restart re-drives a `draining`
+scheduler confirmed it, `drained` after, `resuming` once the hold-down passed. A restart re-drives a `draining`
 or `resuming` record (both backend calls are idempotent), so it neither repeats nor forgets an action.
+
+Missing data never counts as clear: a held node returns to service only after its agent has been heard, with
+every condition clear, for the whole hold-down; an agent that is silent (stopped, partitioned, or not yet heard
+since this process started) stops the clock. A node a person resumed or re-drained while gpumond held it is
+released and left alone until its faults have been seen to clear.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -52,6 +57,7 @@ class Breaker:
 
     opened_at: float
     why: str
+    dry_run: bool = False  # opened by a refusal that dry run only imagined
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +68,8 @@ class State:
     drains: tuple[float, ...] = ()  # when each drain of the last hour was decided (the rate limit)
     breaker: Breaker | None = None
     straggler_since: Mapping[str, float] = field(default_factory=dict)
-    # Nodes an operator returned with `gpumond remediation undo`: left alone until their faults clear.
+    # Nodes an operator returned (`gpumond remediation undo`, or a person's resume or re-drain of a node gpumond
+    # held): left alone until their agent is heard with every fault clear.
     undone: tuple[str, ...] = ()
     # Faulted nodes already reported as not ours to act on (person-drained, refused): reported once.
     noted: tuple[str, ...] = ()
@@ -106,11 +113,13 @@ def guard_refusal(node: str, pool: str, records: Mapping[str, Record], drains: t
 
 
 def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapping[str, NodeStatus],
-         cfg: RemediationConfig, now: float, *, undo: tuple[str, ...] = (), reset_breaker: bool = False,
-         ) -> tuple[State, list[Action]]:
+         cfg: RemediationConfig, now: float, *, heard: Collection[str], undo: tuple[str, ...] = (),
+         reset_breaker: bool = False, scope: Collection[str] | None = None) -> tuple[State, list[Action]]:
     """One remediation step. `faults` are the confirmed faults by node, `status` the scheduler's view of every
-    node it knows; `undo` and `reset_breaker` are operator requests. Returns the new state and the actions,
-    in the order they must be carried out."""
+    node it knows, `heard` the nodes whose agents answered in the latest telemetry (the others' faults are their
+    last word, and their "clear" is unknown); `undo` and `reset_breaker` are operator requests; `scope` limits
+    what is adopted to these nodes (the health check acts on its own node only). Returns the new state and the
+    actions, in the order they must be carried out."""
     dry = cfg.mode != "enforce"
     actions: list[Action] = []
     records = dict(state.records)
@@ -119,8 +128,11 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
     undone = set(state.undone)
     noted = set(state.noted) & set(faults)  # a node whose faults cleared may be reported again next time
 
+    if breaker is not None and breaker.dry_run and not dry:
+        breaker = None  # switched to enforce: a refusal dry run only imagined stops nothing real
     if reset_breaker and breaker is not None:
-        actions.append(Action("breaker_reset", "", f"operator reset the circuit breaker (open since: {breaker.why})"))
+        actions.append(Action("breaker_reset", "", f"operator reset the circuit breaker (open since: {breaker.why})",
+                              dry_run=breaker.dry_run))
         breaker = None
         noted.clear()
 
@@ -132,7 +144,9 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
         undone.add(node)
         actions.append(Action("undo", node, f"operator undid the drain ({rec.reason})", rec.pool, rec.conditions,
                               dry_run=rec.dry_run))
-    undone &= set(faults)  # an undone node is fair game again once its faults cleared
+    # An undone or released node is fair game again once its agent was heard with every fault clear: a restart
+    # or a silent agent (no faults known) must not make a person's decision look expired.
+    undone = {n for n in undone if n in faults or n not in heard}
 
     # ----- nodes gpumond holds ------------------------------------------------------------------------
     for node, rec in sorted(records.items()):
@@ -143,11 +157,18 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
         st = status.get(node)
         if not dry and rec.phase == "drained" and (st is None or not st.drained or not st.ours):
             del records[node]
-            who = "left the scheduler" if st is None else "was resumed or re-drained by someone else"
+            if st is not None:  # a person's decision: not overridden until the faults are seen to clear
+                undone.add(node)
+            who = ("left the scheduler" if st is None else
+                   "was resumed or re-drained by someone else; left alone until its faults clear")
             actions.append(Action("release", node, f"{who}; gpumond no longer holds it", rec.pool, rec.conditions))
             continue
         present = faults.get(node, ())
         if rec.phase == "draining":
+            if not dry and st is not None and st.drained and st.ours:
+                # The scheduler shows the drain done (a call that timed out took effect): confirmed, not repeated.
+                records[node] = replace(rec, phase="drained")
+                continue
             actions.append(Action("drain", node, rec.reason, rec.pool, rec.conditions, dry, rec.fatal, retry=True))
             continue
         if rec.phase == "resuming":
@@ -156,6 +177,9 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
             continue
         if present:
             records[node] = replace(rec, conditions=tuple(sorted({f.condition for f in present})), clear_since=None)
+            continue
+        if node not in heard:  # a silent agent: clear is unknown, so the hold-down waits for it to be heard
+            records[node] = replace(rec, clear_since=None)
             continue
         clear_since = rec.clear_since if rec.clear_since is not None else now
         records[node] = rec = replace(rec, clear_since=clear_since)
@@ -199,7 +223,7 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
             continue
         why = guard_refusal(node, st.pool, records, drains, pool_sizes, cfg, elsewhere)
         if why is not None:
-            breaker = Breaker(now, f"{node}: {why}")
+            breaker = Breaker(now, f"{node}: {why}", dry)
             noted.add(node)
             actions.append(Action("refuse", node, f"{why}; circuit breaker opened, every action stopped: {reason}",
                                   st.pool, conditions, dry))
@@ -207,6 +231,15 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
         records[node] = Record(node, st.pool, reason, conditions, now, dry, "draining", fatal)
         drains += (now,)
         actions.append(Action("drain", node, reason, st.pool, conditions, dry, fatal))
+
+    # ----- drained by gpumond, with no record and no fault (state lost, or the health check's) -------------
+    # Never hold capacity silently: adopt it; it returns once its agent is heard clear for the hold-down.
+    for node, st in sorted(status.items()):
+        if (st.drained and st.ours and node not in records and node not in faults and node not in undone
+                and (scope is None or node in scope)):
+            records[node] = Record(node, st.pool, st.reason, (), now, dry, "drained")
+            actions.append(Action("adopt", node, f"drained by gpumond with no record here ({st.reason}); returns "
+                                  f"to service once its agent is heard clear for the hold-down", st.pool, (), dry))
 
     return State(records=records, drains=drains, breaker=breaker, straggler_since=state.straggler_since,
                  undone=tuple(sorted(undone)), noted=tuple(sorted(noted))), actions
