@@ -102,22 +102,32 @@ def main(args: argparse.Namespace) -> int:
         actions = [a for a in remediator.step([]) if a.node in (node, "")]
     finally:
         remediator.close()
-    lines, rc = report(node, mode, actions, remediator.faults.get(node, ()), remediator.state)
+    lines, rc = report(node, mode, actions, remediator.faults.get(node, ()), remediator.state, remediator.results)
     print("\n".join(lines))
     return rc
 
 
-def report(node: str, mode: str, actions: Any, faults: Any, state: Any) -> tuple[list[str], int]:
+def report(node: str, mode: str, actions: Any, faults: Any, state: Any,
+           results: Any = None) -> tuple[list[str], int]:
     """What one run saw and did, a line each, and the exit status: what the agent reports is said whatever the
-    guard decided to do about it. 0: healthy, or acted as the faults ask; 1: faulty and not (or no longer)
-    held out of service by this check (refused, breaker open, someone else's drain), or an action failed."""
+    guard decided to do about it, and a drain is said done only when the scheduler took it. 0: healthy, or
+    acted as the faults ask; 1: faulty and not (or no longer) held out of service by this check (refused,
+    breaker open, someone else's drain), or an action failed."""
     lines = []
+    failed = False
     for a in actions:
         verb = ("would " if a.dry_run and a.kind in ("drain", "resume", "undo") else "") + a.kind
+        result = (results or {}).get(id(a), "ok")
+        if result != "ok":
+            failed = True
+            verb += f" FAILED ({result})"
         lines.append(f"{node}: {verb}: {a.why}" if a.node else f"{verb}: {a.why}")
     held = state.records.get(node)
     seen = "; ".join(dict.fromkeys(f.detail for f in faults))
-    if held is not None:
+    if held is not None and held.phase == "draining" and not held.dry_run:
+        lines.append(f"{node}: FAULTY, drain not done yet (retried at the next run): {held.reason} ({mode})")
+        failed = True
+    elif held is not None:
         lines.append(f"{node}: {'would be held' if held.dry_run else 'held'} out of service: {held.reason} ({mode})")
     elif faults:
         why = ("circuit breaker open: " + state.breaker.why if state.breaker is not None
@@ -126,7 +136,7 @@ def report(node: str, mode: str, actions: Any, faults: Any, state: Any) -> tuple
     else:
         lines.append(f"{node}: healthy ({mode})")
     faulty_not_held = bool(faults) and held is None
-    return lines, 1 if faulty_not_held or any(a.kind in ("refuse", "skip") for a in actions) else 0
+    return lines, 1 if failed or faulty_not_held or any(a.kind in ("refuse", "skip") for a in actions) else 0
 
 
 def _read_agent(url: str, node: str) -> Any:

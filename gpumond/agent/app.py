@@ -32,6 +32,8 @@ from gpumond.agent.server import AgentApp
 from gpumond.alerts.pipeline import AlertPipeline
 from gpumond.alerts.sinks import build_sinks
 from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
+from gpumond.agent.policy.event_file import FILE_NAME as EVENT_FILE
+from gpumond.agent.policy.event_file import EventFile
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
@@ -121,7 +123,8 @@ class Agent:
         self.alerts = _alert_pipeline(config, state_dir, self.web.scheme)
         self.policy = PolicyEngine(config.policy, self.session, node=config.node_name,
                                    state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
-                                   clock=backend.clock, alerts=self.alerts)
+                                   clock=backend.clock, alerts=self.alerts,
+                                   events=EventFile(state_dir / EVENT_FILE))
         self._audit = audit
         compat = config.exposition.dcgm_compat
         per_link = config.exposition.nvlink_per_link

@@ -108,6 +108,11 @@ ALERTS: dict[str, AlertSpec] = {
         "rules", "critical", "gpumond remediation stopped by its blast-radius guard",
         "A drain would have exceeded the blast-radius guard (nodes, share of a pool, or drains per hour): "
         "the circuit breaker stopped every remediation action until an operator resets it."),
+    "GpumondRemediationBackendDown": AlertSpec(
+        "rules", "critical", "gpumond remediation cannot reach the scheduler",
+        "A drain or return gpumond decided has not been carried out for backend_down_after_s, or the scheduler's "
+        "nodes cannot be read: the scheduler's command fails or hangs (slurmctld down, RBAC, the API server). A "
+        "node with a confirmed fault may still be taking work."),
     # ----- both daemons: a dead-man's switch -----------------------------------------------------
     "Watchdog": AlertSpec(
         "rules", "info", "gpumond alerting pipeline is alive",
@@ -127,6 +132,10 @@ ALERTS: dict[str, AlertSpec] = {
     "GpumondRulesTelemetryDown": AlertSpec(
         "prometheus", "warning", "rules service has no GPU telemetry",
         "The rules service cannot read GPU telemetry; detectors run on job pushes alone."),
+    "GpumondRulesEvaluationFailing": AlertSpec(
+        "prometheus", "critical", "rules service evaluations failing",
+        "Every evaluation of the rules service raises an error: no finding or alert is raised, updated or "
+        "resolved, while the service still answers and accepts pushes."),
     "GpumondAlertSinkFailing": AlertSpec(
         "prometheus", "warning", "gpumond cannot deliver alerts",
         "A gpumond daemon keeps failing to deliver notifications to a sink (Alertmanager, Slack or "

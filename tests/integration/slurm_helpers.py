@@ -11,17 +11,20 @@ a free one, every file is under the work directory, and the daemons are stopped 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import free_port, wait_until
+from tests.integration.alert_helpers import RulesDaemon
+from tests.integration.helpers import AgentProcess, free_port, http_get, wait_until, write_yaml
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo")
 MUNGE_KEY = Path("/etc/munge/munge.key")
@@ -149,3 +152,80 @@ class SlurmCluster:
             text = log.read_text(errors="replace")[-1500:]
             tail.append(f"--- {log.name}\n{text}")
         return "\n".join(tail)
+
+
+# ----- what the remediation tests against this cluster share -------------------------------------------------
+HOLD_DOWN_S = 4.0
+PERSON_REASON = "replacing PSU (alice)"
+
+
+def all_idle(slurm: SlurmCluster) -> SlurmCluster:
+    """Every node back to idle (each test starts there)."""
+    for node in slurm.nodes:
+        if slurm.node(node)["state"] != "idle":
+            slurm.scontrol("update", f"NodeName={node}", "State=RESUME")
+    wait_until(lambda: all(slurm.node(n)["state"] == "idle" for n in slurm.nodes), timeout=20, what="nodes idle")
+    return slurm
+
+
+def agent_args(work: Path, faults: list[dict[str, object]], event_hold_s: float = 5) -> list[str | Path]:
+    """An agent's flags: this scenario, 1 s sampling, short event hold, its own state directory."""
+    scenario = write_yaml(work / "scenario.yaml", {"faults": faults})
+    # XID 79's alert stays event_hold_s after the event; short here so the node can return within the test.
+    config = write_yaml(work / "agent.yaml", {"sampling": {"fast_interval_s": 1, "slow_interval_s": 1},
+                                               "policy": {"alerts": {"event_hold_s": event_hold_s}},
+                                               "state_dir": str(work / "state")})
+    return ["--sim-scenario", scenario, "--config", config]
+
+
+def rules_daemon(work: Path, agents: Mapping[str, AgentProcess], slurm: SlurmCluster, guard: dict[str, object],
+                 alerting: dict[str, object] | None = None,
+                 remediation: dict[str, object] | None = None) -> RulesDaemon:
+    """`gpumond rules` scraping `agents`, remediating in enforce mode through this cluster."""
+    rules = RulesDaemon(work / "rules", {
+        "allow_unauthenticated": True, "evaluation_interval_s": 0.5, "state_dir": str(work / "rules-state"),
+        "telemetry": {"scrape": {"targets": [a.address for a in agents.values()], "interval_s": 1,
+                                 "timeout_s": 1}},
+        "remediation": {"mode": "enforce", "backend": "slurm", "interval_s": 0.5, "hold_down_s": HOLD_DOWN_S,
+                        "guard": guard, **(remediation or {})},
+        "findings": {"resolve_after_s": 2},  # alerts resolve within the test, not 30 s later
+        "alerting": alerting or {}, "log": {"format": "json"}})
+    rules.env = {**(rules.env or {}), "SLURM_CONF": str(slurm.conf)}  # how scontrol and sinfo find this cluster
+    return rules
+
+
+@contextlib.contextmanager
+def running(rules: RulesDaemon, agents: Mapping[str, AgentProcess]) -> Iterator[None]:
+    """The rules service first (it knows the agents' ports already: the faults are timed from each agent's start),
+    then the agents; every one stopped after."""
+    rules.start()
+    try:
+        for a in agents.values():
+            a.spawn()
+        for a in agents.values():
+            a.wait_ready()
+        yield
+    finally:
+        for a in agents.values():
+            if a.proc is not None and a.running:
+                a.stop()
+        if rules.running:
+            rules.stop()
+
+
+def audit(work: Path) -> list[dict[str, object]]:
+    """The rules service's remediation audit log, parsed."""
+    path = work / "rules-state" / "remediation-audit.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def rules_metrics(rules: RulesDaemon) -> str:
+    return http_get(f"{rules.url}/metrics")[2].decode()
+
+
+def health_check(slurm: SlurmCluster, agent: AgentProcess, node: str, work: Path, *mode: str) -> tuple[int, str]:
+    """One `gpumond health-check` run for `node` against `agent`; its exit status and output."""
+    done = subprocess.run([sys.executable, "-m", "gpumond.cli", "health-check", "--agent", agent.base_url,
+                           "--node", node, "--state-dir", str(work / "hc"), "--hold-down-s", "0", *mode],
+                          capture_output=True, text=True, timeout=60, env=slurm.env)
+    return done.returncode, done.stdout + done.stderr

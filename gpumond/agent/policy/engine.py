@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpumond.agent.policy.alert_rules import AgentAlertState, agent_conditions
+from gpumond.agent.policy.event_file import EventFile, HeldEvents
 from gpumond.agent.policy.audit import AuditLog
 from gpumond.agent.policy.limits import resolve_persistent_limit
 from gpumond.agent.policy.state_file import LimitRecord, StateFile
@@ -53,7 +54,7 @@ class PolicyEngine:
 
     def __init__(self, cfg: PolicyConfig, actuator: Actuator, *, node: str, state_file: StateFile,
                  audit: AuditLog, clock: Callable[[], float], alerts: AlertPipeline | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, events: EventFile | None = None) -> None:
         self.cfg = cfg
         self._act = actuator
         self._node = node
@@ -78,6 +79,10 @@ class PolicyEngine:
         self._actions: Counter[str] = Counter()
         self._xid_seen: dict[tuple[int, int], int] = {}
         self._alert_state = AgentAlertState()
+        # Events (XIDs, ECC and NVLink rises) held for event_hold_s outlive a restart: their alerts must not end early.
+        self._events = events
+        if events is not None:
+            self._alert_state = events.load(clock(), wall(), cfg.alerts.event_hold_s).into(self._alert_state)
         # Sinks deliver on their own threads: the cycle hands them alerts and never waits on the network.
         self._pipeline = alerts if alerts is not None else log_only()
         self._index: dict[str, int] = {}
@@ -375,6 +380,8 @@ class PolicyEngine:
         self._alert_state, conditions = agent_conditions(views, self._alert_state, new_xids, self._node,
                                                           self.cfg.alerts, now, at_floor=at_floor,
                                                           wall=self._wall(), not_recorded=not_recorded)
+        if self._events is not None:
+            self._events.save(HeldEvents.of(self._alert_state))
         self._pipeline.update(conditions, now)
 
     def alerts(self) -> tuple[Alert, ...]:

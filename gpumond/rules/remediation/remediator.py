@@ -71,6 +71,7 @@ class Remediator:
         # process, its node's faults are unknown, and unknown is never clear.
         self._heard: frozenset[str] = frozenset()
         self.faults: Mapping[str, tuple[NodeFault, ...]] = {}  # the last step's confirmed faults, by node
+        self.results: dict[int, str] = {}  # the last step's outcome of each action, by id(action): "ok", "error: …"
         self.counts: dict[tuple[str, str], int] = {}
         self.backend_ok: bool | None = None
         # What waits on the scheduler: "" for reading it, else the node whose decided action failed → (since,
@@ -139,6 +140,7 @@ class Remediator:
                                   heard=heard, undo=requests.undo if requests else (),
                                   reset_breaker=requests.reset_breaker if requests else False, scope=self.scope)
             self._save(state)  # decided before done: a crash now re-drives the decision, never forgets it
+            self.results = {}
             for action in actions:
                 self._carry_out(action, now)
             for node in [n for n in self._failing if n and n not in self.state.records]:
@@ -192,6 +194,7 @@ class Remediator:
             if real:
                 self._failing.pop(action.node, None)
                 self.backend_ok = not self._failing
+        self.results[id(action)] = result
         self._record(action, result)
 
     def _record(self, action: Action, result: str) -> None:
