@@ -25,6 +25,8 @@ class AlertSpec:
     summary: str
     meaning: str
     finding_kind: str | None = None  # for rules-service alerts: the finding kind it reports
+    # For remediation alerts: the severity of what dry run only imagined (remediation.dry_run_severity's default).
+    dry_run_severity: str | None = None
 
 
 ALERTS: dict[str, AlertSpec] = {
@@ -107,12 +109,13 @@ ALERTS: dict[str, AlertSpec] = {
     "GpumondRemediationHalted": AlertSpec(
         "rules", "critical", "gpumond remediation stopped by its blast-radius guard",
         "A drain would have exceeded the blast-radius guard (nodes, share of a pool, or drains per hour): "
-        "the circuit breaker stopped every remediation action until an operator resets it."),
+        "the circuit breaker stopped every remediation action until an operator resets it.",
+        dry_run_severity="warning"),
     "GpumondRemediationBackendDown": AlertSpec(
         "rules", "critical", "gpumond remediation cannot reach the scheduler",
         "A drain or return gpumond decided has not been carried out for backend_down_after_s, or the scheduler's "
         "nodes cannot be read: the scheduler's command fails or hangs (slurmctld down, RBAC, the API server). A "
-        "node with a confirmed fault may still be taking work."),
+        "node with a confirmed fault may still be taking work.", dry_run_severity="warning"),
     # ----- both daemons: a dead-man's switch -----------------------------------------------------
     "Watchdog": AlertSpec(
         "rules", "info", "gpumond alerting pipeline is alive",

@@ -67,7 +67,7 @@ def _rule_tests(files: list[Path] = TEST_FILES) -> list[dict[str, Any]]:
 def _severities(name: str) -> set[str]:
     spec = ALERTS[name]
     if spec.severity is not None:
-        return {spec.severity}
+        return {spec.severity} | ({spec.dry_run_severity} if spec.dry_run_severity else set())
     assert name == "GpuXidCritical", f"{name}: only the XID alert takes its severity from a table"
     return {info.severity for info in XID_TABLE.values()} | {xid_info(-1).severity}
 

@@ -138,6 +138,6 @@ def test_the_remediator_drains_and_returns_a_node_through_the_api(server: FakeAp
     assert "unschedulable" not in server.nodes["gpu-2"]["spec"]
     assert rem.state.breaker is not None
     assert [c.labels for c in rem.conditions()][-1] == (("alertname", "GpumondRemediationHalted"),
-                                                        ("severity", "critical"))
+                                                        ("dry_run", "false"), ("severity", "critical"))
     assert server.unexpected() == []
     rem.close()

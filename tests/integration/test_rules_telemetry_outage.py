@@ -95,7 +95,7 @@ def test_a_telemetry_outage_keeps_pushes_ready_and_is_reported(prometheus, tmp_p
         with serving(service.app) as c:
             r = c.get("/readyz")
             assert r.status_code == 200, r.text
-            assert r.text.startswith("ready: accepting pushes\ntelemetry prometheus: failing")
+            assert r.text.startswith("ready: accepting pushes\nevaluations: 1\ntelemetry prometheus: failing"), r.text
             now = time.time()
             step = {"step": 1, "end": now, "duration_s": 0.5, "data_wait_s": 0.01, "samples": 8}
             pushed = c.post("/api/v1/push", content=json.dumps({
