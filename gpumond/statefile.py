@@ -61,15 +61,17 @@ class JsonStateFile:
     """One versioned JSON document in a daemon's state directory.
 
     `what` names it in the log ("remediation state"); `consequence` says what an unusable file costs ("nodes
-    gpumond drained are adopted again from their scheduler reason"). `path` None keeps nothing on disk."""
+    gpumond drained are adopted again from their scheduler reason"); `sections` are the record maps, whose wrong
+    shape makes the whole file unusable. `path` None keeps nothing on disk."""
 
     def __init__(self, path: Path | None, *, what: str, version: int, consequence: str = "",
-                 read_only: bool = False, max_bytes: int = MAX_BYTES,
+                 sections: tuple[str, ...] = (), read_only: bool = False, max_bytes: int = MAX_BYTES,
                  write: Callable[[Path, str], None] = replace_atomically) -> None:
         self.path = path
         self.what = what
         self.version = version
         self.consequence = consequence
+        self.sections = sections  # top-level keys that must hold an object when present (the record maps)
         self.read_only = read_only
         self.max_bytes = max_bytes
         self._write = write
@@ -100,6 +102,9 @@ class JsonStateFile:
             return self._unusable(f"a JSON {type(data).__name__}, not an object")
         if data.get("version") != self.version:
             return self._unusable(f"version {_short(data.get('version'))}, this gpumond reads version {self.version}")
+        for name in self.sections:
+            if name in data and not isinstance(data[name], dict):
+                return self._unusable(f"{name}: a JSON {type(data[name]).__name__}, not an object")
         return Document(data)
 
     def records(self, doc: Document, section: str, parse: Callable[[str, Any], T]) -> tuple[dict[str, T], list[str]]:

@@ -8,12 +8,11 @@ reads the GPU afresh, by index, when it answers.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpumond.atomicfile import replace_atomically
+from gpumond.statefile import JsonStateFile
 from gpumond.nvml.session import GpuIdentity
 
 log = logging.getLogger("gpumond.agent")
@@ -27,27 +26,31 @@ class IdentityFile:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self._file = JsonStateFile(path, what="gpu identity", version=_VERSION,
+                                   consequence="GPUs lost at start stay nameless until they answer")
         self._saved: tuple[GpuIdentity, ...] | None = None
         self._failing = False
 
     def load(self) -> dict[int, GpuIdentity]:
-        """Index → identity from the last run; empty when there is none or it cannot be read (said once)."""
-        if self.path is None or not self.path.exists():
+        """Index → identity from the last run; empty when there is none or it cannot be read (said once, the
+        file kept aside by gpumond.statefile); a bad entry is left out and the others used."""
+        doc = self._file.read()
+        gpus = doc.body.get("gpus", [])
+        if not isinstance(gpus, list):
+            self._file.reject(["gpus: not a list"])
             return {}
-        try:
-            doc = json.loads(self.path.read_text(encoding="utf-8"))
-            if doc.get("version") != _VERSION:
-                raise ValueError(f"version {doc.get('version')!r}, expected {_VERSION}")
-            out = {}
-            for g in doc["gpus"]:
+        out: dict[int, GpuIdentity] = {}
+        problems = []
+        for n, g in enumerate(gpus):
+            try:
                 ident = GpuIdentity(int(g["index"]), str(g["uuid"]), str(g["name"]), str(g["pci_bus_id"]),
                                     None if g.get("minor") is None else int(g["minor"]))
-                out[ident.index] = ident
-            return out
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            log.warning("gpu identity record unreadable; GPUs lost at start stay nameless until they answer",
-                        extra={"path": str(self.path), "error": str(e)[:200]})
-            return {}
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
+                problems.append(f"gpus[{n}]: {e!r}"[:200])
+                continue
+            out[ident.index] = ident
+        self._file.reject(problems)
+        return out
 
     def save(self, identities: Iterable[GpuIdentity]) -> None:
         """Record the GPUs read in this run (nameless ones are left out); a write only when they changed."""
@@ -56,10 +59,10 @@ class IdentityFile:
         known = tuple(sorted((i for i in identities if i.uuid), key=lambda i: i.index))
         if known == self._saved or not known:
             return
-        doc = {"version": _VERSION, "gpus": [{"index": i.index, "uuid": i.uuid, "name": i.name,
+        doc = {"gpus": [{"index": i.index, "uuid": i.uuid, "name": i.name,
                                               "pci_bus_id": i.pci_bus_id, "minor": i.minor} for i in known]}
         try:
-            replace_atomically(self.path, json.dumps(doc, indent=1) + "\n")
+            self._file.write({"gpus": doc["gpus"]})
         except OSError as e:
             if not self._failing:  # retried at every change; said once until it works again
                 log.warning("cannot record gpu identities", extra={"path": str(self.path),

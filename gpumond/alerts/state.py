@@ -52,7 +52,7 @@ class AlertStateFile:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._file = JsonStateFile(path, what="alert state", version=VERSION,
+        self._file = JsonStateFile(path, what="alert state", version=VERSION, sections=("firing", "sinks"),
                                    consequence="alerts opened before this start will not be resolved by it")
         self._lock = threading.Lock()
         self._firing: dict[str, Alert] = {}

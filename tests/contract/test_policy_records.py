@@ -170,7 +170,7 @@ def test_corrupt_state_falls_back_to_the_nvml_default_never_the_current_cap(tmp_
     r.run(2)
     state = json.loads((tmp_path / "state.json").read_text())["gpus"]
     assert {u: s["original_w"] for u, s in state.items()} == {g.uuid: 700 for g in r.sim.gpus}
-    assert (tmp_path / "state.corrupt").read_bytes() == CORRUPT[name]
+    assert (tmp_path / "state.json.corrupt.1").read_bytes() == CORRUPT[name]
     assert any("original limit taken from what is known for sure" in x.getMessage() for x in caplog.records)
     r.engine.stop()
     assert [g.power_limit_w for g in r.sim.gpus] == [700, 700]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -31,13 +32,27 @@ def test_an_unchanged_set_is_not_written_again(tmp_path: Path) -> None:
     assert IdentityFile(path).load() == {0: A}
 
 
-def test_a_corrupt_or_foreign_record_is_ignored_with_one_warning(tmp_path: Path, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="gpumond.agent")
+def test_a_corrupt_or_foreign_record_is_ignored_with_one_error_and_kept(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.WARNING)
     path = tmp_path / "gpus.json"
-    for text in ("{not json", '{"version": 99, "gpus": []}', '{"version": 1, "gpus": [{"index": "x"}]}', "[]"):
+    for text in ("{not json", '{"version": 99, "gpus": []}', '{"version": 1, "gpus": [{"index": "x"}]}', "[]",
+                 "[" * 100_000):
         path.write_text(text)
         assert IdentityFile(path).load() == {}
-    assert len([r for r in caplog.records if "unreadable" in r.getMessage()]) == 4
+    said = [r for r in caplog.records if r.getMessage().startswith("gpu identity file")]
+    assert len(said) == 5, [r.getMessage() for r in caplog.records]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "gpus.json.corrupt.1", "gpus.json.corrupt.2", "gpus.json.corrupt.3", "gpus.json.corrupt.4",
+        "gpus.json.rejected.1"]
+
+
+def test_a_bad_entry_is_left_out_and_the_others_used(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.json"
+    IdentityFile(path).save([A, B])
+    doc = json.loads(path.read_text())
+    doc["gpus"].append({"index": "x"})
+    path.write_text(json.dumps(doc))
+    assert IdentityFile(path).load() == {0: A, 1: B}
 
 
 def test_an_unwritable_state_dir_is_said_once_and_retried(tmp_path: Path, caplog) -> None:

@@ -22,8 +22,8 @@ def test_a_corrupt_state_file_is_set_aside_and_reported(tmp_path, caplog):
     path = tmp_path / "policy-state.json"
     path.write_text("{not json")
     assert StateFile(path).load() == Loaded({}, trusted=False)
-    assert (tmp_path / "policy-state.corrupt").read_text() == "{not json"
-    assert "unreadable" in caplog.text
+    assert (tmp_path / "policy-state.json.corrupt.1").read_text() == "{not json"
+    assert "set aside" in caplog.text
 
 
 def test_a_wrong_version_is_not_trusted(tmp_path):
@@ -38,8 +38,8 @@ def test_every_corrupt_copy_is_kept(tmp_path):
         path.write_bytes(body)
         assert StateFile(path).load().trusted is False
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {
-        "policy-state.corrupt": b"first", "policy-state.corrupt.1": b"\x00" * 10,
-        "policy-state.corrupt.2": b"\xff\xfe random"}
+        "policy-state.json.corrupt.1": b"first", "policy-state.json.corrupt.2": b"\x00" * 10,
+        "policy-state.json.corrupt.3": b"\xff\xfe random"}
 
 
 @pytest.mark.parametrize("record", [
@@ -52,7 +52,7 @@ def test_a_bad_record_is_dropped_and_the_load_is_not_trusted(tmp_path, record):
     good = {"original_w": 650.0, "last_set_w": None, "restore_pending": False}
     path.write_text(json.dumps({"version": 1, "gpus": {"GPU-bad": record, "GPU-good": good}}))
     assert StateFile(path).load() == Loaded({"GPU-good": LimitRecord(650.0)}, trusted=False)
-    assert (tmp_path / "policy-state.corrupt").exists()
+    assert (tmp_path / "policy-state.json.rejected.1").exists()
 
 
 def test_a_failed_write_raises_and_leaves_the_old_file(tmp_path):

@@ -80,7 +80,7 @@ class EventFile:
     """Where the agent keeps its held events; `path` None keeps nothing (a run without a state directory)."""
 
     def __init__(self, path: Path | None) -> None:
-        self._file = JsonStateFile(path, what="alert event", version=VERSION,
+        self._file = JsonStateFile(path, what="alert event", version=VERSION, sections=("events",),
                                    consequence="events seen before this start are not held for their event_hold_s")
         self._saved: HeldEvents | None = None
         self._failing = False

@@ -64,6 +64,6 @@ def read_requests(state_dir: Path) -> tuple[Requests, list[str]]:
                 reset = True
             else:
                 raise ValueError(f"unknown action {action!r}")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            problems.append(f"{path}: unreadable request ({e}); deleted")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            problems.append(f"{path}: unreadable request ({type(e).__name__}: {str(e)[:200]}); deleted")
     return Requests(tuple(dict.fromkeys(undo)), reset, tuple(files)), problems

@@ -104,8 +104,8 @@ class StateFile:
     """Where remediation keeps its state; None path keeps it in memory only. `read_only` for the CLI."""
 
     def __init__(self, path: Path | None, *, read_only: bool = False, clock: Callable[[], float] = time.time) -> None:
-        self._file = JsonStateFile(path, what="remediation state", version=VERSION, consequence=_CONSEQUENCE,
-                                   read_only=read_only)
+        self._file = JsonStateFile(path, what="remediation state", version=VERSION, sections=("records",),
+                                   consequence=_CONSEQUENCE, read_only=read_only)
         self._clock = clock
 
     @property
