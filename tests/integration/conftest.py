@@ -8,6 +8,8 @@ Fixtures (function scope; everything they start is stopped at teardown):
 - `start_prometheus(targets, name="prometheus", **kw) -> PrometheusServer`: a real
   Prometheus scraping `targets` ("127.0.0.1:PORT") every second, ready (/-/ready 200).
 - `promtool`: path of the promtool binary (fails, never skips, when it is missing).
+- `slurm` (module scope): a real Slurm on 127.0.0.1 with the test module's `NODES` in one partition;
+  `fresh_slurm`: the same, every node idle again before the test.
 
 Module-scoped setups build the same objects from `helpers` directly (see
 test_agent_faults.py). Whatever the scope, a failed test gets the stdout/stderr of every
@@ -120,3 +122,18 @@ def one_rank_group(tmp_path: Path) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def slurm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from tests.integration.slurm_helpers import SlurmCluster
+
+    with SlurmCluster(tmp_path_factory.mktemp("slurm"), request.module.NODES) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def fresh_slurm(slurm: object) -> object:
+    from tests.integration.slurm_helpers import all_idle
+
+    return all_idle(slurm)  # type: ignore[arg-type]

@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,6 @@ from tests.integration.slurm_helpers import (
     PERSON_REASON,
     SlurmCluster,
     agent_args,
-    all_idle,
     audit,
     health_check,
     rules_daemon,
@@ -52,19 +50,8 @@ LOST_FOR_S = 8.0
 PD_KEY = "0123456789abcdef0123456789abcdef"
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    with SlurmCluster(tmp_path_factory.mktemp("slurm"), NODES) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def fresh(slurm: SlurmCluster) -> SlurmCluster:
-    return all_idle(slurm)
-
-
-def test_lost_gpu_drains_the_node_and_it_returns_after_hold_down(fresh: SlurmCluster, tmp_path: Path) -> None:
-    slurm = fresh
+def test_lost_gpu_drains_the_node_and_it_returns_after_hold_down(fresh_slurm: SlurmCluster, tmp_path: Path) -> None:
+    slurm = fresh_slurm
     slurm.scontrol("update", "NodeName=node-c", "State=DRAIN", f"Reason={PERSON_REASON}")
     lost = {"gpu": 1, "kind": "lost", "at_s": LOST_AT_S, "duration_s": LOST_FOR_S}
     per_node = {"node-a": [lost], "node-b": [], "node-c": [{"gpu": 0, "kind": "lost", "at_s": LOST_AT_S}]}
@@ -125,8 +112,8 @@ def test_lost_gpu_drains_the_node_and_it_returns_after_hold_down(fresh: SlurmClu
         assert slurm.node("node-b")["state"] == "idle"
 
 
-def test_guard_refuses_the_drain_over_its_limit_and_pages(fresh: SlurmCluster, tmp_path: Path) -> None:
-    slurm = fresh
+def test_guard_refuses_the_drain_over_its_limit_and_pages(fresh_slurm: SlurmCluster, tmp_path: Path) -> None:
+    slurm = fresh_slurm
     lost = [{"gpu": 0, "kind": "lost", "at_s": 2.0}]
     agents = {n: AgentProcess(["--sim", "2", "--node-name", n, *agent_args(tmp_path / n, lost)], tmp_path / n)
               for n in ("node-a", "node-b")}
@@ -150,8 +137,8 @@ def test_guard_refuses_the_drain_over_its_limit_and_pages(fresh: SlurmCluster, t
             assert value(metrics, "gpumond_remediation_breaker_open") == 1.0
 
 
-def test_health_check_program_drains_its_own_node_dry_run_first(fresh: SlurmCluster, tmp_path: Path) -> None:
-    slurm = fresh
+def test_health_check_program_drains_its_own_node_dry_run_first(fresh_slurm: SlurmCluster, tmp_path: Path) -> None:
+    slurm = fresh_slurm
     slurm.scontrol("update", "NodeName=node-c", "State=DRAIN", f"Reason={PERSON_REASON}")
     agent = AgentProcess(["--sim", "2", "--node-name", "node-b",
                           *agent_args(tmp_path / "agent", [{"gpu": 0, "kind": "lost", "at_s": 1.0}], 300)],

@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,6 @@ from tests.integration.slurm_helpers import (
     HOLD_DOWN_S,
     SlurmCluster,
     agent_args,
-    all_idle,
     audit,
     health_check,
     rules_daemon,
@@ -41,17 +39,6 @@ PD_KEY = "0123456789abcdef0123456789abcdef"
 GUARD = {"max_nodes": 3, "max_pool_fraction": 1.0, "max_drains_per_hour": 10}
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    with SlurmCluster(tmp_path_factory.mktemp("slurm"), NODES) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def fresh(slurm: SlurmCluster) -> SlurmCluster:
-    return all_idle(slurm)
-
-
 def _drained(slurm: SlurmCluster, node: str) -> bool:
     return slurm.node(node)["state"].startswith("drain")
 
@@ -60,9 +47,9 @@ def _actions(work: Path, node: str) -> list[str]:
     return [str(e["action"]) for e in audit(work) if e["node"] == node]
 
 
-def test_a_resume_a_silent_agent_across_a_restart_and_lost_or_damaged_state(fresh: SlurmCluster,
+def test_a_resume_a_silent_agent_across_a_restart_and_lost_or_damaged_state(fresh_slurm: SlurmCluster,
                                                                            tmp_path: Path) -> None:
-    slurm, work = fresh, tmp_path
+    slurm, work = fresh_slurm, tmp_path
     lost = {"node-a": [], "node-b": [{"gpu": 1, "kind": "lost", "at_s": 1.0}],
             "node-c": [{"gpu": 0, "kind": "lost", "at_s": 1.0}]}  # lost for good
     agents = {n: AgentProcess(["--sim", "2", "--node-name", n, *agent_args(work / n, lost[n], 300)], work / n)
@@ -107,8 +94,8 @@ def test_a_resume_a_silent_agent_across_a_restart_and_lost_or_damaged_state(fres
 
 
 def test_a_hanging_scontrol_is_paged_never_reported_as_a_drain_and_never_stalls_telemetry(
-        fresh: SlurmCluster, tmp_path: Path) -> None:
-    slurm, work = fresh, tmp_path
+        fresh_slurm: SlurmCluster, tmp_path: Path) -> None:
+    slurm, work = fresh_slurm, tmp_path
     hang = work / "hang"
     hang.touch()
     wrapper = work / "scontrol"  # scontrol that hangs (a wedged slurmctld) while the flag file exists
@@ -152,8 +139,8 @@ def test_a_hanging_scontrol_is_paged_never_reported_as_a_drain_and_never_stalls_
                               timeout=15)
 
 
-def test_the_health_check_says_what_it_sees_whatever_the_guard_decides(fresh: SlurmCluster, tmp_path: Path) -> None:
-    slurm = fresh
+def test_the_health_check_says_what_it_sees_whatever_the_guard_decides(fresh_slurm: SlurmCluster, tmp_path: Path) -> None:
+    slurm = fresh_slurm
     for node in ("node-a", "node-c"):  # two nodes already drained by gpumond
         slurm.scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={OURS}")
     agent = AgentProcess(["--sim", "4", "--node-name", "node-b",

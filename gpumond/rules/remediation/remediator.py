@@ -116,7 +116,7 @@ class Remediator:
         with self._step_lock:
             with self._lock:
                 alerts = [a for node_alerts in self._alerts.values() for a in node_alerts]
-                down, heard = dict(self._down), self._heard
+                down, heard, seen = dict(self._down), self._heard, frozenset(self._seen)
             now = self._clock()
             faults = agent_faults(alerts)
             faults += unreadable_gpus(down, self.state.records, faults)
@@ -133,7 +133,7 @@ class Remediator:
                 self._failing.clear()
                 self._save(replace(self.state, straggler_since=since, noted=()))
                 return []
-            status = self._status(now)
+            status = self._status(now, seen)
             if status is None:
                 return []  # never act blind: the scheduler could not be read
             state, actions = plan(replace(self.state, straggler_since=since), wanted, status, self.cfg, now,
@@ -149,9 +149,9 @@ class Remediator:
                 path.unlink(missing_ok=True)
             return actions
 
-    def _status(self, now: float) -> Mapping[str, NodeStatus] | None:
+    def _status(self, now: float, seen: frozenset[str]) -> Mapping[str, NodeStatus] | None:
         if self.backend is None:
-            return {n: NodeStatus(node=n, pool="", drained=False, ours=False) for n in self._seen}
+            return {n: NodeStatus(node=n, pool="", drained=False, ours=False) for n in seen}
         try:
             nodes = self.backend.nodes()
         except BackendError as e:
