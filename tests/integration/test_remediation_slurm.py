@@ -136,6 +136,24 @@ def test_guard_refuses_the_drain_over_its_limit_and_pages(fresh_slurm: SlurmClus
             metrics = parse_metrics(rules_metrics(rules))
             assert value(metrics, "gpumond_remediation_breaker_open") == 1.0
 
+            # The operator's two levers, through the CLI against the running service. Undo: the drained node
+            # returns now and is left alone while its GPU is still lost; reset-breaker: the refused node drains.
+            def cli(*args: str) -> str:
+                done = subprocess.run([sys.executable, "-m", "gpumond.cli", "remediation", *args, "--state-dir",
+                                       str(tmp_path / "rules-state")], capture_output=True, text=True, timeout=30)
+                assert done.returncode == 0, done.stderr
+                return done.stdout
+
+            assert "returns " + drained + " to service" in cli("undo", drained)
+            wait_until(lambda: slurm.node(drained)["state"] == "idle", timeout=15, what="undone node resumed")
+            assert "closes the circuit breaker" in cli("reset-breaker")
+            wait_until(lambda: slurm.node(refused["node"])["state"].startswith("drain"), timeout=15,
+                       what="the refused node drained once the breaker was reset", describe=rules.describe)
+            time.sleep(2)  # four steps: the undone node, GPU still lost, is not drained again
+            assert slurm.node(drained)["state"] == "idle"
+            assert [e["action"] for e in audit(tmp_path) if e["node"] == drained] == ["drain", "undo"]
+            assert value(parse_metrics(rules_metrics(rules)), "gpumond_remediation_breaker_open") == 0.0
+
 
 def test_health_check_program_drains_its_own_node_dry_run_first(fresh_slurm: SlurmCluster, tmp_path: Path) -> None:
     slurm = fresh_slurm
