@@ -66,7 +66,8 @@ class JsonStateFile:
 
     def __init__(self, path: Path | None, *, what: str, version: int, consequence: str = "",
                  sections: tuple[str, ...] = (), read_only: bool = False, max_bytes: int = MAX_BYTES,
-                 write: Callable[[Path, str], None] = replace_atomically) -> None:
+                 write: Callable[[Path, str], None] = replace_atomically,
+                 move: Callable[[Path, Path], None] = os.replace) -> None:
         self.path = path
         self.what = what
         self.version = version
@@ -74,7 +75,8 @@ class JsonStateFile:
         self.sections = sections  # top-level keys that must hold an object when present (the record maps)
         self.read_only = read_only
         self.max_bytes = max_bytes
-        self._write = write
+        self._write = write  # injected so tests can fail it as a full or read-only disk does
+        self._move = move
 
     # ----- reading --------------------------------------------------------------------------------------
     def read(self) -> Document:
@@ -154,7 +156,7 @@ class JsonStateFile:
             n += 1
         try:
             if move:
-                os.replace(self.path, aside)
+                self._move(self.path, aside)
             else:
                 shutil.copyfile(self.path, aside)
         except OSError as e:
