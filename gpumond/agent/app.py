@@ -35,6 +35,7 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.agent.policy.event_file import FILE_NAME as EVENT_FILE
 from gpumond.agent.policy.event_file import EventFile
 from gpumond.alerts.state import AlertStateFile
+from gpumond.httpaccess import AccessError
 from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
 from gpumond.config.errors import more_problems
@@ -120,7 +121,11 @@ class Agent:
         except OSError as e:
             raise AgentStartError(f"state_dir {state_dir}: {e.strerror or e} (set state_dir in the config, or run "
                                   f"under systemd's StateDirectory=)") from None
-        self.alerts = _alert_pipeline(config, state_dir, self.web.scheme)
+        try:
+            self.alerts = _alert_pipeline(config, state_dir, self.web.scheme)
+        except AccessError as e:
+            self._lock.release()
+            raise AgentStartError(str(e)) from None
         self.policy = PolicyEngine(config.policy, self.session, node=config.node_name,
                                    state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
                                    clock=backend.clock, alerts=self.alerts,

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from gpumond.config.errors import ConfigError, FieldProblem
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, SecretText
+from gpumond.config.http_client import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
 
 SLACK_ENV = "GPUMOND_SLACK_WEBHOOK_URL"
 PAGERDUTY_ENV = "GPUMOND_PAGERDUTY_ROUTING_KEY"
@@ -27,6 +28,17 @@ class AlertmanagerConfig(ConfigModel):
     # Alertmanager resolves them by itself if gpumond dies (Prometheus's --rules.alert.resend-delay is 1m).
     resend_interval_s: float = Field(60.0, ge=1, le=3600)
     timeout_s: float = Field(10.0, gt=0, le=120)
+    # An Alertmanager behind TLS (its own CA, a client certificate) or read-side authentication, in the key names
+    # of Alertmanager's own http_config; the secret files are read again when they change.
+    tls_config: TlsClientConfig | None = None
+    basic_auth: BasicAuthConfig | None = None
+    authorization: AuthorizationConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> AlertmanagerConfig:
+        if self.basic_auth is not None and self.authorization is not None:
+            raise ValueError("set only one of basic_auth and authorization")
+        return self
 
 
 class _PagingConfig(ConfigModel):

@@ -21,7 +21,7 @@ from gpumond.config.http import HttpConfig
 from gpumond.config.load import load_config
 from gpumond.config.remediation import RemediationConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
-from gpumond.config.web import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
+from gpumond.config.http_client import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
 from gpumond.job.routing import MAX_SHARDS
 
 # 9481: next to the agent's 9480, clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).

@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field, PlainValidator, field_validator, mo
 
 from gpumond.config.errors import ConfigError
 from gpumond.config.load import load_config
-from gpumond.config.types import AbsolutePath, ConfigModel, _Hidden
+from gpumond.config.types import ConfigModel, _Hidden
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _UNVERIFIED = ("RequestClientCert", "RequireAnyClientCert")
@@ -143,34 +143,3 @@ def read_bearer_tokens(path: Path, source: str) -> frozenset[str]:
     if not tokens:
         raise ConfigError(source, f"bearer_tokens_file: {path} holds no token")
     return frozenset(tokens)
-
-
-# ----- the client side: how the rules service reaches agents and Prometheus over TLS -----------------------
-class TlsClientConfig(ConfigModel):
-    """`tls_config` of a telemetry source, in Prometheus' scrape-config key names."""
-
-    # The CA that signs the servers' certificates; without it the system CA bundle is used.
-    ca_file: AbsolutePath | None = None
-    cert_file: AbsolutePath | None = None  # a client certificate, for servers that require one (mTLS)
-    key_file: AbsolutePath | None = None
-    insecure_skip_verify: bool = False
-
-    @model_validator(mode="after")
-    def _pair(self) -> TlsClientConfig:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together (a client certificate and its key)")
-        return self
-
-
-class BasicAuthConfig(ConfigModel):
-    """`basic_auth` for servers with read-side authentication; the password is read from a file."""
-
-    username: str = Field(min_length=1)
-    password_file: AbsolutePath
-
-
-class AuthorizationConfig(ConfigModel):
-    """`authorization`: a bearer token read from a file (Prometheus' `authorization.credentials_file`)."""
-
-    type: Literal["Bearer"] = "Bearer"
-    credentials_file: AbsolutePath

@@ -31,7 +31,7 @@ from gpumond.rules.remediation.backends import Backend, build_backend
 from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
-from gpumond.rules.telemetry.access import AccessError
+from gpumond.httpaccess import AccessError
 from gpumond.rules.types import TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
@@ -111,7 +111,12 @@ class RulesService:
         state: Path | None = None
         if alerts is None:
             state, self._lock = _state_path(config)
-            alerts = _alert_pipeline(config, state, self.web.scheme)
+            try:
+                alerts = _alert_pipeline(config, state, self.web.scheme)
+            except AccessError as e:
+                if self._lock is not None:
+                    self._lock.release()
+                raise RulesStartError(str(e)) from None
         self.alerts = alerts
         self.remediator = Remediator.build(
             config.remediation, _remediation_dir(config, state),

@@ -35,11 +35,16 @@ class Alertmanager(ManagedProcess):
     ready_path = "/-/ready"
 
     def __init__(self, workdir: Path, config: Path, *, cluster_port: int | None = None,
-                 peers: Sequence[int] = ()) -> None:
+                 peers: Sequence[int] = (), web_config: Path | None = None, tls: ssl.SSLContext | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         self.port = free_port()
+        self.tls = tls  # with a web config that serves TLS: how the test reaches it, and its credentials
+        self.headers = headers or {}
         argv = [require_binary("prometheus-alertmanager"), f"--config.file={config}",
                 f"--storage.path={workdir / 'data'}", f"--web.listen-address={LOOPBACK}:{self.port}",
-                f"--web.external-url=http://{LOOPBACK}:{self.port}", "--log.level=warn"]
+                f"--web.external-url={'https' if tls else 'http'}://{LOOPBACK}:{self.port}", "--log.level=warn"]
+        if web_config is not None:
+            argv.append(f"--web.config.file={web_config}")
         if cluster_port is None:
             argv.append("--cluster.listen-address=")
         else:
@@ -49,8 +54,11 @@ class Alertmanager(ManagedProcess):
                      *(f"--cluster.peer={LOOPBACK}:{p}" for p in peers)]
         super().__init__(argv, workdir)
 
+    def ready(self) -> bool:
+        return http_get(f"{self.base_url}{self.ready_path}", self.headers, timeout=1.0, context=self.tls)[0] == 200
+
     def get(self, path: str) -> Any:
-        status, _, body = http_get(f"{self.url}{path}")
+        status, _, body = http_get(f"{self.url}{path}", self.headers, context=self.tls)
         assert status == 200, body[:500]
         return json.loads(body)
 

@@ -21,7 +21,7 @@ import yaml
 
 from gpumond.job import Reporter
 from gpumond.job.tlsclient import ClientTLS
-from gpumond.rules.telemetry.factory import build_access
+from gpumond.httpaccess import build_access
 from gpumond.rules.telemetry.promql import PrometheusSource
 from gpumond.rules.telemetry.scrape import ScrapeSource
 from tests.integration.alert_helpers import TOKEN, RulesDaemon
@@ -265,3 +265,33 @@ def test_the_alerts_command_sends_the_read_credentials_a_daemon_asks_for(tmp_pat
         assert refused.returncode == 1 and "HTTP 401" in refused.stderr, refused.stderr
         half = alerts("--username", "prometheus")
         assert half.returncode == 2 and "--username and --password-file go together" in half.stderr, half.stderr
+
+
+def test_an_agent_alerts_an_alertmanager_behind_mutual_tls_and_basic_auth(tmp_path, pki) -> None:
+    from tests.integration.alert_helpers import Alertmanager
+
+    web = web_config(tmp_path, pki, users=True)  # the exporter-toolkit format Alertmanager reads too
+    am_config = write_yaml(tmp_path / "alertmanager.yml", {"route": {"receiver": "null"},
+                                                           "receivers": [{"name": "null"}]})
+    with Alertmanager(tmp_path / "am", am_config, web_config=web, tls=context(pki),
+                      headers=basic("prometheus", PASSWORD)) as am:
+        password_file = tmp_path / "password"
+        password_file.write_text(PASSWORD + "\n")
+        c = pki["client"]
+        scenario = write_yaml(tmp_path / "scenario.yaml", {"faults": [{"gpu": 1, "kind": "xid", "code": 48,
+                                                                       "at_s": 1}]})
+        config = write_yaml(tmp_path / "agent.yaml", {"alerting": {"alertmanager": {
+            "urls": [am.base_url], "resend_interval_s": 1,
+            "tls_config": {"ca_file": str(pki["ca"].path), "cert_file": str(c.cert), "key_file": str(c.key)},
+            "basic_auth": {"username": "prometheus", "password_file": str(password_file)}}}})
+        with AgentProcess(["--sim", "2", "--sim-scenario", scenario, "--config", config, "--node-name", "n1"],
+                          tmp_path / "agent") as agent:
+            alerts = wait_until(lambda: [a for a in am.alerts() if a["labels"]["alertname"] == "GpuXidCritical"],
+                                timeout=30, what="the XID alert in Alertmanager", describe=agent.describe)
+            assert alerts[0]["labels"]["xid"] == "48" and alerts[0]["labels"]["node"] == "n1"
+        # A wrong password is refused by Alertmanager: the agent says so and counts it, never crashes.
+        password_file.write_text("wrong\n")
+        with AgentProcess(["--sim", "2", "--sim-scenario", scenario, "--config", config, "--node-name", "n2"],
+                          tmp_path / "agent2") as agent:
+            wait_until(lambda: "401" in agent.stderr_path.read_text(), timeout=30,
+                       what="the agent logs Alertmanager's 401", describe=agent.describe)

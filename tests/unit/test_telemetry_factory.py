@@ -72,7 +72,7 @@ def test_a_bad_static_target_is_a_value_error() -> None:
 def test_tls_and_credentials_from_the_config_and_one_line_for_a_missing_file(tmp_path: Path) -> None:
     from gpumond.config.rules import load_rules_config
     from gpumond.rules.service import RulesService, RulesStartError
-    from gpumond.rules.telemetry.access import AccessError
+    from gpumond.httpaccess import AccessError
     from tests.pki import CA
 
     ca = CA(tmp_path)

@@ -21,6 +21,7 @@ import httpx
 
 from gpumond.alerts.model import Alert
 from gpumond.alerts.sinks.deadline import RequestDeadline
+from gpumond.httpaccess import Access, AccessError
 from gpumond.retry import Backoff, parse_retry_after, retryable
 from gpumond.types import Series
 
@@ -120,13 +121,17 @@ class WorkerSink(ABC):
     name = "sink"
 
     def __init__(self, target: str, *, timeout_s: float, client: httpx.Client | None = None,
-                 clock: Callable[[], float] = time.time, backoff: Backoff | None = None) -> None:
+                 clock: Callable[[], float] = time.time, backoff: Backoff | None = None,
+                 access: Access | None = None) -> None:
         self.target = target
         self.timeout_s = timeout_s  # the whole request, connect to last byte (RequestDeadline)
+        self.access = access if access is not None else Access()  # TLS and credentials (gpumond.httpaccess)
+        self._access_problem: str | None = None
         # Keep-alive off: every request connects, so RequestDeadline sees (and can cut) its socket.
         self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
                                               limits=httpx.Limits(max_keepalive_connections=0),
-                                              follow_redirects=False, trust_env=False)
+                                              follow_redirects=False, trust_env=False,
+                                              verify=self.access.verify())
         self._clock = clock
         self.backoff = backoff or sink_backoff()
         self._cv = threading.Condition()
@@ -204,10 +209,20 @@ class WorkerSink(ABC):
         """POST JSON; the answer, or one line saying why there is none (never the URL: it may be a secret).
 
         The whole request, from connect to the last byte of the answer, gets `timeout_s` (a total deadline)."""
+        problem = self.access.refresh()  # rotated certificate files: in place for the next connection
+        if problem != self._access_problem:
+            if problem:
+                log.warning("changed certificate files not used (the previous ones stay)",
+                            extra={"sink": self.name, "target": self.target, "error": problem})
+            self._access_problem = problem
+        try:
+            headers = {**self.access.headers(), **(headers or {})}  # the secret file as it is now
+        except AccessError as e:
+            return str(e)
         deadline = RequestDeadline(self.timeout_s)
         late = f"timed out (no complete answer within {self.timeout_s:g} s)"
         try:
-            with self._client.stream("POST", url, json=body, headers=dict(headers or {}),
+            with self._client.stream("POST", url, json=body, headers=headers,
                                      extensions={"trace": deadline.trace}) as r:
                 chunks: list[bytes] = []
                 size = 0

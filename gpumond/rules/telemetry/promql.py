@@ -12,7 +12,7 @@ import httpx
 
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
-from gpumond.rules.telemetry.access import Access, AccessError
+from gpumond.httpaccess import Access, AccessError
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, agent_alerts, join
 from gpumond.rules.telemetry.promql_tiers import Tiers

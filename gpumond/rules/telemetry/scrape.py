@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
-from gpumond.rules.telemetry.access import Access, AccessError
+from gpumond.httpaccess import Access, AccessError
 from gpumond.rules.telemetry.file_sd import FileSD
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.mapping import AgentReading, read_agent
