@@ -13,7 +13,7 @@ from gpumond.job import pusher
 from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
 from gpumond.job.transport import Reply
-from gpumond.retry import MIN_RETRY_S, Backoff
+from gpumond.retry import Backoff
 
 GPU = "GPU-11111111-1111-1111-1111-111111111111"
 HEAD = {"job": "j", "rank": 0, "world_size": 1, "node": "n", "gpu_uuid": GPU, "group": None}
@@ -72,10 +72,12 @@ def test_transient_failures_keep_the_batch_and_ask_to_wait(failure: Reply | Exce
     assert len(messages) == 2 and "retrying" in messages[0] and "resumed after 1 failed" in messages[1]
 
 
-def test_retry_after_is_honoured() -> None:
-    p = make(ScriptedTransport(Reply(429, retry_after_s=7.0), Reply(503, retry_after_s=0.0)), 5)
+def test_retry_after_is_honoured_but_never_shortens_the_backoff() -> None:
+    p = make(ScriptedTransport(Reply(429, retry_after_s=7.0), *[Reply(503, retry_after_s=0.0)] * 8), 5)
+    p.backoff = Backoff(pusher.BACKOFF_BASE_S, pusher.BACKOFF_CAP_S, rng=lambda: 1.0)
     assert p.drain(1.0) == 7.0
-    assert p.drain(1.0) == MIN_RETRY_S  # never a busy loop
+    # "Retry-After: 0" (or a date already past) every time: the doubling schedule, never a busy loop
+    assert [p.drain(1.0) for _ in range(8)] == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0])
 
 
 def test_consecutive_failures_back_off_exponentially() -> None:
