@@ -155,6 +155,24 @@ def test_inside_a_starved_job_a_rank_waiting_less_than_twice_the_median_is_the_p
     assert io(run(build(wait=waits))[1]) == [("io_starved_job", None), ("io_starved_rank", 11)]
 
 
+def test_in_a_two_rank_job_the_rank_whose_wait_dwarfs_the_others_is_named_not_the_pipeline():
+    # Of two ranks, one is half the job: set against the job's median (which it makes), a rank waiting 97 % never
+    # waited twice it, and the job was called starved. Against the other rank's wait it is the rank's loader.
+    two = dict(nodes=1, gpus_per_node=2)
+    assert io(run(build(**two, wait={0: 0.97, 1: 0.01}))[1]) == [("io_starved_rank", 0)]
+    assert io(run(build(**two, wait={0: 0.01, 1: 0.6}))[1]) == [("io_starved_rank", 1)]
+    # Both wait as a rule, within the pipeline's spread of each other: the job's pipeline.
+    assert io(run(build(**two, wait={0: 0.3, 1: 0.45}))[1]) == [("io_starved_job", None)]
+    # Three ranks: the same rule, the starved one against the median of the other two; the job is then judged on
+    # those two, one of which waits 30 %: both facts.
+    assert io(run(build(nodes=1, gpus_per_node=3, wait={0: 0.02, 1: 0.9, 2: 0.3}))[1]) == [
+        ("io_starved_job", None), ("io_starved_rank", 1)]
+
+
+def test_a_one_rank_job_has_no_peers_to_tell_its_loader_from_its_pipeline():
+    assert io(run(build(nodes=1, gpus_per_node=1, wait={0: 0.97}))[1]) == []
+
+
 def test_job_slowdown_against_its_own_baseline():
     state, c = run(build(step_s=1.0))
     assert c == [] and state.baselines["job-a"].step_time_s > 0.9
