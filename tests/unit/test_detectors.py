@@ -363,3 +363,19 @@ def test_inside_a_job_that_waits_as_a_rule_the_outlier_is_named_on_sequential_ev
     assert c.rank == 7 and c.sustained and c.evidence["sequential"]["steps"] >= CFG.seq_min_steps
     assert c.evidence["peer_median_data_wait_frac"] > CFG.wait_min_frac
     assert [x.kind for x in cands if x.kind == "io_starved_job"] == ["io_starved_job"]
+
+
+def test_median_without_one_value_is_the_median_of_the_rest() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from gpumond.rules.detectors.stats import median, median_without
+
+    @given(st.lists(st.floats(0, 1), min_size=1, max_size=40), st.data())
+    def check(values: list[float], data: st.DataObject) -> None:
+        drop = data.draw(st.sampled_from(values))
+        rest = list(values)
+        rest.remove(drop)
+        assert median_without(sorted(values), drop) == (median(rest) if rest else None)
+
+    check()
