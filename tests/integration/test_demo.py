@@ -87,7 +87,8 @@ def test_demo_finds_every_planted_fault_where_it_was_planted_and_ends_when_all_r
         for what, (_, when, resolved) in signals.items():
             assert re.fullmatch(r"\+\d+ s", when), (key, what, when)
             assert re.fullmatch(r"\+\d+ s", resolved) or what == remap, (key, what, resolved)
-    summary = out[out.index("faults planted:"):out.index("Where to look")]
+    start = out.index("faults planted:")
+    summary = out[start:out.index("Where to look", start)]
     assert max(len(line) for line in summary.splitlines()) <= 80, summary
     assert "3 faults planted: 3 found, 3 found and resolved; 0 false alarms." in out, out
     assert "Fired without a planted fault (false alarms): none." in out, out
