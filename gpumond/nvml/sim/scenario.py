@@ -227,13 +227,18 @@ class Fault(BaseModel):
         return ERROR_CODES[self.error] if self.error else 0
 
 
+MAX_FAULTS = 10_000
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpus: list[GpuEntry] = Field(default_factory=list)
     default_load: LoadPattern = DEFAULT_LOAD
     inlet: InletProfile = InletProfile()
-    faults: list[Fault] = Field(default_factory=list)
+    # A fault costs ~5 KB once loaded (benchmarks/results/config_size.md): a scenario is a story of a few, and
+    # tens of thousands are a generated file gone wrong, which would hold the agent's start for seconds.
+    faults: list[Fault] = Field(default_factory=list, max_length=MAX_FAULTS)
 
     @model_validator(mode="after")
     def _unique_indexes(self) -> Scenario:
