@@ -14,8 +14,8 @@ from gpumond.config.errors import ConfigError, validation_problem
 from gpumond.safetext import one_line
 
 M = TypeVar("M", bound=BaseModel)
-# What a config (or simulator scenario) file may hold. Loading costs ~0.2 s and ~20 MB per MiB of YAML
-# (benchmarks/results/config_size.md); the largest real one, a fleet-wide power_limit.per_gpu table of UUIDs,
+# What a config (or simulator scenario) file may hold. An agent config costs ~0.25 s and ~25 MiB to load per MiB
+# of YAML (benchmarks/results/config_size.md); the largest real one, a fleet-wide power_limit.per_gpu table of UUIDs,
 # is ~52 bytes a GPU. Past this the file is a mistake, and reading it would hold the daemon's start.
 MAX_FILE_BYTES = 4 * 2**20
 
