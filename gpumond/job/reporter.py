@@ -290,25 +290,26 @@ class Reporter:
         # derive how many from the counts, as they do for what deque(maxlen) itself drops.
         if self._late or self._held:
             late = self._late.pop(index, None)
-            if self._make_room(pusher):
+            if self._make_room(pusher, 1):
                 if late is not None:
                     late.index = index
                 self._held.append((record, late))
                 self._release()
         else:
-            q = self._q
-            if len(q) + pusher.in_hand < self._max_queue or self._make_room(pusher):
-                q.append(record)
+            self._q.append(record)  # deque(maxlen) drops the oldest itself when full, in C: the hot path
+            if pusher.in_hand:  # a batch in hand counts too (only while a push is out or being retried)
+                self._make_room(pusher, 0)
         self._last_end = end
         self._open = _NONE
         if _push_early(end - self._start, pusher.early_above, end, self._early_next):
             self._early_next = end + EARLY_PUSH.min_gap_s
             pusher.nudge()
 
-    def _make_room(self, pusher: Pusher) -> bool:
-        """Drop the oldest queued steps until one more fits within max_queue; False when none is left to drop."""
+    def _make_room(self, pusher: Pusher, more: int) -> bool:
+        """Drop the oldest queued steps until `more` steps fit within max_queue beside the queue, the held records
+        and the push thread's batch in hand; False when there is nothing queued left to drop."""
         q = self._q
-        while len(q) + len(self._held) + pusher.in_hand >= self._max_queue:
+        while len(q) + len(self._held) + pusher.in_hand + more > self._max_queue:
             if not q:
                 return False  # the batch in hand and the held records fill max_queue
             try:
