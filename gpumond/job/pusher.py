@@ -171,7 +171,10 @@ class Pusher:
         leftover = len(self._pending)
         self._hold([])
         while self._q:
-            self._q.popleft()
+            try:
+                self._q.popleft()
+            except IndexError:  # the training thread made room meanwhile: that one is counted as overflow
+                break
             self.taken += 1
             leftover += 1
         self.dropped += leftover
@@ -215,7 +218,7 @@ class Pusher:
                 self._reject(reply.status, reply.detail)
 
     def _take(self) -> list[Record]:
-        """Pop up to `limit` of the oldest queued steps (only this thread pops, so none vanish under us)."""
+        """Pop up to `limit` of the oldest queued steps (the training thread may drop the oldest meanwhile)."""
         n = min(len(self._q), self.limit)
         self.in_hand = n  # reserved before popping: the queue and this batch never exceed max_queue together
         popleft = self._q.popleft
