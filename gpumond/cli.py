@@ -401,7 +401,7 @@ def _directory(text: str) -> Path:
 
 def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> int:
     from gpumond.config import AgentConfig, ConfigError, load_agent_config, load_config, read_yaml_mapping
-    from gpumond.config.kind import guess_kind
+    from gpumond.config.kind import guess_kind, other_kind
     from gpumond.config.rules import RulesConfig, load_rules_config
 
     how = "given"
@@ -425,11 +425,19 @@ def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> 
     except ConfigError as e:
         hint = f" (checked as {'a rules' if kind == 'rules' else 'an agent'} config, told by {how}; " \
                f"pass --kind to choose)" if how == "its file name" else ""
-        print(f"gpumond: {e}{hint}", file=sys.stderr)
+        misfiled = other_kind(kind, path, remedy="check it with --kind {kind}") if how == "given" and kind else None
+        print(f"gpumond: {misfiled or f'{e}{hint}'}", file=sys.stderr)
         return EXIT_USAGE
     print(f"{path}: ok (agent config{_told(how)}; listen {cfg.listen}, node {cfg.node_name}, "
           f"alerts to {_sinks(cfg.alerting)}{web}; {mode})")
     return 0
+
+
+def _misfiled(daemon: str, path: Path | None) -> str | None:
+    """'…: looks like a rules config (…), not an agent config: …' for a daemon given the other's config."""
+    from gpumond.config.kind import other_kind
+
+    return None if path is None else other_kind(daemon, Path(path), remedy="give it to `gpumond {kind}`")
 
 
 def _served(path: Path | None, shape_only: bool) -> str:
@@ -465,7 +473,7 @@ def _rules(args: argparse.Namespace) -> int:
     try:
         cfg = load_rules_config(args.config)
     except ConfigError as e:
-        print(f"gpumond: {e}", file=sys.stderr)
+        print(f"gpumond: {_misfiled('rules', args.config) or e}", file=sys.stderr)
         return EXIT_USAGE
     try:
         cfg = _with_flags(cfg, "rules", args, (("--listen", args.listen, ListenAddress.parse, "listen"),
@@ -584,7 +592,7 @@ def _agent(args: argparse.Namespace) -> int:
     try:
         cfg = load_agent_config(args.config)
     except ConfigError as e:
-        print(f"gpumond: {e}", file=sys.stderr)
+        print(f"gpumond: {_misfiled('agent', args.config) or e}", file=sys.stderr)
         return EXIT_USAGE
     try:
         cfg = _with_flags(cfg, "agent", args, (("--listen", args.listen, ListenAddress.parse, "listen"),

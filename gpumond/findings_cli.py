@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumond.job.tlsclient import explain
+from gpumond.job.tlsclient import explain, https_instead
 from gpumond.safetext import escape_unsafe
 
 # MEASURE: what made the finding, with its unit: each kind's `score` is a different quantity (a z-score
@@ -107,10 +107,9 @@ def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str,
         if tls is not None:
             raise FetchError(f"cannot reach {full}: {tls.replace('GPUMOND_CA_FILE for the job SDK', '--ca-file')}"
                              ) from None
-        if isinstance(e, (http.client.RemoteDisconnected, http.client.BadStatusLine)) and full.startswith("http://"):
-            # what a daemon serving TLS does to a plain-HTTP request: closes it without an answer
-            raise FetchError(f"cannot reach {full}: {reason} (if it serves TLS, use https://"
-                             f"{base.split('://', 1)[1]}; else is {daemon} running there?)") from None
+        if (https := https_instead(e, base)) is not None:
+            raise FetchError(f"cannot reach {full}: {reason} (if it serves TLS, use {https}; "
+                             f"else is {daemon} running there?)") from None
         raise FetchError(f"cannot reach {full}: {reason} (is {daemon} running there? set --url)") from None
     except ValueError as e:  # a URL urllib still refuses (base_url() catches the usual mistakes first)
         raise FetchError(f"{full}: {e}") from None

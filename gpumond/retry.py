@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 # A server may ask for any pause; past this whatever was queued has long since been dropped anyway.
 RETRY_AFTER_CAP_S = 300.0
-MIN_RETRY_S = 0.05  # a "Retry-After: 0" answered every time must not become a busy loop
 
 
 def retryable(status: int) -> bool:
@@ -63,9 +62,13 @@ class Backoff:
         return ceiling * (0.5 + 0.5 * self._rng())
 
     def after_failure(self, retry_after_s: float | None) -> float:
-        """The delay after a failure: the server's Retry-After (at least MIN_RETRY_S) wins over the schedule."""
+        """The delay after a failure: the schedule's, or the server's Retry-After when that is longer.
+
+        Retry-After only lengthens a wait: a server answering "Retry-After: 0" (or a date already past) every
+        time would otherwise be retried in a busy loop, with no backoff ever building up.
+        """
         delay = self.next_delay()
-        return delay if retry_after_s is None else max(retry_after_s, MIN_RETRY_S)
+        return delay if retry_after_s is None else max(retry_after_s, delay)
 
     def reset(self) -> None:
         """After a success."""

@@ -327,8 +327,10 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
                       _bench.md_table(("function", "calls", "own", "cumulative"),
                                       [(f"`{fn}`", f"{nc:,}", f"{tt:.3f} s", f"{ct:.3f} s")
                                        for fn, nc, tt, ct in prof["profile_rows"]]), ""]
+    # The evaluation-time plot exists only when scaling was measured (plots() draws it from `scal`).
     lines += ["## Plots", "", "![recall vs slowdown](detection_recall_slowdown.png) "
-              "![recall vs wait](detection_recall_wait.png) ![eval time](detection_eval_time.png)", ""]
+              "![recall vs wait](detection_recall_wait.png)"
+              + (" ![eval time](detection_eval_time.png)" if scal else ""), ""]
     return "\n".join(lines)
 
 

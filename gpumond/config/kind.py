@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpumond.config.agent import AgentConfig
 from gpumond.config.errors import ConfigError
+from gpumond.config.load import read_yaml_mapping
 from gpumond.config.rules import RulesConfig
 
 KINDS = ("agent", "rules")
@@ -42,3 +43,24 @@ def guess_kind(path: Path, keys: Iterable[object]) -> tuple[str, str]:
     shared = ", ".join(sorted(present & SHARED)) or "no keys"
     raise ConfigError(str(path), f"cannot tell an agent config from a rules config: it sets only keys both take "
                                  f"({shared}); pass --kind agent or --kind rules")
+
+
+def other_kind(kind: str, path: Path, *, remedy: str) -> str | None:
+    """`<path>: looks like a rules config (…), not an agent config: <remedy>` when a file read as `kind` has keys
+    only the other kind takes and none of its own, else None: a config given to the wrong daemon otherwise reads
+    as a list of unknown keys. `remedy` has `{kind}` for the other kind ("check it with --kind {kind}")."""
+    try:
+        present = {str(k) for k in read_yaml_mapping(path)}
+    except ConfigError:
+        return None
+    other = "rules" if kind == "agent" else "agent"
+    own, theirs = (AGENT_ONLY, RULES_ONLY) if kind == "agent" else (RULES_ONLY, AGENT_ONLY)
+    found = sorted(present & theirs)
+    if not found or present & own:
+        return None
+    shown = ", ".join(found[:4]) + (", …" if len(found) > 4 else "")
+    return f"{path}: looks like {_a(other)} config ({shown}), not {_a(kind)} config: {remedy.format(kind=other)}"
+
+
+def _a(kind: str) -> str:
+    return "an agent" if kind == "agent" else "a rules"

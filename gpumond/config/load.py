@@ -14,6 +14,10 @@ from gpumond.config.errors import ConfigError, validation_problem
 from gpumond.safetext import one_line
 
 M = TypeVar("M", bound=BaseModel)
+# What a config (or simulator scenario) file may hold. An agent config costs ~0.25 s and ~25 MiB to load per MiB
+# of YAML (benchmarks/results/config_size.md); the largest real one, a fleet-wide power_limit.per_gpu table of UUIDs,
+# is ~52 bytes a GPU. Past this the file is a mistake, and reading it would hold the daemon's start.
+MAX_FILE_BYTES = 4 * 2**20
 
 
 def load_agent_config(path: str | Path | None) -> AgentConfig:
@@ -36,11 +40,18 @@ def read_yaml_mapping(path: str | Path) -> dict[Any, Any]:
     """Parse a YAML file whose top level is a mapping (or empty). Raises ConfigError."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(source, f"cannot read: not UTF-8 text (byte {err.start})") from None
+        with Path(path).open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise ConfigError(source, f"cannot read: {err.strerror or err}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(source, f"larger than the {MAX_FILE_BYTES // 2**20} MiB a config or scenario file may "
+                                  "be: is it the file you meant? (a power_limit.per_gpu table for every GPU of an "
+                                  "80,000-GPU fleet fits)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(source, f"cannot read: not UTF-8 text (byte {err.start})") from None
     try:
         data = load_yaml(text)
     except yaml.MarkedYAMLError as err:
@@ -55,11 +66,21 @@ def read_yaml_mapping(path: str | Path) -> dict[Any, Any]:
 
 
 def load_yaml(text: str) -> Any:
-    """yaml.safe_load, except that a key given twice in one mapping is an error (yaml.YAMLError)."""
+    """yaml.safe_load, except that a key given twice in one mapping is an error (yaml.YAMLError).
+
+    Parsed by libyaml where PyYAML has it: the pure-Python scanner took ~97 % of loading a large config (a
+    per_gpu table of 34,000 UUIDs: 5 s). A document libyaml refuses is read again by the pure-Python parser, so
+    an error says what it always said (its wording and marks are the ones the config errors quote).
+    """
+    if _FastUniqueKeyLoader is not None:
+        try:
+            return yaml.load(text, Loader=_FastUniqueKeyLoader)  # noqa: S506 - a CSafeLoader subclass
+        except yaml.YAMLError:
+            pass
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeys:
     """safe_load's constructors, but a key given twice in one mapping is an error.
 
     PyYAML keeps the last duplicate silently; two `sampling:` blocks would then drop the
@@ -80,6 +101,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """The pure-Python parser: the one whose error messages the config errors quote."""
+
+
+# libyaml's parser with the same constructors and resolver, where PyYAML was built with it.
+_FastUniqueKeyLoader: type | None = (type("_FastUniqueKeyLoader", (_UniqueKeys, yaml.CSafeLoader), {})
+                                     if yaml.__with_libyaml__ else None)
 
 
 def _yaml_problem(err: yaml.MarkedYAMLError) -> str:

@@ -31,24 +31,34 @@ EXIT_INTERRUPTED = 130
 
 
 class _Teller:
-    """Prints with the demo clock; serialised, since a receiver thread may record events too."""
+    """Prints with the demo clock, whose stamps never go backwards; serialised, since a receiver thread may record
+    events too."""
 
     def __init__(self, say: Say, t0: float) -> None:
         self._say = say
         self._t0 = t0
         self._lock = threading.Lock()
+        self._shown = 0.0  # the latest stamp printed
         self.last_news = 0.0
 
     def now(self) -> float:
         return time.monotonic() - self._t0
 
+    def _stamp(self, t_s: float) -> str:
+        # An event is printed when it is known, which can be after one that happened later (a page held until
+        # the watcher sees its finding): it takes the later stamp, and its own time is said on its line.
+        self._shown = max(self._shown, t_s)
+        return f"[{self._shown:6.1f}s]"
+
     def line(self, text: str = "", *, stamp: bool = True) -> None:
         with self._lock:
-            self._say(f"[{self.now():6.1f}s] {text}" if stamp else text)
+            self._say(f"{self._stamp(self.now())} {text}" if stamp else text)
 
     def event(self, lines: list[str], t_s: float) -> None:
         with self._lock:
-            self._say(f"[{t_s:6.1f}s] {lines[0]}")
+            stamp = self._stamp(t_s)
+            late = f"  (at {t_s:.1f}s)" if self._shown - t_s >= 0.05 else ""
+            self._say(f"{stamp} {lines[0]}{late}")
             for extra in lines[1:]:
                 self._say(" " * 10 + extra)
             self.last_news = t_s

@@ -17,6 +17,7 @@ adding pages is: turn each received notification into `Event(kind="page", ...)` 
 
 from __future__ import annotations
 
+import textwrap
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -302,17 +303,23 @@ def _fmt_s(s: float) -> str:
 _DETECT_S = 30.0
 
 
-def render_summary(faults: Sequence[Planted], events: Sequence[Event], now_s: float) -> str:
-    """The closing table: each planted fault → what fired, when (after the fault began), when it resolved
-    (after the fault ended); then anything that fired without being planted."""
+SUMMARY_WIDTH = 80  # the closing table fits a standard terminal
+
+
+def render_summary(faults: Sequence[Planted], events: Sequence[Event], now_s: float,
+                   width: int = SUMMARY_WIDTH) -> str:
+    """The closing table, at most `width` columns: each planted fault (a line of its own) → what fired, when
+    (after the fault began), when it resolved (after the fault ended); then anything that fired without being
+    planted."""
     words = _signal_words
     outs = outcomes(faults, events)
     pages = any(e.kind == "page" for e in events)
-    head = ["planted fault", "where", "what fired", "fired", "resolved"] + (["pages"] if pages else [])
-    rows: list[list[str]] = []
+    head = ["what fired", "fired", "resolved"] + (["pages"] if pages else [])
+    blank = [""] * (len(head) - 1)
+    rows: list[list[str] | str] = []  # a str is a fault's own line, across the table
     for o in outs:
         f = o.fault
-        first = [f"{f.key}: {f.what}", str(f.place)]
+        rows.append(f"{f.key} on {f.place}: {f.what}")
         if not o.episodes:
             if f.start_s >= now_s:  # a --duration shorter than the plan: not a miss
                 what = f"not reached (planted at {f.start_s:.0f} s, the demo ended at {now_s:.0f} s)"
@@ -320,49 +327,65 @@ def render_summary(faults: Sequence[Planted], events: Sequence[Event], now_s: fl
                 what = f"nothing yet (it began {now_s - f.start_s:.0f} s before the end)"
             else:
                 what = "NOTHING (missed)"
-            rows.append(first + [what, "", ""] + ([""] if pages else []))
-        for i, ep in enumerate(o.episodes):
-            where = "" if ep.place == f.place else f" ({ep.place})"
+            rows.append([what, *blank])
+        for ep in o.episodes:
+            where = "" if ep.place == f.place else f" on {ep.place}"
             again = f" (fired {ep.fired}×)" if ep.fired > 1 else ""
-            if ep.resolved_s is not None:
-                res = _fmt_s(ep.resolved_s - f.end_s)
-            elif ep.signal in f.lasting:
-                res = f"still firing: {f.lasting[ep.signal]}"
-            else:
-                res = "still firing"
-            row = (first if i == 0 else ["", ""]) + [words(ep.signal) + where + again, _fmt_s(ep.fired_s - f.start_s),
-                                                     res]
-            rows.append(row + ([str(ep.pages)] if pages else []))
+            lasting = f" (stays {f.lasting[ep.signal]})" if ep.resolved_s is None and ep.signal in f.lasting else ""
+            res = "still firing" if ep.resolved_s is None else _fmt_s(ep.resolved_s - f.end_s)
+            rows.append([words(ep.signal) + where + again + lasting, _fmt_s(ep.fired_s - f.start_s), res]
+                        + ([str(ep.pages)] if pages else []))
         for s in o.missing:
             if o.episodes:
-                rows.append(["", "", f"{words(s)}: NOT FOUND", "", ""] + ([""] if pages else []))
+                rows.append([f"{words(s)}: NOT FOUND", *blank])
     found = sum(o.found for o in outs)
     done = sum(o.resolved(now_s) for o in outs)
     fa = false_alarms(events)
-    lines = [f"{len(outs)} faults planted: {found} found, {done} found and resolved; "
-             f"{len(fa)} false alarm{'s' if len(fa) != 1 else ''}.",
-             "(fired: seconds after the fault began; resolved: seconds after the fault ended)", "",
-             _table(head, rows), ""]
+    lines = [*_wrap(f"{len(outs)} faults planted: {found} found, {done} found and resolved; "
+                    f"{len(fa)} false alarm{'s' if len(fa) != 1 else ''}.", width),
+             *_wrap("(fired: seconds after the fault began; resolved: seconds after the fault ended)", width), "",
+             _table(head, rows, width), ""]
     if fa:
         lines.append("Fired without a planted fault (false alarms):")
-        lines += [f"  {words(e.signal)} on {e.place} at {e.fired_s:.0f} s, "
-                  + (f"resolved at {e.resolved_s:.0f} s" if e.resolved_s is not None else "still firing")
-                  + (f", {e.pages} page{'s' if e.pages != 1 else ''}" if pages else "")
-                  for e in fa]
+        for e in fa:
+            lines += _wrap(f"{words(e.signal)} on {e.place} at {e.fired_s:.0f} s, "
+                           + (f"resolved at {e.resolved_s:.0f} s" if e.resolved_s is not None else "still firing")
+                           + (f", {e.pages} page{'s' if e.pages != 1 else ''}" if pages else ""), width, "  ")
     else:
         lines.append("Fired without a planted fault (false alarms): none.")
     quiet = held_back(events)
     if quiet:
         shown = "; ".join(f"{words(s)} on {p}" for s, p in quiet[:6]) + ("; …" if len(quiet) > 6 else "")
-        lines.append(f"Pending without a planted fault, never fired ({len(quiet)}; the k-of-n persistence check "
-                     f"kept them quiet): {shown}")
+        lines += _wrap(f"Pending without a planted fault, never fired ({len(quiet)}; the k-of-n persistence check "
+                       f"kept them quiet): {shown}", width)
     return "\n".join(lines)
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    fmt = [head, ["-" * w for w in widths], *rows]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in fmt)
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False) or [""]
+
+
+def _table(head: list[str], rows: Sequence[list[str] | str], width: int) -> str:
+    """Columns under `head`, the first one wrapped so that a line fits `width`; a str row is a heading line
+    across the table (wrapped), the rows under it indented."""
+    cells = [r for r in rows if not isinstance(r, str)]
+    rest = [max(len(r[i]) for r in [head, *cells]) for i in range(1, len(head))]
+    room = width - sum(rest) - 2 * len(rest)  # what the first column may take, its indent included
+    first = min(max(len(r[0]) + 2 for r in [head, *cells]), room)
+
+    def line(parts: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(parts, [first, *rest], strict=True)).rstrip()
+
+    out = [line(head), line(["-" * first, *("-" * w for w in rest)])]
+    for r in rows:
+        if isinstance(r, str):
+            out += _wrap(r, width)
+            continue
+        wrapped = textwrap.wrap(r[0], first - 2, subsequent_indent="  ", break_on_hyphens=False) or [""]
+        out.append(line(["  " + wrapped[0], *r[1:]]))
+        out += [line(["  " + more, *([""] * len(rest))]) for more in wrapped[1:]]
+    return "\n".join(out)
 
 
 # ----- the one stateful part ------------------------------------------------------------------------

@@ -54,6 +54,9 @@ class Pusher:
         self.limit = max_steps  # steps per push; halved on every 413
         self.backoff = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)
         self._pending: list[Record] = []  # the batch being sent; older than anything still queued
+        # len(_pending), or more while a batch is being taken: the training thread reads it to keep the queue,
+        # the held records and this batch within max_queue together (the reporter's _make_room).
+        self.in_hand = 0
         self._last_post = clock()  # when the service last took a push (or the thread started)
         self.beats = 0  # heartbeats sent (pushes without steps)
         self._outage = False
@@ -144,6 +147,7 @@ class Pusher:
             return
         if 200 <= reply.status < 300:
             self._last_post = self._clock()
+            self.last_error = None  # the service answers again: an old error would say it does not
             self.beats += 0 if final else 1
             self.ended = self.ended or final
         else:
@@ -165,9 +169,12 @@ class Pusher:
     def _abandon(self) -> None:
         """Count whatever is still held as dropped and let the connection go."""
         leftover = len(self._pending)
-        self._pending = []
+        self._hold([])
         while self._q:
-            self._q.popleft()
+            try:
+                self._q.popleft()
+            except IndexError:  # the training thread made room meanwhile: that one is counted as overflow
+                break
             self.taken += 1
             leftover += 1
         self.dropped += leftover
@@ -191,12 +198,9 @@ class Pusher:
         """Push queued steps until the queue is empty (None) or a failure asks to wait (seconds)."""
         while True:
             if not self._pending:
-                self._pending = self._take()
+                self._hold(self._take())
                 if not self._pending:
                     return None
-            self._trim()
-            if not self._pending:
-                continue
             try:
                 body = self._encode(self._head, self._pending, self._wall(), self._clock())
             except (TypeError, ValueError) as exc:
@@ -214,10 +218,17 @@ class Pusher:
                 self._reject(reply.status, reply.detail)
 
     def _take(self) -> list[Record]:
-        """Pop up to `limit` of the oldest queued steps (only this thread pops, so none vanish under us)."""
+        """Pop up to `limit` of the oldest queued steps (the training thread may drop the oldest meanwhile)."""
         n = min(len(self._q), self.limit)
+        self.in_hand = n  # reserved before popping: the queue and this batch never exceed max_queue together
         popleft = self._q.popleft
-        batch = [popleft() for _ in range(n)]
+        batch: list[Record] = []
+        for _ in range(n):
+            try:
+                batch.append(popleft())
+            except IndexError:  # the training thread dropped the oldest meanwhile (the queue was full)
+                break
+        n = len(batch)
         self.taken += n
         history = self._history
         if history is not None:
@@ -226,16 +237,15 @@ class Pusher:
             self.early_above = history.above()
         return batch
 
-    def _trim(self) -> None:
-        """Keep queue + batch in hand within max_queue by dropping the oldest, which are in hand."""
-        excess = len(self._pending) + len(self._q) - self._max_queue
-        if excess > 0:
-            del self._pending[:excess]
-            self.dropped += excess
+    def _hold(self, batch: list[Record]) -> None:
+        """Make `batch` the one in hand (the count follows the list: it may only shrink after it)."""
+        self._pending = batch
+        self.in_hand = len(batch)
 
     def _pushed(self, dropped: tuple[tuple[str, int], ...] = ()) -> None:
         """The batch in hand was answered 2xx: pushed, less what the service says it did not store."""
         self._last_post = self._clock()
+        self.last_error = None  # failed_pushes keeps the count of what went wrong before
         sent = len(self._pending)
         lost = 0
         counts = dict(self.service_dropped)
@@ -255,7 +265,7 @@ class Pusher:
             self.service_dropped = MappingProxyType(counts)
             self.dropped += lost
         self.pushed += sent - lost
-        self._pending = []
+        self._hold([])
         if self._outage:
             log.info("gpumond: pushes resumed after %d failed attempts", self.backoff.failures)
         self._outage = False
@@ -287,7 +297,7 @@ class Pusher:
         """Drop the batch in hand, counted, with one warning per kind of reason."""
         count = len(self._pending)
         self.dropped += count
-        self._pending = []
+        self._hold([])
         self.backoff.reset()
         self.last_error = error
         if key not in self._warned:

@@ -75,6 +75,7 @@ class Reporter:
         self._held: deque[tuple[Record, _Late | None]] = deque()
         self._late_lost = 0
         self._q: deque[Record] = deque(maxlen=1)
+        self._max_queue = 1
         self._early_next = -float("inf")  # no early push before this (the rule's min_gap_s after the last)
         self._pusher: Pusher | None = None
         self._identity: Identity | None = None
@@ -100,6 +101,7 @@ class Reporter:
                                           CONTENT_TYPES[form])
             assert transport is not None  # route is set exactly when no transport was given
             self._q = deque(maxlen=max_queue)
+            self._max_queue = max_queue
             # One id per process: a restarted process (same job and rank, step numbers reused from a
             # checkpoint) is told apart by the service, which then counts its steps instead of taking them
             # for duplicates. Optional in the contract: an older service ignores it.
@@ -273,7 +275,6 @@ class Reporter:
         self._next_step = step + 1
         index = self._recorded
         self._recorded = index + 1
-        # deque(maxlen) drops the oldest itself when full; the stats derive how many from the counts.
         # Comm wait goes in only when measured (the push then omits it); the encoder fits it to the step.
         comm = self._comm
         if comm is None:
@@ -281,20 +282,41 @@ class Reporter:
         else:
             self._comm = None
             record = (step, end, end - self._start, self._wait, samples, comm)
+        pusher = self._pusher
+        if pusher is None:
+            return
+        # max_queue bounds every step not yet pushed: the queue, the records held for a late comm wait and the
+        # batch the push thread has in hand (retried through an outage). The oldest queued go first; the stats
+        # derive how many from the counts, as they do for what deque(maxlen) itself drops.
         if self._late or self._held:
             late = self._late.pop(index, None)
-            if late is not None:
-                late.index = index
-            self._held.append((record, late))
-            self._release()
+            if self._make_room(pusher, 1):
+                if late is not None:
+                    late.index = index
+                self._held.append((record, late))
+                self._release()
         else:
-            self._q.append(record)
+            self._q.append(record)  # deque(maxlen) drops the oldest itself when full, in C: the hot path
+            if pusher.in_hand:  # a batch in hand counts too (only while a push is out or being retried)
+                self._make_room(pusher, 0)
         self._last_end = end
         self._open = _NONE
-        pusher = self._pusher
-        if pusher is not None and _push_early(end - self._start, pusher.early_above, end, self._early_next):
+        if _push_early(end - self._start, pusher.early_above, end, self._early_next):
             self._early_next = end + EARLY_PUSH.min_gap_s
             pusher.nudge()
+
+    def _make_room(self, pusher: Pusher, more: int) -> bool:
+        """Drop the oldest queued steps until `more` steps fit within max_queue beside the queue, the held records
+        and the push thread's batch in hand; False when there is nothing queued left to drop."""
+        q = self._q
+        while len(q) + len(self._held) + pusher.in_hand + more > self._max_queue:
+            if not q:
+                return False  # the batch in hand and the held records fill max_queue
+            try:
+                q.popleft()
+            except IndexError:  # the push thread took it meanwhile: look again
+                pass
+        return True
 
     def _release(self, everything: bool = False) -> None:
         """Queue the held records whose late comm wait is in (all of them with `everything`), oldest first."""

@@ -16,6 +16,6 @@ class Stats:
     failed_pushes: int = 0
     queue_len: int = 0
     comm_waits_dropped: int = 0  # steps sent without their comm wait: its GPU timing was not read in time
-    last_error: str | None = None
+    last_error: str | None = None  # the latest failure; None again once the service takes a push
     # Steps in accepted pushes that the service did not store, by its reason (stale, duplicate, …); in dropped_steps.
     dropped_by_service: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))

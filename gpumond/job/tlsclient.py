@@ -9,6 +9,7 @@ never breaks verification); `refresh()` is called before opening connections, no
 
 from __future__ import annotations
 
+import http.client
 import os
 import ssl
 from pathlib import Path
@@ -106,4 +107,12 @@ def explain(exc: BaseException) -> str | None:
         if "WRONG_VERSION_NUMBER" in reason or "RECORD_LAYER_FAILURE" in reason:
             return f"TLS failed ({reason}): is the server speaking plain HTTP? use http:// then"
         return f"TLS failed: {reason}"
+    return None
+
+
+def https_instead(exc: BaseException, url: str) -> str | None:
+    """The https:// form of an http:// `url` when `exc` is what a server speaking TLS does to a plain-HTTP
+    request (it closes the connection without an HTTP answer, or answers with a TLS alert); else None."""
+    if isinstance(exc, http.client.BadStatusLine) and url.startswith("http://"):  # RemoteDisconnected is one
+        return "https://" + url.split("://", 1)[1]
     return None

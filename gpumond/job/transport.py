@@ -9,12 +9,12 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from gpumond import __version__
 from gpumond.retry import parse_retry_after
 from gpumond.job.settings import ConfigError
-from gpumond.job.tlsclient import ClientTLS, explain
+from gpumond.job.tlsclient import ClientTLS, explain, https_instead
 
 log = logging.getLogger("gpumond.job")
 
@@ -70,6 +70,7 @@ class HttpTransport:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self._host = url.hostname
+        self._endpoint = endpoint
         self.path = url.path.rstrip("/") + PUSH_PATH
         self._headers = {
             "Authorization": f"Bearer {token}",
@@ -84,16 +85,27 @@ class HttpTransport:
         reused = self._conn is not None and self._conn.sock is not None
         try:
             return self._exchange(body, timeout_s)
-        except _STALE:
+        except _STALE as e:
             self.close()
             if not reused:
-                raise
+                self._unanswered(e)
+        except http.client.BadStatusLine as e:
+            self._unanswered(e)
         except ssl.SSLError as e:
             raise TLSError(explain(e) or str(e)) from e
         try:
             return self._exchange(body, timeout_s)
+        except http.client.BadStatusLine as e:  # RemoteDisconnected too: a fresh connection closed unanswered
+            self._unanswered(e)
         except ssl.SSLError as e:
             raise TLSError(explain(e) or str(e)) from e
+
+    def _unanswered(self, exc: BaseException) -> NoReturn:
+        """Raise `exc`, saying what to set when it is what a rules service serving TLS does to a plain-HTTP push."""
+        https = https_instead(exc, self._endpoint)
+        if https is None:
+            raise exc
+        raise type(exc)(f"{exc} (if the rules service serves TLS, use {https} in GPUMOND_ENDPOINT)") from exc
 
     def _exchange(self, body: bytes, timeout_s: float) -> Reply:
         conn = self._connection(timeout_s)

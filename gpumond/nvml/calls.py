@@ -213,6 +213,14 @@ _STATELESS: tuple[Reader, ...] = (
     Reader("ecc", "slow", (Call("nvmlDeviceGetTotalEccErrors", _ecc),)),
     Reader("remapped_rows", "slow", (Call("nvmlDeviceGetRemappedRows", _remapped),)),
     Reader("retired_pages", "slow", (Call("nvmlDeviceGetRetiredPages", _retired),)),
+    # [utilization %, sampling period µs]. Slow tier: training fleets seldom use the video engines, and this keeps
+    # the fast cycle's driver calls as they were; dcgm-exporter reads its ENC/DEC_UTIL every 30 s by default too.
+    Reader("encoder", "slow", (
+        Call("nvmlDeviceGetEncoderUtilization", lambda h: {"util": pynvml.nvmlDeviceGetEncoderUtilization(h)[0]}),
+    )),
+    Reader("decoder", "slow", (
+        Call("nvmlDeviceGetDecoderUtilization", lambda h: {"util": pynvml.nvmlDeviceGetDecoderUtilization(h)[0]}),
+    )),
     Reader("pcie_replay", "slow", (
         Call("nvmlDeviceGetPcieReplayCounter", lambda h: {"count": pynvml.nvmlDeviceGetPcieReplayCounter(h)}),
     )),

@@ -115,3 +115,12 @@ def test_inject_validates_like_a_scenario():
         sim.inject({"gpu": 0, "kind": "xid"})
     with pytest.raises(ScenarioError, match=r"fault.gpu: GPU 5 does not exist"):
         sim.inject({"gpu": 5, "kind": "xid", "code": 48})
+
+
+def test_a_scenario_holds_at_most_max_faults_with_one_line_past_it(tmp_path) -> None:
+    from gpumond.nvml.sim.scenario import MAX_FAULTS
+
+    path = tmp_path / "many.yaml"
+    path.write_text("faults:\n" + "  - {gpu: 0, kind: xid, code: 48, at_s: 1}\n" * (MAX_FAULTS + 1))
+    with pytest.raises(ScenarioError, match=r"^many\.yaml: faults: must have at most 10000 items \(got "):
+        load_scenario(path)

@@ -39,6 +39,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["benchmarks/rules_store.py", "--quick"], "RSS per held step"),
     (["benchmarks/eval_cycle.py", "--quick"], "pushes 65,536/s"),
     (["benchmarks/read_steps.py", "--quick"], "steps a rank"),
+    (["benchmarks/config_size.py", "--quick"], "policy lookup per cycle"),
     (["benchmarks/activity_evidence.py", "--quick"], "GPM on every sample"),
     (["benchmarks/push_burst.py", "--quick"], "held by the service at the end"),
     (["benchmarks/fleet_scale.py", "--quick"], "planted found"),

@@ -15,19 +15,25 @@ DURATION_S = 150  # the upper bound; at --speed 4 everything is found and resolv
 
 
 def summary_rows(out: str) -> dict[str, list[tuple[str, str, str, str]]]:
-    """The summary table as fault key → [(where, what fired, fired, resolved)], read by column position."""
+    """The summary table as fault key → [(where, what fired, fired, resolved)], read by column position: a fault's
+    own line (`<key> on <where>: …`) heads the rows of what fired for it; a row's first cell may wrap."""
     lines = out.splitlines()
-    head = next(i for i, line in enumerate(lines) if line.startswith("planted fault "))
+    head = next(i for i, line in enumerate(lines) if line.startswith("what fired "))
     starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", lines[head])]
     rows: dict[str, list[tuple[str, str, str, str]]] = {}
     key, where = "", ""
     for line in lines[head + 2:]:
         if not line.strip():
             break
+        if heading := re.match(r"(\S+) on (.+?): ", line):
+            key, where = heading.groups()
+            continue
         cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
-        if cells[0]:
-            key, where = cells[0].split(":")[0], cells[1]
-        rows.setdefault(key, []).append((where, cells[2], cells[3], cells[4]))
+        if re.fullmatch(r"[+-]\d+ s", cells[1]):
+            rows.setdefault(key, []).append((where, cells[0], cells[1], cells[2]))
+        elif line.startswith("    ") and rows.get(key) and not any(cells[1:]):  # the row's first cell, wrapped
+            w, what, when, resolved = rows[key][-1]
+            rows[key][-1] = (w, f"{what} {cells[0]}", when, resolved)
     return rows
 
 
@@ -75,11 +81,15 @@ def test_demo_finds_every_planted_fault_where_it_was_planted_and_ends_when_all_r
     assert fired["loader"]["finding io_starved_rank"][0] == "demo-node-02 · GPU 5 · rank 21"
     assert fired["xid"]["alert GpuXidCritical"][0] == "demo-node-00 · GPU 6 · rank 6"
     assert fired["xid"]["alert GpuEccUncorrectedIncreasing"][2].startswith("+")  # resolved within the demo
-    assert fired["xid"]["alert GpuRowRemapPending"][2] == "still firing: until an operator resets the GPU"
+    remap = "alert GpuRowRemapPending (stays until an operator resets the GPU)"
+    assert fired["xid"][remap][2] == "still firing", rows
     for key, signals in fired.items():
         for what, (_, when, resolved) in signals.items():
             assert re.fullmatch(r"\+\d+ s", when), (key, what, when)
-            assert re.fullmatch(r"\+\d+ s", resolved) or what == "alert GpuRowRemapPending", (key, what, resolved)
+            assert re.fullmatch(r"\+\d+ s", resolved) or what == remap, (key, what, resolved)
+    start = out.index("faults planted:")
+    summary = out[start:out.index("Where to look", start)]
+    assert max(len(line) for line in summary.splitlines()) <= 80, summary
     assert "3 faults planted: 3 found, 3 found and resolved; 0 false alarms." in out, out
     assert "Fired without a planted fault (false alarms): none." in out, out
     assert "rerun with --keep" in out or "run with --keep" in out

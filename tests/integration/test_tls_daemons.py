@@ -119,6 +119,14 @@ def test_the_job_sdk_pushes_over_mutual_tls_and_refuses_a_server_it_cannot_verif
         wait_until(lambda: anonymous.stats.failed_pushes >= 1, timeout=15, what="the push without a cert to fail")
         anonymous.close(timeout_s=0.5)
         assert "requires a client certificate" in (anonymous.stats.last_error or ""), anonymous.stats
+
+        # http:// on the TLS port: the service closes the request unanswered; the SDK says to use https://
+        plain_url = rules.url.replace("https://", "http://", 1)
+        plain = Reporter(**{**common, "endpoint": plain_url})
+        plain.step_end(samples=1)
+        wait_until(lambda: plain.stats.failed_pushes >= 1, timeout=15, what="the plain-HTTP push to fail")
+        assert f"use {rules.url} in GPUMOND_ENDPOINT" in (plain.stats.last_error or ""), plain.stats
+        plain.close(timeout_s=0.5)
     assert rules.returncode == 0, rules.describe()
 
 

@@ -7,9 +7,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 import gpumond
 from gpumond.cli import build_parser, main
+from gpumond.config import AgentConfig
 from gpumond.config.rules import TOKENS_ENV, RulesConfig, load_rules_config
 from gpumond.nvml.sim import load_scenario
 from tests.ports import free_port
@@ -245,3 +247,24 @@ def test_a_bare_gpumond_shows_the_commands_and_what_its_exit_status_means(capsys
     err = capsys.readouterr().err
     assert "demo" in err and "agent" in err and "check-config" in err
     assert "exit status: 0 done; 1 the work could not be done" in err
+
+
+def _missing_keys(model: type, given: object, prefix: str = "") -> list[str]:
+    """Dotted keys of `model` absent from the mapping `given`; nested sections the file gives are followed."""
+    from pydantic import BaseModel
+
+    if not isinstance(given, dict):
+        return []
+    missing = []
+    for name, field in model.model_fields.items():
+        if name not in given:
+            missing.append(prefix + name)
+        elif isinstance(field.default, BaseModel):
+            missing += _missing_keys(type(field.default), given[name], f"{prefix}{name}.")
+    return missing
+
+
+def test_the_agent_example_lists_every_key() -> None:
+    example = REPO / "deploy" / "examples" / "agent.yaml"
+    assert "the values below are the defaults" in example.read_text()
+    assert _missing_keys(AgentConfig, yaml.safe_load(example.read_text())) == []  # at their defaults: test_config_load

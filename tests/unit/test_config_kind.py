@@ -74,3 +74,38 @@ def test_an_unnamed_minimal_config_asks_for_kind_and_kind_decides(tmp_path: Path
     assert "pass --kind agent or --kind rules" in p.stderr
     p = check(f, "--kind", "rules", env={"GPUMOND_RULES_TOKENS": "0123456789abcdef0123"})
     assert p.returncode == 0 and p.stdout.startswith(f"{f}: ok (rules config; listen"), p.stderr
+
+
+@pytest.mark.parametrize(("given", "text", "expected"), [
+    ("agent", "tokens: [abcdefghijklmnopqrstuvwxyz0123]\ntelemetry: {scrape: {targets: []}}\nwindow_s: 300\n",
+     "looks like a rules config (telemetry, tokens, window_s), not an agent config: check it with --kind rules"),
+    ("rules", "sampling: {interval_s: 5}\npolicy: {mode: dry_run}\n",
+     "looks like an agent config (policy, sampling), not a rules config: check it with --kind agent"),
+])
+def test_the_wrong_kind_given_is_named_instead_of_its_unknown_keys(tmp_path: Path, capsys, given: str, text: str,
+                                                                   expected: str) -> None:
+    from gpumond.cli import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    assert main(["check-config", "--kind", given, str(path)]) == 2
+    assert capsys.readouterr().err == f"gpumond: {path}: {expected}\n"
+
+
+def test_a_daemon_given_the_other_kind_of_config_says_which_daemon_takes_it(tmp_path: Path, capsys) -> None:
+    from gpumond.cli import main
+
+    path = tmp_path / "gpumond.yaml"
+    path.write_text("tokens: [abcdefghijklmnopqrstuvwxyz0123]\nshard: 0/2\n")
+    assert main(["agent", "--sim", "1", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == (f"gpumond: {path}: looks like a rules config (shard, tokens), not an agent "
+                                       "config: give it to `gpumond rules`\n")
+
+
+def test_a_real_mistake_in_a_config_of_the_kind_given_is_still_named(tmp_path: Path, capsys) -> None:
+    from gpumond.cli import main
+
+    path = tmp_path / "agent.yaml"
+    path.write_text("sampling: {interval_s: 5}\ntokens: [x]\n")  # one agent key: an agent config with a stray key
+    assert main(["check-config", "--kind", "agent", str(path)]) == 2
+    assert "sampling.interval_s: unknown key" in capsys.readouterr().err

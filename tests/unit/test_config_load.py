@@ -145,3 +145,37 @@ def test_an_unquoted_off_says_to_quote_it(write, word: str) -> None:
 
 def test_a_quoted_off_is_accepted(write) -> None:
     assert load_agent_config(write('policy:\n  mode: "off"\n')).policy.mode == "off"
+
+
+def test_a_file_past_the_size_bound_is_refused_with_one_line(write) -> None:
+    from gpumond.config.load import MAX_FILE_BYTES
+
+    path = write(b"# " + b"x" * MAX_FILE_BYTES + b"\n")
+    assert error_of(path) == ("agent.yaml: larger than the 4 MiB a config or scenario file may be: is it the file "
+                              "you meant? (a power_limit.per_gpu table for every GPU of an 80,000-GPU fleet fits)")
+    at_bound = b"listen: 127.0.0.1:9480\n"
+    assert load_agent_config(write(at_bound + b"#" * (MAX_FILE_BYTES - len(at_bound) - 1) + b"\n")).listen.port == 9480
+
+
+@pytest.mark.parametrize("name", ["deploy/examples/agent.yaml", "deploy/examples/rules.yaml",
+                                  "gpumond/nvml/sim/scenarios/demo.yaml"])
+def test_libyaml_reads_what_the_pure_python_parser_reads(name: str) -> None:
+    import yaml
+
+    from gpumond.config import load as loader
+
+    if loader._FastUniqueKeyLoader is None:
+        pytest.skip("PyYAML without libyaml: only the pure-Python parser runs")
+    text = (EXAMPLE.parents[2] / name).read_text()
+    assert yaml.load(text, Loader=loader._FastUniqueKeyLoader) == yaml.load(text, Loader=loader._UniqueKeyLoader)
+
+
+def test_a_duplicate_key_is_refused_by_libyaml_too(write) -> None:
+    import yaml
+
+    from gpumond.config import load as loader
+
+    if loader._FastUniqueKeyLoader is None:
+        pytest.skip("PyYAML without libyaml")
+    with pytest.raises(yaml.YAMLError, match="duplicate key 'listen'"):
+        yaml.load("listen: a\nlisten: b\n", Loader=loader._FastUniqueKeyLoader)

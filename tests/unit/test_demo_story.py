@@ -205,13 +205,15 @@ def test_event_lines_name_node_gpu_rank_and_the_fault_with_its_delay():
 def test_summary_maps_each_fault_to_what_fired_when_and_when_it_resolved():
     _, out = timeline(*STORY, ev(100, "finding", "straggler", "resolved", HOT))
     text = render_summary(FAULTS, out, 100)
-    rows = {line.split("  ")[0]: line for line in text.splitlines()}
+    lines = text.splitlines()
     assert text.startswith("3 faults planted: 3 found, 3 found and resolved; 0 false alarms.")
-    assert "thermal power cap" in rows["cooling: loses cooling 4–24 s"]
+    cooling = lines.index("cooling on n1 · GPU 3 · rank 11: loses cooling 4–24 s")
+    assert lines[cooling + 1].startswith("  thermal power cap ")
     line = next(x for x in text.splitlines() if "finding straggler" in x)
     assert "+17 s" in line and "+76 s" in line  # fired 21 − 4, resolved 100 − 24
     xid = next(x for x in text.splitlines() if "GpuRowRemapPending" in x)
-    assert "still firing: until an operator resets the GPU" in xid
+    assert "(stays until an operator resets" in xid and xid.rstrip().endswith("still firing")
+    assert lines[lines.index(xid) + 1].strip() == "the GPU)"  # the note wraps within its column
     assert "false alarms): none." in text
     assert "pages" not in text.splitlines()[3]  # no page column until pages exist
 
@@ -344,3 +346,38 @@ def test_the_drain_alerts_pages_count_on_the_node_drain_row():
     assert false_alarms(out) == []
     line = next(x for x in render_summary(faults, out, 50).splitlines() if "node drain" in x)
     assert line.split()[-1] == "2"
+
+
+def test_the_summary_fits_an_80_column_terminal_with_the_demos_own_faults_and_long_signals():
+    faults = DemoPlan().faults()
+    hot, starved, xid = (f.place for f in faults)
+    events: list[Event] = []
+    tl = Timeline(faults)
+    for e in (ev(17, "action", "thermal_cap", "firing", hot), ev(21, "finding", "straggler", "firing", hot),
+              ev(22, "finding", "io_starved_rank", "firing", starved),
+              ev(41, "alert", "GpuEccUncorrectedIncreasing", "firing", Place(xid.node, 2, 2)),
+              ev(41, "alert", "GpuRowRemapPending", "firing", xid),
+              ev(41.5, "page", "GpuXidCritical", "firing", xid, via="pagerduty"),
+              ev(60, "finding", "straggler", "firing", Place("demo-node-03", 7, 31))):
+        events.append(tl.record(e))
+    text = render_summary(faults, events, 90)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "alert GpuRowRemapPending (stays until" in text
+    assert render_summary(faults, events, 90, width=60).count("\n") > text.count("\n")  # narrower: more lines
+
+
+def test_the_demo_clock_never_goes_backwards_and_a_late_event_says_its_own_time():
+    import time
+
+    from gpumond.demo.run import _Teller
+
+    said: list[str] = []
+    tell = _Teller(said.append, t0=time.monotonic())
+    tell.event(["FINDING  FIRING   straggler on n1"], 14.4)
+    tell.event(["PAGE     FIRING   TrainingStraggler via slack on n1"], 14.0)  # held until its finding was seen
+    tell.event(["ALERT    FIRING   GpuXidCritical on n0"], 20.0)
+    tell.line("still waiting")  # the wall clock here reads ~0 s
+    assert said == ["[  14.4s] FINDING  FIRING   straggler on n1",
+                    "[  14.4s] PAGE     FIRING   TrainingStraggler via slack on n1  (at 14.0s)",
+                    "[  20.0s] ALERT    FIRING   GpuXidCritical on n0",
+                    "[  20.0s] still waiting"]

@@ -155,6 +155,24 @@ def test_inside_a_starved_job_a_rank_waiting_less_than_twice_the_median_is_the_p
     assert io(run(build(wait=waits))[1]) == [("io_starved_job", None), ("io_starved_rank", 11)]
 
 
+def test_in_a_two_rank_job_the_rank_whose_wait_dwarfs_the_others_is_named_not_the_pipeline():
+    # Of two ranks, one is half the job: set against the job's median (which it makes), a rank waiting 97 % never
+    # waited twice it, and the job was called starved. Against the other rank's wait it is the rank's loader.
+    two = dict(nodes=1, gpus_per_node=2)
+    assert io(run(build(**two, wait={0: 0.97, 1: 0.01}))[1]) == [("io_starved_rank", 0)]
+    assert io(run(build(**two, wait={0: 0.01, 1: 0.6}))[1]) == [("io_starved_rank", 1)]
+    # Both wait as a rule, within the pipeline's spread of each other: the job's pipeline.
+    assert io(run(build(**two, wait={0: 0.3, 1: 0.45}))[1]) == [("io_starved_job", None)]
+    # Three ranks: the same rule, the starved one against the median of the other two; the job is then judged on
+    # those two, one of which waits 30 %: both facts.
+    assert io(run(build(nodes=1, gpus_per_node=3, wait={0: 0.02, 1: 0.9, 2: 0.3}))[1]) == [
+        ("io_starved_job", None), ("io_starved_rank", 1)]
+
+
+def test_a_one_rank_job_has_no_peers_to_tell_its_loader_from_its_pipeline():
+    assert io(run(build(nodes=1, gpus_per_node=1, wait={0: 0.97}))[1]) == []
+
+
 def test_job_slowdown_against_its_own_baseline():
     state, c = run(build(step_s=1.0))
     assert c == [] and state.baselines["job-a"].step_time_s > 0.9
@@ -345,3 +363,19 @@ def test_inside_a_job_that_waits_as_a_rule_the_outlier_is_named_on_sequential_ev
     assert c.rank == 7 and c.sustained and c.evidence["sequential"]["steps"] >= CFG.seq_min_steps
     assert c.evidence["peer_median_data_wait_frac"] > CFG.wait_min_frac
     assert [x.kind for x in cands if x.kind == "io_starved_job"] == ["io_starved_job"]
+
+
+def test_median_without_one_value_is_the_median_of_the_rest() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from gpumond.rules.detectors.stats import median, median_without
+
+    @given(st.lists(st.floats(0, 1), min_size=1, max_size=40), st.data())
+    def check(values: list[float], data: st.DataObject) -> None:
+        drop = data.draw(st.sampled_from(values))
+        rest = list(values)
+        rest.remove(drop)
+        assert median_without(sorted(values), drop) == (median(rest) if rest else None)
+
+    check()

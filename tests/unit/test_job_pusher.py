@@ -13,7 +13,7 @@ from gpumond.job import pusher
 from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
 from gpumond.job.transport import Reply
-from gpumond.retry import MIN_RETRY_S, Backoff
+from gpumond.retry import Backoff
 
 GPU = "GPU-11111111-1111-1111-1111-111111111111"
 HEAD = {"job": "j", "rank": 0, "world_size": 1, "node": "n", "gpu_uuid": GPU, "group": None}
@@ -72,10 +72,12 @@ def test_transient_failures_keep_the_batch_and_ask_to_wait(failure: Reply | Exce
     assert len(messages) == 2 and "retrying" in messages[0] and "resumed after 1 failed" in messages[1]
 
 
-def test_retry_after_is_honoured() -> None:
-    p = make(ScriptedTransport(Reply(429, retry_after_s=7.0), Reply(503, retry_after_s=0.0)), 5)
+def test_retry_after_is_honoured_but_never_shortens_the_backoff() -> None:
+    p = make(ScriptedTransport(Reply(429, retry_after_s=7.0), *[Reply(503, retry_after_s=0.0)] * 8), 5)
+    p.backoff = Backoff(pusher.BACKOFF_BASE_S, pusher.BACKOFF_CAP_S, rng=lambda: 1.0)
     assert p.drain(1.0) == 7.0
-    assert p.drain(1.0) == MIN_RETRY_S  # never a busy loop
+    # "Retry-After: 0" (or a date already past) every time: the doubling schedule, never a busy loop
+    assert [p.drain(1.0) for _ in range(8)] == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0])
 
 
 def test_consecutive_failures_back_off_exponentially() -> None:
@@ -93,6 +95,9 @@ def test_rejected_batches_are_dropped_not_retried(status: int) -> None:
     assert p.drain(1.0) is None
     assert t.batches == [list(range(10)), list(range(10, 15))]  # the next batch still goes out
     assert (p.pushed, p.dropped, p.failed) == (5, 10, 1)
+    assert p.last_error is None  # the next batch was taken
+    p = make(ScriptedTransport(Reply(status, detail="steps.0.end: field required")), 5)
+    p.drain(1.0)
     assert p.last_error == f"HTTP {status}: steps.0.end: field required"
 
 
@@ -118,21 +123,27 @@ def test_413_drops_the_batch_and_halves_later_ones() -> None:
 
 def test_a_batch_that_cannot_be_encoded_is_dropped() -> None:
     t = ScriptedTransport()
-    q: deque[Record] = deque([(0, 1.0, float("nan"), 0.0, None), (1, 2.0, 1.0, 0.0, None)], maxlen=10)
+    q: deque[Record] = deque([(0, 1.0, 1.0, 0.0, None), (1, 2.0, float("nan"), 0.0, None)], maxlen=10)
     p = Pusher(q, HEAD, t, interval_s=3600, max_steps=1, timeout_s=1.0, clock=lambda: 0.0, wall=lambda: 0.0)
     assert p.drain(1.0) is None
-    assert (p.pushed, p.dropped, t.batches) == (1, 1, [[1]])
+    assert (p.pushed, p.dropped, t.batches) == (1, 1, [[0]])
     assert "cannot encode" in (p.last_error or "")
 
 
-def test_queue_plus_batch_in_hand_stay_within_max_queue() -> None:
-    p = make(ScriptedTransport(Reply(503)), 10, max_queue=10, max_steps=4)
-    p.drain(1.0)  # takes 0..3 and keeps them after the failure
-    for i in range(10, 16):  # the training thread keeps going: the deque drops 4..9 itself
-        p._q.append((i, float(i), 1.0, 0.1, None))
+def test_last_error_is_cleared_once_the_service_takes_a_push_again() -> None:
+    p = make(ScriptedTransport(Reply(503, detail="overloaded"), Reply(401)), 25)
     p.drain(1.0)
-    # The batch in hand is older than the whole (full) queue: it goes first, as the oldest.
-    assert p.dropped == 4 and p.pushed == 10
+    assert p.last_error == "HTTP 503: overloaded"
+    p.drain(1.0)  # the same batch is refused for good, the next ones are taken
+    assert p.last_error is None and (p.pushed, p.dropped, p.failed) == (15, 10, 2)
+
+
+def test_a_heartbeat_taken_clears_the_last_error_too() -> None:
+    p = make(ScriptedTransport(ConnectionRefusedError(111, "Connection refused")), 0)
+    p._send_marker(1.0, final=False)
+    assert p.last_error == "ConnectionRefusedError: [Errno 111] Connection refused"
+    p._send_marker(1.0, final=False)
+    assert p.last_error is None and p.beats == 1
 
 
 def test_the_thread_flushes_on_close_and_releases_the_connection() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from gpumond.job import Reporter, Stats
 from gpumond.job import reporter as reporter_module
+from gpumond.job.transport import Reply
 from tests.fakes import FakeClock, FakeTransport
 
 ENV_VARS = ("GPUMOND_ENDPOINT", "GPUMOND_TOKEN", "GPUMOND_TOKEN_FILE", "GPUMOND_JOB_ID", "GPUMOND_GROUP",
@@ -383,6 +384,23 @@ def test_queue_overflow_drops_the_oldest_and_counts_them() -> None:
     rep.close()
     assert [s["step"] for s in transport.steps()] == [7, 8, 9, 10, 11]
     assert rep.stats == Stats(pushed_steps=5, dropped_steps=7)
+
+
+def test_max_queue_bounds_the_queue_and_the_batch_in_hand_together() -> None:
+    transport = FakeTransport(Reply(503))
+    rep = make(transport=transport, max_queue=20, max_steps_per_push=8)
+    for _ in range(20):
+        rep.step_end()
+    assert rep._pusher is not None
+    assert rep._pusher.drain(1.0) is not None  # a push fails: its 8 steps stay in hand, to be retried
+    for _ in range(30):  # the outage goes on; training does not
+        rep.step_end()
+        assert rep.stats.queue_len <= 20
+    assert rep.stats == Stats(dropped_steps=30, failed_pushes=1, queue_len=20, last_error="HTTP 503")
+    rep.close()
+    # The service is back: the batch in hand (the outage's first steps) and the newest queued steps go out.
+    assert [s["step"] for s in transport.steps()] == [*range(8), *range(8), *range(38, 50)]
+    assert rep.stats == Stats(pushed_steps=20, dropped_steps=30, failed_pushes=1)
 
 
 def test_stats_is_a_frozen_snapshot() -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gpumond.retry import MIN_RETRY_S, RETRY_AFTER_CAP_S, Backoff, parse_retry_after, retryable
+from gpumond.retry import RETRY_AFTER_CAP_S, Backoff, parse_retry_after, retryable
 
 NOW = 1_700_000_000.0
 
@@ -54,10 +54,18 @@ def test_backoff_jitter_spreads_retries_within_half_to_one_step() -> None:
     assert len({round(d, 3) for d in delays}) > 100
 
 
-def test_retry_after_wins_over_the_schedule_but_never_spins() -> None:
+def test_retry_after_lengthens_the_schedule_but_never_shortens_it() -> None:
     b = Backoff(base_s=1.0, cap_s=60.0, rng=lambda: 1.0)
     assert b.after_failure(7.0) == 7.0
-    assert b.after_failure(0.0) == MIN_RETRY_S
+    assert b.after_failure(0.0) == 2.0  # "Retry-After: 0" (or a past date): the schedule, never a busy loop
     assert b.after_failure(None) == 4.0  # the failures answered with Retry-After still count
+    assert b.after_failure(3.0) == 8.0  # the backoff built up so far stands
     b.reset()
     assert b.failures == 0 and b.after_failure(None) == 1.0
+
+
+def test_retry_after_zero_every_time_still_backs_off_to_the_cap() -> None:
+    b = Backoff(base_s=0.5, cap_s=30.0, rng=lambda: 0.0)  # the shortest jitter
+    delays = [b.after_failure(0.0) for _ in range(12)]
+    assert delays[0] == 0.25 and delays[-1] == 15.0
+    assert sum(delays) > 100  # 12 answers "retry now" take minutes, not 12 × 50 ms

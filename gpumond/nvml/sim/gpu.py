@@ -170,6 +170,12 @@ class SimGpu:
     def memory_utilization(self) -> float:
         return min(1.0, self.utilization * self.spec.memory_bandwidth_share)
 
+    @property
+    def video_utilization(self) -> tuple[float, float]:
+        """(encoder, decoder) busy share: what the load sets, while the GPU is on the bus."""
+        load = self.load
+        return (0.0, 0.0) if self.lost else (load.encoder_utilization, load.decoder_utilization)
+
     # ---- time -----------------------------------------------------------------------
     def _inlet(self, t: float) -> float:
         return physics.inlet_at(self.inlet, t) + self.inlet_offset_c + self.inlet_delta_c

@@ -516,6 +516,28 @@ def nvmlDeviceGetUtilizationRates(sim: SimulatedNvml, gpu: SimGpu, out: int) -> 
     return OK
 
 
+# The sampling period the driver reports beside a video engine's utilization, in microseconds.
+VIDEO_SAMPLING_PERIOD_US = 1_000_000
+
+
+def _video_utilization(gpu: SimGpu, engine: int, out: Any, period_us: Any) -> int:
+    if gpu.mig_enabled:
+        return NOT_SUPPORTED  # as for the utilization rates: not counted for the board in MIG mode
+    out[0] = round(gpu.video_utilization[engine] * 100.0)
+    period_us[0] = VIDEO_SAMPLING_PERIOD_US
+    return OK
+
+
+@_device(UINT_P, UINT_P)
+def nvmlDeviceGetEncoderUtilization(sim: SimulatedNvml, gpu: SimGpu, out: Any, period_us: Any) -> int:
+    return _video_utilization(gpu, 0, out, period_us)
+
+
+@_device(UINT_P, UINT_P)
+def nvmlDeviceGetDecoderUtilization(sim: SimulatedNvml, gpu: SimGpu, out: Any, period_us: Any) -> int:
+    return _video_utilization(gpu, 1, out, period_us)
+
+
 @_device(ULL_P, names=("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"))
 def _clock_event_reasons(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = gpu.clock_event_reasons

@@ -46,6 +46,9 @@ class LoadPattern(BaseModel):
     # SM activity (GPM's SM_UTIL: share of SMs busy) per unit of utilization. None: 0.85 × intensity, so
     # a GPU spinning in collectives (high utilization, low intensity) also shows low SM activity.
     sm_activity: Ratio | None = None
+    # Video engines (NVENC / NVDEC) busy while the GPU runs: 0 for training, set for video work.
+    encoder_utilization: Ratio = 0.0
+    decoder_utilization: Ratio = 0.0
 
 
 LOAD_FIELDS = tuple(LoadPattern.model_fields)
@@ -164,6 +167,8 @@ class Fault(BaseModel):
     intensity: Annotated[float, Field(ge=0.0, le=1.5)] | None = None
     memory_used_fraction: Ratio | None = None
     sm_activity: Ratio | None = None
+    encoder_utilization: Ratio | None = None
+    decoder_utilization: Ratio | None = None
 
     @field_validator("kind")
     @classmethod
@@ -222,13 +227,18 @@ class Fault(BaseModel):
         return ERROR_CODES[self.error] if self.error else 0
 
 
+MAX_FAULTS = 10_000
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpus: list[GpuEntry] = Field(default_factory=list)
     default_load: LoadPattern = DEFAULT_LOAD
     inlet: InletProfile = InletProfile()
-    faults: list[Fault] = Field(default_factory=list)
+    # A fault costs ~5 KB once loaded (benchmarks/results/config_size.md): a scenario is a story of a few, and
+    # tens of thousands are a generated file gone wrong, which would hold the agent's start for seconds.
+    faults: list[Fault] = Field(default_factory=list, max_length=MAX_FAULTS)
 
     @model_validator(mode="after")
     def _unique_indexes(self) -> Scenario:

@@ -19,7 +19,7 @@ from gpumond.rules.detectors.candidate import Candidate
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, HostFeatures, RankFeatures, host_features
 from gpumond.rules.detectors.sequential import Evidence, StepShares, judge, wait_test
-from gpumond.rules.detectors.stats import median, robust_z, threshold_for
+from gpumond.rules.detectors.stats import median, median_without, robust_z, threshold_for
 from gpumond.rules.types import HostSample
 
 
@@ -64,10 +64,18 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     if not waiting:
         return []
     outliers = _outliers(waiting, cfg)
-    job_med = median([r.wait_frac for r in waiting])  # type: ignore[misc]
-    if job_med >= cfg.wait_min_frac:  # the job's ranks wait on data as a rule: the spread is its pipeline's
-        outliers = [o for o in outliers
-                    if o[0].wait_frac >= cfg.outlier_wait_ratio * job_med]  # type: ignore[operator]
+    ordered = sorted(r.wait_frac for r in waiting)  # type: ignore[type-var]
+    job_med = median(ordered)
+
+    def others(r: RankFeatures) -> float:
+        """The median wait of the job's other ranks: in a small job a rank's own wait moves the job's median (of
+        two ranks it is half of it), so it is set against the rest; in a large one the two are the same."""
+        level = median_without(ordered, r.wait_frac)  # type: ignore[arg-type]
+        return job_med if level is None else level
+
+    # Where the other ranks wait on data as a rule, the spread is their pipeline's: an outlier must also wait
+    # outlier_wait_ratio times their median (its own loader is slow, not the job's pipeline).
+    outliers = [o for o in outliers if _apart_from(o[0].wait_frac, others(o[0]), cfg)]  # type: ignore[arg-type]
     # Sequential evidence judges each step against that step's peers, in units of that step's own spread
     # (wait_test's row noise), so it works whatever the job's own level. Where the other ranks wait as a rule
     # (the job's window median, or the peers' over the run's own steps: a pipeline that just slowed still has
@@ -75,7 +83,7 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     # of 2–4, so the run's mean must also be `outlier_wait_ratio` times its peers': the told-apart rule of the
     # window medians, on the run's own steps.
     seq = {r.rank: (r, ev) for r, ev in _sequential(waiting, steps, cfg)
-           if ev.mean >= cfg.wait_min_frac and _apart(ev, job_med, cfg)}
+           if ev.mean >= cfg.wait_min_frac and _apart_from(ev.mean, max(others(r), ev.peer), cfg)}
     out = [_rank_candidate(job, r, ev.z, ev.peer, gpus, _since(hosts, host_windows, r.node, ev.start), cfg, ev)
            for r, ev in seq.values()]
     out += [_rank_candidate(job, r, z, med, gpus, hosts, cfg) for r, z, med in outliers if r.rank not in seq]
@@ -93,12 +101,11 @@ def detect_io_starvation(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[
     return out
 
 
-def _apart(ev: Evidence, job_med: float, cfg: DetectorConfig) -> bool:
-    """A rank's sequential run is its own loader's, not the job's pipeline: its peers do not wait as a rule, or
-    it waits `outlier_wait_ratio` times their level (the higher of the job's window median and the peers' over
-    the run's steps)."""
-    level = max(job_med, ev.peer)
-    return level < cfg.wait_min_frac or ev.mean >= cfg.outlier_wait_ratio * level
+def _apart_from(wait: float, level: float, cfg: DetectorConfig) -> bool:
+    """A rank's wait is its own loader's, not the job's pipeline: its peers do not wait as a rule (`level`, their
+    median; for a sequential run the higher of their window median and theirs over the run's steps), or it waits
+    `outlier_wait_ratio` times their level."""
+    return level < cfg.wait_min_frac or wait >= cfg.outlier_wait_ratio * level
 
 
 def _job_starved(waiting: Sequence[RankFeatures], cfg: DetectorConfig) -> bool:
