@@ -78,8 +78,9 @@ IDENTITY = {"uuid": "uuid", "name": "name", "pci.bus_id": "pci_bus_id"}  # nvidi
 # Read from nvidia-smi for the result and the before/after comparison; the agent exports none of them.
 SETTINGS = ("power.limit", "ecc.mode.current", "persistence_mode", "mig.mode.current", "clocks.applications.graphics",
             "clocks.applications.memory", "compute_mode")
+CLOCK_EVENTS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")  # the older drivers' name second
 REPORTED = ("pcie.link.gen.current", "pcie.link.width.current", "pcie.link.gen.max", "pcie.link.width.max",
-            "clocks_event_reasons.active", "driver_version", "vbios_version")
+            *CLOCK_EVENTS, "driver_version", "vbios_version")
 
 
 def wanted_fields() -> list[str]:
@@ -105,8 +106,10 @@ def failed(checks: Iterable[Check]) -> list[Check]:
 # ----- parsing ------------------------------------------------------------------------------------------------
 def usable_fields(help_text: str, wanted: Sequence[str]) -> tuple[list[str], list[str]]:
     """(fields this nvidia-smi knows, fields it does not) from `nvidia-smi --help-query-gpu`: asking for an unknown
-    field makes nvidia-smi fail the whole query."""
-    known = set(re.findall(r'^"([^"]+)"', help_text, flags=re.M))
+    field makes nvidia-smi fail the whole query. A field's line names it and its aliases, each quoted
+    (`"clocks.current.sm" or "clocks.sm"`); description lines do not start with a quote."""
+    known = {name for line in help_text.splitlines() if line.lstrip().startswith('"')
+             for name in re.findall(r'"([A-Za-z0-9_.\-]+)"', line)}
     return [f for f in wanted if f in known], [f for f in wanted if f not in known]
 
 
@@ -262,7 +265,8 @@ def compare_clock_events(pairs: Sequence[tuple[Mapping[int, Mapping[str, str | N
     for gpu in gpus:
         seen = []
         for smi, sc in pairs:
-            d = number(smi.get(gpu, {}).get("clocks_event_reasons.active"))
+            row = smi.get(gpu, {})
+            d = number(next((row[n] for n in CLOCK_EVENTS if row.get(n) is not None), None))
             a = sc.gpus.get(gpu, {}).get("gpumond_gpu_clocks_event_reasons_bitmask")
             if d is not None and a is not None:
                 seen.append((int(d) & ~1, int(a) & ~1))
@@ -292,7 +296,8 @@ def settings_unchanged(before: Mapping[int, Mapping[str, str | None]],
 
 def policy_acted(scrape: Scrape) -> list[Check]:
     """In dry_run the agent's policy may log what it would do (`dry_run` actions) and nothing else."""
-    acted = {k: v for k, v in scrape.node.items()
+    everything = [("", scrape.node), *((f"GPU {g} ", s) for g, s in scrape.gpus.items())]
+    acted = {where + k: v for where, series in everything for k, v in series.items()
              if k.startswith("gpumond_policy_actions_total") and 'kind="dry_run"' not in k and v > 0}
     modes = [k for k, v in scrape.node.items() if k.startswith("gpumond_policy_mode") and v == 1]
     ok = not acted and modes == ['gpumond_policy_mode{mode="dry_run"}']

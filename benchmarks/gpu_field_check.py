@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -51,6 +51,7 @@ SIM_SCENARIO = HERE / "field_check_sim.yaml"
 SIM_GPUS = 3
 SIM_LOAD_GPU = {"idle": 0, "tiny": 1, "matmul": 2}  # the scenario's GPU standing in for each load
 SLOW_RANK = 1
+PHASES = ("driver", "gpm", "job")
 # The job: device time dominates the step, so the slow rank's extra GPU time is what the others wait for.
 JOB_ARGS = ["--batch", "32", "--dim", "64", "--width", "256", "--depth", "4", "--bucket-mb", "0.1"]
 
@@ -204,6 +205,8 @@ def main() -> int:
     ap.add_argument("--job-s", type=float, help="seconds the job trains at most (default 90, --quick 45)")
     ap.add_argument("--evaluation", type=float, default=float(ddp_e2e.EVALUATION_S),
                     help="the rules service's evaluation_interval_s (default: the service's)")
+    ap.add_argument("--phases", default=",".join(PHASES),
+                    help=f"which phases to run (default all: {','.join(PHASES)}); the settings check always runs")
     ap.add_argument("--nvidia-smi", help="the nvidia-smi command (default: nvidia-smi; with --sim the simulated one)")
     a = ap.parse_args()
     load_s = a.load_s or (3.0 if a.quick else 6.0)
@@ -214,6 +217,9 @@ def main() -> int:
               [sys.executable, "-m", "gpumond.nvml.sim.nvidia_smi", *sim_args] if a.sim else ["nvidia-smi"])
     load_gpu = dict(SIM_LOAD_GPU) if a.sim else dict.fromkeys(fc.LOADS, a.gpu)
     job_gpu = SIM_LOAD_GPU["matmul"] if a.sim else a.gpu
+    phases = set(a.phases.split(","))
+    if phases - set(PHASES):
+        ap.error(f"--phases: unknown {', '.join(sorted(phases - set(PHASES)))} (choose from {', '.join(PHASES)})")
     started = time.monotonic()
     checks: list[fc.Check] = []
     sections: list[str] = []
@@ -230,6 +236,20 @@ def main() -> int:
         "torch": _torch_version(),
         "nvidia-smi fields this driver lacks": ", ".join(unknown) or "none",
     }
+
+    def phase(name: str, title: str, run: Callable[[], tuple[list[fc.Check], str]], logs: Sequence[Path]) -> None:
+        """Run one phase; an exception is its failure, written into the result with the logs' tails."""
+        if name not in phases:
+            return
+        try:
+            got, text = run()
+        except Exception as e:  # the result must be written whatever broke: it is what the session brings back
+            got = [fc.Check(name, f"{name} phase ran", False, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")]
+            text = "\n\n".join(f"`{p.name}` (tail):\n\n```\n{_tail(p)}\n```" for p in logs if p.exists())
+        checks.extend(got)
+        sections.append(f"## {title}\n\n" + (text + "\n\n" if text else "") + fc.checks_table(got))
+        print(f"… {name} done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+
     with tempfile.TemporaryDirectory(prefix="gpumond-field-") as tmp:
         workdir = Path(tmp)
         port = _bench.free_port()
@@ -240,47 +260,48 @@ def main() -> int:
                                       "--listen", f"127.0.0.1:{port}", "--config", str(workdir / "agent.yaml")],
                             workdir / "agent.log").start()
         url = f"http://127.0.0.1:{port}/metrics"
+        final: fc.Scrape | None = None
         try:
-            _bench.wait_for(lambda: "gpumond_gpu_sm_active_ratio" in _bench.fetch(url).decode()
-                            or time.monotonic() - agent.started_at > 20 and "gpumond_gpu_up" in _bench.fetch(url).decode(),
+            # GPM reports rates between two samples: its series appear from the second fast cycle (Hopper and
+            # later; on an older GPU they never do, and the check goes on after 20 s to report them absent).
+            _bench.wait_for(lambda: "gpumond_gpu_sm_active_ratio" in (text := _bench.fetch(url).decode())
+                            or time.monotonic() - agent.started_at > 20 and "gpumond_gpu_up" in text,
                             60, "the agent's first GPM interval", agent)
-            got, last, unsupported = driver_phase(smi, fields, url, agent, a.pairs)
-            checks += got
-            sections.append("## 1. The agent against the driver\n\n" + fc.checks_table(got)
-                            + "\n\nExported with no nvidia-smi `--query-gpu` field to compare: "
-                            + ", ".join(f"`{n}`" for n in fc.not_compared(last))
-                            + "\n\nNVML calls the agent logged as unsupported: "
-                            + ("; ".join(unsupported) or "none"))
-            print(f"… driver comparison done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
-            got, figures, last = gpm_phase(url, device, load_gpu, load_s, workdir)
-            got.append(fc.nvlink_check(last, job_gpu))
-            checks += got
-            rows = [[load, load_gpu[load], *(_fmt(figures[load].get(k)) for k in fc.GPM)] for load in fc.LOADS]
-            sections.append("## 2. GPM under the check's own loads\n\n"
-                            + _bench.md_table(["load", "GPU", *fc.GPM], rows)
-                            + f"\n\nMedians over {load_s:g} s of 1 s agent intervals per load.\n\n"
-                            + fc.checks_table(got))
-            print(f"… GPM done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            def driver() -> tuple[list[fc.Check], str]:
+                got, last, unsupported = driver_phase(smi, fields, url, agent, a.pairs)
+                return got, ("Exported with no nvidia-smi `--query-gpu` field to compare: "
+                             + ", ".join(f"`{n}`" for n in fc.not_compared(last))
+                             + "\n\nNVML calls the agent logged as unsupported: " + ("; ".join(unsupported) or "none"))
 
-            uuid = (last.info.get(job_gpu) or {}).get("uuid", "")
-            got, setup = job_phase(f"127.0.0.1:{port}", uuid, device, a.world, a.slow_factor, job_s, a.evaluation,
-                                   workdir)
-            got.append(sync_phase(device, workdir))
-            checks += got
-            sections.append("## 3. The job SDK and the whole path\n\n" + setup + "\n\n" + fc.checks_table(got))
-            print(f"… job done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            def gpm() -> tuple[list[fc.Check], str]:
+                got, figures, last = gpm_phase(url, device, load_gpu, load_s, workdir)
+                got.append(fc.nvlink_check(last, job_gpu))
+                rows = [[load, load_gpu[load], *(_fmt(figures[load].get(k)) for k in fc.GPM)] for load in fc.LOADS]
+                return got, (_bench.md_table(["load", "GPU", *fc.GPM], rows)
+                             + f"\n\nMedians over {load_s:g} s of 1 s agent intervals per load.")
+
+            def job() -> tuple[list[fc.Check], str]:
+                uuid = (scrape(url)[1].info.get(job_gpu) or {}).get("uuid", "")
+                got, setup = job_phase(f"127.0.0.1:{port}", uuid, device, a.world, a.slow_factor, job_s,
+                                       a.evaluation, workdir)
+                return [*got, sync_phase(device, workdir)], setup
+
+            phase("driver", "1. The agent against the driver", driver, [workdir / "agent.log"])
+            phase("gpm", "2. GPM under the check's own loads", gpm, [workdir / "loads.log", workdir / "agent.log"])
+            phase("job", "3. The job SDK and the whole path", job,
+                  [workdir / "path" / "job.log", workdir / "path" / "rules.log"])
             final = scrape(url)[1]
         finally:
             agent.terminate(30)
         after = smi.query(fields)
-        got = [*fc.settings_unchanged(before, after), *fc.policy_acted(final)]
+        got = [*fc.settings_unchanged(before, after), *(fc.policy_acted(final) if final is not None else [])]
         checks += got
         sections.append("## 4. Nothing changed\n\n" + fc.checks_table(got))
     bad = fc.failed(checks)
     facts["took"] = f"{time.monotonic() - started:.0f} s"
-    facts["verdict"] = f"{len(bad)} of {sum(c.ok is not None for c in checks)} comparisons failed" if bad \
-        else f"all {sum(c.ok is not None for c in checks)} comparisons passed"
+    facts["verdict"] = (f"{len(bad)} of {sum(c.ok is not None for c in checks)} comparisons failed" if bad
+                        else f"all {sum(c.ok is not None for c in checks)} comparisons passed")
     text = "\n\n".join(["# GPU field check" + (" (simulated)" if a.sim else ""), _bench.machine_block(facts),
                         *sections])
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -288,6 +309,10 @@ def main() -> int:
     print(text)
     print(f"\n(written to {a.out})")
     return 1 if bad else 0
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:].replace("`" * 3, "'" * 3)
 
 
 def _fmt(v: float | None) -> str:
