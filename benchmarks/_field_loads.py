@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     make = cuda_step if args.device == "cuda" else cpu_step
-    wanted = ["idle"]
+    wanted = [""]  # nothing asked yet: launch nothing, announce nothing
     lock = threading.Lock()
 
     def read_commands() -> None:

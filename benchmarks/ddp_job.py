@@ -98,15 +98,21 @@ def add_device_time(model: nn.Module, seconds: float, pause: Callable[[float], N
 
 def gpu_pause() -> Callable[[float], None]:
     """`pause(seconds)` as GPU time: a one-block spin kernel (torch.cuda._sleep) of that length on the current
-    stream, calibrated here with CUDA events (once, before training: the only synchronisation it makes)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)
-    start.record()
-    torch.cuda._sleep(20_000_000)
-    end.record()
-    end.synchronize()
-    per_s = 20_000_000 / (start.elapsed_time(end) / 1e3)
-    return lambda seconds: torch.cuda._sleep(max(1, int(seconds * per_s)))
+    stream. The kernel counts clock cycles: rank 0 measures cycles per second with CUDA events (once, before
+    training: the only synchronisation it makes) and every rank uses its figure, so a slow rank's pauses are
+    exactly its factor longer in cycles whatever each rank's calibration would have met on a shared GPU."""
+    per_s = torch.zeros(1, dtype=torch.float64)
+    if dist.get_rank() == 0:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()
+        per_s[0] = 20_000_000 / (start.elapsed_time(end) / 1e3)
+    dist.broadcast(per_s, 0)
+    cycles_per_s = float(per_s[0])
+    return lambda seconds: torch.cuda._sleep(max(1, int(seconds * cycles_per_s)))
 
 
 def count_syncs(prof: Any) -> dict[str, int]:

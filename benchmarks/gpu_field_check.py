@@ -52,6 +52,7 @@ SIM_GPUS = 3
 SIM_LOAD_GPU = {"idle": 0, "tiny": 1, "matmul": 2}  # the scenario's GPU standing in for each load
 SLOW_RANK = 1
 PHASES = ("driver", "gpm", "job")
+LOAD_READY_S = 120.0
 # The job: device time dominates the step, so the slow rank's extra GPU time is what the others wait for.
 JOB_ARGS = ["--batch", "32", "--dim", "64", "--width", "256", "--depth", "4", "--bucket-mb", "0.1"]
 
@@ -123,19 +124,20 @@ def gpm_phase(url: str, device: str, load_gpu: dict[str, int], seconds: float, w
               ) -> tuple[list[fc.Check], dict[str, dict[str, float | None]], fc.Scrape]:
     # On the CPU (--sim) the stand-in loads have no steady state to reach.
     warmup = "2" if device == "cuda" else "0.1"
-    loads = subprocess.Popen([sys.executable, str(HERE / "_field_loads.py"), "--device", device, "--warmup-s", warmup],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(workdir / "loads.log", "w"),
-                             text=True, env={**os.environ, "PYTHONPATH": _bench.pythonpath()})
-    assert loads.stdin is not None and loads.stdout is not None
+    said = workdir / "loads.out"
+    with open(said, "w") as out, open(workdir / "loads.log", "w") as err:
+        loads = subprocess.Popen([sys.executable, str(HERE / "_field_loads.py"), "--device", device,
+                                  "--warmup-s", warmup], stdin=subprocess.PIPE, stdout=out, stderr=err, text=True,
+                                 env={**os.environ, "PYTHONPATH": _bench.pythonpath()})
+    assert loads.stdin is not None
     figures: dict[str, dict[str, float | None]] = {}
     last = None
     try:
         for load in fc.LOADS:
             loads.stdin.write(load + "\n")
             loads.stdin.flush()
-            while (line := loads.stdout.readline().strip()) != f"ready {load}":
-                if not line:
-                    raise RuntimeError(f"the load process ended before {load}: see {workdir / 'loads.log'}")
+            # Torch's import and the GPU's first use come before the first `ready`: a generous bound.
+            _bench.wait_for(lambda: _ready(said, load, loads), LOAD_READY_S, f"the {load} load to run")
             scrapes = []
             end = time.monotonic() + seconds
             while time.monotonic() < end:
@@ -152,6 +154,15 @@ def gpm_phase(url: str, device: str, load_gpu: dict[str, int], seconds: float, w
             loads.wait(10)
     assert last is not None
     return fc.gpm_checks(figures), figures, last
+
+
+def _ready(said: Path, load: str, proc: subprocess.Popen[str]) -> bool:
+    if f"ready {load}\n" in said.read_text():  # each load is asked for once, and answered once
+        return True
+    if proc.poll() is not None:
+        raise RuntimeError(f"the load process exited ({proc.returncode}) before {load}: "
+                           f"{(said.parent / 'loads.log').read_text(errors='replace')[-500:]}")
+    return False
 
 
 def read_waits(record: Path) -> dict[int, list[float]]:
@@ -178,16 +189,18 @@ def job_phase(target: str, uuid: str, device: str, world: int, factor: float, se
     return checks, setup
 
 
-def sync_phase(device: str, workdir: Path, steps: int = 20) -> fc.Check:
+def sync_phase(device: str, workdir: Path, left_s: float, steps: int = 20) -> fc.Check:
     if device != "cuda":
         return fc.Check("job", "no host synchronisation added", None, "skipped: no CUDA here (--sim)")
+    if left_s < 90:
+        return fc.Check("job", "no host synchronisation added", False, f"not run: {left_s:.0f} s of the budget left")
     counts = {}
     for hook in (True, False):
         record = workdir / f"syncs-{'with' if hook else 'without'}"
         _bench.torchrun(HERE / "ddp_job.py", 2, [*JOB_ARGS, "--device-ms", "10", "--device", "cuda", "--steps",
                                                   str(steps + 5), "--warmup", "10", "--count-syncs", str(steps),
                                                   "--out", str(record / "out"), "--record", str(record),
-                                                  *([] if hook else ["--no-hook"])], timeout_s=180)
+                                                  *([] if hook else ["--no-hook"])], timeout_s=left_s / 2 - 5)
         counts[hook] = json.loads((record / "rank0.syncs.json").read_text())["counts"]
     return fc.sync_check(counts[True], counts[False], steps)
 
@@ -205,6 +218,8 @@ def main() -> int:
     ap.add_argument("--job-s", type=float, help="seconds the job trains at most (default 90, --quick 45)")
     ap.add_argument("--evaluation", type=float, default=float(ddp_e2e.EVALUATION_S),
                     help="the rules service's evaluation_interval_s (default: the service's)")
+    ap.add_argument("--budget-s", type=float, default=480.0,
+                    help="the whole check's time limit (default 480: 8 minutes); the job trains for what is left")
     ap.add_argument("--phases", default=",".join(PHASES),
                     help=f"which phases to run (default all: {','.join(PHASES)}); the settings check always runs")
     ap.add_argument("--nvidia-smi", help="the nvidia-smi command (default: nvidia-smi; with --sim the simulated one)")
@@ -221,6 +236,9 @@ def main() -> int:
     if phases - set(PHASES):
         ap.error(f"--phases: unknown {', '.join(sorted(phases - set(PHASES)))} (choose from {', '.join(PHASES)})")
     started = time.monotonic()
+
+    def left() -> float:
+        return a.budget_s - (time.monotonic() - started)
     checks: list[fc.Check] = []
     sections: list[str] = []
 
@@ -283,9 +301,14 @@ def main() -> int:
 
             def job() -> tuple[list[fc.Check], str]:
                 uuid = (scrape(url)[1].info.get(job_gpu) or {}).get("uuid", "")
-                got, setup = job_phase(f"127.0.0.1:{port}", uuid, device, a.world, a.slow_factor, job_s,
+                # What the job may train for: the budget less the sync count's two short runs (~1.5 min on a GPU)
+                # and the job's own start-up and shut-down.
+                train_s = min(job_s, left() - (60 if a.sim else 150) - 90)
+                if train_s < 20:
+                    raise RuntimeError(f"not run: {left():.0f} s of the {a.budget_s:g} s budget left")
+                got, setup = job_phase(f"127.0.0.1:{port}", uuid, device, a.world, a.slow_factor, train_s,
                                        a.evaluation, workdir)
-                return [*got, sync_phase(device, workdir)], setup
+                return [*got, sync_phase(device, workdir, left() - 20)], setup
 
             phase("driver", "1. The agent against the driver", driver, [workdir / "agent.log"])
             phase("gpm", "2. GPM under the check's own loads", gpm, [workdir / "loads.log", workdir / "agent.log"])
