@@ -20,27 +20,17 @@ import time
 from collections.abc import Callable
 
 import torch
+from ddp_job import spin_cycles_per_s  # this folder is on the path: the script runs as benchmarks/_field_loads.py
 
 LOADS = ("idle", "tiny", "matmul")
 TINY_KERNEL_S = 50e-6  # one tiny kernel's length: launches keep up with it easily
 BATCH = 16  # launches between queue-bounding events
 
 
-def cycles_per_s(device: torch.device) -> float:
-    """GPU clock cycles per second as torch.cuda._sleep counts them, measured with CUDA events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)  # warm-up (module load)
-    start.record()
-    torch.cuda._sleep(20_000_000)
-    end.record()
-    end.synchronize()
-    return 20_000_000 / (start.elapsed_time(end) / 1e3)
-
-
 def cuda_step(load: str, device: torch.device) -> Callable[[], None]:
     """One batch of launches of `load` on the GPU, bounded: waits for the batch before the previous one."""
     if load == "tiny":
-        cycles = max(1, int(cycles_per_s(device) * TINY_KERNEL_S))
+        cycles = max(1, int(spin_cycles_per_s() * TINY_KERNEL_S))
 
         def launch() -> None:
             torch.cuda._sleep(cycles)

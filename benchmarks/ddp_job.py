@@ -96,6 +96,18 @@ def add_device_time(model: nn.Module, seconds: float, pause: Callable[[float], N
         m.register_full_backward_hook(lambda *_: pause(bwd))
 
 
+def spin_cycles_per_s() -> float:
+    """Clock cycles per second as torch.cuda._sleep (a one-block spin kernel) counts them on the current GPU, measured
+    with CUDA events; the benchmarks' one calibration of GPU time (also benchmarks/_field_loads.py's)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # the first launch loads the kernel
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / (start.elapsed_time(end) / 1e3)
+
+
 def gpu_pause() -> Callable[[float], None]:
     """`pause(seconds)` as GPU time: a one-block spin kernel (torch.cuda._sleep) of that length on the current
     stream. The kernel counts clock cycles: rank 0 measures cycles per second with CUDA events (once, before
@@ -103,13 +115,7 @@ def gpu_pause() -> Callable[[float], None]:
     exactly its factor longer in cycles whatever each rank's calibration would have met on a shared GPU."""
     per_s = torch.zeros(1, dtype=torch.float64)
     if dist.get_rank() == 0:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        end.synchronize()
-        per_s[0] = 20_000_000 / (start.elapsed_time(end) / 1e3)
+        per_s[0] = spin_cycles_per_s()
     dist.broadcast(per_s, 0)
     cycles_per_s = float(per_s[0])
     return lambda seconds: torch.cuda._sleep(max(1, int(seconds * cycles_per_s)))
