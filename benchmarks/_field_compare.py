@@ -305,6 +305,15 @@ def policy_acted(scrape: Scrape) -> list[Check]:
                   f"modes {modes}; actions other than dry_run: {acted or 'none'}")]
 
 
+def nvml_errors(scrape: Scrape) -> Check:
+    """The NVML calls that failed and were retried (`gpumond_nvml_errors_total`), reported: a real driver may refuse
+    what the simulator answers."""
+    errors = {f"GPU {g} {k.split('{', 1)[1].rstrip('}')}": v for g, series in sorted(scrape.gpus.items())
+              for k, v in series.items() if k.startswith("gpumond_nvml_errors_total{") and v > 0}
+    return Check("driver", "NVML errors counted", None,
+                 ", ".join(f"{k}: {v:g}" for k, v in errors.items()) or "none")
+
+
 def not_compared(scrape: Scrape, fields: Sequence[Field] = FIELDS) -> list[str]:
     """The agent's per-GPU series no nvidia-smi --query-gpu field covers (GPM, NVLink, energy, thresholds, …)."""
     covered = {f.series.split("{")[0] for f in fields} | {"gpumond_gpu_info", "gpumond_gpu_clocks_event_reasons_bitmask"}

@@ -114,7 +114,7 @@ def driver_phase(smi: Smi, fields: list[str], url: str, agent: _bench.Proc, pair
     text, last = scrape(url)
     checks = [*fc.compare_identity(reads[-1][0], reads[-1][1]), *fc.compare_readings(reads),
               *fc.compare_ecc_mode(reads[-1][0], reads[-1][1]), *fc.compare_clock_events(reads),
-              exposition_check(text), scrape_cpu(agent, url, last.series)]
+              exposition_check(text), scrape_cpu(agent, url, last.series), fc.nvml_errors(last)]
     unsupported = [f"GPU {g}: {reader} (`{call}`: {err})" for g, reader, call, err in
                    fc.unsupported_from_log(agent.log.read_text(errors="replace"))]
     return checks, last, unsupported

@@ -24,7 +24,7 @@ Current frequency of SM (Streaming Multiprocessor) clock.
 
 
 def metrics(gpu_lines: str = "", node_lines: str = "") -> fc.Scrape:
-    info = f'gpumond_gpu_info{{gpu="0",name="NVIDIA H200",pci_bus_id="00000000:18:00.0",uuid="{UUID}"}} 1\n'
+    info = f'gpumond_gpu_info{{gpu="0",name="NVIDIA H200",pci_bus_id="00000000:1B:00.0",uuid="{UUID}"}} 1\n'
     return fc.parse_scrape(info + gpu_lines + node_lines)
 
 
@@ -106,7 +106,7 @@ def test_ecc_counters_are_matched_by_their_labels() -> None:
 
 
 def test_identity_is_exact_but_bus_ids_ignore_case() -> None:
-    row = smi_row(uuid=UUID, name="NVIDIA H200", **{"pci.bus_id": "00000000:18:00.0".lower()})
+    row = smi_row(uuid=UUID, name="NVIDIA H200", **{"pci.bus_id": "00000000:1b:00.0"})
     assert all(c.ok for c in fc.compare_identity(row, metrics()))
     row[0]["uuid"] = "GPU-other"
     assert [c.name for c in fc.compare_identity(row, metrics()) if not c.ok] == ["GPU 0 uuid"]
@@ -216,6 +216,15 @@ def test_unsupported_calls_are_read_from_the_agents_log_once_each() -> None:
             'reader=retired_pages call=nvmlDeviceGetRetiredPages error=not_supported hint="skipped on this GPU"')
     assert fc.unsupported_from_log("\n".join([line, "other", line])) == [
         ("0", "retired_pages", "nvmlDeviceGetRetiredPages", "not_supported")]
+
+
+def test_nvml_errors_the_agent_counted_are_reported() -> None:
+    scrape = metrics(series("gpumond_nvml_errors_total", 2, call="nvmlGpmMetricsGet", error="invalid_argument")
+                     + series("gpumond_nvml_errors_total", 0, call="nvmlDeviceGetPowerUsage", error="unknown"))
+    check = fc.nvml_errors(scrape)
+    assert check.ok is None
+    assert check.detail == 'GPU 0 call="nvmlGpmMetricsGet",error="invalid_argument": 2'
+    assert fc.nvml_errors(metrics()).detail == "none"
 
 
 def test_series_without_an_nvidia_smi_field_are_listed() -> None:
