@@ -79,13 +79,14 @@ class Outcome:
 def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: float = 10.0,
              evaluation_s: float = EVALUATION_S, world: int = WORLD, agent: tuple[str, list[str]] | None = None,
              node: str = NODE, job_args: list[str] | None = None,
-             planted: tuple[list[str], Expected] | None = None) -> Outcome:
+             planted: tuple[list[str], Expected] | None = None, job_env: dict[str, str] | None = None) -> Outcome:
     """Run one case; stop early once every expected finding fires and `settle_s` more has passed.
 
     Without `agent` a `gpumond agent --sim <world>` is started for the ranks' GPUs (one each); with
     `agent=(host:port, GPU UUID of each rank)` the rules service scrapes that running agent instead (the field
     check's agent on a real GPU, every rank on the one GPU). `job_args` replace JOB_ARGS (the fault flags of the
-    case are added to them); `planted` gives the case's (fault flags, expected findings) instead of CASES."""
+    case are added to them); `planted` gives the case's (fault flags, expected findings) instead of CASES;
+    `job_env` is added to the job's environment."""
     fault, expected = planted if planted is not None else CASES[case]
     workdir.mkdir(parents=True, exist_ok=True)
     out = Outcome(case, expected)
@@ -123,7 +124,7 @@ def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: fl
                                   *(JOB_ARGS if job_args is None else job_args), *fault],
                           workdir / "job.log",
                           env={"GPUMOND_ENDPOINT": base, "GPUMOND_TOKEN": TOKEN, "GPUMOND_JOB_ID": JOB,
-                               "GPUMOND_NODE": node, "OMP_NUM_THREADS": "1"}).start()
+                               "GPUMOND_NODE": node, "OMP_NUM_THREADS": "1", **(job_env or {})}).start()
         procs.append(job)
         started_at = _bench.wait_for(lambda: re.search(rb"training started at ([\d.]+)", job.log.read_bytes()),
                                      120, "the job's first step", job)

@@ -120,15 +120,15 @@ def driver_phase(smi: Smi, fields: list[str], url: str, agent: _bench.Proc, pair
     return checks, last, unsupported
 
 
-def gpm_phase(url: str, device: str, load_gpu: dict[str, int], seconds: float, workdir: Path
-              ) -> tuple[list[fc.Check], dict[str, dict[str, float | None]], fc.Scrape]:
+def gpm_phase(url: str, device: str, load_gpu: dict[str, int], seconds: float, workdir: Path,
+              gpu_env: dict[str, str]) -> tuple[list[fc.Check], dict[str, dict[str, float | None]], fc.Scrape]:
     # On the CPU (--sim) the stand-in loads have no steady state to reach.
     warmup = "2" if device == "cuda" else "0.1"
     said = workdir / "loads.out"
     with open(said, "w") as out, open(workdir / "loads.log", "w") as err:
         loads = subprocess.Popen([sys.executable, str(HERE / "_field_loads.py"), "--device", device,
                                   "--warmup-s", warmup], stdin=subprocess.PIPE, stdout=out, stderr=err, text=True,
-                                 env={**os.environ, "PYTHONPATH": _bench.pythonpath()})
+                                 env={**os.environ, "PYTHONPATH": _bench.pythonpath(), **gpu_env})
     assert loads.stdin is not None
     figures: dict[str, dict[str, float | None]] = {}
     last = None
@@ -174,11 +174,11 @@ def read_waits(record: Path) -> dict[int, list[float]]:
 
 
 def job_phase(target: str, uuid: str, device: str, world: int, factor: float, seconds: float,
-              evaluation_s: float, workdir: Path) -> tuple[list[fc.Check], str]:
+              evaluation_s: float, workdir: Path, gpu_env: dict[str, str]) -> tuple[list[fc.Check], str]:
     record = workdir / "waits"
     planted = (["--slow-rank", str(SLOW_RANK), "--slow-factor", f"{factor:g}"], (("straggler", SLOW_RANK),))
     out = ddp_e2e.run_case("field", workdir / "path", duration_s=seconds, settle_s=3.0, evaluation_s=evaluation_s,
-                           world=world, agent=(target, [uuid] * world), node=NODE, planted=planted,
+                           world=world, agent=(target, [uuid] * world), node=NODE, planted=planted, job_env=gpu_env,
                            job_args=[*JOB_ARGS, "--device-ms", "10" if device == "cuda" else "30",
                                      "--device", device, "--record", str(record)])
     checks = [fc.separation_check(read_waits(record), SLOW_RANK),
@@ -189,7 +189,7 @@ def job_phase(target: str, uuid: str, device: str, world: int, factor: float, se
     return checks, setup
 
 
-def sync_phase(device: str, workdir: Path, left_s: float, steps: int = 20) -> fc.Check:
+def sync_phase(device: str, workdir: Path, left_s: float, gpu_env: dict[str, str], steps: int = 20) -> fc.Check:
     if device != "cuda":
         return fc.Check("job", "no host synchronisation added", None, "skipped: no CUDA here (--sim)")
     if left_s < 90:
@@ -200,7 +200,8 @@ def sync_phase(device: str, workdir: Path, left_s: float, steps: int = 20) -> fc
         _bench.torchrun(HERE / "ddp_job.py", 2, [*JOB_ARGS, "--device-ms", "10", "--device", "cuda", "--steps",
                                                   str(steps + 5), "--warmup", "10", "--count-syncs", str(steps),
                                                   "--out", str(record / "out"), "--record", str(record),
-                                                  *([] if hook else ["--no-hook"])], timeout_s=left_s / 2 - 5)
+                                                  *([] if hook else ["--no-hook"])], env=gpu_env,
+                        timeout_s=left_s / 2 - 5)
         counts[hook] = json.loads((record / "rank0.syncs.json").read_text())["counts"]
     return fc.sync_check(counts[True], counts[False], steps)
 
@@ -268,6 +269,9 @@ def main() -> int:
         sections.append(f"## {title}\n\n" + (text + "\n\n" if text else "") + fc.checks_table(got))
         print(f"… {name} done at {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
+    # The loads and the job see only the checked GPU, named by UUID: CUDA's own device order (fastest first) need
+    # not be NVML's index order.
+    gpu_env = {} if a.sim else {"CUDA_VISIBLE_DEVICES": (before.get(a.gpu) or {}).get("uuid") or str(a.gpu)}
     with tempfile.TemporaryDirectory(prefix="gpumond-field-") as tmp:
         workdir = Path(tmp)
         port = _bench.free_port()
@@ -293,7 +297,7 @@ def main() -> int:
                              + "\n\nNVML calls the agent logged as unsupported: " + ("; ".join(unsupported) or "none"))
 
             def gpm() -> tuple[list[fc.Check], str]:
-                got, figures, last = gpm_phase(url, device, load_gpu, load_s, workdir)
+                got, figures, last = gpm_phase(url, device, load_gpu, load_s, workdir, gpu_env)
                 got.append(fc.nvlink_check(last, job_gpu))
                 rows = [[load, load_gpu[load], *(_fmt(figures[load].get(k)) for k in fc.GPM)] for load in fc.LOADS]
                 return got, (_bench.md_table(["load", "GPU", *fc.GPM], rows)
@@ -307,8 +311,8 @@ def main() -> int:
                 if train_s < 20:
                     raise RuntimeError(f"not run: {left():.0f} s of the {a.budget_s:g} s budget left")
                 got, setup = job_phase(f"127.0.0.1:{port}", uuid, device, a.world, a.slow_factor, train_s,
-                                       a.evaluation, workdir)
-                return [*got, sync_phase(device, workdir, left() - 20)], setup
+                                       a.evaluation, workdir, gpu_env)
+                return [*got, sync_phase(device, workdir, left() - 20, gpu_env)], setup
 
             phase("driver", "1. The agent against the driver", driver, [workdir / "agent.log"])
             phase("gpm", "2. GPM under the check's own loads", gpm, [workdir / "loads.log", workdir / "agent.log"])
