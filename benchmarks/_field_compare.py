@@ -125,7 +125,7 @@ def parse_smi_csv(text: str, fields: Sequence[str]) -> dict[int, dict[str, str |
         cells = [c.strip() for c in line.split(",")]
         if len(cells) != len(fields):
             raise ValueError(f"nvidia-smi gave {len(cells)} values for {len(fields)} fields: {line!r}")
-        row = {f: (None if c in UNSUPPORTED else c) for f, c in zip(fields, cells)}
+        row = {f: (None if c in UNSUPPORTED else c) for f, c in zip(fields, cells, strict=True)}
         rows[int(row["index"] or -1)] = row
     return rows
 
@@ -210,7 +210,7 @@ def compare_readings(pairs: Sequence[tuple[Mapping[int, Mapping[str, str | None]
             label = f"GPU {gpu} {name}"
             tol = f.tol.text(f.scale, f.unit)
             if not drv and not agt:
-                checks.append(Check("driver", label, True, f"unsupported by both (nvidia-smi: N/A; agent: absent)"))
+                checks.append(Check("driver", label, True, "unsupported by both (nvidia-smi: N/A; agent: absent)"))
                 continue
             if not drv or not agt:
                 has = "nvidia-smi" if drv else "the agent"
@@ -316,7 +316,8 @@ def nvml_errors(scrape: Scrape) -> Check:
 
 def not_compared(scrape: Scrape, fields: Sequence[Field] = FIELDS) -> list[str]:
     """The agent's per-GPU series no nvidia-smi --query-gpu field covers (GPM, NVLink, energy, thresholds, …)."""
-    covered = {f.series.split("{")[0] for f in fields} | {"gpumond_gpu_info", "gpumond_gpu_clocks_event_reasons_bitmask"}
+    covered = {f.series.split("{")[0] for f in fields} | {"gpumond_gpu_info",
+                                                           "gpumond_gpu_clocks_event_reasons_bitmask"}
     names = {k.split("{")[0] for series in scrape.gpus.values() for k in series}
     return sorted(names - covered)
 

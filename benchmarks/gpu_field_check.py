@@ -137,7 +137,7 @@ def gpm_phase(url: str, device: str, load_gpu: dict[str, int], seconds: float, w
             loads.stdin.write(load + "\n")
             loads.stdin.flush()
             # Torch's import and the GPU's first use come before the first `ready`: a generous bound.
-            _bench.wait_for(lambda: _ready(said, load, loads), LOAD_READY_S, f"the {load} load to run")
+            _bench.wait_for(lambda load=load: _ready(said, load, loads), LOAD_READY_S, f"the {load} load to run")
             scrapes = []
             end = time.monotonic() + seconds
             while time.monotonic() < end:
@@ -249,7 +249,8 @@ def main() -> int:
     cuda = re.search(r"CUDA Version:\s*([\d.]+)", banner)
     facts = {
         "mode": "SIMULATED (--sim): the script proven, not the hardware" if a.sim else "real driver",
-        "GPUs": "; ".join(f"{g}: {r.get('name')} {r.get('uuid')} {r.get('pci.bus_id')}" for g, r in sorted(before.items())),
+        "GPUs": "; ".join(f"{g}: {r.get('name')} {r.get('uuid')} {r.get('pci.bus_id')}"
+                          for g, r in sorted(before.items())),
         "driver": next(iter(before.values()), {}).get("driver_version") or "unknown",
         "CUDA (driver)": cuda.group(1) if cuda else "unknown",
         "torch": _torch_version(),

@@ -18,7 +18,7 @@ def test_a_query_prints_each_gpus_state_in_nvidia_smis_units(make_sim) -> None:
     assert len(lines) == 2
     for i, line in enumerate(lines):
         gpu = sim.gpus[i]
-        row = dict(zip(fields, line.split(", ")))
+        row = dict(zip(fields, line.split(", "), strict=True))
         assert row["index"] == str(i) and row["uuid"] == gpu_uuid("smi-node", i)
         assert row["temperature.gpu"] == str(round(gpu.temperature_c))
         assert float(row["power.draw"]) == pytest.approx(gpu.power_avg_w, abs=0.01)
