@@ -288,7 +288,7 @@ def settings_unchanged(before: Mapping[int, Mapping[str, str | None]],
     for gpu in sorted(before):
         changed = [f"{f}: {before[gpu].get(f)!r} → {after.get(gpu, {}).get(f)!r}" for f in fields
                    if f in before[gpu] and before[gpu].get(f) != after.get(gpu, {}).get(f)]
-        shown = ", ".join(f"{f}={before[gpu].get(f)}" for f in fields if f in before[gpu])
+        shown = ", ".join(f"{f}={before[gpu].get(f) or 'N/A'}" for f in fields if f in before[gpu])
         checks.append(Check("settings", f"GPU {gpu} settings unchanged", not changed,
                             "; ".join(changed) if changed else shown))
     return checks

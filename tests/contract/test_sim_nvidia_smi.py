@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumond.nvml.sim import nvidia_smi
+from gpumond.nvml.sim import Scenario, nvidia_smi
 from gpumond.nvml.sim.gpu import gpu_uuid
 
 FMT = "csv,noheader,nounits"
@@ -31,6 +31,13 @@ def test_a_query_prints_each_gpus_state_in_nvidia_smis_units(make_sim) -> None:
 def test_a_call_the_simulated_library_lacks_prints_not_supported(make_sim) -> None:
     make_sim(gpus=1)
     assert nvidia_smi.query(["index", "pcie.link.gen.current"], FMT) == "0, [Not Supported]"
+
+
+def test_a_field_value_the_gpu_lacks_prints_not_supported_though_the_call_succeeds(make_sim) -> None:
+    v100 = Scenario.model_validate({"gpus": [{"index": 0, "model": "v100-sxm2"}]})  # no HBM sensor, no power fields
+    make_sim(gpus=1, scenario=v100)
+    assert nvidia_smi.query(["index", "temperature.memory", "power.draw.average"], FMT) == (
+        "0, [Not Supported], [Not Supported]")
 
 
 def test_an_unknown_field_or_format_is_refused_as_nvidia_smi_does(make_sim) -> None:

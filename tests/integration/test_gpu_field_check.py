@@ -37,7 +37,7 @@ def test_the_whole_check_passes_on_the_simulator_and_writes_its_result(tmp_path:
     for section in ("## 1. The agent against the driver", "## 2. GPM under the check's own loads",
                     "## 3. The job SDK and the whole path", "## 4. Nothing changed"):
         assert section in text
-    assert "| GPU 2 power.draw | ok |" in text
+    assert "| GPU 2 power.draw.average | ok |" in text
     assert "| tiny kernel: busy but doing little | ok |" in text
     assert "| findings name rank 1 | ok | straggler on rank 1 firing" in text
     assert "| no host synchronisation added | — | skipped: no CUDA here (--sim) |" in text
@@ -53,6 +53,6 @@ def test_a_driver_that_disagrees_fails_the_check_naming_the_readings(tmp_path: P
     code, text = run(tmp_path, "--phases", "driver", "--nvidia-smi", smi)
     assert code == 1
     assert "| GPU 2 utilization.gpu | **FAILED** | nvidia-smi 0 %, agent 100 %" in text
-    assert "| GPU 2 power.draw | **FAILED** |" in text
-    assert "| GPU 1 power.draw | ok |" in text
+    assert "| GPU 2 power.draw.average | **FAILED** |" in text
+    assert "| GPU 1 power.draw.average | ok |" in text
     assert "## 2. GPM" not in text  # --phases driver ran only that phase (and the settings check)

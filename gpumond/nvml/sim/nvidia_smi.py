@@ -41,6 +41,14 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _field(h: Any, field_id: int) -> int:
+    """One NVML field value; a field can fail on its own while the call succeeds."""
+    value = N.nvmlDeviceGetFieldValues(h, [field_id])[0]
+    if value.nvmlReturn != N.NVML_SUCCESS:
+        raise N.NVMLError(value.nvmlReturn)
+    return int(value.value.uiVal)
+
+
 def _power_w(milliwatts: int) -> str:
     return f"{milliwatts / 1000:.2f}"
 
@@ -53,9 +61,10 @@ FIELDS: dict[str, Callable[[Any], str]] = {
     "pci.bus_id": lambda h: _text(N.nvmlDeviceGetPciInfo_v3(h).busId),
     "driver_version": lambda h: N.nvmlSystemGetDriverVersion(),
     "temperature.gpu": lambda h: str(N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU)),
-    "temperature.memory": lambda h: str(int(N.nvmlDeviceGetFieldValues(h, [N.NVML_FI_DEV_MEMORY_TEMP])[0]
-                                            .value.uiVal)),
+    "temperature.memory": lambda h: str(_field(h, N.NVML_FI_DEV_MEMORY_TEMP)),
     "power.draw": lambda h: _power_w(N.nvmlDeviceGetPowerUsage(h)),
+    "power.draw.average": lambda h: _power_w(_field(h, N.NVML_FI_DEV_POWER_AVERAGE)),
+    "power.draw.instant": lambda h: _power_w(_field(h, N.NVML_FI_DEV_POWER_INSTANT)),
     "power.limit": lambda h: _power_w(N.nvmlDeviceGetPowerManagementLimit(h)),
     "enforced.power.limit": lambda h: _power_w(N.nvmlDeviceGetEnforcedPowerLimit(h)),
     "power.default_limit": lambda h: _power_w(N.nvmlDeviceGetPowerManagementDefaultLimit(h)),
@@ -64,6 +73,8 @@ FIELDS: dict[str, Callable[[Any], str]] = {
     "clocks.sm": lambda h: str(N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_SM)),
     "clocks.mem": lambda h: str(N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_MEM)),
     "clocks.max.sm": lambda h: str(N.nvmlDeviceGetMaxClockInfo(h, N.NVML_CLOCK_SM)),
+    "clocks.applications.graphics": lambda h: str(N.nvmlDeviceGetApplicationsClock(h, N.NVML_CLOCK_GRAPHICS)),
+    "clocks.applications.memory": lambda h: str(N.nvmlDeviceGetApplicationsClock(h, N.NVML_CLOCK_MEM)),
     "utilization.gpu": lambda h: str(N.nvmlDeviceGetUtilizationRates(h).gpu),
     "utilization.memory": lambda h: str(N.nvmlDeviceGetUtilizationRates(h).memory),
     "memory.total": lambda h: str(_memory(h).total // MIB),
@@ -81,6 +92,11 @@ FIELDS: dict[str, Callable[[Any], str]] = {
     "clocks_event_reasons.active": lambda h: f"0x{N.nvmlDeviceGetCurrentClocksEventReasons(h):016X}",
     "pcie.link.gen.current": lambda h: str(N.nvmlDeviceGetCurrPcieLinkGeneration(h)),
     "pcie.link.width.current": lambda h: str(N.nvmlDeviceGetCurrPcieLinkWidth(h)),
+    "pcie.link.gen.max": lambda h: str(N.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+    "pcie.link.width.max": lambda h: str(N.nvmlDeviceGetMaxPcieLinkWidth(h)),
+    "compute_mode": lambda h: {0: "Default", 2: "Prohibited", 3: "Exclusive_Process"}.get(
+        N.nvmlDeviceGetComputeMode(h), "Unknown"),
+    "vbios_version": lambda h: N.nvmlDeviceGetVbiosVersion(h),
     "persistence_mode": lambda h: _enabled(N.nvmlDeviceGetPersistenceMode(h)),
     "mig.mode.current": lambda h: _enabled(N.nvmlDeviceGetMigMode(h)[0]),
 }
