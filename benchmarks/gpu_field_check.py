@@ -243,9 +243,18 @@ def main() -> int:
     checks: list[fc.Check] = []
     sections: list[str] = []
 
-    fields, unknown = fc.usable_fields(smi.run("--help-query-gpu"), fc.wanted_fields())
-    before = smi.query(fields)
-    banner = smi.run()
+    try:
+        fields, unknown = fc.usable_fields(smi.run("--help-query-gpu"), fc.wanted_fields())
+        before = smi.query(fields)
+        banner = smi.run()
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
+        print(f"gpu_field_check: nvidia-smi does not answer ({str(e).splitlines()[0]}): this check needs a machine "
+              f"with NVIDIA GPUs and their driver; without one, run it against the simulator with --sim",
+              file=sys.stderr)
+        return 2
+    if not before:
+        print("gpu_field_check: nvidia-smi lists no GPU; nothing to check", file=sys.stderr)
+        return 2
     cuda = re.search(r"CUDA Version:\s*([\d.]+)", banner)
     facts = {
         "mode": "SIMULATED (--sim): the script proven, not the hardware" if a.sim else "real driver",

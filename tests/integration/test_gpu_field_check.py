@@ -44,6 +44,14 @@ def test_the_whole_check_passes_on_the_simulator_and_writes_its_result(tmp_path:
     assert "| agent policy wrote nothing | ok |" in text
 
 
+def test_without_nvidia_smi_it_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, str(SCRIPT), "--nvidia-smi", str(tmp_path / "no-such-nvidia-smi")],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("gpu_field_check: nvidia-smi does not answer")
+    assert "--sim" in p.stderr
+
+
 def test_a_driver_that_disagrees_fails_the_check_naming_the_readings(tmp_path: Path) -> None:
     # nvidia-smi's node has GPU 2 idle while the agent's runs it flat out.
     scenario = tmp_path / "other.yaml"
