@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             if want not in LOADS:
                 print(f"error unknown load {want!r} (expected one of {', '.join(LOADS)}, or stop)", flush=True)
                 return 2
-            if args.device == "cuda":
+            if args.device == "cuda" and step is not None:
                 torch.cuda.synchronize()  # the previous load's work ends before the next starts
             current, since, announced = want, time.monotonic(), False
             step = None if want == "idle" else make(want, device)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if not announced and time.monotonic() - since >= args.warmup_s:
             print(f"ready {current}", flush=True)
             announced = True
-    if args.device == "cuda":
+    if args.device == "cuda" and step is not None:
         torch.cuda.synchronize()
     return 0
 

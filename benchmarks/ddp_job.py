@@ -193,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
     if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"ddp_job: --device cuda, but this torch ({torch.__version__}) sees no GPU")
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
     torch.manual_seed(0)
