@@ -338,7 +338,8 @@ def wait_for(probe: Callable[[], T], timeout_s: float, what: str, proc: Proc | N
 def pythonpath() -> str:
     """The repository first, then whatever the caller had (on a machine without the packages installed, the
     folder their wheels were unpacked into: docs/gpu-field-check.md)."""
-    return os.pathsep.join(dict.fromkeys([str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    caller = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    return os.pathsep.join(dict.fromkeys([str(REPO), *caller]))
 
 
 class Proc:

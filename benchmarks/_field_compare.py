@@ -379,15 +379,16 @@ def nvlink_check(scrape: Scrape, gpu: int) -> Check:
 
 
 # ----- the job SDK and the whole path -------------------------------------------------------------------------
-def separation_check(waits: Mapping[int, Sequence[float]], slow_rank: int) -> Check:
+def separation_check(waits: Mapping[int, Sequence[float]], slow_rank: int,
+                     name: str = "comm wait separates the slow rank") -> Check:
     """The slow rank waits least in the collective: its median exposed wait is below every other rank's."""
     if slow_rank not in waits or len(waits) < 2 or any(not w for w in waits.values()):
-        return Check("job", "comm wait separates the slow rank", False,
+        return Check("job", name, False,
                      f"waits recorded per rank: { {r: len(w) for r, w in sorted(waits.items())} }")
     med = {r: _median(w) for r, w in waits.items()}
     others = [m for r, m in med.items() if r != slow_rank]
     ok = med[slow_rank] < min(others)
-    return Check("job", "comm wait separates the slow rank", ok,
+    return Check("job", name, ok,
                  "median exposed wait per rank (ms): " + ", ".join(
                      f"{'**' if r == slow_rank else ''}r{r} {m * 1e3:.2f}{'**' if r == slow_rank else ''}"
                      for r, m in sorted(med.items())) + f" over {min(len(w) for w in waits.values())}+ steps")

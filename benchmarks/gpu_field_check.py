@@ -51,7 +51,7 @@ SIM_SCENARIO = HERE / "field_check_sim.yaml"
 SIM_GPUS = 3
 SIM_LOAD_GPU = {"idle": 0, "tiny": 1, "matmul": 2}  # the scenario's GPU standing in for each load
 SLOW_RANK = 1
-PHASES = ("driver", "gpm", "job")
+PHASES = ("driver", "gpm", "job", "fsdp")
 LOAD_READY_S = 120.0
 # The job: device time dominates the step, so the slow rank's extra GPU time is what the others wait for.
 JOB_ARGS = ["--batch", "32", "--dim", "64", "--width", "256", "--depth", "4", "--bucket-mb", "0.1"]
@@ -206,6 +206,31 @@ def sync_phase(device: str, workdir: Path, left_s: float, gpu_env: dict[str, str
     return fc.sync_check(counts[True], counts[False], steps)
 
 
+def fsdp_phase(device: str, factor: float, workdir: Path, left_s: float, gpu_env: dict[str, str]
+               ) -> tuple[list[fc.Check], str]:
+    """FSDP2 (fully_shard) on 2 gloo ranks, rank 1 `factor` slow: its forward all-gather wait is the least."""
+    name = "FSDP2: forward all-gather wait separates the slow rank"
+    if left_s < 60:
+        raise RuntimeError(f"not run: {left_s:.0f} s of the budget left")
+    out = workdir / "fsdp"
+    out.mkdir()
+    steps, device_ms = (20, 30) if device == "cuda" else (6, 10)
+    setup = (f"benchmarks/fsdp_signal.py's worker, 2 ranks --device {device}, {steps} steps of {device_ms} ms device "
+             f"time, rank {SLOW_RANK} {factor:g}×; medians after its warm-up steps")
+    try:
+        _bench.torchrun(HERE / "fsdp_signal.py", 2, ["--worker", str(out), "--factor", f"{factor:g}", "--device-ms",
+                                                      str(device_ms), "--steps", str(steps), "--device", device],
+                        env=gpu_env, timeout_s=min(180.0, left_s - 10))
+    except RuntimeError as e:
+        if device != "cuda":
+            raise
+        # FSDP2's collectives over gloo on CUDA tensors are gloo's to support (NCCL needs a GPU per rank): a refusal
+        # is reported, not counted against gpumond; the error says which.
+        return [fc.Check("fsdp", name, None, f"did not run: {_error_line(str(e))}")], setup
+    waits = {r: json.loads((out / f"rank-{r}.json").read_text())["waits"] for r in (0, 1)}
+    return [fc.separation_check(waits, SLOW_RANK, name)], setup
+
+
 def main() -> int:
     ap = _bench.parser(__doc__, "shorter phases")
     ap.add_argument("--sim", action="store_true", help="run against `gpumond agent --sim 3` and a simulated nvidia-smi")
@@ -315,9 +340,9 @@ def main() -> int:
 
             def job() -> tuple[list[fc.Check], str]:
                 uuid = (scrape(url)[1].info.get(job_gpu) or {}).get("uuid", "")
-                # What the job may train for: the budget less the sync count's two short runs (~1.5 min on a GPU)
-                # and the job's own start-up and shut-down.
-                train_s = min(job_s, left() - (60 if a.sim else 150) - 90)
+                # What the job may train for: the budget less the sync count's two short runs and FSDP2's one
+                # (~2 min on a GPU), and the job's own start-up and shut-down.
+                train_s = min(job_s, left() - (90 if a.sim else 210) - 90)
                 if train_s < 20:
                     raise RuntimeError(f"not run: {left():.0f} s of the {a.budget_s:g} s budget left")
                 got, setup = job_phase(f"127.0.0.1:{port}", uuid, device, a.world, a.slow_factor, train_s,
@@ -328,6 +353,7 @@ def main() -> int:
             phase("gpm", "2. GPM under the check's own loads", gpm, [workdir / "loads.log", workdir / "agent.log"])
             phase("job", "3. The job SDK and the whole path", job,
                   [workdir / "path" / "job.log", workdir / "path" / "rules.log"])
+            phase("fsdp", "3b. FSDP2", lambda: fsdp_phase(device, a.slow_factor, workdir, left() - 30, gpu_env), [])
             final = scrape(url)[1]
         finally:
             agent.terminate(30)
@@ -346,6 +372,13 @@ def main() -> int:
     print(text)
     print(f"\n(written to {a.out})")
     return 1 if bad else 0
+
+
+def _error_line(output: str) -> str:
+    """The child's own exception line from a torchrun failure (torchrun's summary names only its ChildFailedError)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"[A-Za-z_.]*(Error|Exception)\b", ln) and "ChildFailedError" not in ln]
+    return (errors or lines or ["no output"])[-1][:300]
 
 
 def _tail(path: Path, chars: int = 3000) -> str:
