@@ -1,7 +1,7 @@
 """benchmarks/gpu_field_check.py, the GPU field check, run here against the simulator so it cannot rot between the
 sessions lent a GPU: `--sim` runs the real agent (`gpumond agent --sim 3`), the simulated nvidia-smi, the load
-process and the job on the CPU (ddp_job.py's host-side device time, 4 gloo ranks), and the real rules service; the
-CUDA-only step (counting synchronising CUDA calls) is skipped and says so. Every wait in the script is bounded.
+process, the DDP job (ddp_job.py's host-side device time, 4 gloo ranks) and FSDP2 (2 ranks) on the CPU, and the
+real rules service; the CUDA-only step (counting synchronising CUDA calls) is skipped and says so. Every wait in the script is bounded.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def test_the_whole_check_passes_on_the_simulator_and_writes_its_result(tmp_path:
     assert "| tiny kernel: busy but doing little | ok |" in text
     assert "| findings name rank 1 | ok | straggler on rank 1 firing" in text
     assert "| no host synchronisation added | — | skipped: no CUDA here (--sim) |" in text
+    assert "| FSDP2: forward all-gather wait separates the slow rank | ok |" in text
     assert "| agent policy wrote nothing | ok |" in text
 
 
