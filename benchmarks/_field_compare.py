@@ -314,6 +314,13 @@ def nvml_errors(scrape: Scrape) -> Check:
                  ", ".join(f"{k}: {v:g}" for k, v in errors.items()) or "none")
 
 
+def driver_only(smi: Mapping[int, Mapping[str, str | None]]) -> str:
+    """What nvidia-smi shows that the agent does not export (PCIe link, VBIOS, …), per GPU, for the result."""
+    names = [f for f in REPORTED if f not in CLOCK_EVENTS and f != "driver_version"]
+    return "; ".join(f"GPU {g}: " + ", ".join(f"{f}={row.get(f) or 'N/A'}" for f in names if f in row)
+                     for g, row in sorted(smi.items()))
+
+
 def not_compared(scrape: Scrape, fields: Sequence[Field] = FIELDS) -> list[str]:
     """The agent's per-GPU series no nvidia-smi --query-gpu field covers (GPM, NVLink, energy, thresholds, …)."""
     covered = {f.series.split("{")[0] for f in fields} | {"gpumond_gpu_info",

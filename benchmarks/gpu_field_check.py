@@ -327,7 +327,8 @@ def main() -> int:
 
             def driver() -> tuple[list[fc.Check], str]:
                 got, last, unsupported = driver_phase(smi, fields, url, agent, a.pairs)
-                return got, ("Exported with no nvidia-smi `--query-gpu` field to compare: "
+                return got, ("Shown by nvidia-smi, not exported by the agent: " + fc.driver_only(before) + "\n\n"
+                             + "Exported with no nvidia-smi `--query-gpu` field to compare: "
                              + ", ".join(f"`{n}`" for n in fc.not_compared(last))
                              + "\n\nNVML calls the agent logged as unsupported: " + ("; ".join(unsupported) or "none"))
 

@@ -227,6 +227,11 @@ def test_nvml_errors_the_agent_counted_are_reported() -> None:
     assert fc.nvml_errors(metrics()).detail == "none"
 
 
+def test_what_only_nvidia_smi_shows_is_listed_per_gpu() -> None:
+    rows = {0: {"index": "0", "pcie.link.gen.current": "5", "pcie.link.width.current": "16", "vbios_version": None}}
+    assert fc.driver_only(rows) == "GPU 0: pcie.link.gen.current=5, pcie.link.width.current=16, vbios_version=N/A"
+
+
 def test_series_without_an_nvidia_smi_field_are_listed() -> None:
     scrape = metrics(series("gpumond_gpu_sm_active_ratio", 0.5) + series("gpumond_gpu_temperature_celsius", 50))
     assert fc.not_compared(scrape) == ["gpumond_gpu_sm_active_ratio"]
