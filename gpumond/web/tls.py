@@ -32,6 +32,11 @@ VERIFY_MODES = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CE
 VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 # How long a refused handshake's connection is held after its alert is sent, so the client can read it.
 LINGER_S = 1.0
+# What a connection reads into (asyncio's SSLProtocol keeps one buffer per connection): before its handshake
+# completes, enough for a ClientHello in a read or two; after it, one full TLS record (16 KiB of plaintext plus
+# its overhead), so a large push is decrypted a record a read.
+HANDSHAKE_READ_BYTES = 4 * 1024
+READ_BYTES = 16 * 1024 + 256
 # How often a handshake may look at the files: a flood of handshakes costs one stat() round a second.
 CHECK_EVERY_S = 1.0
 
@@ -160,23 +165,46 @@ def guarded_tls(server: ServerTLS, *, handshake_timeout_s: float,
     class GuardedTLS(sslproto.SSLProtocol):
         """TLS for one connection, telling the guard when the TCP connection opens and ends."""
 
+        # asyncio reads into one buffer per connection, allocated with the protocol: 256 KiB by default, so
+        # every connection, even one stalled in its handshake, held 256 KiB (with OpenSSL's own handshake
+        # state, ~310 KB). A ClientHello is a few hundred bytes: the handshake reads into HANDSHAKE_READ_BYTES,
+        # and only an established connection gets READ_BYTES, one full TLS record.
+        max_size = HANDSHAKE_READ_BYTES
+
         def __init__(self, app: Any) -> None:
             super().__init__(app.loop, app, server.context, None, server_side=True,
                              ssl_handshake_timeout=handshake_timeout_s, ssl_shutdown_timeout=shutdown_timeout_s)
             self._guarded = app
+            self._received = False
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)  # starts the handshake
             self._guarded.tcp_opened(transport)
 
+        def buffer_updated(self, nbytes: int) -> None:
+            self._received = True
+            super().buffer_updated(nbytes)
+
         def connection_lost(self, exc: Exception | None) -> None:
+            # A reset reaches only here (asyncio closes the transport without a word); the guard's own closings
+            # (timeouts, eviction) abort with no exception and are logged by the guard.
+            if isinstance(exc, ConnectionError) and self._state == sslproto.SSLProtocolState.DO_HANDSHAKE:
+                self._abandoned("client reset the connection during the TLS handshake")
             super().connection_lost(exc)
             self._guarded.tcp_lost()
 
         def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
             tcp = self._transport
+            if handshake_exc is None:
+                self.max_size = READ_BYTES  # the next read allocates it (SSLProtocol.get_buffer)
             if handshake_exc is None or tcp is None:
                 super()._on_handshake_complete(handshake_exc)
+                return
+            if not isinstance(handshake_exc, ssl.SSLError):
+                # The client closed its side mid-handshake: asyncio passes the ConnectionResetError *class*
+                # (its eof_received). There is no alert to send and no one to read it: drop the connection.
+                self._abandoned("client closed the connection during the TLS handshake")
+                tcp.abort()
                 return
             # asyncio drops the connection at once on a failed handshake, discarding the alert OpenSSL wrote
             # (certificate required, unknown CA, protocol version). Under TLS 1.3 a client learns of a refused
@@ -194,6 +222,11 @@ def guarded_tls(server: ServerTLS, *, handshake_timeout_s: float,
                 self._loop.call_later(LINGER_S, tcp.abort)
                 return
             super()._on_handshake_complete(handshake_exc)
+
+        def _abandoned(self, what: str) -> None:
+            # A TCP check (a load balancer's, a tcpSocket probe) connects and closes without a byte: not news.
+            level = logging.INFO if self._received else logging.DEBUG
+            log.log(level, what, extra={"client": _peer(self._transport) if self._transport else "unknown"})
 
     return GuardedTLS
 
