@@ -8,9 +8,11 @@ Certificates are made in the test (tests/pki.py). Each test waits, bounded, for 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import ssl
+import struct
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from cryptography import x509
 from gpumond.connections import ConnectionLimits, ConnectionStats
 from gpumond.job.tlsclient import ClientTLS, explain
 from gpumond.web.tls import ServerTLS, ServerTLSSettings, guarded_tls
+from tests.handshake_flood import client_hello
 from tests.integration.guarded_server import LIMITS, WAIT_S, closed_by_server, connect
 from tests.integration.guarded_server import serving as plain_or_tls_serving
 from tests.integration.helpers import wait_until
@@ -228,3 +231,30 @@ def test_a_kept_alive_tls_connection_serves_several_requests_then_closes_when_id
         assert closed_by_server(s)  # the keep-alive timeout
         assert stats.head_timeouts == 0
         wait_until(lambda: stats.open == 0, timeout=WAIT_S, what="released")
+
+
+# ----- clients that leave mid-handshake ---------------------------------------------------------------------
+@pytest.mark.parametrize(("leave", "line"), [
+    ("reset", "client reset the connection during the TLS handshake"),
+    ("half-close", "client closed the connection during the TLS handshake"),
+])
+def test_a_client_leaving_mid_handshake_is_logged_as_what_it_did(pki, caplog, leave: str, line: str) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpumond.serving")
+    with serving(ServerTLS(settings(pki))) as (port, stats):
+        s = connect(port, client_hello())
+        wait_until(lambda: stats.open == 1, timeout=WAIT_S, what="the connection held")
+        if leave == "reset":  # SO_LINGER 0: close() sends a TCP RST
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            s.shutdown(socket.SHUT_WR)
+        s.close()
+        wait_until(lambda: stats.open == 0, timeout=WAIT_S, what="the connection released")
+        wait_until(lambda: any(r.getMessage() == line for r in caplog.records), timeout=WAIT_S, what="logged")
+        silent = connect(port)  # a TCP check (a load balancer's): connects and closes without a byte
+        silent.close()
+        quiet = "client closed the connection during the TLS handshake"
+        wait_until(lambda: [r for r in caplog.records if r.getMessage() == quiet and r.levelno == logging.DEBUG],
+                   timeout=WAIT_S, what="the TCP check logged at debug only")
+    said = [r for r in caplog.records if r.getMessage() == line and r.levelno == logging.INFO]
+    assert len(said) == 1 and said[0].client.startswith("127.0.0.1:"), caplog.text
+    assert "class" not in caplog.text.lower()
