@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpumond.types import Series
+from gpumond.web.certdates import CertificateDateError, Validity, utc, validity
+
 log = logging.getLogger("gpumond.serving")
 
 VERIFY_MODES = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -39,6 +42,14 @@ HANDSHAKE_READ_BYTES = 4 * 1024
 READ_BYTES = 16 * 1024 + 256
 # How often a handshake may look at the files: a flood of handshakes costs one stat() round a second.
 CHECK_EVERY_S = 1.0
+
+
+# name -> (type, help), for each daemon's /metrics encoder (series: ServerTLS.series()).
+TLS_METRICS = {
+    "gpumond_tls_certificate_not_after_timestamp_seconds": ("gauge", (
+        "Unix time after which the certificate this server presents (tls_server_config.cert_file, as last "
+        "loaded) is expired; exported only when serving TLS.")),
+}
 
 
 class TLSSetupError(RuntimeError):
@@ -62,8 +73,10 @@ class ServerTLSSettings:
         return self.client_auth_type == "RequireAndVerifyClientCert"
 
 
-def build_context(s: ServerTLSSettings) -> ssl.SSLContext:
-    """A server context from the files named in `s`; TLSSetupError says which file is wrong and how."""
+def build_context(s: ServerTLSSettings, now: float) -> tuple[ssl.SSLContext, Validity]:
+    """A server context from the files named in `s`, and its certificate's validity period; TLSSetupError says
+    which file is wrong and how, also when the certificate is expired or not yet valid at `now` (Unix
+    seconds): OpenSSL would serve it, and every client would refuse it."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = VERSIONS[s.min_version]
     ctx.maximum_version = VERSIONS[s.max_version]
@@ -87,20 +100,32 @@ def build_context(s: ServerTLSSettings) -> ssl.SSLContext:
         except ssl.SSLError as e:
             raise TLSSetupError(f"tls_server_config.client_ca_file: {s.client_ca_file} holds no usable PEM "
                                 f"certificate: {e.reason or e}") from None
-    return ctx
+    try:
+        dates = validity(s.cert_file.read_text(encoding="ascii", errors="replace"))
+    except (OSError, CertificateDateError) as e:
+        raise TLSSetupError(f"tls_server_config.cert_file: {s.cert_file}: {e}") from None
+    if (problem := dates.problem(now)) is not None:
+        raise TLSSetupError(f"tls_server_config.cert_file: the certificate in {s.cert_file} {problem}: clients "
+                            f"refuse it; install a certificate valid now (not before {utc(dates.not_before)}, "
+                            f"not after {utc(dates.not_after)}; this host's clock says {utc(now)})")
+    return ctx, dates
 
 
 class ServerTLS:
     """The listening context (`.context`) and the files behind it, re-read on change (see the module doc)."""
 
     def __init__(self, settings: ServerTLSSettings, *, clock: Callable[[], float] = time.monotonic,
-                 check_every_s: float = CHECK_EVERY_S) -> None:
+                 wall_clock: Callable[[], float] = time.time, check_every_s: float = CHECK_EVERY_S) -> None:
+        """`clock` paces the checks of the files; `wall_clock` (Unix seconds) is what a certificate's dates are
+        compared with."""
         self.settings = settings
         self._clock = clock
+        self._wall_clock = wall_clock
         self._check_every_s = check_every_s
         self._lock = threading.Lock()
         self._stamp = self._stamps()
-        self.context = build_context(settings)  # raises TLSSetupError: the daemon exits 2 with its line
+        # raises TLSSetupError: the daemon exits 2 with its line
+        self.context, self.validity = build_context(settings, wall_clock())
         self.context.sni_callback = self._on_client_hello
         self._current = self.context
         self._next_check = clock() + check_every_s
@@ -118,17 +143,22 @@ class ServerTLS:
             if stamp == self._stamp or stamp == self._failed_stamp:
                 return self._current
             try:
-                fresh = build_context(self.settings)
+                fresh, dates = build_context(self.settings, self._wall_clock())
             except TLSSetupError as e:
                 self._failed_stamp = stamp  # said once per state of the files; retried when they change again
                 log.warning("certificate files changed but cannot be used; still serving the previous ones",
                             extra={"error": str(e)})
                 return self._current
-            self._current, self._stamp, self._failed_stamp = fresh, stamp, None
+            self._current, self.validity, self._stamp, self._failed_stamp = fresh, dates, stamp, None
             self.reloads += 1
             log.info("certificate files changed: new connections get them", extra={
-                "cert_file": str(self.settings.cert_file), "reloads": self.reloads})
+                "cert_file": str(self.settings.cert_file), "not_after": utc(dates.not_after),
+                "reloads": self.reloads})
             return fresh
+
+    def series(self) -> list[Series]:
+        """TLS_METRICS: the not-after time of the certificate new connections get."""
+        return [Series("gpumond_tls_certificate_not_after_timestamp_seconds", (), self.validity.not_after)]
 
     def _on_client_hello(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
         try:

@@ -89,12 +89,15 @@ def test_a_server_signed_by_another_ca_is_refused_with_a_line_that_says_what_to_
     assert "cannot verify the server's certificate (unable to get local issuer certificate)" in explain(e)
 
 
-def test_an_expired_server_certificate_is_refused(pki) -> None:
+def test_a_client_refusing_an_expired_server_certificate_is_told_the_dates_not_the_ca_are_wrong(pki) -> None:
     expired = pki["ca"].issue("expired", expired=True)
     s = ServerTLSSettings(cert_file=expired.cert, key_file=expired.key)
-    with serving(ServerTLS(s)) as (port, _):
+    # a server whose clock says the certificate is still valid (the daemons refuse to start with it at all)
+    with serving(ServerTLS(s, wall_clock=lambda: expired.not_after - 60)) as (port, _):
         e = refusal(port, client(pki["ca"]))
-    assert "certificate has expired" in explain(e)
+    line = explain(e)
+    assert line.startswith("the server's certificate has expired: the server must install a renewed one"), line
+    assert "the CA is not the problem" in line and "give the CA" not in line, line
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate_and_one_from_another_ca(pki, tmp_path) -> None:
@@ -145,6 +148,33 @@ def test_a_half_written_rotation_keeps_serving_the_previous_certificate(pki, cap
         assert "certificate files changed but cannot be used" in caplog.text
         os.replace(staged.key, pki["server"].key)  # the key follows: now the pair is used
         assert https_get(port, client(pki["ca"]))[1].serial_number == staged.serial
+
+
+@pytest.mark.parametrize("when", ["expired", "not_yet_valid"])
+def test_a_rotated_in_certificate_outside_its_dates_is_not_served_and_said_so(pki, caplog, when: str) -> None:
+    tls = ServerTLS(settings(pki), check_every_s=0.0)
+    with serving(tls) as (port, _):
+        staged = pki["ca"].issue("tls", directory=pki["server"].cert.parent / "next", **{when: True})
+        os.replace(staged.key, pki["server"].key)
+        os.replace(staged.cert, pki["server"].cert)
+        head, cert = https_get(port, client(pki["ca"]))
+        assert head.startswith(b"HTTP/1.1 200") and cert.serial_number == pki["server"].serial  # the old pair
+    warned = [r for r in caplog.records if r.getMessage().startswith("certificate files changed but cannot be used")]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING, caplog.text
+    assert "expired on" in warned[0].error or "is not valid until" in warned[0].error, warned[0].error
+    assert tls.reloads == 0
+    assert tls.series()[0].value == pki["server"].not_after  # the metric names the certificate still served
+
+
+def test_the_expiry_metric_follows_a_rotation(pki) -> None:
+    tls = ServerTLS(settings(pki), check_every_s=0.0)
+    assert tls.series()[0].value == pki["server"].not_after
+    with serving(tls) as (port, _):
+        staged = pki["ca"].issue("tls", days=30, directory=pki["server"].cert.parent / "next")
+        os.replace(staged.key, pki["server"].key)
+        os.replace(staged.cert, pki["server"].cert)
+        https_get(port, client(pki["ca"]))
+    assert tls.reloads == 1 and staged.not_after > pki["server"].not_after and tls.series()[0].value == staged.not_after
 
 
 def test_a_rotated_client_ca_is_used_for_new_connections(pki, tmp_path) -> None:
