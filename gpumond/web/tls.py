@@ -158,6 +158,9 @@ class ServerTLS:
 
     def series(self) -> list[Series]:
         """TLS_METRICS: the not-after time of the certificate new connections get."""
+        # Looked at now, not only at a handshake: a scraper on a kept-alive connection makes none, and the metric
+        # would otherwise name a renewed certificate's predecessor (and its expiry alert) until one came.
+        self.current()
         return [Series("gpumond_tls_certificate_not_after_timestamp_seconds", (), self.validity.not_after)]
 
     def _on_client_hello(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
