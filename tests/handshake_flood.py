@@ -24,9 +24,10 @@ def client_hello() -> bytes:
     return out.read()
 
 
-def stalled(port: int, n: int, timeout_s: float = 10.0) -> list[socket.socket]:
-    """`n` connections to 127.0.0.1:`port`, each having sent a ClientHello and nothing after it."""
-    hello = client_hello()
+def stalled(port: int, n: int, first: bytes | None = None, timeout_s: float = 10.0) -> list[socket.socket]:
+    """`n` connections to 127.0.0.1:`port`, each having sent `first` (default: a ClientHello; for plain HTTP, a
+    request head that never ends) and nothing after it."""
+    hello = client_hello() if first is None else first
     out = []
     try:
         for _ in range(n):
@@ -42,4 +43,5 @@ def stalled(port: int, n: int, timeout_s: float = 10.0) -> list[socket.socket]:
 def close_all(socks: list[socket.socket]) -> None:
     for s in socks:
         s.close()
+
 
