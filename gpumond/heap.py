@@ -3,10 +3,10 @@
 glibc's malloc keeps what is freed inside its heaps for reuse and returns to the kernel only a free stretch at
 a heap's top. A burst of connections (a flood of stalled TLS handshakes: OpenSSL's handshake state is ~45 KB
 of small allocations each) interleaves its memory with longer-lived objects, so once they are all closed the
-process is as large as at the peak: measured, 1,000 stalled handshakes left +60 MB after every one was
-closed and collected. malloc_trim(0) hands back every free page wherever it lies in the heaps (2.4 MB left of
-those 60, benchmarks/results/tls_handshake_flood.md). Elsewhere (musl, macOS) there is no such call and
-releasing is a no-op.
+process stays as large as at the peak: 4,000 stalled handshakes left an agent at 1.28 GiB after every one was
+closed. malloc_trim(0) hands back every free page wherever it lies in the heaps: with it the same flood (and a
+bounded read buffer) went 284 MiB held -> 119 MiB after (benchmarks/results/tls_handshake_flood.md). Elsewhere
+(musl, macOS) there is no such call and releasing is a no-op.
 """
 
 from __future__ import annotations
