@@ -56,6 +56,10 @@ class TLSSetupError(RuntimeError):
     """The certificate, key or client CA cannot be used; the message is one line naming the file and why."""
 
 
+class NotValidYet(TLSSetupError):
+    """The certificate's not-before is still ahead: it becomes usable without any change to the files."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServerTLSSettings:
     """What the web config's tls_server_config says, as the ssl module needs it."""
@@ -105,7 +109,7 @@ def build_context(s: ServerTLSSettings, now: float) -> tuple[ssl.SSLContext, Val
     except (OSError, CertificateDateError) as e:
         raise TLSSetupError(f"tls_server_config.cert_file: {s.cert_file}: {e}") from None
     if (problem := dates.problem(now)) is not None:
-        raise TLSSetupError(f"tls_server_config.cert_file: the certificate in {s.cert_file} {problem}: clients "
+        raise (NotValidYet if now < dates.not_before else TLSSetupError)(f"tls_server_config.cert_file: the certificate in {s.cert_file} {problem}: clients "
                             f"refuse it; install a certificate valid now (not before {utc(dates.not_before)}, "
                             f"not after {utc(dates.not_after)}; this host's clock says {utc(now)})")
     return ctx, dates
@@ -129,7 +133,8 @@ class ServerTLS:
         self.context.sni_callback = self._on_client_hello
         self._current = self.context
         self._next_check = clock() + check_every_s
-        self._failed_stamp: tuple[object, ...] | None = None
+        self._failed_stamp: tuple[object, ...] | None = None  # files that failed: not rebuilt until they change
+        self._warned_stamp: tuple[object, ...] | None = None  # files whose failure was logged
         self.reloads = 0
 
     def current(self) -> ssl.SSLContext:
@@ -145,11 +150,17 @@ class ServerTLS:
             try:
                 fresh, dates = build_context(self.settings, self._wall_clock())
             except TLSSetupError as e:
-                self._failed_stamp = stamp  # said once per state of the files; retried when they change again
-                log.warning("certificate files changed but cannot be used; still serving the previous ones",
-                            extra={"error": str(e)})
+                if stamp != self._warned_stamp:  # said once per state of the files
+                    self._warned_stamp = stamp
+                    log.warning("certificate files changed but cannot be used; still serving the previous ones",
+                                extra={"error": str(e)})
+                # Retried when the files change again; one not valid yet (issued "now" by a CA whose clock is a
+                # little ahead of this host's) also at each later look, so it is served once its time comes.
+                if not isinstance(e, NotValidYet):
+                    self._failed_stamp = stamp
                 return self._current
-            self._current, self.validity, self._stamp, self._failed_stamp = fresh, dates, stamp, None
+            self._current, self.validity, self._stamp = fresh, dates, stamp
+            self._failed_stamp = self._warned_stamp = None
             self.reloads += 1
             log.info("certificate files changed: new connections get them", extra={
                 "cert_file": str(self.settings.cert_file), "not_after": utc(dates.not_after),

@@ -166,6 +166,21 @@ def test_a_rotated_in_certificate_outside_its_dates_is_not_served_and_said_so(pk
     assert tls.series()[0].value == pki["server"].not_after  # the metric names the certificate still served
 
 
+def test_a_rotated_in_certificate_not_valid_yet_is_served_once_its_time_comes(pki, caplog) -> None:
+    # a CA whose clock is a little ahead of this host's issues "now": the pair needs no further change to be used
+    now = [time.time()]
+    tls = ServerTLS(settings(pki), check_every_s=0.0, wall_clock=lambda: now[0])
+    staged = pki["ca"].issue("tls", not_yet_valid=True, directory=pki["server"].cert.parent / "next")
+    os.replace(staged.key, pki["server"].key)
+    os.replace(staged.cert, pki["server"].cert)
+    for _ in range(3):
+        assert tls.series()[0].value == pki["server"].not_after  # the previous pair, still
+    now[0] = staged.not_before + 1
+    assert tls.series()[0].value == staged.not_after and tls.reloads == 1
+    warned = [r for r in caplog.records if r.getMessage().startswith("certificate files changed but cannot be used")]
+    assert len(warned) == 1 and "is not valid until" in warned[0].error, caplog.text
+
+
 def test_the_expiry_metric_follows_a_rotation_without_waiting_for_a_handshake(pki) -> None:
     # a scraper on a kept-alive connection makes no new handshake: the metric must not wait for one
     tls = ServerTLS(settings(pki), check_every_s=0.0)
