@@ -110,6 +110,13 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_one_from_another_
         assert "the server refused this client's certificate" in explain(unknown)
 
 
+def test_a_client_whose_own_certificate_expired_is_told_to_renew_it(pki) -> None:
+    expired = pki["ca"].issue("old-client", client=True, expired=True)
+    with serving(ServerTLS(settings(pki, "RequireAndVerifyClientCert"))) as (port, _):
+        line = explain(refusal(port, client(pki["ca"], expired)))
+    assert "refused this client's certificate as expired" in line and "renew the client certificate" in line, line
+
+
 def test_verify_if_given_serves_a_client_without_a_certificate_but_refuses_a_bad_one(pki, tmp_path) -> None:
     stranger = CA(tmp_path / "other", "other-ca").issue("stranger", client=True)
     with serving(ServerTLS(settings(pki, "VerifyClientCertIfGiven"))) as (port, _):
