@@ -24,15 +24,18 @@ def client_hello() -> bytes:
     return out.read()
 
 
-def stalled(port: int, n: int, first: bytes | None = None, timeout_s: float = 10.0) -> list[socket.socket]:
-    """`n` connections to 127.0.0.1:`port`, each having sent `first` (default: a ClientHello; for plain HTTP, a
-    request head that never ends) and nothing after it."""
+def stalled(port: int, n: int, first: bytes | None = None, timeout_s: float = 10.0,
+            tls: ssl.SSLContext | None = None) -> list[socket.socket]:
+    """`n` connections to 127.0.0.1:`port`, each having sent `first` (default: a ClientHello; or a request head
+    that never ends, over plain HTTP or, with `tls`, after a completed handshake) and nothing after it."""
     hello = client_hello() if first is None else first
-    out = []
+    out: list[socket.socket] = []
     try:
         for _ in range(n):
             s = socket.create_connection((LOOPBACK, port), timeout=timeout_s)
             out.append(s)
+            if tls is not None:
+                out[-1] = s = tls.wrap_socket(s, server_hostname=LOOPBACK)
             s.sendall(hello)
     except BaseException:
         close_all(out)
