@@ -70,7 +70,7 @@ class ConnectionLimits:
     # this long is not a scraper.
     write_timeout_s: float = 30.0
     # ~4.7 KB of memory per held connection: 4,096 is ~19 MiB, inside the chart's 128 Mi agent limit. One stalled
-    # in its TLS handshake holds ~58 KiB, mostly OpenSSL's (benchmarks/results/tls_handshake_flood.md).
+    # in its TLS handshake holds ~60 KiB, mostly OpenSSL's (benchmarks/results/tls_handshake_flood.md).
     max_connections: int = 4096
     # A connection without a complete request head makes room for a new one only once it has waited this long:
     # younger, its head is most likely unread rather than unsent (the module doc). Far below header_timeout_s,

@@ -3,9 +3,9 @@
 glibc's malloc keeps what is freed inside its heaps for reuse and returns to the kernel only a free stretch at
 a heap's top. A burst of connections (a flood of stalled TLS handshakes: OpenSSL's handshake state is ~45 KB
 of small allocations each) interleaves its memory with longer-lived objects, so once they are all closed the
-process stays as large as at the peak: 4,000 stalled handshakes left an agent at 1.28 GiB after every one was
+process stays as large as at the peak: 4,000 stalled handshakes left an agent at 1.25 GiB after every one was
 closed. malloc_trim(0) hands back every free page wherever it lies in the heaps: with it the same flood (and a
-bounded read buffer) went 284 MiB held -> 119 MiB after (benchmarks/results/tls_handshake_flood.md). Elsewhere
+bounded read buffer) went 288 MiB held -> 120 MiB after (benchmarks/results/tls_handshake_flood.md). Elsewhere
 (musl, macOS) there is no such call and releasing is a no-op.
 """
 
