@@ -40,7 +40,9 @@ def add_parser(sub: Any) -> None:
         epilog=("examples:\n"
                 "  gpumond health-check                       # dry run: what it would do to this node\n"
                 "  gpumond health-check --mode enforce --hold-down-s 600\n"
-                "\nexit status: 0 healthy or acted, 1 agent unreachable or the node left alone, 2 bad flags\n"),
+                "\nexit status: 0 healthy, or held (dry run: would be held) for its faults; 1 faulty and not held\n"
+                "by this check (refused, breaker open, drained by someone else), a scheduler call failed, or the\n"
+                "agent unreachable; 2 bad flags\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     h.add_argument("--agent", default="http://127.0.0.1:9480", help="this node's agent (default %(default)s)")
     h.add_argument("--node", default=None,
@@ -111,8 +113,8 @@ def report(node: str, mode: str, actions: Any, faults: Any, state: Any,
            results: Any = None) -> tuple[list[str], int]:
     """What one run saw and did, a line each, and the exit status: what the agent reports is said whatever the
     guard decided to do about it, and a drain is said done only when the scheduler took it. 0: healthy, or
-    acted as the faults ask; 1: faulty and not (or no longer) held out of service by this check (refused,
-    breaker open, someone else's drain), or an action failed."""
+    held (dry run: would be held) as the faults ask; 1: faulty and not held out of service by this check
+    (refused, breaker open, someone else's drain), or a scheduler call failed."""
     lines = []
     failed = False
     for a in actions:
@@ -136,7 +138,7 @@ def report(node: str, mode: str, actions: Any, faults: Any, state: Any,
     else:
         lines.append(f"{node}: healthy ({mode})")
     faulty_not_held = bool(faults) and held is None
-    return lines, 1 if failed or faulty_not_held or any(a.kind in ("refuse", "skip") for a in actions) else 0
+    return lines, 1 if failed or faulty_not_held else 0
 
 
 def _read_agent(url: str, node: str) -> Any:

@@ -88,8 +88,8 @@ class JsonStateFile:
                 raw = f.read(self.max_bytes + 1)
         except FileNotFoundError:
             return Document()
-        except OSError as e:
-            return self._unusable(f"cannot be read: {e.strerror or e}", set_aside=False)
+        except OSError as e:  # set aside if it can be (the directory is writable): never overwritten unread
+            return self._unusable(f"cannot be read: {e.strerror or e}")
         if len(raw) > self.max_bytes:
             return self._unusable(f"larger than {self.max_bytes} bytes")
         try:

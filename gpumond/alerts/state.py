@@ -73,6 +73,8 @@ class AlertStateFile:
             self._sinks[str(name)] = _by_fingerprint(book)
             problems += [f"sinks.{p}" for p in bad]
         self._file.reject(problems)
+        if problems:
+            self._write()  # the bad records are kept aside once, not copied again at every start
 
     @property
     def firing(self) -> tuple[Alert, ...]:

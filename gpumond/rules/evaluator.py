@@ -23,9 +23,9 @@ log = logging.getLogger("gpumond.rules")
 # A failing telemetry source is logged when it starts failing, then at most this often while it still fails
 # (with the count of failed fetches in between), and once when it recovers.
 TELEMETRY_LOG_EVERY_S = 300.0
-# Evaluations failing this long make /healthz answer 503: the process is alive but does not do its job, and a
-# restart (which validates every state file again) is the remedy a liveness probe applies. Shorter failures are
-# reported on /healthz, /readyz and /metrics without it.
+# Evaluations failing this long (the service: or three evaluation intervals, if longer) make /healthz answer 503:
+# the process is alive but does not do its job, and a restart (which validates every state file again) is the
+# remedy a liveness probe applies. Shorter failures are reported on /healthz, /readyz and /metrics without it.
 EVALUATION_DEAD_AFTER_S = 60.0
 
 
@@ -59,7 +59,8 @@ class Evaluator:
                  shard: tuple[int, int] | None = None, clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter,
                  on_batch: Callable[[TelemetryBatch], None] | None = None,
-                 extra_conditions: Callable[[], list[Condition]] = list) -> None:
+                 extra_conditions: Callable[[], list[Condition]] = list,
+                 dead_after_s: float = EVALUATION_DEAD_AFTER_S) -> None:
         self._ranks = ranks
         self._gpus = gpus
         self._source = source
@@ -88,6 +89,7 @@ class Evaluator:
         self.resolved_total = 0
         self.jobs_ended_total = 0
         self.evaluation_failures_total = 0
+        self._dead_after_s = dead_after_s  # the service: max(60 s, three evaluation intervals)
         self.evaluation_error: str | None = None
         self._evaluation_failing_since: float | None = None
         self._evaluation_logged_at = 0.0
@@ -205,12 +207,12 @@ class Evaluator:
         self._evaluation_failing_since, self.evaluation_error = None, None
 
     def evaluation_status(self) -> tuple[bool, str]:
-        """Whether evaluation works (False once it has failed for EVALUATION_DEAD_AFTER_S), and a line on it."""
+        """Whether evaluation works (False once it has failed for `dead_after_s`), and a line on it."""
         since = self._evaluation_failing_since
         if since is None:
             return True, f"evaluations: {self.evaluations}"
         failing_for = self._clock() - since
-        return (failing_for < EVALUATION_DEAD_AFTER_S,
+        return (failing_for < self._dead_after_s,
                 f"evaluation FAILING for {failing_for:.0f} s ({self.evaluation_failures_total} failures, "
                 f"{self.evaluations} evaluations done): {self.evaluation_error}; no finding or alert is updated "
                 f"(see the service's log)")
@@ -231,7 +233,7 @@ class Evaluator:
         return True, f"ready: accepting pushes\n{self.evaluation_status()[1]}\n{self.telemetry_status()}"
 
     def health(self) -> tuple[bool, str]:
-        """/healthz: unhealthy once evaluation has failed for EVALUATION_DEAD_AFTER_S; evaluation and
+        """/healthz: unhealthy once evaluation has failed for `dead_after_s`; evaluation and
         telemetry, one line each."""
         ok, evaluation = self.evaluation_status()
         return ok, f"{'ok' if ok else 'unhealthy'}\n{evaluation}\n{self.telemetry_status()}"

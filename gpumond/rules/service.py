@@ -23,7 +23,7 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.detectors.config import DetectorConfig
-from gpumond.rules.evaluator import Evaluator
+from gpumond.rules.evaluator import EVALUATION_DEAD_AFTER_S, Evaluator
 from gpumond.rules.findings import findings_persistence
 from gpumond.rules.http import build_app
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
@@ -121,10 +121,12 @@ class RulesService:
         self.alerts = alerts
         self.remediator = Remediator.build(
             config.remediation, _remediation_dir(config, state),
-            remediation_backend if remediation_backend is not None else build_backend(config.remediation), clock)
+            remediation_backend if remediation_backend is not None else build_backend(config.remediation), clock,
+            telemetry_interval_s=_telemetry_interval(config) if self.source is not None else None)
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
                                    shard=shard, clock=clock, on_batch=self.remediator.observe,
-                                   extra_conditions=self.remediator.conditions)
+                                   extra_conditions=self.remediator.conditions,
+                                   dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s))
         self.stats = IngestStats(self.ranks, self.gpus)
         self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,

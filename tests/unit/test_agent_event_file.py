@@ -61,3 +61,17 @@ def test_an_unusable_file_starts_empty_and_is_set_aside(tmp_path: Path) -> None:
     path.write_bytes(b"\xff" + b"[" * 50_000)
     assert EventFile(path).load(0.0, WALL0, 600) == HeldEvents()
     assert (tmp_path / f"{FILE_NAME}.corrupt.1").exists() and not path.exists()
+
+
+def test_an_event_from_the_future_is_held_from_now_and_one_far_ahead_is_left_out(tmp_path: Path) -> None:
+    path = tmp_path / FILE_NAME
+    f = EventFile(path)
+    state, _ = _xid_alerts(AgentAlertState(), 0.0, WALL0 + 60, [(1, 48)])  # the clock was a minute ahead
+    state, _ = _xid_alerts(state, 0.0, WALL0 + 10 * 86_400, [(0, 79)])  # ten days ahead: no real event
+    f.save(HeldEvents.of(state))
+    again = EventFile(path)
+    held = again.load(0.0, WALL0, HOLD.event_hold_s)
+    assert [(code, r.last_wall) for code, r in held.xid] == [(48, WALL0)]  # held from now, saved as now
+    again.save(held)
+    assert [code for code, _ in EventFile(path).load(0.0, WALL0 + 599, HOLD.event_hold_s).xid] == [48]
+    assert EventFile(path).load(0.0, WALL0 + 601, HOLD.event_hold_s).xid == ()

@@ -157,3 +157,14 @@ def test_an_unreadable_request_is_reported_and_dropped(tmp_path: Path) -> None:
     (folder / "undo-x.json").write_text("{not json")
     requests, problems = read_requests(tmp_path)
     assert requests.undo == () and len(problems) == 1 and "unreadable request" in problems[0]
+
+
+def test_a_non_finite_number_outside_a_record_is_left_out_not_carried_into_every_save(tmp_path: Path) -> None:
+    path = tmp_path / FILE_NAME
+    path.write_text(json.dumps(_doc(drains=[float("inf")])))  # json writes it as Infinity, and reads it back
+    assert "Infinity" in path.read_text()
+    f = StateFile(path)
+    loaded = f.read()
+    assert loaded.state.drains == () and "drains" in loaded.problems[0]
+    f.save(loaded.state)  # the next save writes valid JSON (a NaN or Infinity would make every save raise)
+    assert f.read().problems == ()

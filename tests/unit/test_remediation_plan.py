@@ -107,7 +107,9 @@ def test_a_person_who_resumes_a_faulty_node_is_not_overridden_until_the_fault_is
     state, acts = _run(state, {}, status, 3720.0)  # heard clear: the person's decision has run its course
     assert state.undone == ()
     state, acts = _run(state, {"n1": _lost("n1")}, status, 3730.0)  # a new fault is drained again
-    assert acts == [("drain", "n1")] and drained  # (the scheduler view it leads to)
+    assert acts == [("drain", "n1")]
+    state, acts = _run(state, {"n1": _lost("n1")}, drained, 3731.0)
+    assert acts == [] and state.records["n1"].phase == "drained"
 
 
 def test_missing_data_never_counts_as_clear() -> None:
@@ -212,7 +214,7 @@ def test_undo_returns_the_node_and_leaves_it_alone_until_its_faults_clear() -> N
     state, _ = _run(State(), {"n1": _lost("n1")}, status, 0.0)
     drained = _status("n1", "n2", "n3", "n4", drained={"n1": "gpumond: x"})
     state, acts = _run(state, {"n1": _lost("n1")}, drained, 5.0, undo=("n1",))
-    assert acts == [("undo", "n1")] and state.undone == ("n1",)
+    assert acts == [("undo", "n1")] and state.undone == ("n1",) and state.records == {}
     state, acts = _run(state, {"n1": _lost("n1")}, status, 10.0)
     assert acts == []
     state, acts = _run(state, {}, status, 20.0)

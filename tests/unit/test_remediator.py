@@ -254,3 +254,111 @@ def test_a_dry_run_refusal_is_marked_and_does_not_page_critical(tmp_path: Path) 
     asked = Remediator.build(dry.model_copy(update={"dry_run_severity": "critical"}), tmp_path, sched,
                              clock=lambda: 0.0)
     assert dict(asked.conditions()[-1].labels)["severity"] == "critical"  # the operator asked for pages
+
+
+def _quiet(t: float) -> TelemetryBatch:
+    return _batch(t)
+
+
+def test_a_person_s_decision_runs_out_once_heard_clear_even_when_the_fleet_is_quiet(tmp_path: Path) -> None:
+    sched, now = Scheduler(["n1", "n2", "n3"]), [0.0]
+    rem = Remediator.build(ENFORCE, tmp_path, sched, clock=lambda: now[0])
+    rem.observe(_batch(0.0, "n1"))
+    rem.step([])
+    from gpumond.rules.remediation.requests import write_undo
+    write_undo(tmp_path, "n1", "alice")
+    now[0] = 5.0
+    rem.observe(_batch(5.0, "n1"))
+    assert [(a.kind, a.node) for a in rem.step([])] == [("undo", "n1")]
+    for t in (10.0, 20.0, 30.0):  # the fault cleared; nothing else is going on anywhere
+        now[0] = t
+        rem.observe(_quiet(t))
+        rem.step([])
+    assert rem.state.undone == ()
+    now[0] = 100.0
+    rem.observe(_batch(100.0, "n1"))  # a new fault: drained as any other
+    assert [(a.kind, a.node) for a in rem.step([])] == [("drain", "n1")]
+
+
+def test_an_orphan_gpumond_drain_is_adopted_while_nothing_else_happens(tmp_path: Path) -> None:
+    sched, now = Scheduler(["n1", "n2", "n3"]), [0.0]
+    sched.state["n2"] = NodeStatus("n2", "gpu", True, True, "gpumond: GPU 0 lost (XID 79)")  # state was lost
+    rem = Remediator.build(ENFORCE, tmp_path, sched, clock=lambda: now[0])
+    rem.observe(_quiet(0.0))
+    assert [(a.kind, a.node) for a in rem.step([])] == [("adopt", "n2")]
+    for t in (5.0, 16.0):  # heard clear from 5 s, hold-down 10 s
+        now[0] = t
+        rem.observe(_quiet(t))
+        acts = rem.step([])
+    assert [(a.kind, a.node) for a in acts] == [("resume", "n2")] and not sched.state["n2"].drained
+
+
+def test_a_failed_undo_is_retried_and_paged_not_dropped(tmp_path: Path) -> None:
+    sched, now = Scheduler(["n1", "n2", "n3"]), [0.0]
+    rem = Remediator.build(ENFORCE.model_copy(update={"backend_down_after_s": 10.0}), tmp_path, sched,
+                           clock=lambda: now[0])
+    rem.observe(_batch(0.0, "n1"))
+    rem.step([])
+
+    def hang(node: str) -> None:
+        raise BackendError("slurm: scontrol update NodeName=n1 timed out after 10 s (is slurmctld up?)")
+
+    sched.resume = hang  # type: ignore[method-assign]
+    from gpumond.rules.remediation.requests import write_undo
+    write_undo(tmp_path, "n1", "alice")
+    for t in (1.0, 5.0, 12.0):
+        now[0] = t
+        rem.observe(_batch(t, "n1"))
+        rem.step([])
+    assert rem.state.records["n1"].phase == "resuming" and sched.state["n1"].drained
+    assert [dict(c.labels)["alertname"] for c in rem.conditions()][-1] == "GpumondRemediationBackendDown"
+    sched.resume = Scheduler.resume.__get__(sched)  # type: ignore[method-assign]
+    now[0] = 13.0
+    rem.observe(_batch(13.0, "n1"))
+    assert [(a.kind, a.retry) for a in rem.step([])] == [("resume", True)]
+    assert not sched.state["n1"].drained and rem.state.records == {} and rem.state.undone == ("n1",)
+    assert rem.conditions() == []
+
+
+def test_a_drain_that_timed_out_but_took_effect_stops_paging_once_confirmed(tmp_path: Path) -> None:
+    sched, now = Scheduler(["n1", "n2", "n3"]), [0.0]
+    real_drain = sched.drain
+
+    def took_effect_then_timed_out(node: str, reason: str, fatal: bool) -> None:
+        real_drain(node, reason, fatal)
+        raise BackendError("slurm: scontrol update NodeName=n1 timed out after 10 s (is slurmctld up?)")
+
+    sched.drain = took_effect_then_timed_out  # type: ignore[method-assign]
+    rem = Remediator.build(ENFORCE.model_copy(update={"backend_down_after_s": 0.0}), tmp_path, sched,
+                           clock=lambda: now[0])
+    rem.observe(_batch(0.0, "n1"))
+    rem.step([])
+    assert rem.state.records["n1"].phase == "draining"
+    now[0] = 5.0
+    rem.observe(_batch(5.0, "n1"))
+    assert rem.step([]) == []  # confirmed from sinfo, not called again
+    assert rem.state.records["n1"].phase == "drained"
+    assert [dict(c.labels)["alertname"] for c in rem.conditions()] == ["GpumondNodeDrained"]
+    series = {(s.name, s.labels): s.value for s in rem.series()}
+    assert series[("gpumond_remediation_backend_up", (("backend", "slurm"),))] == 1.0
+
+
+def test_an_answer_ages_a_failed_alerts_query_stands_for_a_while_only(tmp_path: Path) -> None:
+    sched, now = Scheduler(["n1", "n2", "n3"]), [0.0]
+    rem = Remediator.build(ENFORCE.model_copy(update={"hold_down_s": 60.0}), tmp_path, sched, clock=lambda: now[0],
+                           telemetry_interval_s=5.0)
+    rem.observe(_batch(0.0, "n1"))
+    rem.step([])
+    now[0] = 1.0
+    rem.observe(_quiet(1.0))  # clear from 1 s
+    rem.step([])
+    assert rem.state.records["n1"].clear_since == 1.0
+    unknown = _quiet(2.0)
+    for t in (6.0, 14.0):  # the alerts query fails: the last answer stands for three intervals (15 s) ...
+        now[0] = t
+        rem.observe(TelemetryBatch(t=t, gpus=unknown.gpus, alerts_known=False))
+        rem.step([])
+    assert rem.state.records["n1"].clear_since == 1.0
+    now[0] = 17.0  # ... and then no longer: unknown is not clear
+    rem.step([])
+    assert rem.state.records["n1"].clear_since is None and sched.state["n1"].drained

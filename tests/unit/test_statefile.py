@@ -89,11 +89,12 @@ def test_a_failed_move_is_said_and_the_daemon_still_starts(tmp_path: Path, caplo
     assert messages[-1] == "test state file unusable: it starts empty"  # not "set aside": it was not
 
 
-def test_an_unreadable_file_is_not_trusted_and_left_in_place(tmp_path: Path) -> None:
+def test_an_unreadable_file_is_not_trusted_and_set_aside_never_overwritten_unread(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
-    path.mkdir()  # reading a directory fails like an unreadable file
+    path.mkdir()  # reading a directory fails as an unreadable file does
     doc = _file(path).read()
-    assert not doc.trusted and "cannot be read" in doc.problems[0] and path.is_dir()
+    assert not doc.trusted and "cannot be read" in doc.problems[0]
+    assert not path.exists() and (tmp_path / "s.json.corrupt.1").is_dir()
 
 
 def test_read_only_reports_and_moves_nothing(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from gpumond.statefile import JsonStateFile, Number, Text
 log = logging.getLogger("gpumond.policy")
 
 FILE_NAME = "alert-events.json"
+MAX_AHEAD_S = 86_400.0  # an event this far in the future is not an event this agent saw
 VERSION = 1
 _KINDS = ("xid", "ecc", "nvlink")  # xid: key is the XID code; nvlink: the link; ecc: none
 
@@ -89,6 +90,10 @@ class EventFile:
         """The events still within their hold, on the engine's clock (`now`, its Unix time `wall_now`)."""
         doc = self._file.read()
         docs, problems = self._file.records(doc, "events", _parse)
+        for key, d in list(docs.items()):
+            if d.last_wall > wall_now + MAX_AHEAD_S:  # a wall time no clock drift explains (and no message prints)
+                problems.append(f"events[{key!r}]: last seen {d.last_wall - wall_now:.0f} s in the future")
+                del docs[key]
         self._file.reject(problems)
         xid: list[tuple[int, EventRecord]] = []
         ecc: list[EventRecord] = []
@@ -97,7 +102,10 @@ class EventFile:
             age_last, age_first = max(wall_now - d.last_wall, 0.0), max(wall_now - d.first_wall, 0.0)
             if age_last >= hold_s:
                 continue
-            record = EventRecord(d.gpu, d.uuid, now - age_first, now - age_last, d.count, d.first_wall, d.last_wall)
+            # An event from the future (the clock was set back) is held from now, and saved as now: a restart
+            # must not hold it for its whole hold again.
+            record = EventRecord(d.gpu, d.uuid, now - age_first, now - age_last, d.count,
+                                 min(d.first_wall, wall_now), min(d.last_wall, wall_now))
             if d.kind == "xid":
                 xid.append((d.key, record))
             elif d.kind == "ecc":
@@ -109,7 +117,7 @@ class EventFile:
         if held != HeldEvents():
             log.info("held events restored", extra={"xids": len(held.xid), "ecc": len(held.ecc),
                                                     "nvlink": len(held.nvlink)})
-        self._saved = held
+        self._saved = None if problems else held  # after a rejected record: rewritten at the first save
         return held
 
     def save(self, events: HeldEvents) -> None:

@@ -117,8 +117,8 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
          reset_breaker: bool = False, scope: Collection[str] | None = None) -> tuple[State, list[Action]]:
     """One remediation step. `faults` are the confirmed faults by node, `status` the scheduler's view of every
     node it knows, `heard` the nodes whose agents answered in the latest telemetry (the others' faults are their
-    last word, and their "clear" is unknown); `undo` and `reset_breaker` are operator requests; `scope` limits
-    what is adopted to these nodes (the health check acts on its own node only). Returns the new state and the
+    last word, and their "clear" is unknown); `undo` and `reset_breaker` are operator requests; `scope` is set by the
+    health check, which acts on its own node only and adopts no drain of another's. Returns the new state and the
     actions, in the order they must be carried out."""
     dry = cfg.mode != "enforce"
     actions: list[Action] = []
@@ -136,12 +136,16 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
         breaker = None
         noted.clear()
 
+    undoing: set[str] = set()
     for node in undo:
-        rec = records.pop(node, None)
+        rec = records.get(node)
         if rec is None:
             actions.append(Action("skip", node, "undo: gpumond holds no drain on this node"))
             continue
+        # Held as `resuming` until the scheduler confirms: a failed call is retried (and pages), never dropped.
+        records[node] = replace(rec, phase="resuming")
         undone.add(node)
+        undoing.add(node)
         actions.append(Action("undo", node, f"operator undid the drain ({rec.reason})", rec.pool, rec.conditions,
                               dry_run=rec.dry_run))
     # An undone or released node is fair game again once its agent was heard with every fault clear: a restart
@@ -150,6 +154,8 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
 
     # ----- nodes gpumond holds ------------------------------------------------------------------------
     for node, rec in sorted(records.items()):
+        if node in undoing:
+            continue  # its return is this step's undo
         if rec.dry_run != dry:
             if rec.dry_run:  # switched to enforce: what dry run would have done was never done
                 del records[node]
@@ -233,10 +239,12 @@ def plan(state: State, faults: Mapping[str, tuple[NodeFault, ...]], status: Mapp
         actions.append(Action("drain", node, reason, st.pool, conditions, dry, fatal))
 
     # ----- drained by gpumond, with no record and no fault (state lost, or the health check's) -------------
-    # Never hold capacity silently: adopt it; it returns once its agent is heard clear for the hold-down.
-    for node, st in sorted(status.items()):
-        if (st.drained and st.ours and node not in records and node not in faults and node not in undone
-                and (scope is None or node in scope)):
+    # Never hold capacity silently: adopt it; it returns once its agent is heard clear for the hold-down. The
+    # fleet's service does this; the health check (`scope`) cannot see every condition the service drains for
+    # (a straggler node), and dry run does not hold the scheduler's real drains (its "return" changes nothing,
+    # so the node would be adopted again at every step).
+    for node, st in sorted(status.items()) if scope is None and not dry else ():
+        if st.drained and st.ours and node not in records and node not in faults and node not in undone:
             records[node] = Record(node, st.pool, st.reason, (), now, dry, "drained")
             actions.append(Action("adopt", node, f"drained by gpumond with no record here ({st.reason}); returns "
                                   f"to service once its agent is heard clear for the hold-down", st.pool, (), dry))
@@ -253,6 +261,6 @@ def confirm(state: State, action: Action) -> State:
         return state
     if action.kind == "drain":
         records[action.node] = replace(rec, phase="drained")
-    elif action.kind == "resume":
+    elif action.kind in ("resume", "undo"):
         del records[action.node]
     return replace(state, records=records)

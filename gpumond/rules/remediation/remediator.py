@@ -30,6 +30,10 @@ from gpumond.types import Series
 log = logging.getLogger("gpumond.rules.remediation")
 
 AUDIT_FILE = "remediation-audit.jsonl"
+# With nothing to decide, the scheduler's nodes are still read this often: a drain of gpumond's that no record
+# holds (the state was lost or set aside, the health check drained it) is adopted, never held silently.
+IDLE_READ_S = 60.0
+DEFAULT_HEARD_FOR_S = 30.0  # an agent's last answer counts this long (the service: three telemetry intervals)
 
 REMEDIATION_METRICS = {
     "gpumond_remediation_mode": ("gauge", "1 for the configured remediation mode (off, dry_run, enforce)."),
@@ -51,12 +55,13 @@ class Remediator:
 
     def __init__(self, cfg: RemediationConfig, *, backend: Backend | None, state_dir: Path | None,
                  audit: AuditLog | None = None, clock: Callable[[], float] = time.time,
-                 scope: Collection[str] | None = None) -> None:
+                 scope: Collection[str] | None = None, heard_for_s: float = DEFAULT_HEARD_FOR_S) -> None:
         self.cfg = cfg
         self.backend = backend
         self.state_dir = state_dir
         self.scope = scope  # the nodes this remediator acts on (the health check: its own); None: all
-        self._file = StateFile(state_dir / FILE_NAME if state_dir is not None else None, clock=clock)
+        self._file = StateFile(state_dir / FILE_NAME if state_dir is not None else None, clock=clock,
+                               dry_run=cfg.mode != "enforce")
         self._audit = audit
         self._clock = clock
         self._lock = threading.Lock()  # the telemetry inputs; never held across a scheduler call
@@ -64,12 +69,17 @@ class Remediator:
         loaded = self._file.read()
         self.state: State = loaded.state  # replaced whole, never mutated: readers need no lock
         self.load_problems = loaded.problems
+        if loaded.problems and state_dir is not None:
+            self._file.save(self.state)  # what was set aside is kept once, not copied again at every start
         self._alerts: dict[str, tuple[AgentAlert, ...]] = {}  # node → what its agent has firing
         self._down: dict[str, tuple[str, ...]] = {}  # node → indices of the GPUs its agent cannot read now
         self._seen: set[str] = set()  # nodes telemetry has shown (the fleet, when there is no backend)
         # Nodes whose agents answered in the latest telemetry. Empty at start: until an agent is heard in this
         # process, its node's faults are unknown, and unknown is never clear.
         self._heard: frozenset[str] = frozenset()
+        self._heard_at = float("-inf")
+        self.heard_for_s = heard_for_s  # how long the latest answer counts as hearing its agents
+        self._read_at = float("-inf")  # when the scheduler's nodes were last read
         self.faults: Mapping[str, tuple[NodeFault, ...]] = {}  # the last step's confirmed faults, by node
         self.results: dict[int, str] = {}  # the last step's outcome of each action, by id(action): "ok", "error: …"
         self.counts: dict[tuple[str, str], int] = {}
@@ -80,12 +90,15 @@ class Remediator:
 
     @classmethod
     def build(cls, cfg: RemediationConfig, state_dir: Path | None, backend: Backend | None,
-              clock: Callable[[], float] = time.time) -> Remediator:
-        """The component as the service runs it: audit log at `audit_log` or in the state directory."""
+              clock: Callable[[], float] = time.time, telemetry_interval_s: float | None = None) -> Remediator:
+        """The component as the service runs it: audit log at `audit_log` or in the state directory; an answer
+        from the agents counts for three telemetry intervals."""
         path = cfg.audit_log or (state_dir / AUDIT_FILE if state_dir is not None else None)
         if cfg.mode == "off":
             path = None  # nothing to audit; leave no file behind
-        return cls(cfg, backend=backend, state_dir=state_dir, audit=AuditLog(path) if path else None, clock=clock)
+        heard_for_s = max(3 * telemetry_interval_s, cfg.interval_s) if telemetry_interval_s else DEFAULT_HEARD_FOR_S
+        return cls(cfg, backend=backend, state_dir=state_dir, audit=AuditLog(path) if path else None, clock=clock,
+                   heard_for_s=heard_for_s)
 
     # ----- inputs -----------------------------------------------------------------------------------------
     def observe(self, batch: TelemetryBatch) -> None:
@@ -100,13 +113,15 @@ class Remediator:
             answered.setdefault(h.node, [])
         for a in batch.alerts:
             answered.setdefault(a.node, []).append(a)
-        heard = frozenset(n for n in answered if n not in batch.absent_nodes) if batch.alerts_known else frozenset()
         with self._lock:
+            self._seen |= set(answered)
+            if not batch.alerts_known:
+                return  # the last answer stands, and ages (heard_for_s): unknown never counts as clear for long
+            heard = frozenset(n for n in answered if n not in batch.absent_nodes)
             for node in heard:
                 self._alerts[node] = tuple(answered[node])
                 self._down[node] = tuple(down.get(node, ()))
-            self._seen |= set(answered)
-            self._heard = heard
+            self._heard, self._heard_at = heard, self._clock()
 
     # ----- the step -------------------------------------------------------------------------------------
     def step(self, findings: Sequence[Finding]) -> list[Action]:
@@ -117,7 +132,10 @@ class Remediator:
             with self._lock:
                 alerts = [a for node_alerts in self._alerts.values() for a in node_alerts]
                 down, heard, seen = dict(self._down), self._heard, frozenset(self._seen)
+                heard_at = self._heard_at
             now = self._clock()
+            if now - heard_at > self.heard_for_s:
+                heard = frozenset()  # no answer for a while (the source fails, the alerts query fails): unknown
             faults = agent_faults(alerts)
             faults += unreadable_gpus(down, self.state.records, faults)
             stragglers, since = straggler_faults(findings, self.state.straggler_since, now, self.cfg.straggler_for_s)
@@ -127,11 +145,14 @@ class Remediator:
                                   else (None, []))
             for p in problems:
                 log.warning(p)
-            if not wanted and not self.state.records and not (requests and requests.files):
-                # Nothing to decide: the scheduler is not asked (a node list every step adds up on a big cluster),
-                # and nothing waits on it.
+            idle = not wanted and not self.state.records and not (requests and requests.files)
+            if idle and now - self._read_at < IDLE_READ_S:
+                # Nothing to decide: the scheduler is asked only every IDLE_READ_S (a node list every step adds up
+                # on a big cluster), for drains of gpumond's that no record holds (state lost, the health check's).
+                # Nothing waits on it; a person's decision runs out once the node is heard clear.
                 self._failing.clear()
-                self._save(replace(self.state, straggler_since=since, noted=()))
+                self._save(replace(self.state, straggler_since=since, noted=(),
+                                   undone=tuple(n for n in self.state.undone if n not in heard)))
                 return []
             status = self._status(now, seen)
             if status is None:
@@ -143,8 +164,12 @@ class Remediator:
             self.results = {}
             for action in actions:
                 self._carry_out(action, now)
-            for node in [n for n in self._failing if n and n not in self.state.records]:
-                del self._failing[node]  # its decision is gone (released, undone): nothing waits on it
+            for node in list(self._failing):
+                rec = self.state.records.get(node)
+                if node and (rec is None or rec.phase not in ("draining", "resuming")):
+                    # Nothing of this node waits on the scheduler any more (confirmed, released, forgotten).
+                    del self._failing[node]
+            self.backend_ok = not self._failing
             for path in requests.files if requests else ():
                 path.unlink(missing_ok=True)
             return actions
@@ -161,6 +186,7 @@ class Remediator:
             return None
         self._failing.pop("", None)
         self.backend_ok = not self._failing
+        self._read_at = now
         return nodes
 
     def _failed(self, key: str, now: float, error: str) -> None:
@@ -189,7 +215,7 @@ class Remediator:
             result = f"error: {e}"  # the record stays as decided: the next step tries again
             self._failed(action.node, now, str(e))
         else:
-            if action.kind in ("drain", "resume"):
+            if action.kind in ("drain", "resume", "undo"):
                 self._save(confirm(self.state, action))
             if real:
                 self._failing.pop(action.node, None)
@@ -250,7 +276,7 @@ class Remediator:
                  "action": "refuse", "mode": cfg.mode},
                 immediate=True))
         now = self._clock()
-        waiting = {k: v for k, v in self._failing.items() if now - v[0] >= cfg.backend_down_after_s}
+        waiting = {k: v for k, v in self._failing.copy().items() if now - v[0] >= cfg.backend_down_after_s}
         if waiting:
             dry = cfg.mode != "enforce"
             since = min(v[0] for v in waiting.values())

@@ -7,6 +7,7 @@ open: a guard refusal must not be forgotten because its record was damaged.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -83,8 +84,9 @@ def _field(doc: Document, name: str, parse: Callable[[Any], Any], default: Any, 
 
 
 def _numbers(raw: Any) -> tuple[float, ...]:
-    if not isinstance(raw, list) or not all(isinstance(t, int | float) and not isinstance(t, bool) for t in raw):
-        raise ValueError("not a list of numbers")
+    if not isinstance(raw, list) or not all(isinstance(t, int | float) and not isinstance(t, bool)
+                                            and math.isfinite(t) for t in raw):
+        raise ValueError("not a list of finite numbers")
     return tuple(float(t) for t in raw)
 
 
@@ -103,10 +105,12 @@ def _since(raw: Any) -> dict[str, float]:
 class StateFile:
     """Where remediation keeps its state; None path keeps it in memory only. `read_only` for the CLI."""
 
-    def __init__(self, path: Path | None, *, read_only: bool = False, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: Path | None, *, read_only: bool = False, clock: Callable[[], float] = time.time,
+                 dry_run: bool = False) -> None:
         self._file = JsonStateFile(path, what="remediation state", version=VERSION, sections=("records",),
                                    consequence=_CONSEQUENCE, read_only=read_only)
         self._clock = clock
+        self._dry_run = dry_run  # the mode reading it: a breaker kept open by a damaged record is marked so
 
     @property
     def path(self) -> Path | None:
@@ -124,7 +128,7 @@ class StateFile:
                 problems.append(f"breaker: {str(e).splitlines()[0]}")
                 # Fail closed: a refusal whose record was damaged still stops every action until a person looks.
                 breaker = Breaker(self._clock(), "the breaker's saved record was unreadable; kept open until an "
-                                                 "operator resets it")
+                                                 "operator resets it", self._dry_run)
         state = State(records=records, drains=_field(doc, "drains", _numbers, (), problems), breaker=breaker,
                       straggler_since=_field(doc, "straggler_since", _since, {}, problems),
                       undone=_field(doc, "undone", _names, (), problems),
