@@ -1,5 +1,5 @@
 """The I/O-starvation defaults on the detection benchmark's own simulated cluster: the job finding's threshold
-and minimum throughput cost, before and after (issue 17: a healthy job whose ranks wait ~5 % on data paged).
+and minimum throughput cost, before and after (before, a healthy job whose ranks wait ~5 % on data paged).
 
     python -m benchmarks.detection.io_threshold [--seeds K] [--procs P]
 
@@ -27,7 +27,7 @@ from benchmarks.detection.score import run
 
 LEVELS = (0.03, 0.05, 0.07, 0.10, 0.20)
 NEW = DetectorConfig()
-OLD = replace(NEW, job_wait_min_frac=0.04, job_min_cost_frac=0.04)  # before issue 17: wait_min_frac for both
+OLD = replace(NEW, job_wait_min_frac=0.04, job_min_cost_frac=0.04)  # before the cost line: wait_min_frac for both
 
 
 def _one(job: tuple[str, Scenario]) -> tuple[str, str, float, list[tuple[bool, bool, bool, float | None]]]:
