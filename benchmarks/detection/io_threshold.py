@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Each run: one job on the benchmark's simulated cluster (`benchmarks/detection/`), evaluated every 10 s by "
         "`gpumond.rules.detectors.engine.evaluate` and the findings lifecycle (2 of 3 evaluations, 10 s), the "
         "fault planted after a 120 s warm-up. `starved job f`: every rank waits f of its step on data, which "
-        "at 5 % is what an ordinary, healthy data loader shows (the issue's page: `median_data_wait_frac=0.0498`). "
+        "at 5 % is what an ordinary, healthy data loader shows (the page a healthy job raised: "
+        "`median_data_wait_frac=0.0498`). "
         "A starved rank or node counts as found when `io_starved_rank` names it (a node's 8 ranks each count). "
         "The benchmark counts `starved job` runs as planted faults; at 3–7 % they are the case the new defaults "
         "leave quiet on purpose.", "",

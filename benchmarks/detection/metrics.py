@@ -1,4 +1,4 @@
-"""Aggregate scored runs into the numbers the issue asks for: per class and level, latency, false alarms,
+"""Aggregate scored runs into the numbers the targets ask for: per class and level, latency, false alarms,
 the confusion matrix, and each target's verdict."""
 
 from __future__ import annotations

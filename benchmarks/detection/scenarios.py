@@ -1,4 +1,4 @@
-"""The scenario catalogue: planted faults at every level the issue names, and fault-free negative controls."""
+"""The scenario catalogue: planted faults at every level the targets name, and fault-free negative controls."""
 
 from __future__ import annotations
 
