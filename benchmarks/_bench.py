@@ -335,6 +335,13 @@ def wait_for(probe: Callable[[], T], timeout_s: float, what: str, proc: Proc | N
     raise RuntimeError(f"{what}: not within {timeout_s:g} s" + (f"\n{proc.tail()}" if proc is not None else ""))
 
 
+def pythonpath() -> str:
+    """The repository first, then whatever the caller had (on a machine without the packages installed, the
+    folder their wheels were unpacked into: docs/gpu-field-check.md)."""
+    caller = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    return os.pathsep.join(dict.fromkeys([str(REPO), *caller]))
+
+
 class Proc:
     """A child process a benchmark started: stdout and stderr in one log file, stopped by its own pid only.
 
@@ -353,7 +360,7 @@ class Proc:
 
     def start(self) -> Proc:
         env = {k: v for k, v in os.environ.items() if k not in self.SCRUBBED}
-        env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **self.env})
+        env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath(), **self.env})
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -413,7 +420,7 @@ def torchrun(script: Path, world: int, args: Sequence[str], *, env: Mapping[str,
              timeout_s: float | None = None) -> None:
     """Run `script` under torchrun (standalone, `world` processes on this host, one intra-op thread each);
     fail with the tail of its output rather than a bare exit status."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": pythonpath(), "OMP_NUM_THREADS": "1", **(env or {})}
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                         str(script), *args], env=full_env, capture_output=True, text=True,
                        timeout=timeout_s if timeout_s is not None and timeout_s < float("inf") else None)

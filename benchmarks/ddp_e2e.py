@@ -77,44 +77,54 @@ class Outcome:
 
 
 def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: float = 10.0,
-             evaluation_s: float = EVALUATION_S, world: int = WORLD) -> Outcome:
-    """Run one case; stop early once every expected finding fires and `settle_s` more has passed."""
-    fault, expected = CASES[case]
+             evaluation_s: float = EVALUATION_S, world: int = WORLD, agent: tuple[str, list[str]] | None = None,
+             node: str = NODE, job_args: list[str] | None = None,
+             planted: tuple[list[str], Expected] | None = None, job_env: dict[str, str] | None = None) -> Outcome:
+    """Run one case; stop early once every expected finding fires and `settle_s` more has passed.
+
+    Without `agent` a `gpumond agent --sim <world>` is started for the ranks' GPUs (one each); with
+    `agent=(host:port, GPU UUID of each rank)` the rules service scrapes that running agent instead (the field
+    check's agent on a real GPU, every rank on the one GPU). `job_args` replace JOB_ARGS (the fault flags of the
+    case are added to them); `planted` gives the case's (fault flags, expected findings) instead of CASES;
+    `job_env` is added to the job's environment."""
+    fault, expected = planted if planted is not None else CASES[case]
     workdir.mkdir(parents=True, exist_ok=True)
     out = Outcome(case, expected)
     procs: list[_bench.Proc] = []
     try:
-        agent_port, rules_port = _bench.free_port(), _bench.free_port()
-        (workdir / "agent.yaml").write_text(json.dumps({"state_dir": str(workdir / "agent-state"),
-                                                        "policy": {"mode": "off"}}))
-        agent = _bench.Proc("agent", [sys.executable, "-m", "gpumond.cli", "agent", "--sim", str(world),
-                                      "--node-name", NODE, "--listen", f"127.0.0.1:{agent_port}",
-                                      "--config", str(workdir / "agent.yaml")], workdir / "agent.log").start()
-        procs.append(agent)
+        rules_port = _bench.free_port()
+        if agent is None:
+            agent_port = _bench.free_port()
+            (workdir / "agent.yaml").write_text(json.dumps({"state_dir": str(workdir / "agent-state"),
+                                                            "policy": {"mode": "off"}}))
+            sim = _bench.Proc("agent", [sys.executable, "-m", "gpumond.cli", "agent", "--sim", str(world),
+                                        "--node-name", node, "--listen", f"127.0.0.1:{agent_port}",
+                                        "--config", str(workdir / "agent.yaml")], workdir / "agent.log").start()
+            procs.append(sim)
+            metrics = _bench.wait_for(lambda: _bench.fetch(f"http://127.0.0.1:{agent_port}/metrics").decode(), 60,
+                                      "agent /metrics", sim)
+            uuids = gpu_uuids_of(metrics)
+            agent = (f"127.0.0.1:{agent_port}", [uuids[i] for i in range(world)])
+        target, rank_uuids = agent
         (workdir / "rules.yaml").write_text(json.dumps({
             "listen": f"127.0.0.1:{rules_port}", "tokens": [TOKEN], "evaluation_interval_s": evaluation_s,
             "window_s": 120,
             "state_dir": str(workdir / "rules-state"),
-            "telemetry": {"scrape": {"targets": [f"127.0.0.1:{agent_port}"], "interval_s": 1}}}))
+            "telemetry": {"scrape": {"targets": [target], "interval_s": 1}}}))
         rules = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config",
                                       str(workdir / "rules.yaml")], workdir / "rules.log").start()
         procs.append(rules)
-        metrics = _bench.wait_for(lambda: _bench.fetch(f"http://127.0.0.1:{agent_port}/metrics").decode(), 60,
-                                  "agent /metrics", agent)
-        uuids = dict(re.findall(r'gpumond_gpu_info\{[^}]*gpu="(\d+)"[^}]*uuid="(GPU-[^"]+)"', metrics))
-        if len(uuids) < world:  # label order is the exposition's; accept either
-            uuids = {g: u for u, g in re.findall(r'gpumond_gpu_info\{[^}]*uuid="(GPU-[^"]+)"[^}]*gpu="(\d+)"',
-                                                 metrics)}
-        gpu_uuids = ",".join(uuids[str(i)] for i in range(world))
+        gpu_uuids = ",".join(rank_uuids)
         base = f"http://127.0.0.1:{rules_port}"
         rules.wait_http(base + "/healthz", 60)
         launched = time.monotonic()
         job = _bench.Proc("job", [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                   f"--nproc-per-node={world}", str(HERE / "ddp_job.py"), "--duration-s",
-                                  str(duration_s + 60), "--gpu-uuids", gpu_uuids, *JOB_ARGS, *fault],
+                                  str(duration_s + 60), "--gpu-uuids", gpu_uuids,
+                                  *(JOB_ARGS if job_args is None else job_args), *fault],
                           workdir / "job.log",
                           env={"GPUMOND_ENDPOINT": base, "GPUMOND_TOKEN": TOKEN, "GPUMOND_JOB_ID": JOB,
-                               "GPUMOND_NODE": NODE, "OMP_NUM_THREADS": "1"}).start()
+                               "GPUMOND_NODE": node, "OMP_NUM_THREADS": "1", **(job_env or {})}).start()
         procs.append(job)
         started_at = _bench.wait_for(lambda: re.search(rb"training started at ([\d.]+)", job.log.read_bytes()),
                                      120, "the job's first step", job)
@@ -145,6 +155,14 @@ def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: fl
     finally:
         for p in reversed(procs):
             p.terminate(15)
+
+
+def gpu_uuids_of(metrics: str) -> dict[int, str]:
+    """GPU index → UUID from an agent's gpumond_gpu_info series (label order is the exposition's; either is read)."""
+    found = {int(g): u for g, u in re.findall(r'gpumond_gpu_info\{[^}]*gpu="(\d+)"[^}]*uuid="(GPU-[^"]+)"', metrics)}
+    found.update({int(g): u for u, g in re.findall(r'gpumond_gpu_info\{[^}]*uuid="(GPU-[^"]+)"[^}]*gpu="(\d+)"',
+                                                   metrics)})
+    return found
 
 
 ALL_CASES = "clean,slow,slow_1.25,starved_rank,starved_job,outlier_in_starved_job,slow_and_starved"

@@ -1,4 +1,4 @@
-"""A real DDP training job (gloo, CPU) instrumented with gpumond.job.torch, with plantable faults.
+"""A real DDP training job (gloo; CPU, or CUDA) instrumented with gpumond.job.torch, with plantable faults.
 
 Launched by torchrun, one process per rank:
 
@@ -13,7 +13,12 @@ GPUMOND_ENDPOINT set it pushes to a real rules service instead. Faults:
   calibrated at start to (F−1) × its own forward+backward time);
 - --starve-rank R / --starve-all --starve-s S: the dataset's __getitem__ sleeps S per batch on R / on all;
   with both, --starve-rank-s S2 gives rank R its own, slower loader (an outlier inside a starved job).
-Used by benchmarks/ddp_signal.py, benchmarks/ddp_overhead.py and the end-to-end tests.
+With --device cuda every rank trains on the GPU (all ranks on GPU 0 when there is one: gloo, unlike NCCL,
+accepts several ranks on one device) and --device-ms is GPU time (a one-block spin kernel, so the host
+thread runs ahead as it does on a real GPU). --record DIR writes each step's waits beside pushing;
+--count-syncs N counts the CUDA runtime's synchronising calls over N steps with torch's profiler.
+Used by benchmarks/ddp_signal.py, benchmarks/ddp_overhead.py, benchmarks/gpu_field_check.py and the
+end-to-end tests.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,15 +84,52 @@ class FileTransport:
         self.f.close()
 
 
-def add_device_time(model: nn.Module, seconds: float) -> None:
-    """Make each step take `seconds` more on this rank the way a GPU would: the host thread blocks (it
-    does not compete for the CPU), one third in the forward pass, two thirds in the backward, spread
-    over the layers so that DDP's buckets become ready progressively as on a real device."""
+def add_device_time(model: nn.Module, seconds: float, pause: Callable[[float], None] = time.sleep) -> None:
+    """Make each step take `seconds` more on this rank the way a GPU would: `pause` (on CPU the host thread
+    blocks, not competing for the CPU; on CUDA a spin kernel on the stream), one third in the forward pass,
+    two thirds in the backward, spread over the layers so that DDP's buckets become ready progressively as
+    on a real device."""
     layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
     fwd, bwd = seconds / 3 / len(layers), 2 * seconds / 3 / len(layers)
     for m in layers:
-        m.register_forward_hook(lambda *_: time.sleep(fwd))
-        m.register_full_backward_hook(lambda *_: time.sleep(bwd))
+        m.register_forward_hook(lambda *_: pause(fwd))
+        m.register_full_backward_hook(lambda *_: pause(bwd))
+
+
+def spin_cycles_per_s() -> float:
+    """Clock cycles per second as torch.cuda._sleep (a one-block spin kernel) counts them on the current GPU, measured
+    with CUDA events; the benchmarks' one calibration of GPU time (also benchmarks/_field_loads.py's)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # the first launch loads the kernel
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / (start.elapsed_time(end) / 1e3)
+
+
+def gpu_pause() -> Callable[[float], None]:
+    """`pause(seconds)` as GPU time: a one-block spin kernel (torch.cuda._sleep) of that length on the current
+    stream. The kernel counts clock cycles: rank 0 measures cycles per second with CUDA events (once, before
+    training: the only synchronisation it makes) and every rank uses its figure, so a slow rank's pauses are
+    exactly its factor longer in cycles whatever each rank's calibration would have met on a shared GPU."""
+    per_s = torch.zeros(1, dtype=torch.float64)
+    if dist.get_rank() == 0:
+        per_s[0] = spin_cycles_per_s()
+    dist.broadcast(per_s, 0)
+    cycles_per_s = float(per_s[0])
+    return lambda seconds: torch.cuda._sleep(max(1, int(seconds * cycles_per_s)))
+
+
+def count_syncs(prof: Any) -> dict[str, int]:
+    """How many times the CUDA runtime's synchronising calls ran in a torch.profiler trace."""
+    # The calls that block the host until the GPU catches up (cudaMemcpy: the synchronous copy).
+    names = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+    counts = dict.fromkeys(names, 0)
+    for ev in prof.events():
+        if ev.name in counts:
+            counts[ev.name] += 1
+    return counts
 
 
 def burn_units(n: int, a: torch.Tensor) -> None:
@@ -137,14 +180,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-uuids", help="comma-separated GPU UUIDs, one per rank (pushing to a real service)")
     ap.add_argument("--out", type=Path, help="write per-step records here instead of pushing")
     ap.add_argument("--duration-s", type=float, default=0.0, help="train for this long instead of --steps")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: train on the GPU (rank r on GPU r mod the GPU count)")
+    ap.add_argument("--record", type=Path, help="also write each step's waits to <DIR>/rank<r>.waits.jsonl")
+    ap.add_argument("--count-syncs", type=int, default=0, metavar="STEPS",
+                    help="profile STEPS steps after warm-up; write the synchronising CUDA calls to "
+                         "<--record DIR>/rank<r>.syncs.json")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"ddp_job: --device cuda, but this torch ({torch.__version__}) sees no GPU")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(0)
     classes = 10
-    net = mlp(args.dim, args.width, args.depth, classes)
+    net = mlp(args.dim, args.width, args.depth, classes).to(device)
     loss_fn = nn.CrossEntropyLoss()
     starved = args.starve_all or rank == args.starve_rank
     sleep_s = args.starve_rank_s if rank == args.starve_rank and args.starve_rank_s is not None else args.starve_s
@@ -158,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     unit = torch.randn(64, 64)
     slow = rank == args.slow_rank and args.slow_factor > 1.0
     if args.device_ms > 0:
-        add_device_time(net, args.device_ms / 1e3 * (args.slow_factor if slow and args.slow_mode == "device" else 1.0))
+        add_device_time(net, args.device_ms / 1e3 * (args.slow_factor if slow and args.slow_mode == "device" else 1.0),
+                        gpu_pause() if device.type == "cuda" else time.sleep)
     if slow and args.slow_mode == "cpu":
         fb, bu = calibrate(net, loss_fn, data.x[:args.batch], data.y[:args.batch], unit)
         extra = max(1, round((args.slow_factor - 1.0) * fb / bu))
@@ -175,8 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         uuid = args.gpu_uuids.split(",")[rank] if args.gpu_uuids else None
         reporter = gpumond.job.init(gpu_uuid=uuid, push_interval_s=1.0)
     waits: list[Any] = []
+    record = None
+    if args.record is not None:
+        args.record.mkdir(parents=True, exist_ok=True)
+        record = (args.record / f"rank{rank}.waits.jsonl").open("w")
     if not args.no_hook:
-        gpumond.job.torch.instrument(model, reporter, on_step=waits.append, via=args.via)
+        def on_step(w: Any) -> None:
+            waits.append(w)
+            if record is not None:
+                record.write(json.dumps({"exposed_s": w.exposed_s}) + "\n")
+        gpumond.job.torch.instrument(model, reporter, on_step=on_step, via=args.via)
+    profiler = None
 
     if rank == 0:
         print(f"gpumond-ddp-job: training started at {time.time():.3f}", flush=True)
@@ -186,6 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         batches = reporter.wrap(loader) if not args.no_hook else iter(loader)
         for x, y in batches:
+            if device.type != "cpu":
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if args.count_syncs and done == args.warmup:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                              torch.profiler.ProfilerActivity.CUDA])
+                profiler.__enter__()
+            elif profiler is not None and done == args.warmup + args.count_syncs:
+                profiler.__exit__(None, None, None)
+                if args.record is not None:
+                    (args.record / f"rank{rank}.syncs.json").write_text(json.dumps(
+                        {"steps": args.count_syncs, "hook": not args.no_hook, "counts": count_syncs(profiler)}))
+                profiler = None
             t0 = time.perf_counter()
             loss = loss_fn(model(x), y)
             if extra:
@@ -217,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         break
     reporter.step_end()
     reporter.close()
+    if record is not None:
+        record.close()
     if out is not None:
         out.write(json.dumps({"kind": "meta", "rank": rank, "world": world, "extra_units": extra,
                               "starved": starved}) + "\n")

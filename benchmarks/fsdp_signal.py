@@ -8,7 +8,8 @@ hooks, one third forward, two thirds backward, as ddp_job.add_device_time does),
 the factor given. Per rank it reports the medians of: gpumond's measured comm wait (the forward
 all-gather waits, `instrument(root, on_step=...)`), the whole forward, the whole backward, the step.
 The fast rank waiting more where the slow rank waits less is the signal; the expected skew per step is
-(factor − 1) × the device time.
+(factor − 1) × the device time. benchmarks/gpu_field_check.py runs the worker with `--device cuda` (every rank
+on the one GPU over gloo, device time as ddp_job.py's GPU spin kernels, the wait from CUDA events).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import _bench  # noqa: E402
 SKIP = 3  # warm-up steps left out of the medians: lazy init, first all-gathers
 
 
-def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
+def worker(out: Path, steps: int, device_ms: float, slow: float, device_type: str = "cpu") -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -36,18 +37,26 @@ def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
 
     import gpumond.job.torch
     from gpumond.job import Reporter
-    from ddp_job import add_device_time
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ddp_job import add_device_time, gpu_pause
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(0)
     net = nn.Sequential(*[nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)) for _ in range(4)],
-                        nn.Linear(64, 10))
-    add_device_time(net, device_ms / 1e3 * (slow if rank == 1 else 1.0))
+                        nn.Linear(64, 10)).to(device)
+    add_device_time(net, device_ms / 1e3 * (slow if rank == 1 else 1.0),
+                    gpu_pause() if device.type == "cuda" else time.sleep)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # over the default (gloo) group
     for block in list(net)[:4]:
-        fully_shard(block)
-    fully_shard(net)
+        fully_shard(block, mesh=mesh)
+    fully_shard(net, mesh=mesh)
 
     class Keep:
         def post(self, body: bytes, timeout_s: float):  # type: ignore[no-untyped-def]
@@ -64,7 +73,7 @@ def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
     g = torch.Generator().manual_seed(rank)
     rows = []
     for _ in rep.wrap(range(steps)):
-        x = torch.randn(32, 64, generator=g)
+        x = torch.randn(32, 64, generator=g).to(device)
         t0 = time.monotonic()
         out_ = net(x)
         t1 = time.monotonic()
@@ -76,7 +85,7 @@ def worker(out: Path, steps: int, device_ms: float, slow: float) -> None:
     rep.close()
     fw, bw, st = (statistics.median(c) for c in zip(*rows[SKIP:]))
     (out / f"rank-{rank}.json").write_text(json.dumps({
-        "wait": statistics.median(waits[SKIP:]), "forward": fw, "backward": bw, "step": st}))
+        "wait": statistics.median(waits[SKIP:]), "waits": waits[SKIP:], "forward": fw, "backward": bw, "step": st}))
     dist.destroy_process_group()
 
 
@@ -87,11 +96,12 @@ def main() -> int:
     ap.add_argument("--device-ms", type=float, help="default 200 (--quick: 10)")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--factor", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=argparse.SUPPRESS)
     a = ap.parse_args()
     steps = a.steps or (6 if a.quick else 20)
     device_ms = a.device_ms or (10.0 if a.quick else 200.0)
     if a.worker is not None:
-        worker(a.worker, steps, device_ms, a.factor)
+        worker(a.worker, steps, device_ms, a.factor, a.device)
         return 0
     rows = []
     for factor in (float(f) for f in (a.slow or ("2.0" if a.quick else "1.0,2.0")).split(",")):

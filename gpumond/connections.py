@@ -69,7 +69,8 @@ class ConnectionLimits:
     # Long enough for a slow but reading client to take a large /metrics; a client that reads nothing for
     # this long is not a scraper.
     write_timeout_s: float = 30.0
-    # ~4.7 KB of memory per held connection: 4,096 is ~19 MiB, inside the chart's 128 Mi agent limit.
+    # ~4.7 KB of memory per held connection: 4,096 is ~19 MiB, inside the chart's 128 Mi agent limit. One stalled
+    # in its TLS handshake holds ~60 KiB, mostly OpenSSL's (benchmarks/results/tls_handshake_flood.md).
     max_connections: int = 4096
     # A connection without a complete request head makes room for a new one only once it has waited this long:
     # younger, its head is most likely unread rather than unsent (the module doc). Far below header_timeout_s,
@@ -128,11 +129,22 @@ class ConnectionStats:
         return out
 
 
+# Once this many connections closed since the heap was last released, it is released RELEASE_DELAY_S later
+# (gpumond/heap.py): a flood's memory goes back to the kernel once the flood is over, at most once a delay. A
+# release runs on the event loop: ~5 ms after 4,000 stalled handshakes were freed (180 MB), once.
+RELEASE_AFTER_CLOSED = 256
+RELEASE_DELAY_S = 1.0
+
+
 class _Guard:
     """Shared by every connection of one server: the idle connections in age order, and the counters."""
 
-    def __init__(self, cap: int, limits: ConnectionLimits, stats: ConnectionStats) -> None:
+    def __init__(self, cap: int, limits: ConnectionLimits, stats: ConnectionStats,
+                 release_heap: Callable[[], None]) -> None:
         self.cap = cap
+        self.release_heap = release_heap
+        self.closed_since_release = 0
+        self.release_due: Any = None  # the timer of the next release, once one is due
         self.limits = limits
         self.waiting: OrderedDict[Any, float] = OrderedDict()  # no complete request head yet: since when
         self.kept: OrderedDict[Any, None] = OrderedDict()  # kept alive between requests
@@ -158,6 +170,17 @@ class _Guard:
         self.waiting.pop(conn, None)
         self.kept.pop(conn, None)
 
+    def closed(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A connection ended: after a burst of them, hand the heap's free memory back (RELEASE_AFTER_CLOSED)."""
+        self.closed_since_release += 1
+        if self.closed_since_release >= RELEASE_AFTER_CLOSED and self.release_due is None:
+            self.release_due = loop.call_later(RELEASE_DELAY_S, self._release)
+
+    def _release(self) -> None:
+        self.release_due = None
+        self.closed_since_release = 0
+        self.release_heap()
+
 
 PARSERS = ("httptools", "h11")
 
@@ -172,13 +195,15 @@ def default_parser() -> str:
 
 def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None = None,
                      cap: int | None = None, tls: Callable[[Any], asyncio.BaseProtocol] | None = None,
-                     parser: str | None = None) -> tuple[Any, ConnectionStats]:
+                     parser: str | None = None, release_heap: Callable[[], None] | None = None
+                     ) -> tuple[Any, ConnectionStats]:
     """A protocol factory for uvicorn.Config(http=...) enforcing `limits`, and its counters.
 
     `parser`: which of uvicorn's HTTP/1.1 protocols carries the guard, "httptools" or "h11" (default:
     default_parser()). `tls`, when given, wraps each connection's protocol in a TLS protocol
     (gpumond/web/tls.py) that calls its `tcp_opened(transport)` at accept and `tcp_lost()` when the TCP
-    connection ends."""
+    connection ends. `release_heap` hands freed memory back to the kernel after a burst of closed connections
+    (default: gpumond/heap.py's)."""
     # Imported here: the config loader reads ConnectionLimits' defaults and need not load uvicorn (~160 ms).
     from gpumond.web import protocols
 
@@ -188,8 +213,11 @@ def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None 
     base = protocols.GuardedHttpToolsProtocol if parser == "httptools" else protocols.GuardedH11Protocol
     if base is None:
         raise ValueError("the httptools parser was asked for but httptools is not installed (pip install httptools)")
+    from gpumond.heap import heap_releaser
+
     guard = _Guard(cap if cap is not None else connection_cap(limits), limits,
-                   stats if stats is not None else ConnectionStats())
+                   stats if stats is not None else ConnectionStats(),
+                   release_heap if release_heap is not None else heap_releaser())
     # One class per server: its connections share this server's guard (cap, idle queues, counters).
     cls = type(base.__name__, (base,), {"_guard": guard, "__module__": base.__module__})
     if tls is None:
@@ -269,6 +297,7 @@ class GuardedConnection:
             self._held = False
             guard.held.discard(self)
             guard.stats.open = len(guard.held)
+            guard.closed(self.loop)
 
     # -- the asyncio / uvicorn protocol events ----------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:

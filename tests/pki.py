@@ -1,5 +1,5 @@
-"""Certificates made in the test: a CA, server and client certificates it signs (valid, expired, for another
-name), written as PEM files the way cert-manager lays them out (tls.crt, tls.key, ca.crt)."""
+"""Certificates made in the test: a CA, server and client certificates it signs (valid, expired, not yet valid,
+for another name), written as PEM files the way cert-manager lays them out (tls.crt, tls.key, ca.crt)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ class Issued:
     cert: Path
     key: Path
     serial: int
+    not_before: float  # Unix seconds, as written into the certificate (to the second)
+    not_after: float
 
 
 class CA:
@@ -56,13 +58,18 @@ class CA:
         self.path = directory / f"{name}.crt"
         self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, stem: str, *, client: bool = False, expired: bool = False, host: str = LOOPBACK,
-              directory: Path | None = None) -> Issued:
-        """A leaf certificate for `host` (server) or a client, signed by this CA, as stem.crt / stem.key."""
+    def issue(self, stem: str, *, client: bool = False, expired: bool = False, not_yet_valid: bool = False,
+              days: int = 7, host: str = LOOPBACK, directory: Path | None = None) -> Issued:
+        """A leaf certificate for `host` (server) or a client, signed by this CA, as stem.crt / stem.key: valid
+        from an hour ago for `days`, or expired a day ago, or valid only from tomorrow."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.timezone.utc)
-        start, end = ((now - dt.timedelta(days=10), now - dt.timedelta(days=1)) if expired
-                      else (now - dt.timedelta(hours=1), now + dt.timedelta(days=7)))
+        if expired:
+            start, end = now - dt.timedelta(days=10), now - dt.timedelta(days=1)
+        elif not_yet_valid:
+            start, end = now + dt.timedelta(days=1), now + dt.timedelta(days=8)
+        else:
+            start, end = now - dt.timedelta(hours=1), now + dt.timedelta(days=days)
         try:
             san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
         except ValueError:
@@ -80,4 +87,4 @@ class CA:
         cert_path, key_path = out / f"{stem}.crt", out / f"{stem}.key"
         key_path.write_bytes(_key_pem(key))
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        return Issued(cert_path, key_path, serial)
+        return Issued(cert_path, key_path, serial, float(int(start.timestamp())), float(int(end.timestamp())))

@@ -142,7 +142,7 @@ class Agent:
                                jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
                                policy=self.policy, dcgm=dcgm, nvlink_per_link=per_link,
                                identities=self._identities.save,
-                               server=self.http_stats.series)
+                               server=lambda: [*self.http_stats.series(), *self.web.series()])
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def wall_interval(self, simulated_s: float) -> float:

@@ -8,6 +8,7 @@ from gpumond.alerts.pipeline import ALERT_METRICS
 from gpumond.alerts.sinks import SINK_METRICS
 from gpumond.connections import CONNECTION_METRICS
 from gpumond.nvml.catalogue import CATALOGUE, LINK_CATALOGUE
+from gpumond.web.tls import TLS_METRICS
 
 # name → (type, help)
 AGENT_METRICS: Mapping[str, tuple[str, str]] = {
@@ -47,6 +48,7 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
                                                "state|audit): no power limit is changed until it can."),
     "gpumond_policy_dry_run_fallback": ("gauge", "1 when the GPU fell back to dry_run (NoPermission on a set)."),
     **CONNECTION_METRICS,
+    **TLS_METRICS,
     **ALERT_METRICS,
     **SINK_METRICS,
 }

@@ -129,6 +129,9 @@ ALERTS: dict[str, AlertSpec] = {
         "prometheus", "warning", "gpumond collector failing",
         "An agent answers, but one of its sources (NVML, XID events, jobs, host) keeps failing: "
         "some series are stale or missing."),
+    "GpumondCertificateExpiring": AlertSpec(
+        "prometheus", "warning", "TLS certificate expires soon",
+        "The certificate a daemon serves expires within 14 days (or has): its renewal is not reaching it."),
     "GpumondRulesServiceDown": AlertSpec(
         "prometheus", "critical", "gpumond rules service down",
         "Prometheus cannot scrape the rules service: no straggler or starvation findings."),

@@ -93,16 +93,29 @@ class ClientTLS:
         return tuple(out)
 
 
+# OpenSSL's X509_V_ERR_CERT_NOT_YET_VALID and X509_V_ERR_CERT_HAS_EXPIRED (x509_vfy.h), as verify_code says them.
+_CERT_NOT_YET_VALID, _CERT_HAS_EXPIRED = 9, 10
+
+
 def explain(exc: BaseException) -> str | None:
     """One line for a TLS failure the operator can fix, or None when `exc` is not one."""
     if isinstance(exc, ssl.SSLCertVerificationError):
+        # Its dates, not its signer: another CA file would not help.
+        if exc.verify_code == _CERT_HAS_EXPIRED:
+            return ("the server's certificate has expired: the server must install a renewed one (or this host's "
+                    "clock is wrong); the CA is not the problem")
+        if exc.verify_code == _CERT_NOT_YET_VALID:
+            return ("the server's certificate is not valid yet: check this host's clock (and the date the server's "
+                    "certificate starts); the CA is not the problem")
         return (f"cannot verify the server's certificate ({exc.verify_message or exc.reason}): give the CA that "
                 f"signed it ({CA_FILE_ENV} for the job SDK, tls_config.ca_file for the rules service)")
     if isinstance(exc, ssl.SSLError):
         reason = exc.reason or str(exc)
         if "CERTIFICATE_REQUIRED" in reason:
             return "the server requires a client certificate: set a client certificate and key"
-        if "UNKNOWN_CA" in reason or "BAD_CERTIFICATE" in reason or "CERTIFICATE_EXPIRED" in reason:
+        if "CERTIFICATE_EXPIRED" in reason:
+            return f"the server refused this client's certificate as expired ({reason}): renew the client certificate"
+        if "UNKNOWN_CA" in reason or "BAD_CERTIFICATE" in reason:
             return f"the server refused this client's certificate ({reason})"
         if "WRONG_VERSION_NUMBER" in reason or "RECORD_LAYER_FAILURE" in reason:
             return f"TLS failed ({reason}): is the server speaking plain HTTP? use http:// then"

@@ -36,7 +36,7 @@ from gpumond.rules.types import TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
 from gpumond.statedir_lock import StateDirBusy, StateDirLock
-from gpumond.web import Web
+from gpumond.web import TLS_METRICS, Web
 from gpumond.textformat import Encoder
 from gpumond.types import Series
 
@@ -73,6 +73,7 @@ _HELP = {
     "gpumond_build_info": ("gauge", "Build of the running service; always 1."),
     **INGEST_METRICS,
     **CONNECTION_METRICS,
+    **TLS_METRICS,
     **ALERT_METRICS,
     **SINK_METRICS,
     **REMEDIATION_METRICS,
@@ -136,6 +137,7 @@ class RulesService:
         series = list(self.evaluator.series())
         series += self.stats.series()
         series += self.http_stats.series()
+        series += self.web.series()
         series += self.alerts.series()
         series += self.alerts.active_series(RULES_ALERT_LABELS)
         series += self.remediator.series()

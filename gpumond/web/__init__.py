@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from gpumond.config.errors import ConfigError
-from gpumond.web.tls import ServerTLS, ServerTLSSettings, TLSSetupError
+from gpumond.types import Series
+from gpumond.web.tls import TLS_METRICS, ServerTLS, ServerTLSSettings, TLSSetupError
 
-__all__ = ["Web", "load_web"]
+__all__ = ["TLS_METRICS", "Web", "load_web"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class Web:
     def scheme(self) -> str:
         """`https` when serving TLS, else `http`."""
         return "https" if self.tls is not None else "http"
+
+    def series(self) -> list[Series]:
+        """What the server's /metrics says of its TLS (TLS_METRICS); nothing over plain HTTP."""
+        return self.tls.series() if self.tls is not None else []
 
     def wrap(self, app: Any, open_paths: Iterable[str]) -> Any:
         """`app` behind read-side authentication when users or tokens are configured, else `app` itself."""

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpumond.types import Series
+from gpumond.web.certdates import CertificateDateError, Validity, utc, validity
+
 log = logging.getLogger("gpumond.serving")
 
 VERIFY_MODES = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -32,12 +35,29 @@ VERIFY_MODES = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CE
 VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 # How long a refused handshake's connection is held after its alert is sent, so the client can read it.
 LINGER_S = 1.0
+# What a connection reads into (asyncio's SSLProtocol keeps one buffer per connection): before its handshake
+# completes, enough for a ClientHello in a read or two; after it, one full TLS record (16 KiB of plaintext plus
+# its overhead), so a large push is decrypted a record a read.
+HANDSHAKE_READ_BYTES = 4 * 1024
+READ_BYTES = 16 * 1024 + 256
 # How often a handshake may look at the files: a flood of handshakes costs one stat() round a second.
 CHECK_EVERY_S = 1.0
 
 
+# name -> (type, help), for each daemon's /metrics encoder (series: ServerTLS.series()).
+TLS_METRICS = {
+    "gpumond_tls_certificate_not_after_timestamp_seconds": ("gauge", (
+        "Unix time after which the certificate this server presents (tls_server_config.cert_file, as last "
+        "loaded) is expired; exported only when serving TLS.")),
+}
+
+
 class TLSSetupError(RuntimeError):
     """The certificate, key or client CA cannot be used; the message is one line naming the file and why."""
+
+
+class NotValidYet(TLSSetupError):
+    """The certificate's not-before is still ahead: it becomes usable without any change to the files."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +77,10 @@ class ServerTLSSettings:
         return self.client_auth_type == "RequireAndVerifyClientCert"
 
 
-def build_context(s: ServerTLSSettings) -> ssl.SSLContext:
-    """A server context from the files named in `s`; TLSSetupError says which file is wrong and how."""
+def build_context(s: ServerTLSSettings, now: float) -> tuple[ssl.SSLContext, Validity]:
+    """A server context from the files named in `s`, and its certificate's validity period; TLSSetupError says
+    which file is wrong and how, also when the certificate is expired or not yet valid at `now` (Unix
+    seconds): OpenSSL would serve it, and every client would refuse it."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = VERSIONS[s.min_version]
     ctx.maximum_version = VERSIONS[s.max_version]
@@ -82,24 +104,37 @@ def build_context(s: ServerTLSSettings) -> ssl.SSLContext:
         except ssl.SSLError as e:
             raise TLSSetupError(f"tls_server_config.client_ca_file: {s.client_ca_file} holds no usable PEM "
                                 f"certificate: {e.reason or e}") from None
-    return ctx
+    try:
+        dates = validity(s.cert_file.read_text(encoding="ascii", errors="replace"))
+    except (OSError, CertificateDateError) as e:
+        raise TLSSetupError(f"tls_server_config.cert_file: {s.cert_file}: {e}") from None
+    if (problem := dates.problem(now)) is not None:
+        raise (NotValidYet if now < dates.not_before else TLSSetupError)(f"tls_server_config.cert_file: the certificate in {s.cert_file} {problem}: clients "
+                            f"refuse it; install a certificate valid now (not before {utc(dates.not_before)}, "
+                            f"not after {utc(dates.not_after)}; this host's clock says {utc(now)})")
+    return ctx, dates
 
 
 class ServerTLS:
     """The listening context (`.context`) and the files behind it, re-read on change (see the module doc)."""
 
     def __init__(self, settings: ServerTLSSettings, *, clock: Callable[[], float] = time.monotonic,
-                 check_every_s: float = CHECK_EVERY_S) -> None:
+                 wall_clock: Callable[[], float] = time.time, check_every_s: float = CHECK_EVERY_S) -> None:
+        """`clock` paces the checks of the files; `wall_clock` (Unix seconds) is what a certificate's dates are
+        compared with."""
         self.settings = settings
         self._clock = clock
+        self._wall_clock = wall_clock
         self._check_every_s = check_every_s
         self._lock = threading.Lock()
         self._stamp = self._stamps()
-        self.context = build_context(settings)  # raises TLSSetupError: the daemon exits 2 with its line
+        # raises TLSSetupError: the daemon exits 2 with its line
+        self.context, self.validity = build_context(settings, wall_clock())
         self.context.sni_callback = self._on_client_hello
         self._current = self.context
         self._next_check = clock() + check_every_s
-        self._failed_stamp: tuple[object, ...] | None = None
+        self._failed_stamp: tuple[object, ...] | None = None  # files that failed: not rebuilt until they change
+        self._warned_stamp: tuple[object, ...] | None = None  # files whose failure was logged
         self.reloads = 0
 
     def current(self) -> ssl.SSLContext:
@@ -113,17 +148,31 @@ class ServerTLS:
             if stamp == self._stamp or stamp == self._failed_stamp:
                 return self._current
             try:
-                fresh = build_context(self.settings)
+                fresh, dates = build_context(self.settings, self._wall_clock())
             except TLSSetupError as e:
-                self._failed_stamp = stamp  # said once per state of the files; retried when they change again
-                log.warning("certificate files changed but cannot be used; still serving the previous ones",
-                            extra={"error": str(e)})
+                if stamp != self._warned_stamp:  # said once per state of the files
+                    self._warned_stamp = stamp
+                    log.warning("certificate files changed but cannot be used; still serving the previous ones",
+                                extra={"error": str(e)})
+                # Retried when the files change again; one not valid yet (issued "now" by a CA whose clock is a
+                # little ahead of this host's) also at each later look, so it is served once its time comes.
+                if not isinstance(e, NotValidYet):
+                    self._failed_stamp = stamp
                 return self._current
-            self._current, self._stamp, self._failed_stamp = fresh, stamp, None
+            self._current, self.validity, self._stamp = fresh, dates, stamp
+            self._failed_stamp = self._warned_stamp = None
             self.reloads += 1
             log.info("certificate files changed: new connections get them", extra={
-                "cert_file": str(self.settings.cert_file), "reloads": self.reloads})
+                "cert_file": str(self.settings.cert_file), "not_after": utc(dates.not_after),
+                "reloads": self.reloads})
             return fresh
+
+    def series(self) -> list[Series]:
+        """TLS_METRICS: the not-after time of the certificate new connections get."""
+        # Looked at now, not only at a handshake: a scraper on a kept-alive connection makes none, and the metric
+        # would otherwise name a renewed certificate's predecessor (and its expiry alert) until one came.
+        self.current()
+        return [Series("gpumond_tls_certificate_not_after_timestamp_seconds", (), self.validity.not_after)]
 
     def _on_client_hello(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
         try:
@@ -160,23 +209,46 @@ def guarded_tls(server: ServerTLS, *, handshake_timeout_s: float,
     class GuardedTLS(sslproto.SSLProtocol):
         """TLS for one connection, telling the guard when the TCP connection opens and ends."""
 
+        # asyncio reads into one buffer per connection, allocated with the protocol: 256 KiB by default, so
+        # every connection, even one stalled in its handshake, held 256 KiB (with OpenSSL's own handshake
+        # state, ~310 KB). A ClientHello is a few hundred bytes: the handshake reads into HANDSHAKE_READ_BYTES,
+        # and only an established connection gets READ_BYTES, one full TLS record.
+        max_size = HANDSHAKE_READ_BYTES
+
         def __init__(self, app: Any) -> None:
             super().__init__(app.loop, app, server.context, None, server_side=True,
                              ssl_handshake_timeout=handshake_timeout_s, ssl_shutdown_timeout=shutdown_timeout_s)
             self._guarded = app
+            self._received = False
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)  # starts the handshake
             self._guarded.tcp_opened(transport)
 
+        def buffer_updated(self, nbytes: int) -> None:
+            self._received = True
+            super().buffer_updated(nbytes)
+
         def connection_lost(self, exc: Exception | None) -> None:
+            # A reset reaches only here (asyncio closes the transport without a word); the guard's own closings
+            # (timeouts, eviction) abort with no exception and are logged by the guard.
+            if isinstance(exc, ConnectionError) and self._state == sslproto.SSLProtocolState.DO_HANDSHAKE:
+                self._abandoned("client reset the connection during the TLS handshake")
             super().connection_lost(exc)
             self._guarded.tcp_lost()
 
         def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
             tcp = self._transport
+            if handshake_exc is None:
+                self.max_size = READ_BYTES  # the next read allocates it (SSLProtocol.get_buffer)
             if handshake_exc is None or tcp is None:
                 super()._on_handshake_complete(handshake_exc)
+                return
+            if not isinstance(handshake_exc, ssl.SSLError):
+                # The client closed its side mid-handshake: asyncio passes the ConnectionResetError *class*
+                # (its eof_received). There is no alert to send and no one to read it: drop the connection.
+                self._abandoned("client closed the connection during the TLS handshake")
+                tcp.abort()
                 return
             # asyncio drops the connection at once on a failed handshake, discarding the alert OpenSSL wrote
             # (certificate required, unknown CA, protocol version). Under TLS 1.3 a client learns of a refused
@@ -194,6 +266,11 @@ def guarded_tls(server: ServerTLS, *, handshake_timeout_s: float,
                 self._loop.call_later(LINGER_S, tcp.abort)
                 return
             super()._on_handshake_complete(handshake_exc)
+
+        def _abandoned(self, what: str) -> None:
+            # A TCP check (a load balancer's, a tcpSocket probe) connects and closes without a byte: not news.
+            level = logging.INFO if self._received else logging.DEBUG
+            log.log(level, what, extra={"client": _peer(self._transport) if self._transport else "unknown"})
 
     return GuardedTLS
 

@@ -55,6 +55,13 @@ def context(pki: dict, *, with_client_cert: bool = True) -> ssl.SSLContext:
     return ClientTLS(pki["ca"].path, c.cert if with_client_cert else None, c.key if with_client_cert else None).context
 
 
+def expiry(metrics: bytes) -> float:
+    """The served certificate's not-after time from a daemon's /metrics."""
+    name = b"gpumond_tls_certificate_not_after_timestamp_seconds "
+    [line] = [line for line in metrics.splitlines() if line.startswith(name)]
+    return float(line[len(name):])
+
+
 def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
@@ -65,7 +72,9 @@ def test_prometheus_scrapes_an_agent_over_mutual_tls_with_basic_auth(tmp_path, p
         # read auth: /metrics needs the password, /healthz (probes) does not
         assert agent.get("/metrics")[0] == 401
         assert agent.get("/metrics", basic("prometheus", "wrong"))[0] == 401
-        assert agent.get("/metrics", basic("prometheus", PASSWORD))[0] == 200
+        status, _, body = agent.get("/metrics", basic("prometheus", PASSWORD))
+        assert status == 200
+        assert expiry(body) == pki["server"].not_after  # the certificate it serves, for the expiry alert
         assert agent.get("/healthz")[0] == 200
         password_file = tmp_path / "password"
         password_file.write_text(PASSWORD)
@@ -103,6 +112,7 @@ def test_the_job_sdk_pushes_over_mutual_tls_and_refuses_a_server_it_cannot_verif
         assert rep.stats.failed_pushes == 0
         # the service holds them: its findings API (read side, mTLS) answers
         assert http_get(f"{rules.url}/api/v1/findings", context=context(pki))[0] == 200
+        assert expiry(http_get(f"{rules.url}/metrics", context=context(pki))[2]) == pki["server"].not_after
 
         # no CA configured: the system bundle does not know the test CA, so the SDK refuses the server
         stranger = Reporter(**common, cert_file=str(c.cert), key_file=str(c.key))
@@ -158,11 +168,14 @@ def test_the_rules_service_scrapes_agents_over_mutual_tls_with_basic_auth(tmp_pa
     ("missing", "tls_server_config.cert_file: cannot read {cert}: no such file"),
     ("mismatched", "tls_server_config: the key in {key} does not belong to the certificate in {cert}"),
     ("garbage", "tls_server_config: cannot load the certificate {cert} with the key {key}"),
+    ("expired", "tls_server_config.cert_file: the certificate in {cert} expired on"),
 ])
 def test_a_bad_certificate_stops_the_agent_at_start_with_one_line(tmp_path, pki, fault, expected) -> None:
     server = pki["server"]
     if fault == "missing":
         server.cert.unlink()
+    elif fault == "expired":
+        pki["ca"].issue("tls", expired=True)  # a matching pair under the same names, past its not-after
     elif fault == "mismatched":
         other = pki["ca"].issue("other")
         server.key.write_bytes(other.key.read_bytes())

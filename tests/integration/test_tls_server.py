@@ -8,9 +8,11 @@ Certificates are made in the test (tests/pki.py). Each test waits, bounded, for 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import ssl
+import struct
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from cryptography import x509
 from gpumond.connections import ConnectionLimits, ConnectionStats
 from gpumond.job.tlsclient import ClientTLS, explain
 from gpumond.web.tls import ServerTLS, ServerTLSSettings, guarded_tls
+from tests.handshake_flood import client_hello
 from tests.integration.guarded_server import LIMITS, WAIT_S, closed_by_server, connect
 from tests.integration.guarded_server import serving as plain_or_tls_serving
 from tests.integration.helpers import wait_until
@@ -86,12 +89,15 @@ def test_a_server_signed_by_another_ca_is_refused_with_a_line_that_says_what_to_
     assert "cannot verify the server's certificate (unable to get local issuer certificate)" in explain(e)
 
 
-def test_an_expired_server_certificate_is_refused(pki) -> None:
+def test_a_client_refusing_an_expired_server_certificate_is_told_the_dates_not_the_ca_are_wrong(pki) -> None:
     expired = pki["ca"].issue("expired", expired=True)
     s = ServerTLSSettings(cert_file=expired.cert, key_file=expired.key)
-    with serving(ServerTLS(s)) as (port, _):
+    # a server whose clock says the certificate is still valid (the daemons refuse to start with it at all)
+    with serving(ServerTLS(s, wall_clock=lambda: expired.not_after - 60)) as (port, _):
         e = refusal(port, client(pki["ca"]))
-    assert "certificate has expired" in explain(e)
+    line = explain(e)
+    assert line.startswith("the server's certificate has expired: the server must install a renewed one"), line
+    assert "the CA is not the problem" in line and "give the CA" not in line, line
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate_and_one_from_another_ca(pki, tmp_path) -> None:
@@ -102,6 +108,13 @@ def test_mutual_tls_refuses_a_client_without_a_certificate_and_one_from_another_
         assert explain(missing) == "the server requires a client certificate: set a client certificate and key"
         unknown = refusal(port, client(pki["ca"], stranger))
         assert "the server refused this client's certificate" in explain(unknown)
+
+
+def test_a_client_whose_own_certificate_expired_is_told_to_renew_it(pki) -> None:
+    expired = pki["ca"].issue("old-client", client=True, expired=True)
+    with serving(ServerTLS(settings(pki, "RequireAndVerifyClientCert"))) as (port, _):
+        line = explain(refusal(port, client(pki["ca"], expired)))
+    assert "refused this client's certificate as expired" in line and "renew the client certificate" in line, line
 
 
 def test_verify_if_given_serves_a_client_without_a_certificate_but_refuses_a_bad_one(pki, tmp_path) -> None:
@@ -142,6 +155,48 @@ def test_a_half_written_rotation_keeps_serving_the_previous_certificate(pki, cap
         assert "certificate files changed but cannot be used" in caplog.text
         os.replace(staged.key, pki["server"].key)  # the key follows: now the pair is used
         assert https_get(port, client(pki["ca"]))[1].serial_number == staged.serial
+
+
+@pytest.mark.parametrize("when", ["expired", "not_yet_valid"])
+def test_a_rotated_in_certificate_outside_its_dates_is_not_served_and_said_so(pki, caplog, when: str) -> None:
+    tls = ServerTLS(settings(pki), check_every_s=0.0)
+    with serving(tls) as (port, _):
+        staged = pki["ca"].issue("tls", directory=pki["server"].cert.parent / "next", **{when: True})
+        os.replace(staged.key, pki["server"].key)
+        os.replace(staged.cert, pki["server"].cert)
+        head, cert = https_get(port, client(pki["ca"]))
+        assert head.startswith(b"HTTP/1.1 200") and cert.serial_number == pki["server"].serial  # the old pair
+    warned = [r for r in caplog.records if r.getMessage().startswith("certificate files changed but cannot be used")]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING, caplog.text
+    assert "expired on" in warned[0].error or "is not valid until" in warned[0].error, warned[0].error
+    assert tls.reloads == 0
+    assert tls.series()[0].value == pki["server"].not_after  # the metric names the certificate still served
+
+
+def test_a_rotated_in_certificate_not_valid_yet_is_served_once_its_time_comes(pki, caplog) -> None:
+    # a CA whose clock is a little ahead of this host's issues "now": the pair needs no further change to be used
+    now = [time.time()]
+    tls = ServerTLS(settings(pki), check_every_s=0.0, wall_clock=lambda: now[0])
+    staged = pki["ca"].issue("tls", not_yet_valid=True, directory=pki["server"].cert.parent / "next")
+    os.replace(staged.key, pki["server"].key)
+    os.replace(staged.cert, pki["server"].cert)
+    for _ in range(3):
+        assert tls.series()[0].value == pki["server"].not_after  # the previous pair, still
+    now[0] = staged.not_before + 1
+    assert tls.series()[0].value == staged.not_after and tls.reloads == 1
+    warned = [r for r in caplog.records if r.getMessage().startswith("certificate files changed but cannot be used")]
+    assert len(warned) == 1 and "is not valid until" in warned[0].error, caplog.text
+
+
+def test_the_expiry_metric_follows_a_rotation_without_waiting_for_a_handshake(pki) -> None:
+    # a scraper on a kept-alive connection makes no new handshake: the metric must not wait for one
+    tls = ServerTLS(settings(pki), check_every_s=0.0)
+    assert tls.series()[0].value == pki["server"].not_after
+    staged = pki["ca"].issue("tls", days=30, directory=pki["server"].cert.parent / "next")
+    os.replace(staged.key, pki["server"].key)
+    os.replace(staged.cert, pki["server"].cert)
+    assert staged.not_after > pki["server"].not_after
+    assert tls.series()[0].value == staged.not_after and tls.reloads == 1 and tls.series()[0].value == staged.not_after
 
 
 def test_a_rotated_client_ca_is_used_for_new_connections(pki, tmp_path) -> None:
@@ -228,3 +283,30 @@ def test_a_kept_alive_tls_connection_serves_several_requests_then_closes_when_id
         assert closed_by_server(s)  # the keep-alive timeout
         assert stats.head_timeouts == 0
         wait_until(lambda: stats.open == 0, timeout=WAIT_S, what="released")
+
+
+# ----- clients that leave mid-handshake ---------------------------------------------------------------------
+@pytest.mark.parametrize(("leave", "line"), [
+    ("reset", "client reset the connection during the TLS handshake"),
+    ("half-close", "client closed the connection during the TLS handshake"),
+])
+def test_a_client_leaving_mid_handshake_is_logged_as_what_it_did(pki, caplog, leave: str, line: str) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpumond.serving")
+    with serving(ServerTLS(settings(pki))) as (port, stats):
+        s = connect(port, client_hello())
+        wait_until(lambda: stats.open == 1, timeout=WAIT_S, what="the connection held")
+        if leave == "reset":  # SO_LINGER 0: close() sends a TCP RST
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            s.shutdown(socket.SHUT_WR)
+        s.close()
+        wait_until(lambda: stats.open == 0, timeout=WAIT_S, what="the connection released")
+        wait_until(lambda: any(r.getMessage() == line for r in caplog.records), timeout=WAIT_S, what="logged")
+        silent = connect(port)  # a TCP check (a load balancer's): connects and closes without a byte
+        silent.close()
+        quiet = "client closed the connection during the TLS handshake"
+        wait_until(lambda: [r for r in caplog.records if r.getMessage() == quiet and r.levelno == logging.DEBUG],
+                   timeout=WAIT_S, what="the TCP check logged at debug only")
+    said = [r for r in caplog.records if r.getMessage() == line and r.levelno == logging.INFO]
+    assert len(said) == 1 and said[0].client.startswith("127.0.0.1:"), caplog.text
+    assert "class" not in caplog.text.lower()

@@ -140,3 +140,26 @@ def test_check_config_loads_the_web_config_and_its_certificates(tmp_path) -> Non
     bad = check()
     assert bad.returncode == 2 and "does not belong to the certificate" in bad.stderr, bad
     assert len(bad.stderr.strip().splitlines()) == 1
+    expired = ca.issue("tls", expired=True)  # a matching pair, past its not-after
+    expired_check = check()
+    assert expired_check.returncode == 2 and f"the certificate in {expired.cert} expired on" in expired_check.stderr
+    assert len(expired_check.stderr.strip().splitlines()) == 1, expired_check
+
+
+@pytest.mark.parametrize("when, said", [("expired", "expired on"), ("not_yet_valid", "is not valid until")])
+def test_a_certificate_outside_its_dates_is_refused_with_one_line(tmp_path, when: str, said: str) -> None:
+    bad = CA(tmp_path).issue("tls", **{when: True})
+    web = write(tmp_path / "web.yml", {"tls_server_config": {"cert_file": str(bad.cert), "key_file": str(bad.key)}})
+    with pytest.raises(ConfigError) as caught:
+        load_web(web)
+    line = str(caught.value)
+    assert "\n" not in line and f"tls_server_config.cert_file: the certificate in {bad.cert} {said}" in line, line
+    assert "install a certificate valid now" in line, line
+
+
+def test_the_served_certificate_s_expiry_is_a_metric(tmp_path) -> None:
+    good = CA(tmp_path).issue("tls")
+    web = write(tmp_path / "web.yml", {"tls_server_config": {"cert_file": str(good.cert), "key_file": str(good.key)}})
+    [series] = load_web(web).series()
+    assert (series.name, series.value) == ("gpumond_tls_certificate_not_after_timestamp_seconds", good.not_after)
+    assert load_web(None).series() == []  # plain HTTP: no certificate, no series
