@@ -48,7 +48,7 @@ import _loadgen  # noqa: E402
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 TARGET_VS_NODE_EXPORTER = 3.0
 TARGET_VS_NAIVE = 10.0
-TARGET_VS_UNGUARDED = 1.5  # the connection guard may cost at most this much per scrape (issue 25)
+TARGET_VS_UNGUARDED = 1.5  # the connection guard may cost at most this much per scrape
 
 WRK_REPORT = r"""
 done = function(summary, latency, requests)

@@ -43,9 +43,9 @@ CASES: dict[str, tuple[list[str], Expected]] = {
     "slow_1.25": (["--slow-rank", "2", "--slow-factor", "1.25"], (("straggler", 2),)),
     "starved_rank": (["--starve-rank", "1", "--starve-s", "0.01"], (("io_starved_rank", 1),)),
     "starved_job": (["--starve-all", "--starve-s", "0.01"], (("io_starved_job", None),)),
-    # Issue 20: every loader a little slow, rank 1's far slower (it waits most of its step). The rank must be
-    # named; the job finding beside it is allowed (whether the others still wait ≥ 8 % of the step it
-    # lengthens is timing), not required.
+    # Every loader a little slow, rank 1's far slower (it waits most of its step); the service once reported only
+    # the job here. The rank must be named; the job finding beside it is allowed (whether the others still wait
+    # ≥ 8 % of the step it lengthens is timing), not required.
     "outlier_in_starved_job": (["--starve-all", "--starve-s", "0.015", "--starve-rank", "1", "--starve-rank-s", "0.08"],
                                (("io_starved_rank", 1),)),
     # Both rank faults in one job (the CI test's case): the starved rank waits least too, but its data wait

@@ -1,4 +1,4 @@
-"""What a hostile network does to the daemons (issue 13): scrape latency under a slow-loris, and the rules
+"""What a hostile network does to the daemons: scrape latency under a slow-loris, and the rules
 service under hostile input and label floods past every cap.
 
 1. **Slow-loris.** `gpumond agent --sim 8` under `prlimit --nofile=1024`. /metrics is fetched on a fresh

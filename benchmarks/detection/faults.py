@@ -11,7 +11,7 @@ TRUTH_CLASS = {
     "starved_rank": "starved_rank",
     "starved_node": "starved_rank",  # expanded into one starved_rank truth per rank of the node
     "starved_job": "starved_job",
-    # One rank's loader far slower while the whole job's waits a little (issue 20): the rank must be named; an
+    # One rank's loader far slower while the whole job's waits a little: the rank must be named; an
     # io_starved_job beside it is neither right nor wrong (whether the others still wait enough depends on
     # how much the outlier lengthens everyone's step).
     "starved_outlier": "starved_rank",

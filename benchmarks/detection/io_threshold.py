@@ -1,5 +1,5 @@
 """The I/O-starvation defaults on the detection benchmark's own simulated cluster: the job finding's threshold
-and minimum throughput cost, before and after (issue 17: a healthy job whose ranks wait ~5 % on data paged).
+and minimum throughput cost, before and after (before, a healthy job whose ranks wait ~5 % on data paged).
 
     python -m benchmarks.detection.io_threshold [--seeds K] [--procs P]
 
@@ -27,7 +27,7 @@ from benchmarks.detection.score import run
 
 LEVELS = (0.03, 0.05, 0.07, 0.10, 0.20)
 NEW = DetectorConfig()
-OLD = replace(NEW, job_wait_min_frac=0.04, job_min_cost_frac=0.04)  # before issue 17: wait_min_frac for both
+OLD = replace(NEW, job_wait_min_frac=0.04, job_min_cost_frac=0.04)  # before the cost line: wait_min_frac for both
 
 
 def _one(job: tuple[str, Scenario]) -> tuple[str, str, float, list[tuple[bool, bool, bool, float | None]]]:
@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Each run: one job on the benchmark's simulated cluster (`benchmarks/detection/`), evaluated every 10 s by "
         "`gpumond.rules.detectors.engine.evaluate` and the findings lifecycle (2 of 3 evaluations, 10 s), the "
         "fault planted after a 120 s warm-up. `starved job f`: every rank waits f of its step on data, which "
-        "at 5 % is what an ordinary, healthy data loader shows (the issue's page: `median_data_wait_frac=0.0498`). "
+        "at 5 % is what an ordinary, healthy data loader shows (the page a healthy job raised: "
+        "`median_data_wait_frac=0.0498`). "
         "A starved rank or node counts as found when `io_starved_rank` names it (a node's 8 ranks each count). "
         "The benchmark counts `starved job` runs as planted faults; at 3–7 % they are the case the new defaults "
         "leave quiet on purpose.", "",

@@ -1,4 +1,4 @@
-"""Aggregate scored runs into the numbers the issue asks for: per class and level, latency, false alarms,
+"""Aggregate scored runs into the numbers the targets ask for: per class and level, latency, false alarms,
 the confusion matrix, and each target's verdict."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def confusion(results: Sequence[RunResult]) -> dict[str, dict[str, int]]:
 def told_apart(results: Sequence[RunResult], job_line: float = DetectorConfig().job_min_cost_frac) -> tuple[int, int]:
     """(faults told apart, faults): a starved rank/node without an io_starved_job, a starved job with
     io_starved_job and no io_starved_rank. A starved job whose wait is under `job_line` (the job finding's cost
-    line, job_min_cost_frac: a loader at ~5 % is not worth a page, issue 17) is told apart when no rank is
+    line, job_min_cost_frac: a loader at ~5 % is not worth a page) is told apart when no rank is
     named: quiet is what the service promises for it, and naming one of its ranks is the confusion this counts."""
     ok = n = 0
     for r in results:

@@ -34,7 +34,7 @@ class Noise:
     hiccup_frac: tuple[float, float] = (0.05, 0.3)  # …and waits this fraction of a step
     gc_p: float = 5e-4  # chance per rank per step of a Python GC pause
     gc_median_s: float = 0.3
-    # Transient slowness (issue 12): a healthy rank computes 1.15–1.6× slower for a while — a preempted CPU
+    # Transient slowness: a healthy rank computes 1.15–1.6× slower for a while — a preempted CPU
     # thread, a GC-heavy stretch, a noisy neighbour on its host. Wall-time episodes, so their size in steps
     # depends on the step time. Off in the everyday fleet (0 per hour, no draws: the other scenarios keep
     # their random streams); the transient controls turn them on. See docs/detection-benchmark.md.

@@ -106,7 +106,7 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
     starved = lambda lo, hi: (lambda tr: tr.fault.kind in ("starved_rank", "starved_node", "starved_job",  # noqa: E731
                                                            "starved_outlier")
                               and lo <= tr.fault.wait_frac < hi)
-    # --- the targets ---
+    # --- the targets ---
     r110 = M.row("slowdown ≥ 1.10", faults, slow(1.10))
     r105 = M.row("slowdown 1.05", faults, slow(1.05, 1.06))
     r103 = M.row("slowdown 1.03", faults, slow(1.03, 1.04))
@@ -190,7 +190,7 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
               f"sequential evidence) every {EVAL_S:g} s (the service's default; 2 s in one control) over the "
               "simulated cluster of `benchmarks/detection/` — the service's code, not a copy. Method, physics and matching rules: "
               "`docs/detection-benchmark.md`.", "",
-              "## The issue's targets", "", _bench.md_table(("target", "measured", "verdict"), tgt), ""]
+              "## The targets", "", _bench.md_table(("target", "measured", "verdict"), tgt), ""]
     # --- per class and level ---
     rows = []
     for s in SLOWDOWNS:

@@ -1,4 +1,4 @@
-"""The scenario catalogue: planted faults at every level the issue names, and fault-free negative controls."""
+"""The scenario catalogue: planted faults at every level the targets name, and fault-free negative controls."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def fault_scenarios(seed: int, nodes: int, slowdowns=SLOWDOWNS, node_slowdowns=N
             return Fault("hung_rank", job.name, onset, max(dur, 600.0), rank=rank, node=node, gpu_uuid=uuid,
                          level="hang")
         add("hung_rank", hung)
-    # Last, so the scenarios above keep their seeds (salts) from before issue 20.
+    # Last, so the scenarios above keep their seeds (salts) from before the starved outliers were added.
     for f in outliers:
         def starved_outlier(rng, job, onset, dur, f=f):  # noqa: ANN001, ANN202
             rank, node, uuid = _where(rng, job)
@@ -168,8 +168,9 @@ CONTROLS: dict[str, dict] = {
     "checkpoint stalls": {"noise": {"ckpt_every_s": 300.0}},
     "GC pauses": {"noise": {"gc_p": 5e-3, "gc_median_s": 0.5}},
     "missing telemetry": {"noise": {"sample_miss_p": 0.06, "node_miss_p": 0.02}},
-    # Healthy ranks slowed 1.15–1.6× for seconds (issue 12): see TRANSIENTS. The second runs 0.25 s steps
-    # evaluated every 2 s, where a handful of steps is a fraction of a second and evaluations come fast.
+    # Healthy ranks slowed 1.15–1.6× for seconds, which once fired false stragglers: see TRANSIENTS. The second
+    # runs 0.25 s steps evaluated every 2 s, where a handful of steps is a fraction of a second and evaluations
+    # come fast.
     "transient slowdowns": {"noise": TRANSIENTS},
     "transient slowdowns, 0.25 s steps, 2 s evaluations": {"noise": TRANSIENTS, "step_s": 0.25},
 }

@@ -1,4 +1,4 @@
-"""Pure: when a rank pushes before its next regular push (issue 20): a step that stands out against the
+"""Pure: when a rank pushes before its next regular push: a step that stands out against the
 rank's own recent steps.
 
 A fault shows first as longer steps, and in a synchronous job every rank sees the longer step (they all

@@ -1,4 +1,4 @@
-"""The policy engine through the real pynvml over the simulated NVML: scenarios from the issue, audit checked."""
+"""The policy engine through the real pynvml over the simulated NVML: scenario by scenario, audit checked."""
 
 import json
 import logging

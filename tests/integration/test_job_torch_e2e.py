@@ -30,11 +30,11 @@ def test_a_slow_rank_and_a_starved_rank_come_out_as_their_findings_on_their_rank
 
 
 def test_a_rank_whose_loader_is_far_slower_is_named_while_the_whole_job_waits_a_little(tmp_path: Path) -> None:
-    # Issue 20: every loader sleeps a little, rank 1's most of its step. The service used to report only
+    # Every loader sleeps a little, rank 1's most of its step. The service used to report only
     # io_starved_job (its branch returned before any rank was judged).
     out = run_case("outlier_in_starved_job", tmp_path, duration_s=45.0, settle_s=5.0)
     fired = out.first("io_starved_rank", 1, "firing")
-    # Within the issue's latency for a starved rank (p50 ≤ 20 s from onset; here the loader is slow from the
+    # Within the target latency for a starved rank (p50 ≤ 20 s from onset; here the loader is slow from the
     # first step): on sequential evidence it fires a few steps in (~3 s measured); the window medians and their
     # persistence, used alone in a waiting job before, need most of a minute.
     assert fired is not None and fired <= 20.0, out

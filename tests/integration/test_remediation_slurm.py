@@ -4,7 +4,7 @@ Real agents on simulated GPUs, a real `gpumond rules` scraping them with `remedi
 Slurm backend, a real slurmctld whose node states the test reads with sinfo. Stated bounds:
   - a node whose GPU falls off the bus is DRAIN in slurmctld within DRAIN_WITHIN_S of the agent first
     exporting the GPU as lost (scrape 1 s + evaluation 0.5 s + remediation step 0.5 s + scontrol; measured
-    figures in the issue note);
+    figures in benchmarks/RESULTS.md, "Fleet remediation");
   - it is resumed once the GPU is back, the agent's XID 79 alert expired (event_hold_s) and the hold-down passed;
   - a node a person drained is never resumed, nor its reason overwritten;
   - the blast-radius guard refuses the drain over guard.max_nodes, opens the circuit breaker and pages.

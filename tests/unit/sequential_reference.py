@@ -1,6 +1,6 @@
-"""The sequential test's judge and step_shares as they were before issue 25 (the judge's columns pruned, the
-steps read once per evaluation): the references the new ones must equal value for value (test_sequential_pruning.py,
-test_engine_reads_once.py). Not used by the product."""
+"""The sequential test's judge and step_shares as they were before their CPU at fleet scale was cut (the judge's
+columns pruned, the steps read once per evaluation): the references the new ones must equal value for value
+(test_sequential_pruning.py, test_engine_reads_once.py). Not used by the product."""
 
 from __future__ import annotations
 

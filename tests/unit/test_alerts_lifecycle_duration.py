@@ -1,4 +1,4 @@
-"""Persistence as wall time (issue 12, item 5): a finding fires once flagged for `min_s` seconds and resolves
+"""Persistence as wall time: a finding fires once flagged for `min_s` seconds and resolves
 after `clear_s` quiet seconds, whatever the evaluation interval; the rules config's `findings:` sets both."""
 
 from __future__ import annotations

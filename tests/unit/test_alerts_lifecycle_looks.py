@@ -1,4 +1,4 @@
-"""Persistence.look_s: the findings' windowed checks judged every 5 s count one look per 10 s (issue 20).
+"""Persistence.look_s: the findings' windowed checks judged every 5 s count one look per 10 s.
 
 A median over the last minute moves slowly; evaluated every 5 s, noise hovering at its threshold is seen,
 not seen, seen, … and without looks that added up to 2 of 3 over 20 s (a false straggler in a fault-free

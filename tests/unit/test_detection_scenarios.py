@@ -91,7 +91,7 @@ def test_starved_job_is_one_job_finding():
 
 
 def test_a_starved_rank_inside_a_job_whose_loaders_all_wait_is_named():
-    # Issue 20: every loader waits ~20 %, rank 9's 50 % (the others still ~13 % of the step it lengthens, a
+    # Every loader waits ~20 %, rank 9's 50 % (the others still ~13 % of the step it lengthens, a
     # starved job). Before, the job's branch returned first: the rank
     # was named only until the job's other ranks crossed into waiting.
     f = Fault("starved_outlier", "job-0", ONSET, 3600, rank=9, node="node-00001", wait_frac=0.5, base_wait=0.2,

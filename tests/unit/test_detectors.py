@@ -122,7 +122,7 @@ def io(cands):
 
 
 def test_an_outlier_rank_inside_a_starved_job_is_named_with_the_job():
-    # Issue 20: every rank waits ~12 % on data (the job's pipeline) and rank 7's own loader makes it wait 60 %:
+    # Every rank waits ~12 % on data (the job's pipeline) and rank 7's own loader makes it wait 60 %:
     # the operator needs both facts. Before, the job branch returned before any rank was judged.
     waits = {r: 0.12 + 0.004 * ((r % 5) - 2) for r in range(32)}
     waits[7] = 0.6
@@ -181,7 +181,7 @@ def test_job_slowdown_against_its_own_baseline():
 
 
 def test_a_job_whose_first_seconds_ran_faster_than_its_steady_pace_is_not_a_slowdown():
-    # Issue 17: a fault-free DDP job on a loaded host went pending as job_slowdown (1.106). The baseline was
+    # A fault-free DDP job on a loaded host once went pending as job_slowdown (1.106). The baseline was
     # learnt at the first evaluation that held 10 steps, a few seconds of the job's start, which ran faster
     # than what followed. It is now learnt from a full minute of the job's steps.
     def job(t_end, start=NOW - 200):
@@ -353,7 +353,7 @@ def test_a_starved_rank_in_a_calm_job_is_named_on_sequential_evidence_and_fires_
 
 
 def test_inside_a_job_that_waits_as_a_rule_the_outlier_is_named_on_sequential_evidence_and_fires_at_once():
-    # Issue 20: each step is judged against its peers' wait in units of that step's spread, whatever the job's
+    # Each step is judged against its peers' wait in units of that step's spread, whatever the job's
     # own level (in steps whose median rank waits, past seq_wait_busy_ref units), so the outlier no longer waits
     # for a minute of window medians; the job finding is still reported beside it.
     waits = {r: 0.12 + 0.004 * ((r % 5) - 2) for r in range(32)}

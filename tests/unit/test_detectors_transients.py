@@ -1,4 +1,4 @@
-"""Transient slowness is not a straggler (issue 12, item 5): a healthy rank slowed 1.15–1.6× for a handful of
+"""Transient slowness is not a straggler: a healthy rank slowed 1.15–1.6× for a handful of
 steps (a GC pause, a preempted CPU thread, a noisy neighbour) must not fire, however short the evaluation
 interval; a node slowed for a while in the job's first minute must not be learnt as workload structure; and
 a rank slower for longer than the stated minimum duration still fires. Pure detector runs, seeded.

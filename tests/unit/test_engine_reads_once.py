@@ -1,5 +1,5 @@
-"""The engine reads a job's steps once per evaluation (step_matrix.read_steps) for the rank features, the
-per-step shares and the span of its window, and fingerprints every job with a pass per field (issue 25): each
+"""The engine reads a job's steps once per evaluation (step_matrix.read_steps) for the rank features, the per-step
+shares and the span of its window, and fingerprints every job with a pass per field (less CPU at fleet scale): each
 gives what reading the windows one by one gives."""
 
 from __future__ import annotations

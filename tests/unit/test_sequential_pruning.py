@@ -1,7 +1,7 @@
 """sequential.judge takes its suffix sums only over the columns whose gain can pass, and its row medians without
-numpy's per-row loop (issue 25): on random step matrices (NaN rows, ranks missing their oldest or newest steps,
-planted slow or starved ranks, groups narrower and wider than numpy's 600-column nanmedian switch) it finds
-exactly what the unpruned judge (sequential_reference.py) finds, evidence value for value."""
+numpy's per-row loop (less CPU at fleet scale): on random step matrices (NaN rows, ranks missing their oldest or
+newest steps, planted slow or starved ranks, groups narrower and wider than numpy's 600-column nanmedian switch) it
+finds exactly what the unpruned judge (sequential_reference.py) finds, evidence value for value."""
 
 from __future__ import annotations
 

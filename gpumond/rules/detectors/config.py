@@ -35,7 +35,7 @@ class DetectorConfig:
     share_trim: float = 0.1  # …the long look averages each evaluation's mean with this share trimmed off each end…
     share_long_s: float = 300.0  # …over the evaluations of this much wall time, once it has min_steps of them…
     share_long_min_s: float = 120.0  # …spanning this: two recent windows, so one transient sits in half at most
-    # Sequential evidence on compute share (detectors/sequential.py, issue 20): per step a rank's log compute
+    # Sequential evidence on compute share (detectors/sequential.py): per step a rank's log compute
     # factor over its group's median rank, in noise units (the window's MAD, at least seq_floor); each step adds
     # min(z, seq_cap) − seq_ref, and seq_h of it over a run of ≥ seq_min_steps steps, seq_frac of them past
     # seq_ref, lasting the minimum duration for its magnitude, is a finding that fires at once. Minimum
@@ -91,14 +91,14 @@ class DetectorConfig:
     job_min_cost_frac: float = 0.08
     # In a job whose median rank waits wait_min_frac or more, a rank's data wait is an outlier only at this many
     # times the job's median: the shared pipeline spreads the ranks' waits (each loader drains at its own pace;
-    # up to ~1.8× in the benchmark's starved jobs), a rank whose own loader is slow waits far beyond (issue 20).
+    # up to ~1.8× in the benchmark's starved jobs), a rank whose own loader is slow waits far beyond.
     outlier_wait_ratio: float = 2.0
     node_min_gpus: int = 2  # this many straggling GPUs of one node (and ≥ half of its GPUs): the node
     slowdown_ratio: float = 1.10  # job step time above baseline × this: job slowdown
     baseline_min_steps: int = 10
     # …and the job's held steps must span this much wall time: a job's first seconds are not its normal pace
     # (a full prefetch buffer draining, warm-up, a host whose load changes), and a baseline learnt from them
-    # made a fault-free job on a loaded host a "slowdown" (issue 17). A full recent window.
+    # made a fault-free job on a loaded host a "slowdown". A full recent window.
     baseline_min_s: float = 60.0
     baseline_alpha: float = 0.05
     hang_min_s: float = 10.0  # no step for max(this, hang_factor × baseline step time): stalled

@@ -1,4 +1,4 @@
-"""Pure: sequential evidence, step by step against the step's peers (issue 20): a rank that computes longer
+"""Pure: sequential evidence, step by step against the step's peers: a rank that computes longer
 than its peers (a straggler), and a rank that waits longer on its data loader (a starved rank). One test for
 both; what differs is the per-step deviation and the minimum duration (a `Test`).
 
