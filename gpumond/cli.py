@@ -403,6 +403,7 @@ def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> 
     from gpumond.config import AgentConfig, ConfigError, load_agent_config, load_config, read_yaml_mapping
     from gpumond.config.kind import guess_kind, other_kind
     from gpumond.config.rules import RulesConfig, load_rules_config
+    from gpumond.httpaccess import AccessError
 
     how = "given"
     # Said on the ok line: a shape-only pass has not proven the daemon can read its secrets.
@@ -417,11 +418,16 @@ def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> 
                 else "none"
             tokens = f"{len(rules.tokens)} inline token(s)" if shape_only else f"{len(rules.tokens)} token(s)"
             web = _served(rules.web_config_file, shape_only)  # a full check loads its certificates, as at start
+            _client_files(shape_only, alerting=rules.alerting, telemetry=rules.telemetry)
             print(f"{path}: ok (rules config{_told(how)}; listen {rules.listen}, {tokens}, "
                   f"telemetry {source}, alerts to {_sinks(rules.alerting)}{web}; {mode})")
             return 0
         cfg = load_config(path, AgentConfig) if shape_only else load_agent_config(path)
         web = _served(cfg.web_config_file, shape_only)
+        _client_files(shape_only, alerting=cfg.alerting)
+    except AccessError as e:  # a client certificate or secret file the daemon could not use at start
+        print(f"gpumond: {path}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except ConfigError as e:
         hint = f" (checked as {'a rules' if kind == 'rules' else 'an agent'} config, told by {how}; " \
                f"pass --kind to choose)" if how == "its file name" else ""
@@ -448,6 +454,24 @@ def _served(path: Path | None, shape_only: bool) -> str:
     web = _web(path)
     served = "plain HTTP" if web.tls is None else f"TLS, {web.tls.settings.client_auth_type}"
     return f"; serves {served}" + (", read auth" if web.users or web.tokens else "")
+
+
+def _client_files(shape_only: bool, *, alerting: Any, telemetry: Any = None) -> None:
+    """A full check reads what the daemon's HTTP clients read at start (gpumond.httpaccess): the Alertmanager
+    sink's and the telemetry sources' certificate and secret files; AccessError naming the key."""
+    if shape_only:
+        return
+    from gpumond.httpaccess import AccessError, build_access
+
+    clients = {"alerting.alertmanager": alerting.alertmanager}
+    if telemetry is not None:
+        clients |= {"telemetry.scrape": telemetry.scrape, "telemetry.prometheus": telemetry.prometheus}
+    for key, spec in clients.items():
+        if spec is not None:
+            try:
+                build_access(spec)
+            except AccessError as e:
+                raise AccessError(f"{key}.{e}") from None
 
 
 def _told(how: str) -> str:

@@ -62,6 +62,23 @@ def test_check_config_accepts_a_good_file(tmp_path, capsys):
     assert "ok" in capsys.readouterr().out
 
 
+def test_check_config_reads_the_http_clients_secret_files_as_the_daemon_does(tmp_path, capsys):
+    missing = tmp_path / "no-such-password"
+    agent = tmp_path / "agent.yaml"
+    agent.write_text("alerting:\n  alertmanager: {urls: [http://am:9093], basic_auth: {username: gpumond, "
+                     f"password_file: {missing}}}}}\n")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("allow_unauthenticated: true\ntelemetry:\n  scrape: {targets: [node:9480], authorization: "
+                     f"{{credentials_file: {missing}}}}}\n")
+    assert main(["check-config", str(agent)]) == 2
+    assert f"alerting.alertmanager.basic_auth.password_file: cannot read {missing}" in capsys.readouterr().err
+    assert main(["check-config", str(rules)]) == 2
+    assert f"telemetry.scrape.authorization.credentials_file: cannot read {missing}" in capsys.readouterr().err
+    missing.write_text("s3cret\n")
+    assert main(["check-config", str(agent)]) == 0 and main(["check-config", str(rules)]) == 0
+    assert main(["check-config", "--shape-only", str(agent)]) == 0
+
+
 def test_check_config_shape_only_lints_without_the_secret_files_and_says_which_check_ran(tmp_path, capsys,
                                                                                       monkeypatch):
     for name in list(os.environ):
