@@ -13,7 +13,7 @@ last_wall)`. An event from the future (the clock was set back) is held from now.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,7 @@ class HeldEvents:
         return cls(state.xid_events, state.ecc_events, state.nvlink_events)
 
     def into(self, state: AgentAlertState) -> AgentAlertState:
-        return AgentAlertState(ecc_counts=state.ecc_counts, ecc_events=self.ecc, xid_events=self.xid,
-                               nvlink_seen_up=state.nvlink_seen_up, nvlink_replays=state.nvlink_replays,
-                               nvlink_events=self.nvlink)
+        return replace(state, ecc_events=self.ecc, xid_events=self.xid, nvlink_events=self.nvlink)
 
 
 def _entries(events: HeldEvents) -> dict[str, dict[str, Any]]:

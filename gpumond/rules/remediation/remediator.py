@@ -83,7 +83,7 @@ class Remediator:
         self.faults: Mapping[str, tuple[NodeFault, ...]] = {}  # the last step's confirmed faults, by node
         self.results: dict[int, str] = {}  # the last step's outcome of each action, by id(action): "ok", "error: …"
         self.counts: dict[tuple[str, str], int] = {}
-        self.backend_ok: bool | None = None
+        self._asked = False  # whether the scheduler was asked yet (backend_up is exported once it was)
         # What waits on the scheduler: "" for reading it, else the node whose decided action failed → (since,
         # the last error). Cleared by a success; raises GpumondRemediationBackendDown after backend_down_after_s.
         self._failing: dict[str, tuple[float, str]] = {}
@@ -150,7 +150,8 @@ class Remediator:
                 # Nothing to decide: the scheduler is asked only every IDLE_READ_S (a node list every step adds up
                 # on a big cluster), for drains of gpumond's that no record holds (state lost, the health check's).
                 # Nothing waits on it; a person's decision runs out once the node is heard clear.
-                self._failing.clear()
+                # No decision waits on the scheduler now; a failed read of it still counts until one succeeds.
+                self._failing = {k: v for k, v in self._failing.items() if not k}
                 self._save(replace(self.state, straggler_since=since, noted=(),
                                    undone=tuple(n for n in self.state.undone if n not in heard)))
                 return []
@@ -169,7 +170,6 @@ class Remediator:
                 if node and (rec is None or rec.phase not in ("draining", "resuming")):
                     # Nothing of this node waits on the scheduler any more (confirmed, released, forgotten).
                     del self._failing[node]
-            self.backend_ok = not self._failing
             for path in requests.files if requests else ():
                 path.unlink(missing_ok=True)
             return actions
@@ -177,22 +177,21 @@ class Remediator:
     def _status(self, now: float, seen: frozenset[str]) -> Mapping[str, NodeStatus] | None:
         if self.backend is None:
             return {n: NodeStatus(node=n, pool="", drained=False, ours=False) for n in seen}
+        self._asked = True
         try:
             nodes = self.backend.nodes()
         except BackendError as e:
-            if self.backend_ok is not False:
+            if not self._failing:
                 log.error("cannot read the scheduler's nodes; remediation paused", extra={"error": str(e)})
             self._failed("", now, str(e))
             return None
         self._failing.pop("", None)
-        self.backend_ok = not self._failing
         self._read_at = now
         return nodes
 
     def _failed(self, key: str, now: float, error: str) -> None:
         since = self._failing.get(key, (now, ""))[0]
         self._failing[key] = (since, error)
-        self.backend_ok = False
 
     def _save(self, state: State) -> None:
         if state != self.state:
@@ -219,7 +218,6 @@ class Remediator:
                 self._save(confirm(self.state, action))
             if real:
                 self._failing.pop(action.node, None)
-                self.backend_ok = not self._failing
         self.results[id(action)] = result
         self._record(action, result)
 
@@ -314,9 +312,9 @@ class Remediator:
         out.append(Series("gpumond_remediation_breaker_open",
                           (("dry_run", _flag(breaker.dry_run if breaker else self.cfg.mode != "enforce")),),
                           1.0 if breaker else 0.0))
-        if self.backend is not None and self.backend_ok is not None:
+        if self.backend is not None and self._asked:
             out.append(Series("gpumond_remediation_backend_up", (("backend", self.backend.name),),
-                              1.0 if self.backend_ok else 0.0))
+                              0.0 if self._failing else 1.0))
         return out
 
     def close(self) -> None:
