@@ -101,16 +101,24 @@ def check_config(objects: tuple[dict[str, Any], ...], component: str, tmp_path: 
     path = tmp_path / f"{component}.yaml"
     data = _configmap(objects, component)["data"]
     text = data[f"{component}.yaml"]
-    if "web.yml" in data:  # tls.enabled: the web config, reading a Secret's files made here (tests/pki.py)
+    if "web.yml" in data or "/etc/gpumond-tls/" in text:
+        # The chart mounts the TLS Secret at /etc/gpumond-tls: the web config and any client tls_config read its files,
+        # which are made here (tests/pki.py) as the kubelet would mount them.
         from tests.pki import CA
 
         ca = CA(tmp_path / f"{component}-tls", "ca")
         issued = ca.issue("tls")
-        web = data["web.yml"]
-        for name, made in (("tls.crt", issued.cert), ("tls.key", issued.key), ("ca.crt", ca.path)):
-            web = web.replace(f"/etc/gpumond-tls/{name}", str(made))
-        (tmp_path / f"{component}-web.yml").write_text(web)
-        text = text.replace("/etc/gpumond/web.yml", str(tmp_path / f"{component}-web.yml"))
+        mounted = {"tls.crt": issued.cert, "tls.key": issued.key, "ca.crt": ca.path}
+
+        def mount(body: str) -> str:
+            for name, made in mounted.items():
+                body = body.replace(f"/etc/gpumond-tls/{name}", str(made))
+            return body
+
+        text = mount(text)
+        if "web.yml" in data:
+            (tmp_path / f"{component}-web.yml").write_text(mount(data["web.yml"]))
+            text = text.replace("/etc/gpumond/web.yml", str(tmp_path / f"{component}-web.yml"))
     path.write_text(text)
     container = next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
                      and o["metadata"]["name"].endswith(f"-{component}"))["spec"]["template"]["spec"]["containers"][0]
