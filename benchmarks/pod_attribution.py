@@ -37,6 +37,8 @@ from gpumond.agent.jobs import JobAttributor  # noqa: E402
 from gpumond.agent.podresources.client import PodResourcesClient  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
 from gpumond.agent.sources import Cycle, run_sources  # noqa: E402
+from gpumond.agent.sources.parts import NodeParts  # noqa: E402
+from gpumond.agent.sources.registry import build as build_sources  # noqa: E402
 from gpumond.nvml.session import NvmlSession  # noqa: E402
 from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml  # noqa: E402
 from tests.fakes import HostProcess  # noqa: E402
@@ -105,8 +107,9 @@ def run(args: argparse.Namespace, rounds: int, sim: SimulatedNvml, session: Nvml
     def attributor() -> JobAttributor:
         return JobAttributor(process_factory=procs.__getitem__, cgroup_reader=lambda p: "0::/\n")
 
-    with_pods = Sampler(session, hostname="bench-node", jobs=attributor(), pods=client)
-    without = Sampler(session, hostname="bench-node", jobs=attributor())
+    with_pods = Sampler(session, build_sources(NodeParts(session, hostname="bench-node", jobs=attributor(),
+                                                         pods=client)))
+    without = Sampler(session, build_sources(NodeParts(session, hostname="bench-node", jobs=attributor())))
     for s in (with_pods, without):  # warm the caches and check what is being measured
         s.slow_cycle()
         s.fast_cycle()
