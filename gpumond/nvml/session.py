@@ -14,7 +14,8 @@ from typing import Any
 
 import pynvml
 
-from gpumond.nvml.calls import Call, Reader, build_readers
+from gpumond.nvml.calls import build_readers
+from gpumond.nvml.reader import Call, Reader
 from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
 from gpumond.nvml.gpm import GpmSampler
 from gpumond.nvml import mig as miglib
