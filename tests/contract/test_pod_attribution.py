@@ -237,3 +237,16 @@ def test_the_policy_sees_what_runs_on_each_gpu_and_its_slices(node, tmp_path: Pa
     g1 = sim.gpus[1]
     assert f"job k8s-pod/ml/infer-a (pod ml/infer-a, container srv) on MIG 3g.40gb {g1.mig[0].uuid}" in by_gpu[1]
     assert f"job k8s-pod/{POD_UID} on MIG 1g.10gb {g1.mig[1].uuid}" in by_gpu[1]
+
+
+def test_a_failing_kubelet_is_asked_again_after_a_doubling_back_off_that_an_answer_resets(tmp_path: Path) -> None:
+    client = PodResourcesClient(tmp_path / "kubelet.sock", timeout_s=2.0, interval_s=10.0, max_backoff_s=30.0)
+    waits = []
+    for _ in range(4):
+        assert not client.poll()
+        waits.append(client.next_poll_s)
+    assert waits == [10.0, 20.0, 30.0, 30.0]  # interval_s doubling, capped at max_backoff_s
+    with PodResourcesServer(tmp_path / "kubelet.sock"):
+        assert client.poll(), client.error
+        assert client.next_poll_s == 10.0
+    assert not client.poll() and client.next_poll_s == 10.0  # the back-off starts afresh
