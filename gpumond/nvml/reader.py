@@ -35,20 +35,17 @@ class Reader:
     release: Callable[[Any], None] | None = None
 
 
+# c_nvmlFieldValue_t's value union: which member holds a value of each declared type (unsigned long long else).
+_UNION_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
 def field_value(entry: Any) -> float:
     """Decode one c_nvmlFieldValue_t by its declared value type."""
-    kind = entry.valueType
-    v = entry.value
-    if kind == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        return float(v.dVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-        return float(v.uiVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return float(v.ulVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return float(v.sllVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
-        return float(v.siVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
-        return float(v.usVal)
-    return float(v.ullVal)
+    return float(getattr(entry.value, _UNION_MEMBER.get(entry.valueType, "ullVal")))
