@@ -36,7 +36,7 @@ import _bench  # noqa: E402
 from gpumond.agent.jobs import JobAttributor  # noqa: E402
 from gpumond.agent.podresources.client import PodResourcesClient  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
-from gpumond.agent.sources import Cycle, run_sources  # noqa: E402
+from gpumond.agent.sources import Cycle, Tiers, run_sources  # noqa: E402
 from gpumond.agent.sources.parts import NodeParts  # noqa: E402
 from gpumond.agent.sources.registry import build as build_sources  # noqa: E402
 from gpumond.nvml.session import NvmlSession  # noqa: E402
@@ -107,9 +107,9 @@ def run(args: argparse.Namespace, rounds: int, sim: SimulatedNvml, session: Nvml
     def attributor() -> JobAttributor:
         return JobAttributor(process_factory=procs.__getitem__, cgroup_reader=lambda p: "0::/\n")
 
-    with_pods = Sampler(session, build_sources(NodeParts(session, hostname="bench-node", jobs=attributor(),
-                                                         pods=client)))
-    without = Sampler(session, build_sources(NodeParts(session, hostname="bench-node", jobs=attributor())))
+    with_pods_sources = build_sources(NodeParts(session, hostname="bench-node", jobs=attributor(), pods=client))
+    without_sources = build_sources(NodeParts(session, hostname="bench-node", jobs=attributor()))
+    with_pods, without = Sampler(session, with_pods_sources), Sampler(session, without_sources)
     for s in (with_pods, without):  # warm the caches and check what is being measured
         s.slow_cycle()
         s.fast_cycle()
@@ -117,17 +117,18 @@ def run(args: argparse.Namespace, rounds: int, sim: SimulatedNvml, session: Nvml
     labelled = sum(1 for x in rows if "pod" in dict(x.labels))
     assert labelled == GPUS - MIG_GPUS + MIG_GPUS * SLICES, f"only {labelled} devices got their pod"
 
-    def sources(sampler: Sampler) -> Callable[[], object]:
-        # The slow cycle's registered sources after the NVML read: pod_resources (when given), then jobs.
-        after_nvml = [s for s in sampler._slow_sources if s.name in ("pod_resources", "jobs")]  # noqa: SLF001
+    def sources(tiers: Tiers) -> Callable[[], object]:
+        # The slow cycle's sources after the NVML read: pod_resources (when given), then jobs.
+        after_nvml = [s for s in tiers.slow if s.name in ("pod_resources", "jobs")]
         return lambda: run_sources(after_nvml, Cycle())
 
+    mig = next(s for s in with_pods_sources.fast if s.name == "nvml_mig")
     variants: dict[str, Callable[[], object]] = {
-        "attribution, processes only": sources(without),
-        "attribution, processes + pod-resources": sources(with_pods),
+        "attribution, processes only": sources(without_sources),
+        "attribution, processes + pod-resources": sources(with_pods_sources),
         "slow cycle, processes only": without.slow_cycle,
         "slow cycle, processes + pod-resources": with_pods.slow_cycle,
-        "fast cycle MIG source (28 instances)": lambda: with_pods._mig_series(Cycle()),  # noqa: SLF001
+        "fast cycle MIG source (28 instances)": lambda: mig.collect(Cycle()),
     }
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     wall: dict[str, list[float]] = {k: [] for k in variants}
