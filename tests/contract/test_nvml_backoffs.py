@@ -56,7 +56,7 @@ def test_a_refused_xid_registration_is_asked_again_after_10_s_doubling_to_60(mak
     w = XidWatcher(s.handles, s.index_of_handle, ready=lambda: s.up, clock=clock.now)
     attempts = []
     try:
-        for second in range(0, 200):  # the watcher thread's registration pass, driven by hand once a second
+        for second in range(200):  # the watcher thread's registration pass, driven by hand once a second
             calls = sim.gpus[1].device_calls
             w._register()  # noqa: SLF001 - the pass whose schedule is under test, without the thread's waits
             if sim.gpus[1].device_calls != calls:

@@ -5,6 +5,14 @@ when it is enabled and how it is built from the node's parts (`parts.py`); `regi
 sources a node has, in the order they run, and the sampler runs them (`base.py`).
 """
 
-from gpumond.agent.sources.base import Cycle, PartialFailure, Source, Tiers, run_source, run_sources, self_series
+from gpumond.agent.sources.base import (
+    Cycle,
+    PartialFailure,
+    Source,
+    Tiers,
+    run_source,
+    run_sources,
+    self_series,
+)
 
 __all__ = ["Cycle", "PartialFailure", "Source", "Tiers", "run_source", "run_sources", "self_series"]

@@ -7,7 +7,16 @@ MIG one (it reads the MIG activity once).
 
 from __future__ import annotations
 
-from gpumond.agent.sources import dcgm_compat, host, jobs, nvml, nvml_mig, policy, pod_resources, xid
+from gpumond.agent.sources import (
+    dcgm_compat,
+    host,
+    jobs,
+    nvml,
+    nvml_mig,
+    pod_resources,
+    policy,
+    xid,
+)
 from gpumond.agent.sources.base import Tiers
 from gpumond.agent.sources.parts import NodeParts, Registration
 
