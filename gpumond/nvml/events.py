@@ -38,6 +38,7 @@ class XidWatcher:
         on_xid: Callable[[int, int], None] | None = None,
         ready: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
+        pause: Callable[[float], object] | None = None,
     ) -> None:
         self._handles = handles
         self._ready = ready  # NVML is initialised: the watcher waits for it, then registers
@@ -52,6 +53,8 @@ class XidWatcher:
         self._set: Any = None
         self._registered: dict[int, int | None] = {}  # gpu index → address of the handle registered
         self._clock = clock
+        # How the thread waits out a restart back-off: until stop() or that many seconds (injected by tests).
+        self._pause = pause if pause is not None else self._stop.wait
         # gpu index → (address of the handle refused, when to ask again, its back-off, NVML error)
         self._failed: dict[int, tuple[int | None, float, Backoff, str]] = {}
         self._warned: set[int] = set()  # GPUs whose failure was logged, until they register
@@ -192,7 +195,7 @@ class XidWatcher:
             self._registered.clear()
             with self._lock:
                 self._failed.clear()  # a new event set: every GPU is registered afresh
-            self._stop.wait(delay)
+            self._pause(delay)
         self._running, self._why = False, "stopped"
 
     def _wait_once(self) -> None:

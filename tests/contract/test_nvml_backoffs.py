@@ -68,3 +68,20 @@ def test_a_refused_xid_registration_is_asked_again_after_10_s_doubling_to_60(mak
         w.stop()
     # refused at 0, 10, 30, 70 s (back-off 10, 20, 40), registered at 130 s (60 s: the cap)
     assert attempts == [0, 10, 30, 70, 130]
+
+
+def test_a_failing_xid_watcher_restarts_after_1_s_doubling_to_60_and_afresh_once_it_ran(make_session):
+    sim, s, _ = make_session(gpus=1)
+    sim.inject({"kind": "nvml_error", "function": "nvmlEventSetCreate", "error": "unknown", "count": 8})
+    # then it runs, and its first wait fails: a restart after a good run starts the back-off afresh
+    sim.inject({"kind": "nvml_error", "function": "nvmlEventSetWait_v2", "error": "unknown", "count": 1})
+    pauses = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 9:
+            w.stop()
+
+    w = XidWatcher(s.handles, s.index_of_handle, wait_ms=10, ready=lambda: s.up, pause=pause)
+    w._run()  # noqa: SLF001 - the watcher thread's loop, run here so that its pauses are recorded, not slept
+    assert pauses == [1, 2, 4, 8, 16, 32, 60, 60, 1]
