@@ -35,6 +35,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,6 +51,8 @@ from gpumond.agent.host import HostEvidence  # noqa: E402
 from gpumond.agent.jobs import JobAttributor  # noqa: E402
 from gpumond.agent.metrics import metric_types  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
+from gpumond.agent.sources.parts import NodeParts  # noqa: E402
+from gpumond.agent.sources.registry import build as build_sources  # noqa: E402
 from gpumond.nvml import calls  # noqa: E402
 from gpumond.nvml.gpm import METRICS as GPM_METRICS  # noqa: E402
 from gpumond.nvml.session import NvmlSession  # noqa: E402
@@ -399,15 +402,16 @@ def run(args: argparse.Namespace, session: NvmlSession, clock: ManualClock, fast
     hostname = "bench-node"
     bare_fast, fast_census = make_bare(session, "fast")
     bare_slow, slow_census = make_bare(session, "slow")
-    plain = Sampler(session, hostname=hostname, renderer=Renderer())
-    wired = Sampler(session, hostname=hostname, renderer=Renderer(), xid=_NoXids(), host=HostEvidence(),
-                    jobs=JobAttributor())
+    def sampler(renderer: Renderer, **parts: Any) -> Sampler:
+        return Sampler(session, build_sources(NodeParts(session, hostname=hostname, **parts)), renderer=renderer)
+
+    plain = sampler(Renderer())
+    wired = sampler(Renderer(), xid=_NoXids(), host=HostEvidence(), jobs=JobAttributor())
     # (e): (d) with exposition.dcgm_compat on, as Agent wires it (its renderer knows the DCGM_FI_* types too).
-    dcgm = Sampler(session, hostname=hostname, renderer=Renderer(types=metric_types() | dcgm_types()),
-                   xid=_NoXids(), host=HostEvidence(), jobs=JobAttributor(), dcgm=DcgmCompat(hostname=hostname))
+    dcgm = sampler(Renderer(types=metric_types() | dcgm_types()), xid=_NoXids(), host=HostEvidence(),
+                   jobs=JobAttributor(), dcgm=DcgmCompat(hostname=hostname))
     # (f): (d) with exposition.nvlink_per_link on: each link's throughput and error counters as well.
-    per_link = Sampler(session, hostname=hostname, renderer=Renderer(), xid=_NoXids(), host=HostEvidence(),
-                       jobs=JobAttributor(), nvlink_per_link=True)
+    per_link = sampler(Renderer(), xid=_NoXids(), host=HostEvidence(), jobs=JobAttributor(), nvlink_per_link=True)
     for s in (plain, wired, dcgm, per_link):
         s.slow_cycle()
         s.fast_cycle()

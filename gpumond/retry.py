@@ -1,6 +1,7 @@
 """When to send an HTTP request again: which answers are retried, Retry-After, and capped backoff with jitter.
 
-One schedule for every client gpumond has (the job SDK's pusher, the alert sinks). Stdlib only: the job SDK
+One schedule for every client gpumond has (the job SDK's pusher, the alert sinks) and, without jitter, for the
+agent's retries of what is its node's own (NVML, the XID watcher, the kubelet). Stdlib only: the job SDK
 imports it inside training containers.
 """
 
@@ -43,23 +44,26 @@ def parse_retry_after(value: str | None, now_wall: float, cap_s: float = RETRY_A
 
 
 class Backoff:
-    """The n-th failure in a row waits min(cap, base·2^(n-1)) × a random factor in [0.5, 1).
+    """The n-th failure in a row waits min(cap, base·2^(n-1)) × a random factor in [1 - jitter, 1).
 
-    Half fixed, half random: clients that lost a server together (ranks of one job, sink replicas) spread
-    their retries out, none retries sooner than half the schedule, and the cap is never exceeded.
+    By default half fixed, half random: clients that lost a server together (ranks of one job, sink replicas)
+    spread their retries out, none retries sooner than half the schedule, and the cap is never exceeded.
+    `jitter=0` is the plain doubling schedule, for a retry no other client shares (a node's own driver).
     """
 
-    def __init__(self, base_s: float, cap_s: float, rng: Callable[[], float] = random.random) -> None:
+    def __init__(self, base_s: float, cap_s: float, rng: Callable[[], float] = random.random, *,
+                 jitter: float = 0.5) -> None:
         self.base_s = base_s
         self.cap_s = cap_s
         self._rng = rng
+        self._jitter = jitter
         self.failures = 0
 
     def next_delay(self) -> float:
         """Count one more failure; the delay before the next attempt."""
         self.failures += 1
         ceiling = min(self.cap_s, self.base_s * 2.0 ** min(self.failures - 1, 60))
-        return ceiling * (0.5 + 0.5 * self._rng())
+        return ceiling * (1.0 - self._jitter + self._jitter * self._rng())
 
     def after_failure(self, retry_after_s: float | None) -> float:
         """The delay after a failure: the schedule's, or the server's Retry-After when that is longer.

@@ -1,22 +1,29 @@
-"""The demo receiver made to misbehave on request, for tests and benchmarks: planned answers and stalls.
+"""The demo's receiver held to every rule the real services document, and made to misbehave on request.
 
-`ScriptedReceiver.script(kind, Respond(429, headers={"Retry-After": "1"}), Hang(2.0), …)` queues answers
-used one per request in order; then the receiver answers as the real service would again.
+`ScriptedReceiver` answers each request as Slack, PagerDuty or an Alertmanager webhook would, all their rules
+applied (tests/service_payloads.py), so a sender posting what the service would refuse is refused here too.
+`script(kind, Respond(429, headers={"Retry-After": "1"}), Hang(2.0), …)` queues answers used one per request in
+order; then it answers as the real service would again. `wait_for` blocks until records arrive.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpumond.demo.receiver import KINDS, SLACK_STATUS_BODY, Kind, Receiver, Verdict
+from gpumond.demo.receiver import KINDS, Kind, Receiver, Record, Verdict, describe
+from tests.service_payloads import strict_answer
 
 MAX_HANG_S = 300.0
+# What Slack answers with each status (its documented error strings).
+SLACK_STATUS_BODY = {200: "ok", 400: "invalid_payload", 403: "action_prohibited", 404: "channel_not_found",
+                     410: "channel_is_archived", 429: "rate_limited", 500: "rollup_error"}
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,8 @@ class Respond:
         object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
 
     def verdict(self, kind: Kind, real: Verdict) -> Verdict:
-        """This answer as the receiver sends it (with the service's usual body when none was given)."""
+        """This answer as the receiver sends it (with the service's usual body when none was given); the
+        record keeps what the real service found wrong with the payload, if anything."""
         body = self.body
         media_type = "text/plain"
         if body is None:
@@ -45,8 +53,8 @@ class Respond:
                 body = ""
         if isinstance(body, (Mapping, list)):
             body, media_type = json.dumps(dict(body) if isinstance(body, Mapping) else body), "application/json"
-        return Verdict(self.status, body, media_type, dedup_key=real.dedup_key if 200 <= self.status < 300
-                       else None, headers=self.headers)
+        return Verdict(self.status, body, media_type, real.error, real.errors,
+                       dedup_key=real.dedup_key if 200 <= self.status < 300 else None, headers=self.headers)
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,8 @@ Scripted = Respond | Hang
 
 
 class ScriptedReceiver(Receiver):
-    """The receiver, answering from a queue of planned answers per kind while one is queued."""
+    """The receiver with the services' rules, answering from a queue of planned answers per kind while one is
+    queued."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -93,15 +102,43 @@ class ScriptedReceiver(Receiver):
             for q in self._scripts.values():
                 q.clear()
 
-    async def planned(self, kind: Kind, verdict: Verdict) -> Verdict | None:
+    async def answer(self, kind: Kind, raw: bytes, content_type: str) -> Verdict:
+        real = strict_answer(kind, raw, content_type, self._new_key)
         with self._cond:
             plan = self._scripts[kind].popleft() if self._scripts[kind] else None
         if isinstance(plan, Hang):
             try:
                 await asyncio.wait_for(self.stopping().wait(), plan.seconds)
-                return Verdict(503, "receiver stopping", "text/plain")
+                return Verdict(503, "receiver stopping", "text/plain", real.error, real.errors)
             except asyncio.TimeoutError:
                 plan = plan.then
-            if plan is None:
-                return verdict  # the normal answer, late
-        return None if plan is None else plan.verdict(kind, verdict)
+        return real if plan is None else plan.verdict(kind, real)
+
+    def wait_for(self, predicate: Callable[[Record], bool] = lambda r: True, timeout: float = 5.0, *,
+                 kind: Kind | None = None, accepted: bool | None = None, count: int = 1) -> list[Record]:
+        """Block until `count` kept records (filtered as received() does) match; return them all, or TimeoutError."""
+        if not 0 < timeout <= 600:
+            raise ValueError(f"timeout must be in (0, 600] seconds (got {timeout})")
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._cond:
+                seq = self._seq
+            matched = [r for r in self.received(kind, accepted=accepted) if predicate(r)]
+            if len(matched) >= count:
+                return matched
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(self._timeout_message(timeout, kind, count, len(matched)))
+            with self._cond:
+                self._cond.wait_for(lambda: self._seq != seq, remaining)
+
+    def _timeout_message(self, timeout: float, kind: Kind | None, count: int, matched: int) -> str:
+        records = self.received(kind)
+        tally: dict[str, int] = {}
+        for r in records:
+            key = f"{r.kind} {r.status}"
+            tally[key] = tally.get(key, 0) + 1
+        seen = ", ".join(f"{k} x{n}" for k, n in sorted(tally.items())) or "nothing"
+        last = f"; last: {describe(records[-1])}" if records else ""
+        return (f"receiver {self.url}: {matched} of {count} wanted {kind or 'any'} record(s) matched "
+                f"within {timeout:g} s; received {seen}{last}")

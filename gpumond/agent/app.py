@@ -29,6 +29,8 @@ from gpumond.agent.policy.state_file import StateFile
 from gpumond.agent.policy.view import build_views
 from gpumond.agent.sampler import Sampler
 from gpumond.agent.server import AgentApp
+from gpumond.agent.sources.parts import NodeParts
+from gpumond.agent.sources.registry import build as build_sources
 from gpumond.alerts.pipeline import AlertPipeline
 from gpumond.alerts.sinks import build_sinks
 from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
@@ -138,10 +140,10 @@ class Agent:
         renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
         # Filled by the HTTP server (serve()), exported each fast cycle; the cap is known now, for the first one.
         self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))
-        self.sampler = Sampler(self.session, hostname=config.node_name, renderer=renderer, xid=self.xid,
-                               jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
-                               policy=self.policy, dcgm=dcgm, nvlink_per_link=per_link,
-                               identities=self._identities.save,
+        parts = NodeParts(self.session, hostname=config.node_name, nvlink_per_link=per_link,
+                          identities=self._identities.save, xid=self.xid, jobs=jobs, pods=self.pods,
+                          host=HostEvidence() if config.host.enabled else None, policy=self.policy, dcgm=dcgm)
+        self.sampler = Sampler(self.session, build_sources(parts), renderer=renderer,
                                server=lambda: [*self.http_stats.series(), *self.web.series()])
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 

@@ -1,7 +1,7 @@
 """The demo's pages: where its daemons send alerts, and each notification a person would get as a story event.
 
 With no flags, Slack and PagerDuty notifications go to a built-in receiver (gpumond.demo.receiver) that
-checks them as the real services would; `--slack-webhook`, `--pagerduty-routing-key` and `--alertmanager`
+answers them as the real services would; `--slack-webhook`, `--pagerduty-routing-key` and `--alertmanager`
 send to real ones instead (those are then seen where they are delivered, not here).
 """
 
@@ -70,7 +70,7 @@ class Pages:
         if self.receiver is not None:
             out.append(f"  built-in receiver {self.receiver.url}: "
                        + " and ".join(k for k, real in (("Slack", self._slack), ("PagerDuty", self._pd_key)) if not real)
-                       + " notifications are checked as the real services would and printed as PAGE lines")
+                       + " notifications are answered as the real services would and printed as PAGE lines")
         if self._slack:
             out.append("  Slack: your webhook (--slack-webhook)")
         if self._pd_key:

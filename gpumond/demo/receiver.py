@@ -1,4 +1,10 @@
-"""A local stand-in for Slack, PagerDuty and an Alertmanager webhook: validates what senders post, records it."""
+"""A local stand-in for Slack, PagerDuty and an Alertmanager webhook: answers what senders post, records it.
+
+The demo's built-in receiver: each notification is answered as the service answers one it can read (Slack's
+"ok", PagerDuty's dedup key) and handed to `on_notification`, which prints it as a PAGE line. A body that is
+not a JSON object gets the service's own refusal. The services' detailed rules (Block Kit limits, Events API
+fields) are the tests' business: they check every payload gpumond sends against them.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -32,34 +38,6 @@ KINDS: tuple[Kind, ...] = ("slack", "pagerduty", "alertmanager")
 MAX_BODY_BYTES = 1 << 20
 MAX_RECORDS = 10_000
 
-# Slack's documented limits (Block Kit reference, incoming-webhook docs).
-SLACK_TEXT_MAX = 40_000
-SLACK_BLOCKS_MAX = 50
-SLACK_ATTACHMENTS_MAX = 100
-SLACK_SECTION_TEXT_MAX = 3000
-SLACK_SECTION_FIELDS_MAX = 10
-SLACK_FIELD_TEXT_MAX = 2000
-SLACK_HEADER_TEXT_MAX = 150
-SLACK_CONTEXT_ELEMENTS_MAX = 10
-SLACK_BLOCK_ID_MAX = 255
-SLACK_BLOCK_TYPES = frozenset({
-    "actions", "context", "divider", "file", "header", "image", "input", "markdown", "rich_text", "section",
-    "table", "video",
-})
-SLACK_TEXT_TYPES = frozenset({"plain_text", "mrkdwn"})
-# What Slack answers with each status (its documented error strings).
-SLACK_STATUS_BODY = {200: "ok", 400: "invalid_payload", 403: "action_prohibited", 404: "channel_not_found",
-                     410: "channel_is_archived", 429: "rate_limited", 500: "rollup_error"}
-
-# PagerDuty Events API v2 (developer docs: "Send an Alert Event", "Events API v2 Overview").
-PD_ROUTING_KEY_LEN = 32
-PD_DEDUP_KEY_MAX = 255
-PD_SUMMARY_MAX = 1024
-PD_ACTIONS = ("trigger", "acknowledge", "resolve")
-PD_SEVERITIES = ("critical", "error", "warning", "info")
-
-AM_STATUSES = ("firing", "resolved")
-
 
 @dataclass(frozen=True)
 class Record:
@@ -74,7 +52,6 @@ class Record:
     status: int
     error: str | None = None  # why the payload is invalid (Slack code / PagerDuty message); None when valid
     errors: tuple[str, ...] = ()  # every problem found, with where it is
-    scripted: bool = False  # the answer was planned by a test (Receiver.planned), not found by validation
     dedup_key: str | None = None  # PagerDuty: the key answered (the sender's, or one we generated)
 
     @property
@@ -94,7 +71,7 @@ class Record:
         body = self.json()
         out: dict[str, Any] = {
             "seq": self.seq, "received_at": self.received_at.isoformat(), "kind": self.kind, "path": self.path,
-            "status": self.status, "accepted": self.accepted, "scripted": self.scripted, "error": self.error,
+            "status": self.status, "accepted": self.accepted, "error": self.error,
             "errors": list(self.errors), "dedup_key": self.dedup_key, "content_type": self.content_type,
             "json": body,
         }
@@ -105,7 +82,7 @@ class Record:
 
 @dataclass(frozen=True)
 class Verdict:
-    """How the receiver answers one request: what the real service would say about its body."""
+    """How the receiver answers one request: what the service would say about its body."""
 
     status: int
     body: bytes | str
@@ -129,7 +106,8 @@ def _is_json_type(content_type: str) -> bool:
     return content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
-def _parse_object(raw: bytes, content_type: str) -> tuple[dict[str, Any] | None, str | None]:
+def parse_object(raw: bytes, content_type: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The body as a JSON object, or None and why it is not one."""
     if not _is_json_type(content_type):
         return None, f"Content-Type is {content_type or 'missing'!r}, not application/json"
     try:
@@ -141,252 +119,47 @@ def _parse_object(raw: bytes, content_type: str) -> tuple[dict[str, Any] | None,
     return obj, None
 
 
-def _is_iso8601(value: Any) -> bool:
-    if not isinstance(value, str) or "T" not in value:
-        return False
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        return False
-    return True
+# --- the services' answers --------------------------------------------------------------------------------
+
+SLACK_OK = Verdict(200, b"ok", "text/plain")
+WEBHOOK_OK = Verdict(200, b"ok", "text/plain")  # Alertmanager's webhook_configs expects any 2xx
 
 
-# --- Slack incoming webhook -------------------------------------------------------------------------------
-
-def _slack_text_object(obj: Any, where: str, max_len: int, types: frozenset[str] = SLACK_TEXT_TYPES) -> list[str]:
-    if not isinstance(obj, dict):
-        return [f"{where} must be a text object"]
-    errs = []
-    if obj.get("type") not in types:
-        errs.append(f"{where}.type must be one of {', '.join(sorted(types))} (got {obj.get('type')!r})")
-    text = obj.get("text")
-    if not isinstance(text, str) or not text:
-        errs.append(f"{where}.text must be a non-empty string")
-    elif len(text) > max_len:
-        errs.append(f"{where}.text is {len(text)} characters (max {max_len})")
-    return errs
+def slack_refusal(code: str, *why: str) -> Verdict:
+    """Slack's refusal: a 400 whose body is its error code (invalid_payload, no_text, …)."""
+    return Verdict(400, code.encode(), "text/plain", code, why)
 
 
-def _slack_block(block: Any, where: str) -> list[str]:
-    if not isinstance(block, dict):
-        return [f"{where} must be an object"]
-    btype = block.get("type")
-    if btype not in SLACK_BLOCK_TYPES:
-        return [f"{where}.type {btype!r} is not a known block type"]
-    errs = []
-    block_id = block.get("block_id")
-    if block_id is not None and (not isinstance(block_id, str) or len(block_id) > SLACK_BLOCK_ID_MAX):
-        errs.append(f"{where}.block_id must be a string of at most {SLACK_BLOCK_ID_MAX} characters")
-    if btype == "section":
-        if "text" not in block and "fields" not in block:
-            errs.append(f"{where} (section) needs text or fields")
-        if "text" in block:
-            errs += _slack_text_object(block["text"], f"{where}.text", SLACK_SECTION_TEXT_MAX)
-        if "fields" in block:
-            fields = block["fields"]
-            if not isinstance(fields, list) or not fields or len(fields) > SLACK_SECTION_FIELDS_MAX:
-                errs.append(f"{where}.fields must be a list of 1-{SLACK_SECTION_FIELDS_MAX} text objects")
-            else:
-                for i, f in enumerate(fields):
-                    errs += _slack_text_object(f, f"{where}.fields[{i}]", SLACK_FIELD_TEXT_MAX)
-    elif btype == "header":
-        errs += _slack_text_object(block.get("text"), f"{where}.text", SLACK_HEADER_TEXT_MAX,
-                                   frozenset({"plain_text"}))
-    elif btype == "context":
-        elements = block.get("elements")
-        if not isinstance(elements, list) or not elements or len(elements) > SLACK_CONTEXT_ELEMENTS_MAX:
-            errs.append(f"{where}.elements must be a list of 1-{SLACK_CONTEXT_ELEMENTS_MAX} elements")
-        else:
-            for i, el in enumerate(elements):
-                if not isinstance(el, dict):
-                    errs.append(f"{where}.elements[{i}] must be an object")
-                elif el.get("type") in SLACK_TEXT_TYPES:
-                    errs += _slack_text_object(el, f"{where}.elements[{i}]", SLACK_SECTION_TEXT_MAX)
-                elif el.get("type") != "image":
-                    errs.append(f"{where}.elements[{i}].type must be plain_text, mrkdwn or image")
-    elif btype in ("actions", "rich_text"):
-        elements = block.get("elements")
-        if not isinstance(elements, list) or not elements or not all(isinstance(e, dict) for e in elements):
-            errs.append(f"{where}.elements must be a non-empty list of objects")
-    elif btype == "image":
-        if not isinstance(block.get("image_url"), str) and not isinstance(block.get("slack_file"), dict):
-            errs.append(f"{where} (image) needs image_url or slack_file")
-        if not isinstance(block.get("alt_text"), str) or not block.get("alt_text"):
-            errs.append(f"{where}.alt_text must be a non-empty string")
-    return errs
+def pagerduty_accepted(dedup_key: str) -> Verdict:
+    """The Events API v2's 202, naming the alert's dedup key."""
+    body = {"status": "success", "message": "Event processed", "dedup_key": dedup_key}
+    return Verdict(202, json.dumps(body).encode(), "application/json", dedup_key=dedup_key)
 
 
-def _slack(raw: bytes, content_type: str) -> Verdict:
-    def bad(code: str, *why: str) -> Verdict:
-        return Verdict(400, code.encode(), "text/plain", code, why)
+def pagerduty_refusal(errors: Sequence[str]) -> Verdict:
+    """The Events API v2's 400, listing what is wrong with the event."""
+    body = {"status": "invalid event", "message": "Event object is invalid", "errors": list(errors)}
+    return Verdict(400, json.dumps(body).encode(), "application/json", "Event object is invalid", tuple(errors))
 
-    obj, why = _parse_object(raw, content_type)
+
+def alertmanager_refusal(errors: Sequence[str]) -> Verdict:
+    """A webhook receiver's 400 (Alertmanager retries it like any failure)."""
+    return Verdict(400, ("invalid webhook payload: " + "; ".join(errors)).encode(), "text/plain",
+                   "invalid webhook payload", tuple(errors))
+
+
+def readable_answer(kind: Kind, raw: bytes, content_type: str, new_key: Callable[[], str]) -> Verdict:
+    """The service's answer to a notification it can read (a JSON object); its refusal of one it cannot."""
+    obj, why = parse_object(raw, content_type)
     if obj is None:
-        return bad("invalid_payload", why or "")
-    text, blocks, attachments = obj.get("text"), obj.get("blocks"), obj.get("attachments")
-    if text is not None and not isinstance(text, str):
-        return bad("invalid_payload", f"text must be a string (got {type(text).__name__})")
-    if not text and not blocks and not attachments:
-        return bad("no_text", "needs a non-empty text, blocks or attachments")
-    if text is not None and len(text) > SLACK_TEXT_MAX:
-        # Slack itself truncates past this; refusing makes a sender that would lose text fail loudly here.
-        return bad("msg_too_long", f"text is {len(text)} characters (max {SLACK_TEXT_MAX})")
-    if blocks is not None:
-        if not isinstance(blocks, list):
-            return bad("invalid_blocks_format", f"blocks must be a list (got {type(blocks).__name__})")
-        if len(blocks) > SLACK_BLOCKS_MAX:
-            return bad("invalid_blocks", f"{len(blocks)} blocks (max {SLACK_BLOCKS_MAX})")
-        errs = [e for i, b in enumerate(blocks) for e in _slack_block(b, f"blocks[{i}]")]
-        if errs:
-            return bad("invalid_blocks", *errs)
-    if attachments is not None:
-        if not isinstance(attachments, list) or not all(isinstance(a, dict) for a in attachments):
-            return bad("invalid_attachments", "attachments must be a list of objects")
-        if len(attachments) > SLACK_ATTACHMENTS_MAX:
-            return bad("too_many_attachments", f"{len(attachments)} attachments (max {SLACK_ATTACHMENTS_MAX})")
-        errs = [e for i, a in enumerate(attachments) if "blocks" in a
-                for j, b in enumerate(a["blocks"] if isinstance(a["blocks"], list) else [None])
-                for e in _slack_block(b, f"attachments[{i}].blocks[{j}]")]
-        if errs:
-            return bad("invalid_attachments", *errs)
-    return Verdict(200, b"ok", "text/plain")
-
-
-# --- PagerDuty Events API v2 ------------------------------------------------------------------------------
-
-def _pd_string(obj: Mapping[str, Any], key: str, where: str, *, required: bool, max_len: int | None = None,
-               ) -> list[str]:
-    value = obj.get(key)
-    if value is None or value == "":
-        return [f"'{where}' is missing or blank"] if required else []
-    if not isinstance(value, str):
-        return [f"'{where}' must be a string"]
-    if max_len is not None and len(value) > max_len:
-        return [f"Length of '{where}' is too long (maximum is {max_len} characters)"]
-    return []
-
-
-def _pd_context(obj: Mapping[str, Any], key: str, required_field: str) -> list[str]:
-    items = obj.get(key)
-    if items is None:
-        return []
-    if not isinstance(items, list):
-        return [f"'{key}' must be an array"]
-    errs = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            errs.append(f"'{key}[{i}]' must be an object")
-        elif not isinstance(item.get(required_field), str) or not item[required_field]:
-            errs.append(f"'{key}[{i}].{required_field}' is missing or blank")
-    return errs
-
-
-def _pagerduty_errors(ev: Mapping[str, Any]) -> list[str]:
-    errs = []
-    key = ev.get("routing_key")
-    if key is None or key == "":
-        errs.append("'routing_key' is missing or blank")
-    elif not isinstance(key, str):
-        errs.append("'routing_key' must be a string")
-    elif len(key) != PD_ROUTING_KEY_LEN:
-        errs.append(f"Length of 'routing_key' is incorrect (should be {PD_ROUTING_KEY_LEN} characters)")
-    action = ev.get("event_action")
-    if action is None or action == "":
-        errs.append("'event_action' is missing or blank")
-    elif action not in PD_ACTIONS:
-        errs.append(f"'event_action' is invalid (must be one of: {', '.join(PD_ACTIONS)})")
-    errs += _pd_string(ev, "dedup_key", "dedup_key", required=action in ("acknowledge", "resolve"),
-                       max_len=PD_DEDUP_KEY_MAX)
-    if action == "trigger":
-        payload = ev.get("payload")
-        if not isinstance(payload, dict):
-            errs.append("'payload' is missing or not an object")
-        else:
-            errs += _pd_string(payload, "summary", "payload.summary", required=True, max_len=PD_SUMMARY_MAX)
-            errs += _pd_string(payload, "source", "payload.source", required=True)
-            severity = payload.get("severity")
-            if severity is None or severity == "":
-                errs.append("'payload.severity' is missing or blank")
-            elif severity not in PD_SEVERITIES:
-                errs.append(f"'payload.severity' is invalid (must be one of: {', '.join(PD_SEVERITIES)})")
-            if "timestamp" in payload and not _is_iso8601(payload["timestamp"]):
-                errs.append("'payload.timestamp' is not a valid ISO 8601 timestamp")
-            for opt in ("component", "group", "class"):
-                errs += _pd_string(payload, opt, f"payload.{opt}", required=False)
-            if "custom_details" in payload and not isinstance(payload["custom_details"], dict):
-                errs.append("'payload.custom_details' must be an object")
-        errs += _pd_context(ev, "links", "href")
-        errs += _pd_context(ev, "images", "src")
-        for opt in ("client", "client_url"):
-            errs += _pd_string(ev, opt, opt, required=False)
-    return errs
-
-
-def _pagerduty(raw: bytes, content_type: str, new_key: Callable[[], str]) -> Verdict:
-    ev, why = _parse_object(raw, content_type)
-    errs = _pagerduty_errors(ev) if ev is not None else [why or "unreadable body"]
-    if ev is None or errs:
-        body = {"status": "invalid event", "message": "Event object is invalid", "errors": errs}
-        return Verdict(400, json.dumps(body).encode(), "application/json", "Event object is invalid", tuple(errs))
-    dedup = ev.get("dedup_key") or new_key()
-    body = {"status": "success", "message": "Event processed", "dedup_key": dedup}
-    return Verdict(202, json.dumps(body).encode(), "application/json", dedup_key=dedup)
-
-
-# --- Alertmanager webhook_configs payload -----------------------------------------------------------------
-
-def _string_map(value: Any, where: str) -> list[str]:
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        return [f"{where} must be an object of string values"]
-    return []
-
-
-def _alertmanager_errors(msg: Mapping[str, Any]) -> list[str]:
-    errs = []
-    if msg.get("version") != "4":
-        errs.append(f"version must be \"4\" (got {msg.get('version')!r})")
-    if msg.get("status") not in AM_STATUSES:
-        errs.append(f"status must be firing or resolved (got {msg.get('status')!r})")
-    if not isinstance(msg.get("receiver"), str) or not msg.get("receiver"):
-        errs.append("receiver must be a non-empty string")
-    for key in ("groupLabels", "commonLabels"):
-        errs += _string_map(msg.get(key), key)
-    if "commonAnnotations" in msg:
-        errs += _string_map(msg["commonAnnotations"], "commonAnnotations")
-    for key in ("externalURL", "groupKey"):
-        if key in msg and not isinstance(msg[key], str):
-            errs.append(f"{key} must be a string")
-    if "truncatedAlerts" in msg and (not isinstance(msg["truncatedAlerts"], int) or msg["truncatedAlerts"] < 0):
-        errs.append("truncatedAlerts must be a non-negative integer")
-    alerts = msg.get("alerts")
-    if not isinstance(alerts, list) or not alerts:
-        return errs + ["alerts must be a non-empty list"]
-    for i, alert in enumerate(alerts):
-        where = f"alerts[{i}]"
-        if not isinstance(alert, dict):
-            errs.append(f"{where} must be an object")
-            continue
-        if alert.get("status") not in AM_STATUSES:
-            errs.append(f"{where}.status must be firing or resolved (got {alert.get('status')!r})")
-        errs += _string_map(alert.get("labels"), f"{where}.labels")
-        errs += _string_map(alert.get("annotations"), f"{where}.annotations")
-        for key in ("startsAt", "endsAt"):
-            if not _is_iso8601(alert.get(key)):
-                errs.append(f"{where}.{key} must be an RFC 3339 timestamp (got {alert.get(key)!r})")
-        if not isinstance(alert.get("fingerprint"), str) or not alert.get("fingerprint"):
-            errs.append(f"{where}.fingerprint must be a non-empty string")
-        if "generatorURL" in alert and not isinstance(alert["generatorURL"], str):
-            errs.append(f"{where}.generatorURL must be a string")
-    return errs
-
-
-def _alertmanager(raw: bytes, content_type: str) -> Verdict:
-    msg, why = _parse_object(raw, content_type)
-    errs = _alertmanager_errors(msg) if msg is not None else [why or "unreadable body"]
-    if msg is None or errs:
-        return Verdict(400, ("invalid webhook payload: " + "; ".join(errs)).encode(), "text/plain",
-                        "invalid webhook payload", tuple(errs))
-    return Verdict(200, b"ok", "text/plain")
+        why = why or "unreadable body"
+        if kind == "slack":
+            return slack_refusal("invalid_payload", why)
+        return pagerduty_refusal([why]) if kind == "pagerduty" else alertmanager_refusal([why])
+    if kind == "pagerduty":
+        given = obj.get("dedup_key")
+        return pagerduty_accepted(given if isinstance(given, str) and given else new_key())
+    return SLACK_OK if kind == "slack" else WEBHOOK_OK
 
 
 # --- rendering --------------------------------------------------------------------------------------------
@@ -454,8 +227,6 @@ def describe(record: Record) -> str:
         line = _pagerduty_headline(body, record.dedup_key)
     else:
         line = _alertmanager_headline(body)
-    if record.scripted:
-        return f"[scripted {record.status}] {line}"
     if not record.accepted:
         # Slack's error is its code; PagerDuty's and Alertmanager's first detail says more than their umbrella.
         reason = record.error if record.kind == "slack" or not record.errors else record.errors[0]
@@ -468,7 +239,7 @@ def describe(record: Record) -> str:
 class Receiver:
     """Slack / PagerDuty / Alertmanager-webhook endpoints on 127.0.0.1, recording every request.
 
-    A test that needs a misbehaving service overrides `planned` (tests/scripted_receiver.py).
+    `answer` says how one request is answered; a subclass may answer otherwise (stricter, later, refusing).
     """
 
     # uvicorn + Starlette rather than http.server: the daemons' own HTTP stack (a real HTTP/1.1 server with
@@ -607,56 +378,26 @@ class Receiver:
         with self._cond:
             return self._dropped
 
-    def wait_for(self, predicate: Callable[[Record], bool] = lambda r: True, timeout: float = 5.0, *,
-                 kind: Kind | None = None, accepted: bool | None = None, count: int = 1) -> list[Record]:
-        """Block until `count` kept records (filtered as received() does) match; return them all, or TimeoutError."""
-        _check_kind(kind)
-        if not 0 < timeout <= 600:
-            raise ValueError(f"timeout must be in (0, 600] seconds (got {timeout})")
-        deadline = time.monotonic() + timeout
-        while True:
-            with self._cond:
-                seq = self._seq
-            matched = [r for r in self.received(kind, accepted=accepted) if predicate(r)]
-            if len(matched) >= count:
-                return matched
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(self._timeout_message(timeout, kind, count, len(matched)))
-            with self._cond:
-                self._cond.wait_for(lambda: self._seq != seq, remaining)
-
-    def _timeout_message(self, timeout: float, kind: Kind | None, count: int, matched: int) -> str:
-        records = self.received(kind)
-        tally: dict[str, int] = {}
-        for r in records:
-            key = f"{r.kind} {r.status}"
-            tally[key] = tally.get(key, 0) + 1
-        seen = ", ".join(f"{k} x{n}" for k, n in sorted(tally.items())) or "nothing"
-        last = f"; last: {describe(records[-1])}" if records else ""
-        return (f"receiver {self._bound_port}: {matched} of {count} wanted {kind or 'any'} record(s) matched "
-                f"within {timeout:g} s; received {seen}{last}")
-
     def clear(self) -> None:
         """Forget every record and the dropped count."""
         with self._cond:
             self._records.clear()
             self._dropped = 0
 
-    async def planned(self, kind: Kind, verdict: Verdict) -> Verdict | None:
-        """The answer a test planned instead of `verdict` (None: answer as the real service would)."""
-        return None
+    async def answer(self, kind: Kind, raw: bytes, content_type: str) -> Verdict:
+        """How this request is answered: as the service answers a notification it can read."""
+        return readable_answer(kind, raw, content_type, self._new_key)
 
     # request handling (runs on the server thread)
 
     async def _slack(self, request: Request) -> Response:
-        return await self._handle(request, "slack", lambda raw, ct: _slack(raw, ct))
+        return await self._handle(request, "slack")
 
     async def _pagerduty(self, request: Request) -> Response:
-        return await self._handle(request, "pagerduty", lambda raw, ct: _pagerduty(raw, ct, self._new_key))
+        return await self._handle(request, "pagerduty")
 
     async def _alertmanager(self, request: Request) -> Response:
-        return await self._handle(request, "alertmanager", lambda raw, ct: _alertmanager(raw, ct))
+        return await self._handle(request, "alertmanager")
 
     async def _received(self, request: Request) -> Response:
         return JSONResponse({"dropped": self.dropped, "records": [r.to_dict() for r in self.received()]})
@@ -673,34 +414,30 @@ class Receiver:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _handle(self, request: Request, kind: Kind, judge: Callable[[bytes, str], Verdict]) -> Response:
+    async def _handle(self, request: Request, kind: Kind) -> Response:
         content_type = request.headers.get("content-type", "")
         path = request.url.path
         raw = await self._read_body(request)
         if raw is None:
             msg = f"body over {self._max_body} bytes"
-            self._record(kind, path, content_type, b"", 413, "request_too_large", (msg,), False, None)
+            self._record(kind, path, content_type, b"", 413, "request_too_large", (msg,), None)
             return Response(msg, 413, media_type="text/plain")
-        verdict = judge(raw, content_type)
-        planned = await self.planned(kind, verdict)
-        answer = planned or verdict
-        self._record(kind, path, content_type, raw, answer.status, verdict.error, verdict.errors,
-                     planned is not None, answer.dedup_key)
+        answer = await self.answer(kind, raw, content_type)
+        self._record(kind, path, content_type, raw, answer.status, answer.error, answer.errors, answer.dedup_key)
         return Response(answer.body, answer.status, headers=dict(answer.headers), media_type=answer.media_type)
 
     def stopping(self) -> asyncio.Event:
-        """Set when stop() begins (on the server's loop): what a stalled answer waits on."""
+        """Set when stop() begins (on the server's loop): what an answer that takes its time waits on."""
         if self._stop_evt is None:  # only None if a request were served outside start(); be safe anyway
             self._stop_evt = asyncio.Event()
         return self._stop_evt
 
     def _record(self, kind: Kind, path: str, content_type: str, raw: bytes, status: int, error: str | None,
-                errors: tuple[str, ...], scripted: bool, dedup_key: str | None) -> None:
+                errors: tuple[str, ...], dedup_key: str | None) -> None:
         received_at = datetime.fromtimestamp(self._clock(), timezone.utc)
         with self._cond:
             self._seq += 1
-            record = Record(self._seq, received_at, kind, path, content_type, raw, status, error, errors,
-                            scripted, dedup_key)
+            record = Record(self._seq, received_at, kind, path, content_type, raw, status, error, errors, dedup_key)
             if len(self._records) == self._records.maxlen:
                 self._dropped += 1
             self._records.append(record)

@@ -1,37 +1,15 @@
-"""The NVML calls behind the field catalogue: each reader lists alternatives, preferred first."""
+"""The NVML calls behind the field catalogue: the table of readers, each listing alternatives, preferred first."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
-Values = Mapping[str, float]
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One way to read a reader's values; `symbol` names the NVML function for logs and metrics."""
-
-    symbol: str
-    fn: Callable[[Any], Values]
-
-
-@dataclass(frozen=True, slots=True)
-class Reader:
-    """A group of catalogue values that one NVML call (or a fixed few) returns.
-
-    `release(handle)`, where given, frees what the reader holds for a GPU (GPM's sample buffers); the
-    session calls it when that handle goes out of use (GPU lost, re-initialised, NVML closed).
-    """
-
-    name: str
-    tier: str  # "fast" | "slow"
-    calls: tuple[Call, ...]
-    release: Callable[[Any], None] | None = None
-
+from gpumond.nvml import nvlink
+from gpumond.nvml.gpm import GpmSampler
+from gpumond.nvml.reader import Call, Reader, Values, field_value
 
 # Field ids read in one batched nvmlDeviceGetFieldValues call per GPU per fast cycle.
 FAST_FIELDS: Mapping[int, str] = {
@@ -43,25 +21,6 @@ FAST_FIELDS: Mapping[int, str] = {
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "ev_hw_power_brake",
 }
 _FAST_FIELD_IDS = list(FAST_FIELDS)
-
-
-def field_value(entry: Any) -> float:
-    """Decode one c_nvmlFieldValue_t by its declared value type."""
-    kind = entry.valueType
-    v = entry.value
-    if kind == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        return float(v.dVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-        return float(v.uiVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return float(v.ulVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return float(v.sllVal)
-    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
-        return float(v.siVal)
-    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
-        return float(v.usVal)
-    return float(v.ullVal)
 
 
 def _fields(ids: list[int], names: Mapping[int, str]) -> Callable[[Any], Values]:
@@ -227,23 +186,22 @@ _STATELESS: tuple[Reader, ...] = (
 )
 
 
-def build_readers(gpm: Any = None) -> tuple[Reader, ...]:
-    """Every reader, with fresh state where a reader keeps some (`gpm`, a GpmSampler: its samples): one set
-    per session."""
-    from gpumond.nvml import nvlink
-    from gpumond.nvml.gpm import GpmSampler
+# Per-link reads in the slow tier: 18 links × 8 GPUs every second would double the fast cycle's cost
+# (benchmarks/results/agent_sample_cycle.md), and GPM gives the total NVLink bytes/s every fast cycle.
+_NVLINK: tuple[Reader, ...] = (
+    Reader("nvlink_state", "slow", (Call("nvmlDeviceGetNvLinkState", nvlink.read_state),)),
+    Reader("nvlink_throughput", "slow", (
+        Call("nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA)", nvlink.read_throughput),)),
+    Reader("nvlink_errors", "slow", (Call("nvmlDeviceGetNvLinkErrorCounter", nvlink.read_errors),)),
+)
 
+
+def build_readers(gpm: GpmSampler | None = None) -> tuple[Reader, ...]:
+    """Every reader, with fresh state where a reader keeps some (`gpm`: its samples): one set per session."""
     gpm = gpm if gpm is not None else GpmSampler()
-    return _STATELESS + (
-        # Two samples per fast interval (the previous cycle's and this one's): rates over the whole interval.
-        Reader("gpm", "fast", (Call("nvmlGpmMetricsGet", gpm.read),), release=gpm.release),
-        # Per-link reads in the slow tier: 18 links × 8 GPUs every second would double the fast cycle's cost
-        # (benchmarks/results/agent_sample_cycle.md), and GPM gives the total NVLink bytes/s every fast cycle.
-        Reader("nvlink_state", "slow", (Call("nvmlDeviceGetNvLinkState", nvlink.read_state),)),
-        Reader("nvlink_throughput", "slow", (
-            Call("nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA)", nvlink.read_throughput),)),
-        Reader("nvlink_errors", "slow", (Call("nvmlDeviceGetNvLinkErrorCounter", nvlink.read_errors),)),
-    )
+    # Two samples per fast interval (the previous cycle's and this one's): rates over the whole interval.
+    return (*_STATELESS, Reader("gpm", "fast", (Call("nvmlGpmMetricsGet", gpm.read),), release=gpm.release),
+            *_NVLINK)
 
 
 # The readers' names, tiers and calls, for the catalogue and docs (a session builds its own with build_readers).

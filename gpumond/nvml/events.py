@@ -13,6 +13,7 @@ from typing import Any
 import pynvml
 
 from gpumond.nvml.errors import Disposition, classify, error_name
+from gpumond.retry import Backoff
 
 log = logging.getLogger("gpumond.nvml.xid")
 
@@ -21,6 +22,8 @@ log = logging.getLogger("gpumond.nvml.xid")
 # second for the rest of the run.
 _FIRST_REGISTER_RETRY_S = 10.0
 REGISTER_RETRY_MAX_S = 60.0
+# The watcher itself (its event set failing) restarts after 1 s, doubling up to this.
+RESTART_MAX_S = 60.0
 
 
 class XidWatcher:
@@ -35,6 +38,7 @@ class XidWatcher:
         on_xid: Callable[[int, int], None] | None = None,
         ready: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
+        pause: Callable[[float], object] | None = None,
     ) -> None:
         self._handles = handles
         self._ready = ready  # NVML is initialised: the watcher waits for it, then registers
@@ -49,8 +53,10 @@ class XidWatcher:
         self._set: Any = None
         self._registered: dict[int, int | None] = {}  # gpu index → address of the handle registered
         self._clock = clock
-        # gpu index → (address of the handle refused, when to ask again, current back-off, NVML error)
-        self._failed: dict[int, tuple[int | None, float, float, str]] = {}
+        # How the thread waits out a restart back-off: until stop() or that many seconds (injected by tests).
+        self._pause = pause if pause is not None else self._stop.wait
+        # gpu index → (address of the handle refused, when to ask again, its back-off, NVML error)
+        self._failed: dict[int, tuple[int | None, float, Backoff, str]] = {}
         self._warned: set[int] = set()  # GPUs whose failure was logged, until they register
         self._running = False  # the event set works (False while NVML is down or the watcher restarts)
         self._why: str | None = None
@@ -140,14 +146,15 @@ class XidWatcher:
                     raise  # NVML itself is gone: the watcher restarts, not this GPU
                 if d is Disposition.GPU_LOST:
                     continue  # the session marks it lost (gpu_up 0) and it is registered when it is back
-                backoff = _FIRST_REGISTER_RETRY_S if failed is None or failed[0] != address else \
-                    min(failed[2] * 2, REGISTER_RETRY_MAX_S)
+                retry = failed[2] if failed is not None and failed[0] == address else \
+                    Backoff(_FIRST_REGISTER_RETRY_S, REGISTER_RETRY_MAX_S, jitter=0.0)  # a new handle starts afresh
+                delay = retry.next_delay()
                 with self._lock:
-                    self._failed[index] = (address, now + backoff, backoff, error_name(e))
+                    self._failed[index] = (address, now + delay, retry, error_name(e))
                 if index not in self._warned:  # said once; the xid collector stays failed meanwhile
                     self._warned.add(index)
                     log.warning("xid registration failed; this GPU gets no xid events until it registers",
-                                extra={"gpu": index, "error": error_name(e), "retry_s": backoff})
+                                extra={"gpu": index, "error": error_name(e), "retry_s": delay})
                 continue
             self._registered[index] = address
             with self._lock:
@@ -157,7 +164,7 @@ class XidWatcher:
                 log.info("xid events registered", extra={"gpu": index})
 
     def _run(self) -> None:
-        backoff = 1.0
+        restart = Backoff(1.0, RESTART_MAX_S, jitter=0.0)
         while not self._stop.is_set():
             if not self._ready():
                 self._running, self._why = False, "nvml_down"
@@ -170,22 +177,25 @@ class XidWatcher:
             try:
                 self._register()
                 self._running, self._why = True, None
-                backoff = 1.0
+                restart.reset()
                 while not self._stop.is_set() and self._ready():
                     self._wait_once()
                     self._register()  # GPUs found or back since: one dict lookup each when nothing changed
             except pynvml.NVMLError as e:
                 self._running, self._why = False, error_name(e)
-                log.warning("xid watcher failing", extra={"error": error_name(e), "retry_s": backoff})
+                delay = restart.next_delay()
+                log.warning("xid watcher failing", extra={"error": error_name(e), "retry_s": delay})
             except Exception as e:  # the thread must outlive anything the binding throws
                 self._running, self._why = False, repr(e)
                 log.exception("xid watcher crashed; restarting")
+                delay = restart.next_delay()
+            else:
+                delay = restart.next_delay()  # NVML went down under the wait loop (or the watcher is stopping)
             self._set = None
             self._registered.clear()
             with self._lock:
                 self._failed.clear()  # a new event set: every GPU is registered afresh
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, 60.0)
+            self._pause(delay)
         self._running, self._why = False, "stopped"
 
     def _wait_once(self) -> None:

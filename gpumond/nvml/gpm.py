@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-from gpumond.nvml.calls import Values
+from gpumond.nvml.reader import Values
 
 # Metric id → the key it is read into (the catalogue's `key` for reader "gpm").
 METRICS: Mapping[int, str] = {

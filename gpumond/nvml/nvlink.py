@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-from gpumond.nvml.calls import Values, field_value
+from gpumond.nvml.reader import Values, field_value
 
 ERROR_COUNTERS = (
     ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),

@@ -14,11 +14,13 @@ from typing import Any
 
 import pynvml
 
-from gpumond.nvml.calls import Call, Reader, build_readers
+from gpumond.nvml.calls import build_readers
+from gpumond.nvml.reader import Call, Reader
 from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
 from gpumond.nvml.gpm import GpmSampler
 from gpumond.nvml import mig as miglib
 from gpumond.nvml.mig import MigIdentity
+from gpumond.retry import Backoff
 
 log = logging.getLogger("gpumond.nvml")
 
@@ -76,23 +78,23 @@ class _GpuState:
     handle: Any
     choice: dict[str, int] = field(default_factory=dict)  # reader → index of the call that worked
     unsupported: dict[str, float] = field(default_factory=dict)  # reader → when to probe it again
-    reprobe_s: dict[str, float] = field(default_factory=dict)  # reader → its current re-probe back-off
+    reprobe: dict[str, Backoff] = field(default_factory=dict)  # reader → its re-probe back-off while refused
     answered: set[str] = field(default_factory=set)  # readers that returned a value on this GPU
     misses: dict[str, int] = field(default_factory=dict)  # reader → refusals in a row since it answered
     plans: dict[str, list[tuple[Reader, Call]]] = field(default_factory=dict)  # tier → calls to make
     # compute_pids is not a tier reader: its own back-off, so `unsupported` holds readers only and the
     # tier read path re-probes only while a reader is really out.
     processes_due: float = float("-inf")  # when to ask for compute processes again
-    processes_backoff: float = 0.0  # its current back-off; 0 while it answers
+    processes_retry: Backoff | None = None  # its back-off; None while it answers
 
     def forget_support(self) -> None:
         """A new handle (re-init, GPU back): learn what it supports from scratch."""
-        self.choice, self.unsupported, self.reprobe_s, self.plans = {}, {}, {}, {}
+        self.choice, self.unsupported, self.reprobe, self.plans = {}, {}, {}, {}
         self.answered, self.misses = set(), {}
-        self.processes_due, self.processes_backoff = float("-inf"), 0.0
+        self.processes_due, self.processes_retry = float("-inf"), None
     lost: bool = False
     next_retry: float = 0.0
-    backoff: float = _FIRST_BACKOFF_S
+    lost_retry: Backoff = field(default_factory=lambda: Backoff(_FIRST_BACKOFF_S, LOST_RETRY_MAX_S, jitter=0.0))
     # False while the identity is only what this index had when last seen (a GPU lost since start): it is
     # found again by index and read afresh, not trusted by UUID.
     verified: bool = True
@@ -140,7 +142,8 @@ class NvmlSession:
         self._up = False
         self._down_reason: str | None = None
         self._next_init = 0.0
-        self._init_backoff = _FIRST_BACKOFF_S
+        # Re-initialisation after NVML went down: 2 s doubling up to retry_max_s (a node's own driver: no jitter).
+        self._init_retry = Backoff(_FIRST_BACKOFF_S, retry_max_s, jitter=0.0)
         self._said: set[tuple[Any, ...]] = set()
         self.errors_total: Counter[tuple[int, str, str]] = Counter()  # (gpu, symbol, error) → count
         self.driver_version: str | None = None
@@ -218,7 +221,7 @@ class NvmlSession:
             self._gpus = gpus
             self._up = True
             self._down_reason = None
-            self._init_backoff = _FIRST_BACKOFF_S
+            self._init_retry.reset()
             self._migs = {}  # MIG handles do not survive a re-initialisation
             self._gpm_mig_unsupported = set()
             log.info("nvml initialised", extra={"gpus": count, "driver": self.driver_version})
@@ -236,8 +239,7 @@ class NvmlSession:
         self._up = False
         for g in self._gpus:
             g.lost = True
-        self._next_init = self._clock() + self._init_backoff
-        self._init_backoff = min(self._init_backoff * 2, self._retry_max_s)
+        self._next_init = self._clock() + self._init_retry.next_delay()
 
     def _identity(self, index: int, h: Any) -> GpuIdentity:
         def text(fn: Callable[[Any], Any]) -> str:
@@ -332,7 +334,7 @@ class NvmlSession:
                 return
             if vals is not None:
                 g.answered.add(reader.name)
-                g.reprobe_s.pop(reader.name, None)
+                g.reprobe.pop(reader.name, None)
                 log.info("nvml call available again", extra={
                     "gpu": g.identity.index, "reader": reader.name,
                     "call": reader.calls[g.choice.get(reader.name, 0)].symbol})
@@ -392,11 +394,15 @@ class NvmlSession:
                 g.misses[name] = misses  # left out this cycle, asked again the next
                 return
         g.misses.pop(name, None)
-        backoff = g.reprobe_s.get(name, _FIRST_REPROBE_S / 2) * 2
-        g.reprobe_s[name] = min(backoff, self._retry_max_s)
-        g.unsupported[name] = self._clock() + g.reprobe_s[name]
+        if name not in g.reprobe:
+            g.reprobe[name] = self._reprobe_backoff()
+        g.unsupported[name] = self._clock() + g.reprobe[name].next_delay()
         g.choice.pop(name, None)
         g.plans.clear()
+
+    def _reprobe_backoff(self) -> Backoff:
+        """A refused reader's (or process listing's) schedule: 10 s doubling up to retry_max_s, no jitter."""
+        return Backoff(_FIRST_REPROBE_S, self._retry_max_s, jitter=0.0)
 
     def _say_once(self, g: _GpuState, reader: Reader, symbol: str, d: Disposition, e: Exception) -> None:
         key = (reader.name, symbol, d)
@@ -422,8 +428,8 @@ class NvmlSession:
     def _mark_lost(self, g: _GpuState, symbol: str) -> None:
         self._release(g)
         g.lost = True
-        g.backoff = _FIRST_BACKOFF_S
-        g.next_retry = self._clock() + g.backoff
+        g.lost_retry.reset()
+        g.next_retry = self._clock() + g.lost_retry.next_delay()
         g.plans.clear()
         log.error("gpu lost", extra={"gpu": g.identity.index, "uuid": g.identity.uuid, "call": symbol,
                                      "hint": "fell off the bus (XID 79?): needs a GPU reset or reboot"})
@@ -443,12 +449,11 @@ class NvmlSession:
         except pynvml.NVMLError as e:
             if classify(e) in (Disposition.DRIVER_MISMATCH, Disposition.NOT_INITIALISED):
                 self._go_down(e)
-            g.backoff = min(g.backoff * 2, LOST_RETRY_MAX_S)
-            g.next_retry = now + g.backoff
+            g.next_retry = now + g.lost_retry.next_delay()
             return False
         g.handle, g.lost = h, False
         g.forget_support()
-        g.backoff = _FIRST_BACKOFF_S
+        g.lost_retry.reset()
         log.warning("gpu back", extra={"gpu": g.identity.index, "uuid": g.identity.uuid})
         return True
 
@@ -605,13 +610,14 @@ class NvmlSession:
                         self._mark_lost(g, "nvmlDeviceGetComputeRunningProcesses")
                     elif d in (Disposition.UNSUPPORTED, Disposition.MISSING_SYMBOL, Disposition.NO_PERMISSION):
                         # asked again after a back-off, like any reader: the refusal may be transient
-                        g.processes_backoff = min(max(g.processes_backoff * 2, _FIRST_REPROBE_S), self._retry_max_s)
-                        g.processes_due = self._clock() + g.processes_backoff
+                        if g.processes_retry is None:
+                            g.processes_retry = self._reprobe_backoff()
+                        g.processes_due = self._clock() + g.processes_retry.next_delay()
                     else:
                         self.errors_total[(g.identity.index, "nvmlDeviceGetComputeRunningProcesses",
                                            error_name(e))] += 1
                     continue
-                g.processes_backoff = 0.0  # answered: a later refusal starts the back-off afresh
+                g.processes_retry = None  # answered: a later refusal starts the back-off afresh
                 out[g.identity.index] = tuple(sorted({int(p.pid) for p in procs}))
         return out
 

@@ -18,6 +18,7 @@ from gpumond.agent.exposition import Renderer  # noqa: E402
 from gpumond.agent.metrics import metric_types  # noqa: E402
 from gpumond.agent.podresources.client import PodResourcesClient  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
+from tests.agent_sampler import node_sampler  # noqa: E402
 from gpumond.nvml.events import XidWatcher  # noqa: E402
 from gpumond.nvml.sim import ManualClock, Scenario  # noqa: E402
 from tests.integration.helpers import DCGM_NAMING_LINT, promtool_check_metrics  # noqa: E402
@@ -77,7 +78,7 @@ def test_attributed_gpus_carry_pod_labels_on_every_dcgm_series(node, tmp_path: P
         client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0, interval_s=10.0, clock=clock.now)
         assert client.poll(), client.error
     dcgm = DcgmCompat(hostname="n")
-    sampler = Sampler(session, hostname="n", pods=client, xid=xid, dcgm=dcgm,
+    sampler = node_sampler(session, hostname="n", pods=client, xid=xid, dcgm=dcgm,
                       renderer=Renderer(types=metric_types() | dcgm_types()))
     sampler.slow_cycle()
     sampler.fast_cycle()
@@ -128,7 +129,7 @@ def test_pod_labels_go_when_the_kubelet_answer_does(node, tmp_path: Path) -> Non
         kubelet.pods = kubelet_pods(sim)
         client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0, interval_s=10.0, clock=clock.now)
         assert client.poll(), client.error
-    sampler = Sampler(session, hostname="n", pods=client, xid=xid, dcgm=DcgmCompat(hostname="n"))
+    sampler = node_sampler(session, hostname="n", pods=client, xid=xid, dcgm=DcgmCompat(hostname="n"))
     sampler.slow_cycle()
     sampler.fast_cycle()
     assert pods_of(dcgm_series(sampler)["0"]) == {("main", "ml", "trainer-0")}
@@ -146,7 +147,7 @@ def test_pod_labels_go_when_the_kubelet_answer_does(node, tmp_path: Path) -> Non
 
 def test_without_pod_resources_nothing_changes(node) -> None:
     _, session, _, xid = node
-    sampler = Sampler(session, hostname="n", xid=xid, dcgm=DcgmCompat(hostname="n"))
+    sampler = node_sampler(session, hostname="n", xid=xid, dcgm=DcgmCompat(hostname="n"))
     sampler.slow_cycle()
     sampler.fast_cycle()
     by_gpu = dcgm_series(sampler)
@@ -163,7 +164,7 @@ class BrokenDcgm(DcgmCompat):
 
 def test_a_failing_dcgm_layer_fails_only_itself(node) -> None:
     _, session, _, xid = node
-    sampler = Sampler(session, hostname="n", xid=xid, dcgm=BrokenDcgm(hostname="n"))
+    sampler = node_sampler(session, hostname="n", xid=xid, dcgm=BrokenDcgm(hostname="n"))
     sampler.slow_cycle()
     sampler.fast_cycle()
     assert sampler.last_snapshot is not None

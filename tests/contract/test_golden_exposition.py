@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from gpumond.agent.sampler import Sampler
+from tests.agent_sampler import node_sampler
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
 from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml
@@ -41,7 +41,7 @@ def render_fixed_scenario() -> str:
     xid = XidWatcher(session.handles, session.index_of_handle, wait_ms=20)
     xid.start()
     try:
-        sampler = Sampler(session, hostname="golden-node", xid=xid, timer=lambda: 0.0, clock=lambda: 0.0)
+        sampler = node_sampler(session, hostname="golden-node", xid=xid, timer=lambda: 0.0, clock=lambda: 0.0)
         sampler.slow_cycle()
         for _ in range(60):
             clock.advance(1)

@@ -11,7 +11,7 @@ from gpumond.agent.exposition import Renderer
 from gpumond.agent.metrics import metric_types
 from gpumond.agent.policy.alert_rules import AgentAlertState, agent_conditions
 from gpumond.agent.policy.view import build_views
-from gpumond.agent.sampler import Sampler
+from tests.agent_sampler import node_sampler
 from gpumond.config import AgentConfig, PolicyAlertsConfig
 from gpumond.nvml.session import NvmlSession
 from gpumond.nvml.sim import ManualClock, Scenario, SimulatedNvml
@@ -38,7 +38,7 @@ def test_h100_exports_gpm_and_nvlink_series_and_a_model_without_gpm_none_of_gpms
     sim, clock, session = _setup({"gpus": [{"index": 1, "model": "v100-sxm2"}, {"index": 0, "load": {
         "pattern": "constant", "utilization": 1.0}}]})
     try:
-        sampler = Sampler(session, hostname="n")
+        sampler = node_sampler(session, hostname="n")
         sampler.fast_cycle()  # first GPM sample: no rates yet
         clock.advance(1)
         text = sampler.fast_cycle().plain.decode()
@@ -119,7 +119,7 @@ def test_each_mig_instance_reports_its_own_activity() -> None:
         busy, idle = session.mig_identities
         activity = session.read_mig_gpm()
         assert activity[busy.uuid]["sm"] > 50 and activity[idle.uuid]["sm"] == 0.0
-        sampler = Sampler(session, hostname="n")
+        sampler = node_sampler(session, hostname="n")
         sampler.fast_cycle()
         clock.advance(1)
         text = sampler.fast_cycle().plain.decode()
@@ -145,8 +145,8 @@ def _values(text: str, metric: str) -> dict[tuple[str, ...], float]:
 def test_per_link_counters_only_when_asked_each_link_its_own_and_summing_to_the_gpus_totals() -> None:
     sim, clock, session = _setup({"faults": [{"gpu": 0, "kind": "nvlink_degraded", "link": 3, "at_s": 1}]})
     try:
-        off = Sampler(session, hostname="n")
-        on = Sampler(session, hostname="n", nvlink_per_link=True)
+        off = node_sampler(session, hostname="n")
+        on = node_sampler(session, hostname="n", nvlink_per_link=True)
         clock.advance(20)
         for s in (off, on):
             s.slow_cycle()
@@ -180,7 +180,7 @@ def test_per_link_dcgm_fields_and_each_gpu_instances_prof_fields_in_dcgm_compat_
     try:
         sim.set_mig_processes(0, 0, [4242])  # a job in the 3g instance only
         types = metric_types() | dcgm_types()
-        sampler = Sampler(session, hostname="n", renderer=Renderer(types=types), nvlink_per_link=True,
+        sampler = node_sampler(session, hostname="n", renderer=Renderer(types=types), nvlink_per_link=True,
                           dcgm=DcgmCompat(hostname="n", per_link=True))
         clock.advance(20)
         sampler.slow_cycle()

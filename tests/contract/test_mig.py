@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from gpumond.agent.sampler import Sampler
+from tests.agent_sampler import node_sampler
 from gpumond.identity import MIG_UUID
 from gpumond.nvml.mig import profile_of
 from gpumond.nvml.sim import Scenario
@@ -28,7 +28,7 @@ def test_session_finds_each_mig_device(make_session) -> None:
 def test_agent_exports_each_instance_and_keeps_per_gpu_series_as_they_were(make_session) -> None:
     sim, session, _ = make_session(gpus=2, scenario=MIG)
     sim.set_mig_processes(1, 0, [4242])
-    sampler = Sampler(session, hostname="n")
+    sampler = node_sampler(session, hostname="n")
     sampler.slow_cycle()
     sampler.fast_cycle()
     results = sampler.last_snapshot.results
@@ -55,7 +55,7 @@ def test_agent_exports_each_instance_and_keeps_per_gpu_series_as_they_were(make_
 
 def test_no_mig_series_without_mig(make_session) -> None:
     sim, session, _ = make_session(gpus=2)
-    sampler = Sampler(session, hostname="n")
+    sampler = node_sampler(session, hostname="n")
     sampler.slow_cycle()
     sampler.fast_cycle()
     assert session.mig_identities == ()
@@ -64,7 +64,7 @@ def test_no_mig_series_without_mig(make_session) -> None:
 
 def test_a_lost_parent_takes_its_instances_with_it(make_session) -> None:
     sim, session, clock = make_session(gpus=2, scenario=MIG)
-    sampler = Sampler(session, hostname="n")
+    sampler = node_sampler(session, hostname="n")
     sampler.slow_cycle()
     sim.inject({"gpu": 1, "kind": "lost"})
     clock.advance(1.0)

@@ -15,6 +15,7 @@ from gpumond.agent.app import pod_resources_client  # noqa: E402
 from gpumond.agent.jobs import JobAttributor  # noqa: E402
 from gpumond.agent.podresources.client import PodResourcesClient  # noqa: E402
 from gpumond.agent.sampler import Sampler  # noqa: E402
+from tests.agent_sampler import node_sampler  # noqa: E402
 from gpumond.config.agent import PodResourcesConfig  # noqa: E402
 from gpumond.nvml.sim import ManualClock, Scenario  # noqa: E402
 from tests.fakes import HostProcess  # noqa: E402
@@ -99,7 +100,7 @@ def polled_client(sim, tmp_path: Path) -> PodResourcesClient:
 
 def test_gpus_and_mig_devices_get_their_pods(node, tmp_path: Path) -> None:
     sim, session = node
-    rows = job_rows(Sampler(session, hostname="n", jobs=attributor(), pods=polled_client(sim, tmp_path)))
+    rows = job_rows(node_sampler(session, hostname="n", jobs=attributor(), pods=polled_client(sim, tmp_path)))
     g0, g1 = sim.gpus[0], sim.gpus[1]
 
     def mig(i: int, profile: str) -> tuple[tuple[str, str], ...]:
@@ -129,7 +130,7 @@ def test_index_device_ids_map_to_gpus(node, tmp_path: Path) -> None:
         kubelet.pods = [pod("ml", "trainer-0", ("main", "nvidia.com/gpu", ["0"]))]
         client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0)
         assert client.poll(), client.error
-        rows = job_rows(Sampler(session, hostname="n", jobs=attributor(), pods=client))
+        rows = job_rows(node_sampler(session, hostname="n", jobs=attributor(), pods=client))
     assert (("gpu", "0"), ("uuid", sim.gpus[0].uuid), ("job", "llama-70b"), ("pod", "trainer-0"),
             ("namespace", "ml"), ("container", "main")) in rows
 
@@ -139,7 +140,7 @@ def test_absent_socket_falls_back_and_says_why(node, tmp_path: Path) -> None:
     client = PodResourcesClient(tmp_path / "no-such.sock", timeout_s=2.0)
     assert not client.poll()
     assert client.error and client.error.startswith("UNAVAILABLE")
-    sampler = Sampler(session, hostname="n", jobs=attributor(), pods=client)
+    sampler = node_sampler(session, hostname="n", jobs=attributor(), pods=client)
     assert job_rows(sampler) == fallback_rows(sim)
     pods = result(sampler, "pod_resources")
     assert not pods.ok and pods.error == client.error
@@ -153,7 +154,7 @@ def test_garbage_answer_falls_back(node, tmp_path: Path) -> None:
         client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0)
         assert not client.poll()
         assert client.error and kubelet.calls == 1
-        sampler = Sampler(session, hostname="n", jobs=attributor(), pods=client)
+        sampler = node_sampler(session, hostname="n", jobs=attributor(), pods=client)
         assert job_rows(sampler) == fallback_rows(sim)
         assert not result(sampler, "pod_resources").ok
 
@@ -171,7 +172,7 @@ def test_slow_kubelet_never_holds_up_sampling(node, tmp_path: Path) -> None:
             while kubelet.calls == 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert kubelet.calls == 1, "the poller never called the kubelet"
-            sampler = Sampler(session, hostname="n", jobs=attributor(), pods=client)
+            sampler = node_sampler(session, hostname="n", jobs=attributor(), pods=client)
             assert job_rows(sampler) == fallback_rows(sim)  # returned while the call is still held
             assert client.polls == 1 and client.snapshot() is None
             kubelet.hold.set()
@@ -191,7 +192,7 @@ def test_an_old_answer_is_dropped(node, tmp_path: Path) -> None:
         kubelet.pods = kubelet_pods(sim)
         client = PodResourcesClient(kubelet.socket_path, timeout_s=5.0, interval_s=10.0, clock=clock.now)
         assert client.poll()
-    sampler = Sampler(session, hostname="n", jobs=attributor(), pods=client)
+    sampler = node_sampler(session, hostname="n", jobs=attributor(), pods=client)
     assert ("pod", "trainer-0") in {kv for row in job_rows(sampler) for kv in row}
     clock.advance(3 * 10.0 + 5.0 + 1.0)  # three missed polls and a deadline: the pod may be gone
     assert job_rows(sampler) == fallback_rows(sim)
@@ -228,7 +229,7 @@ class RecordingPolicy:
 def test_the_policy_sees_what_runs_on_each_gpu_and_its_slices(node, tmp_path: Path) -> None:
     sim, session = node
     policy = RecordingPolicy()
-    sampler = Sampler(session, hostname="n", jobs=attributor(), pods=polled_client(sim, tmp_path), policy=policy)
+    sampler = node_sampler(session, hostname="n", jobs=attributor(), pods=polled_client(sim, tmp_path), policy=policy)
     sampler.slow_cycle()
     sampler.fast_cycle()
     by_gpu = {v.index: v.workload for v in policy.views}
@@ -236,3 +237,16 @@ def test_the_policy_sees_what_runs_on_each_gpu_and_its_slices(node, tmp_path: Pa
     g1 = sim.gpus[1]
     assert f"job k8s-pod/ml/infer-a (pod ml/infer-a, container srv) on MIG 3g.40gb {g1.mig[0].uuid}" in by_gpu[1]
     assert f"job k8s-pod/{POD_UID} on MIG 1g.10gb {g1.mig[1].uuid}" in by_gpu[1]
+
+
+def test_a_failing_kubelet_is_asked_again_after_a_doubling_back_off_that_an_answer_resets(tmp_path: Path) -> None:
+    client = PodResourcesClient(tmp_path / "kubelet.sock", timeout_s=2.0, interval_s=10.0, max_backoff_s=30.0)
+    waits = []
+    for _ in range(4):
+        assert not client.poll()
+        waits.append(client.next_poll_s)
+    assert waits == [10.0, 20.0, 30.0, 30.0]  # interval_s doubling, capped at max_backoff_s
+    with PodResourcesServer(tmp_path / "kubelet.sock"):
+        assert client.poll(), client.error
+        assert client.next_poll_s == 10.0
+    assert not client.poll() and client.next_poll_s == 10.0  # the back-off starts afresh

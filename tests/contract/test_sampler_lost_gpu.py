@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpumond.agent.sampler import Sampler
+from tests.agent_sampler import node_sampler
 
 SLOW_METRICS = ("gpumond_gpu_ecc_errors_total", "gpumond_gpu_remapped_rows", "gpumond_gpu_row_remap_pending",
                 "gpumond_gpu_temperature_threshold_celsius", "gpumond_gpu_power_limit_default_watts")
@@ -27,7 +28,7 @@ def test_a_lost_gpu_keeps_no_slow_tier_value_and_gets_fresh_ones_as_soon_as_it_i
     sim, session, clock = make_session(gpus=2)
     sim.set_processes(1, [4242])
     sim.inject({"kind": "ecc_uncorrected", "gpu": 1, "count": 2})  # a row remap pending until a reset
-    sampler = Sampler(session, hostname="n", jobs=FixedJobs(), timer=lambda: 0.0, clock=lambda: 0.0)
+    sampler = node_sampler(session, hostname="n", jobs=FixedJobs(), timer=lambda: 0.0, clock=lambda: 0.0)
     sampler.slow_cycle()
     sampler.fast_cycle()
     before = exported(sampler, "1")
@@ -73,7 +74,7 @@ def test_when_nvml_comes_up_the_policy_never_sees_gpus_without_their_slow_tier(m
     sim, session, clock = make_session(gpus=2, init_error="driver_not_loaded")
     sim.inject({"kind": "ecc_uncorrected", "gpu": 1, "count": 1})
     policy = RecordingPolicy()
-    sampler = Sampler(session, hostname="n", policy=policy, timer=lambda: 0.0, clock=lambda: 0.0)
+    sampler = node_sampler(session, hostname="n", policy=policy, timer=lambda: 0.0, clock=lambda: 0.0)
     sampler.slow_cycle()
     sampler.fast_cycle()
     assert not session.up and policy.views == []  # no policy cycle on nothing

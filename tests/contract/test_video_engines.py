@@ -6,7 +6,7 @@ from __future__ import annotations
 import pynvml
 
 from gpumond.agent.dcgm import DcgmCompat
-from gpumond.agent.sampler import Sampler
+from tests.agent_sampler import node_sampler
 from gpumond.nvml.sim import Scenario
 
 # GPU 0 transcodes video beside its work, GPU 1 trains (engines idle), GPU 2 is in MIG mode.
@@ -32,7 +32,7 @@ def test_pynvml_reads_each_engines_utilization_and_its_sampling_period(make_sim)
 
 def test_the_agent_exports_them_as_ratios_and_in_dcgm_naming_as_percent(make_session) -> None:
     _, session, _ = make_session(gpus=3, scenario=SCENARIO)
-    sampler = Sampler(session, hostname="n", dcgm=DcgmCompat(hostname="n"), timer=lambda: 0.0, clock=lambda: 0.0)
+    sampler = node_sampler(session, hostname="n", dcgm=DcgmCompat(hostname="n"), timer=lambda: 0.0, clock=lambda: 0.0)
     sampler.slow_cycle()
     sampler.fast_cycle()
     assert sampler.last_snapshot is not None

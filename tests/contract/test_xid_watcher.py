@@ -94,7 +94,7 @@ def test_a_gpu_that_comes_back_is_registered_again(make_session):
 def test_a_gpu_whose_registration_fails_is_retried_with_backoff_and_fails_the_collector(make_session, caplog):
     import logging
 
-    from gpumond.agent.sampler import Sampler
+    from tests.agent_sampler import node_sampler
 
     caplog.set_level(logging.INFO, logger="gpumond.nvml.xid")
     sim, s, clock = make_session(gpus=2)
@@ -107,7 +107,7 @@ def test_a_gpu_whose_registration_fails_is_retried_with_backoff_and_fails_the_co
         time.sleep(0.3)  # ~15 waits: not one more registration attempt inside the back-off
         assert sim.gpus[1].device_calls == calls
         assert not w.healthy and w.error == "xid registration failed on gpu 1 (not_supported)"
-        sampler = Sampler(s, hostname="n", xid=w)
+        sampler = node_sampler(s, hostname="n", xid=w)
         sampler.fast_cycle()
         assert 'gpumond_collector_success{collector="xid"} 0' in sampler.latest.plain.decode()
         calls = sim.gpus[1].device_calls  # the sampler's reads made calls too

@@ -103,8 +103,8 @@ def promtool() -> str:
 
 @pytest.fixture
 def receiver() -> Iterator[ScriptedReceiver]:
-    """The local Slack / PagerDuty / Alertmanager-webhook receiver (gpumond.demo.receiver) on 127.0.0.1,
-    scriptable to misbehave (tests/scripted_receiver.py)."""
+    """The demo's Slack / PagerDuty / Alertmanager-webhook receiver on 127.0.0.1, held to every rule the services
+    document and scriptable to misbehave (tests/scripted_receiver.py)."""
     r = ScriptedReceiver().start()
     try:
         yield r

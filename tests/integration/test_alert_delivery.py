@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumond.demo.receiver import Receiver, Record
+from gpumond.demo.receiver import Record
+from tests.scripted_receiver import ScriptedReceiver
 from tests.integration.alert_helpers import RulesProcess, alertmanager_cluster
 from gpumond.alerts.state import AlertStateFile
 from tests.integration.helpers import AgentProcess, wait_until, write_yaml
@@ -19,12 +20,12 @@ pytestmark = pytest.mark.integration
 PD_KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
 
 
-def notifications(receiver: Receiver, alertname: str, status: str) -> list[Record]:
+def notifications(receiver: ScriptedReceiver, alertname: str, status: str) -> list[Record]:
     return [r for r in receiver.received("alertmanager", accepted=True)
             if r.json()["status"] == status and r.json()["commonLabels"].get("alertname") == alertname]
 
 
-def log(receiver: Receiver) -> str:
+def log(receiver: ScriptedReceiver) -> str:
     return " | ".join(f'{r.received_at.time()} {r.json()["externalURL"]} {r.json()["status"]} '
                       f'{[(a["status"], a["startsAt"], a["endsAt"]) for a in r.json()["alerts"]]}'
                       for r in receiver.received("alertmanager"))
@@ -41,7 +42,7 @@ def once_per_replica(records: list[Record]) -> bool:
     return bool(senders) and len(senders) == len(set(senders))
 
 
-def test_findings_reach_alertmanager_once_and_resolve(receiver: Receiver, tmp_path: Path) -> None:
+def test_findings_reach_alertmanager_once_and_resolve(receiver: ScriptedReceiver, tmp_path: Path) -> None:
     ams = alertmanager_cluster(tmp_path, receiver.alertmanager_url)
     rules = RulesProcess(tmp_path / "rules", {"alertmanager": {"urls": [am.url for am in ams],
                                                                "resend_interval_s": 1},
@@ -77,7 +78,7 @@ def test_findings_reach_alertmanager_once_and_resolve(receiver: Receiver, tmp_pa
 
 
 def test_agent_alerts_reach_alertmanager_and_expire_through_the_lease_when_it_dies(
-        receiver: Receiver, tmp_path: Path) -> None:
+        receiver: ScriptedReceiver, tmp_path: Path) -> None:
     ams = alertmanager_cluster(tmp_path, receiver.alertmanager_url)
     scenario = write_yaml(tmp_path / "scenario.yaml", {"faults": [{"gpu": 1, "kind": "lost", "at_s": 1}]})
     config = write_yaml(tmp_path / "agent.yaml", {
@@ -108,7 +109,7 @@ def test_agent_alerts_reach_alertmanager_and_expire_through_the_lease_when_it_di
             am.stop()
 
 
-def test_a_killed_rules_service_pages_once_and_resolves_once(receiver: Receiver, tmp_path: Path) -> None:
+def test_a_killed_rules_service_pages_once_and_resolves_once(receiver: ScriptedReceiver, tmp_path: Path) -> None:
     alerting = {"pagerduty": {"routing_key": PD_KEY, "url": receiver.pagerduty_url}, "restart_grace_s": 2}
     state = tmp_path / "state"
 

@@ -13,7 +13,7 @@ from gpumond.alerts.pipeline import AlertPipeline
 from gpumond.alerts.sinks import LogSink, PagerDutySink, SlackSink
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.alerting import AlertingConfig, PagerDutyConfig, SlackConfig
-from gpumond.demo.receiver import Receiver
+from tests.scripted_receiver import ScriptedReceiver
 from gpumond.retry import Backoff
 from tests.scripted_receiver import Hang, Respond
 
@@ -31,13 +31,13 @@ def straggler(rank: int) -> Condition:
                         {"summary": f"rank {rank} (node-b GPU {rank}) of job llama: straggler rank"})
 
 
-def pd_sink(receiver: Receiver, state: AlertStateFile, **cfg: object) -> PagerDutySink:
+def pd_sink(receiver: ScriptedReceiver, state: AlertStateFile, **cfg: object) -> PagerDutySink:
     return PagerDutySink(PagerDutyConfig(routing_key=KEY, url=receiver.pagerduty_url, **cfg),
                          book=state.book("pagerduty"), queue_size=100, clock=time.time,
                          backoff=Backoff(base_s=0.05, cap_s=0.5))
 
 
-def slack_sink(receiver: Receiver, state: AlertStateFile, **cfg: object) -> SlackSink:
+def slack_sink(receiver: ScriptedReceiver, state: AlertStateFile, **cfg: object) -> SlackSink:
     return SlackSink(SlackConfig(webhook_url=receiver.slack_url, **cfg), book=state.book("slack"), queue_size=100,
                      clock=time.time, backoff=Backoff(base_s=0.05, cap_s=0.5))
 
@@ -48,12 +48,12 @@ def pipeline(*sinks: object, state: AlertStateFile, grace_s: float = 0.0) -> Ale
     return p
 
 
-def events(receiver: Receiver, action: str | None = None) -> list[dict]:
+def events(receiver: ScriptedReceiver, action: str | None = None) -> list[dict]:
     out = [r.json() for r in receiver.received("pagerduty", accepted=True)]
     return [e for e in out if action is None or e["event_action"] == action]
 
 
-def test_pagerduty_triggers_once_and_resolves_once(receiver: Receiver) -> None:
+def test_pagerduty_triggers_once_and_resolves_once(receiver: ScriptedReceiver) -> None:
     state = AlertStateFile(None)
     p = pipeline(pd_sink(receiver, state), state=state)
     try:
@@ -79,7 +79,7 @@ def test_pagerduty_triggers_once_and_resolves_once(receiver: Receiver) -> None:
         p.stop()
 
 
-def test_pagerduty_400_is_not_retried_and_429_500_hang_are(receiver: Receiver) -> None:
+def test_pagerduty_400_is_not_retried_and_429_500_hang_are(receiver: ScriptedReceiver) -> None:
     state = AlertStateFile(None)
     sink = pd_sink(receiver, state, timeout_s=0.5)
     p = pipeline(sink, state=state)
@@ -107,7 +107,7 @@ def test_pagerduty_400_is_not_retried_and_429_500_hang_are(receiver: Receiver) -
         p.stop()
 
 
-def test_nothing_is_lost_within_the_queue_bound(receiver: Receiver) -> None:
+def test_nothing_is_lost_within_the_queue_bound(receiver: ScriptedReceiver) -> None:
     state = AlertStateFile(None)
     sink = pd_sink(receiver, state)
     p = pipeline(sink, state=state)
@@ -122,7 +122,7 @@ def test_nothing_is_lost_within_the_queue_bound(receiver: Receiver) -> None:
         p.stop()
 
 
-def test_over_the_queue_bound_the_least_urgent_are_dropped_and_counted(receiver: Receiver) -> None:
+def test_over_the_queue_bound_the_least_urgent_are_dropped_and_counted(receiver: ScriptedReceiver) -> None:
     state = AlertStateFile(None)
     sink = PagerDutySink(PagerDutyConfig(routing_key=KEY, url=receiver.pagerduty_url), book=state.book("pagerduty"),
                          queue_size=3, clock=time.time)
@@ -137,7 +137,7 @@ def test_over_the_queue_bound_the_least_urgent_are_dropped_and_counted(receiver:
         p.stop()
 
 
-def test_slack_groups_an_alert_storm_into_one_message_and_honours_429(receiver: Receiver) -> None:
+def test_slack_groups_an_alert_storm_into_one_message_and_honours_429(receiver: ScriptedReceiver) -> None:
     state = AlertStateFile(None)
     p = pipeline(slack_sink(receiver, state), state=state)
     try:
@@ -160,7 +160,7 @@ def test_slack_groups_an_alert_storm_into_one_message_and_honours_429(receiver: 
         p.stop()
 
 
-def test_slack_sends_at_most_about_one_message_a_second(receiver: Receiver) -> None:
+def test_slack_sends_at_most_about_one_message_a_second(receiver: ScriptedReceiver) -> None:
     state = AlertStateFile(None)
     p = pipeline(slack_sink(receiver, state), state=state)
     try:
@@ -172,7 +172,7 @@ def test_slack_sends_at_most_about_one_message_a_second(receiver: Receiver) -> N
         p.stop()
 
 
-def test_a_restart_neither_pages_again_nor_forgets_to_resolve(receiver: Receiver, tmp_path: Path) -> None:
+def test_a_restart_neither_pages_again_nor_forgets_to_resolve(receiver: ScriptedReceiver, tmp_path: Path) -> None:
     path = tmp_path / "alerts-state.json"
     state = AlertStateFile(path)
     p = pipeline(pd_sink(receiver, state), slack_sink(receiver, state), state=state)
@@ -204,7 +204,7 @@ def test_a_restart_neither_pages_again_nor_forgets_to_resolve(receiver: Receiver
         p.stop()
 
 
-def test_a_hanging_sink_does_not_slow_the_daemon(receiver: Receiver) -> None:
+def test_a_hanging_sink_does_not_slow_the_daemon(receiver: ScriptedReceiver) -> None:
     state = AlertStateFile(None)
     p = pipeline(pd_sink(receiver, state, timeout_s=5.0), slack_sink(receiver, state, timeout_s=5.0), state=state)
     try:

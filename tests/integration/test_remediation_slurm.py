@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumond.demo.receiver import Receiver
+from tests.scripted_receiver import ScriptedReceiver
 from tests.integration.helpers import (
     AgentProcess,
     http_get,
@@ -117,7 +117,7 @@ def test_guard_refuses_the_drain_over_its_limit_and_pages(fresh_slurm: SlurmClus
     lost = [{"gpu": 0, "kind": "lost", "at_s": 2.0}]
     agents = {n: AgentProcess(["--sim", "2", "--node-name", n, *agent_args(tmp_path / n, lost)], tmp_path / n)
               for n in ("node-a", "node-b")}
-    with Receiver() as receiver:
+    with ScriptedReceiver() as receiver:
         rules = rules_daemon(tmp_path, agents, slurm, {"max_nodes": 1, "max_pool_fraction": 1.0, "max_drains_per_hour": 10},
                        alerting={"pagerduty": {"routing_key": PD_KEY, "url": receiver.pagerduty_url}})
         with running(rules, agents):

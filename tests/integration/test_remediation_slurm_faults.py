@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumond.demo.receiver import Receiver
+from tests.scripted_receiver import ScriptedReceiver
 from tests.integration.helpers import AgentProcess, http_get, parse_metrics, samples, value, wait_until
 from tests.integration.slurm_helpers import (
     HOLD_DOWN_S,
@@ -104,7 +104,7 @@ def test_a_hanging_scontrol_is_paged_never_reported_as_a_drain_and_never_stalls_
     agents = {"node-a": AgentProcess(["--sim", "2", "--node-name", "node-a",
                                       *agent_args(work / "a", [{"gpu": 1, "kind": "lost", "at_s": 1.0}], 300)],
                                      work / "a")}
-    with Receiver() as receiver:
+    with ScriptedReceiver() as receiver:
         rules = rules_daemon(work, agents, slurm, GUARD,
                              alerting={"pagerduty": {"routing_key": PD_KEY, "url": receiver.pagerduty_url}},
                              remediation={"slurm": {"scontrol": str(wrapper), "timeout_s": 1},

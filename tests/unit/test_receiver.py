@@ -1,4 +1,5 @@
-"""The local Slack / PagerDuty / Alertmanager receiver: validation, scripted misbehaviour, records, describe()."""
+"""The local Slack / PagerDuty / Alertmanager receiver: the demo's (answers what it can read), the tests' (every
+rule the services document; scripted misbehaviour), records, describe()."""
 
 import dataclasses
 import json
@@ -79,6 +80,32 @@ def am_message(**over):
     return msg
 
 
+# --- the demo's receiver -----------------------------------------------------------------------------------
+
+def test_the_demo_receiver_answers_any_readable_notification_as_the_service_would(client):
+    with Receiver(new_dedup_key=lambda: "generated-key") as demo:
+        # Slack's block rules are the tests' receiver's business (it refuses this): the demo answers "ok".
+        assert (client.post(demo.slack_url, json={"blocks": "not a list"}).text) == "ok"
+        first = client.post(demo.pagerduty_url, json={"event_action": "trigger"})
+        assert first.status_code == 202 and first.json()["dedup_key"] == "generated-key"
+        assert client.post(demo.pagerduty_url, json=trigger()).json()["dedup_key"] == "gpumond/demo-node-00/6/xid"
+        assert client.post(demo.alertmanager_url, json={}).status_code == 200
+        assert [(r.kind, r.status, r.accepted) for r in demo.received()] == [
+            ("slack", 200, True), ("pagerduty", 202, True), ("pagerduty", 202, True), ("alertmanager", 200, True)]
+
+
+@pytest.mark.parametrize("kind, answer", [
+    ("slack", "invalid_payload"), ("pagerduty", '"status": "invalid event"'), ("alertmanager", "invalid webhook")])
+def test_the_demo_receiver_refuses_what_it_cannot_read_as_the_service_does(client, kind, answer):
+    with Receiver() as demo:
+        url = {"slack": demo.slack_url, "pagerduty": demo.pagerduty_url, "alertmanager": demo.alertmanager_url}[kind]
+        r = client.post(url, content=b"[1, 2]", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and answer in r.text
+        (rec,) = demo.received()
+        assert not rec.accepted and rec.errors == ("body is a JSON list, not an object",)
+        assert describe(rec).startswith("[rejected 400")
+
+
 # --- Slack ------------------------------------------------------------------------------------------------
 
 def test_slack_text_is_ok_and_recorded(rx, client):
@@ -86,7 +113,7 @@ def test_slack_text_is_ok_and_recorded(rx, client):
     assert (r.status_code, r.text) == (200, "ok")
     assert r.headers["content-type"].startswith("text/plain")
     (rec,) = rx.received("slack")
-    assert rec.kind == "slack" and rec.accepted and not rec.scripted and rec.error is None
+    assert rec.kind == "slack" and rec.accepted and rec.error is None
     assert rec.path == "/slack/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX"
     assert rec.json() == {"text": "GpuLost on demo-node-00\nsecond line"}
 
@@ -266,7 +293,7 @@ def test_scripted_answers_come_in_order_then_normal_behaviour_resumes(rx, client
     assert [(a.status_code, a.text) for a in answers] == [
         (429, "rate_limited"), (500, "rollup_error"), (400, "no_service"), (200, "ok")]
     assert answers[0].headers["retry-after"] == "2"
-    assert [r.scripted for r in rx.received("slack")] == [True, True, True, False]
+    assert [r.status for r in rx.received("slack")] == [429, 500, 400, 200]
     assert all(r.error is None for r in rx.received("slack"))  # the payload itself was valid each time
     assert rx.pending_scripts("slack") == 0
 
@@ -292,7 +319,7 @@ def test_hang_delays_then_answers_normally_or_as_told(rx, client):
     assert client.post(rx.slack_url, json={"text": "x"}).status_code == 200
     assert client.post(rx.slack_url, json={"text": "x"}).status_code == 500
     assert time.monotonic() - t0 >= 0.5
-    assert [(r.status, r.scripted) for r in rx.received()] == [(200, True), (500, True)]
+    assert [r.status for r in rx.received()] == [200, 500]
 
 
 def test_a_hang_past_the_client_timeout_is_a_timeout(rx):
@@ -326,7 +353,7 @@ def test_a_hung_request_ends_when_the_receiver_stops():
     t.join(5)
     assert not t.is_alive() and answer["status"] == 503
     (rec,) = rx.received()
-    assert rec.status == 503 and rec.scripted
+    assert rec.status == 503 and rec.error is None
 
 
 def test_script_arguments_are_checked(rx):
@@ -479,7 +506,7 @@ def test_describe_slack():
     blocks = [{"type": "divider"}, {"type": "header", "text": {"type": "plain_text", "text": "XID 79 on node-3"}}]
     assert describe(rec("slack", {"blocks": blocks})) == "Slack: XID 79 on node-3"
     assert describe(rec("slack", {"attachments": [{"fallback": "fb"}]})) == "Slack: fb"
-    assert describe(rec("slack", {"text": "hi"}, 429, scripted=True)) == "[scripted 429] Slack: hi"
+    assert describe(rec("slack", {"text": "hi"}, 429)) == "[rejected 429] Slack: hi"
     assert describe(rec("slack", {}, 400, error="no_text")) == "[rejected 400 no_text] Slack: (no text)"
     assert describe(rec("slack", b"{oops", 400, error="invalid_payload")) == (
         "[rejected 400 invalid_payload] Slack (unreadable body)")
@@ -504,6 +531,6 @@ json_values = st.recursive(
 @settings(max_examples=200, deadline=None)
 @given(kind=st.sampled_from(["slack", "pagerduty", "alertmanager"]),
        body=st.fixed_dictionaries({}, optional=dict.fromkeys(KEYS, json_values)) | json_values,
-       status=st.sampled_from([200, 202, 400, 429]), scripted=st.booleans())
-def test_describe_never_raises_whatever_was_posted(kind, body, status, scripted):
-    assert isinstance(describe(rec(kind, body, status, scripted=scripted)), str)
+       status=st.sampled_from([200, 202, 400, 429]))
+def test_describe_never_raises_whatever_was_posted(kind, body, status):
+    assert isinstance(describe(rec(kind, body, status)), str)

@@ -69,3 +69,10 @@ def test_retry_after_zero_every_time_still_backs_off_to_the_cap() -> None:
     delays = [b.after_failure(0.0) for _ in range(12)]
     assert delays[0] == 0.25 and delays[-1] == 15.0
     assert sum(delays) > 100  # 12 answers "retry now" take minutes, not 12 × 50 ms
+
+
+def test_backoff_without_jitter_is_the_plain_doubling_schedule() -> None:
+    b = Backoff(base_s=2.0, cap_s=8.0, rng=lambda: 0.0, jitter=0.0)  # whatever the rng says
+    assert [b.next_delay() for _ in range(5)] == [2.0, 4.0, 8.0, 8.0, 8.0]
+    b.reset()
+    assert b.next_delay() == 2.0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumond.agent.podresources.assign import Allocation, allocations
+from gpumond.retry import Backoff
 from gpumond.safetext import one_line
 
 log = logging.getLogger("gpumond.agent")
@@ -61,7 +62,8 @@ class PodResourcesClient:
         self._interval_s = interval_s
         # Three missed polls: a kubelet restart fits, a pod deleted long ago does not linger.
         self._max_age_s = max_age_s if max_age_s is not None else 3 * interval_s + timeout_s
-        self._max_backoff_s = max(max_backoff_s, interval_s)
+        # Failures in a row wait interval_s, doubling up to max_backoff_s (the node's own kubelet: no jitter).
+        self._backoff = Backoff(interval_s, max(max_backoff_s, interval_s), jitter=0.0)
         self._clock = clock
         self._modules = grpc_modules
         self._channel: Any = None
@@ -73,7 +75,7 @@ class PodResourcesClient:
         self.error: str | None = None  # why the last poll failed (None after a good one)
         self.polls = 0
         self.failures = 0
-        self._streak = 0  # failures in a row, for the backoff
+        self.next_poll_s = interval_s  # the wait after the last poll: interval_s, or the back-off after a failure
 
     # ----- reading (the sampler's side: never blocks on the kubelet) -----------------------------
     def snapshot(self) -> PodSnapshot | None:
@@ -92,7 +94,7 @@ class PodResourcesClient:
             snap = PodSnapshot(self._clock(), allocations(self._list().pod_resources, MAX_ALLOCATIONS))
         except Exception as e:  # noqa: BLE001 - grpc.RpcError, a decode error on garbage, anything
             self.failures += 1
-            self._streak += 1
+            self.next_poll_s = self._backoff.next_delay()
             self._reset_channel()  # reconnect next time instead of waiting out grpc's own backoff
             reason = _one_line(e)
             if reason != self.error:
@@ -106,7 +108,8 @@ class PodResourcesClient:
             log.info("pod-resources answering", extra={"socket": str(self.socket_path),
                                                        "device_ids": len(snap.allocations)})
         self.error = None
-        self._streak = 0
+        self._backoff.reset()
+        self.next_poll_s = self._interval_s
         return True
 
     def _list(self) -> Any:
@@ -150,8 +153,8 @@ class PodResourcesClient:
     def _run(self) -> None:
         wait = 0.0
         while not self._stop.wait(wait):
-            ok = self.poll()
-            wait = self._interval_s if ok else min(self._max_backoff_s, self._interval_s * 2 ** min(self._streak - 1, 6))
+            self.poll()
+            wait = self.next_poll_s
 
 
 def _one_line(e: BaseException) -> str:

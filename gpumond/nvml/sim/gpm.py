@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml as N
 
-from .library import INVALID, NOT_FOUND, NOT_SUPPORTED, OK, VERSION_MISMATCH, _device, _system, _write_handle
+from .symbols import INVALID, NOT_FOUND, NOT_SUPPORTED, OK, VERSION_MISMATCH, device, system, write_handle
 
 if TYPE_CHECKING:
     from .gpu import SimGpu
@@ -89,7 +89,7 @@ def _text(value: bytes) -> int:
     return ctypes.addressof(buf)
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlGpmQueryDeviceSupport(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     if not out:
         return INVALID
@@ -100,17 +100,17 @@ def nvmlGpmQueryDeviceSupport(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     return OK
 
 
-@_system(c_void_p)
+@system(c_void_p)
 def nvmlGpmSampleAlloc(sim: SimulatedNvml, out: int) -> int:
     if not out:
         return INVALID
     buffer = ctypes.create_string_buffer(16)
     sample = Sample(buffer)
     sim._gpm_samples[ctypes.addressof(buffer)] = sample
-    return _write_handle(out, ctypes.addressof(buffer))
+    return write_handle(out, ctypes.addressof(buffer))
 
 
-@_system(c_void_p)
+@system(c_void_p)
 def nvmlGpmSampleFree(sim: SimulatedNvml, handle: int | None) -> int:
     return OK if sim._gpm_samples.pop(handle or 0, None) is not None else INVALID
 
@@ -123,7 +123,7 @@ def _fill(sample: Sample, gpu: SimGpu, gpu_instance: int | None, active: bool, s
     return OK
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlGpmSampleGet(sim: SimulatedNvml, gpu: SimGpu, handle: int | None) -> int:
     sample = sim._gpm_samples.get(handle or 0)
     if sample is None:
@@ -133,7 +133,7 @@ def nvmlGpmSampleGet(sim: SimulatedNvml, gpu: SimGpu, handle: int | None) -> int
     return _fill(sample, gpu, None, True, 1.0)
 
 
-@_device(c_uint, c_void_p)
+@device(c_uint, c_void_p)
 def nvmlGpmMigSampleGet(sim: SimulatedNvml, gpu: SimGpu, gpu_instance: int, handle: int | None) -> int:
     sample = sim._gpm_samples.get(handle or 0)
     if sample is None:
@@ -172,7 +172,7 @@ def _value(metric_id: int, a: Sample, b: Sample, dt: float) -> tuple[int, float]
     return NOT_SUPPORTED, 0.0
 
 
-@_system(c_void_p)
+@system(c_void_p)
 def nvmlGpmMetricsGet(sim: SimulatedNvml, out: int) -> int:
     if not out:
         return INVALID

@@ -17,13 +17,37 @@ import ctypes
 import logging
 import time
 from collections.abc import Callable
-from ctypes import CFUNCTYPE, POINTER, c_char_p, c_int, c_int32, c_uint, c_ulonglong, c_void_p
+from ctypes import CFUNCTYPE, c_char_p, c_int32, c_uint, c_ulonglong, c_void_p
 from typing import TYPE_CHECKING, Any
 
 import pynvml as N
 
-from . import physics
+# gpm and nvlink implement their own symbols, registered on import (like this module's) in `symbols`' tables.
+from . import gpm, nvlink, physics  # noqa: F401 - gpm is imported for its registrations
 from .models import CUDA_DRIVER_VERSION, DRIVER_VERSION, NVML_VERSION
+from .symbols import (
+    DEVICE,
+    INSUFFICIENT_SIZE,
+    INT_P,
+    INVALID,
+    LOST,
+    MIG,
+    NO_PERMISSION,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    OK,
+    SYSTEM,
+    UINT,
+    UINT_P,
+    ULL,
+    ULL_P,
+    UNKNOWN,
+    VERSION_MISMATCH,
+    device,
+    on_mig,
+    system,
+    write_handle,
+)
 
 if TYPE_CHECKING:
     from .gpu import SimGpu, SimMigDevice
@@ -31,19 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpumond.nvml.sim")
 
-OK = N.NVML_SUCCESS
-INVALID = N.NVML_ERROR_INVALID_ARGUMENT
-NOT_SUPPORTED = N.NVML_ERROR_NOT_SUPPORTED
-NO_PERMISSION = N.NVML_ERROR_NO_PERMISSION
-INSUFFICIENT_SIZE = N.NVML_ERROR_INSUFFICIENT_SIZE
-NOT_FOUND = N.NVML_ERROR_NOT_FOUND
-LOST = N.NVML_ERROR_GPU_IS_LOST
-VERSION_MISMATCH = N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-UNKNOWN = N.NVML_ERROR_UNKNOWN
-
-UINT_P = POINTER(c_uint)
-ULL_P = POINTER(c_ulonglong)
-INT_P = POINTER(c_int)
 
 
 def _mirror(struct: type[ctypes.Structure]) -> type[ctypes.Structure]:
@@ -68,42 +79,6 @@ ProcessInfoV3 = _mirror(N.c_nvmlProcessInfo_v3_t)
 EventData = _mirror(N.c_nvmlEventData_t)
 DeviceAttributes = _mirror(N.c_nvmlDeviceAttributes)
 
-# name -> (argument types after the device handle, implementation(sim, gpu, *args),
-#          how many of them callers must pass, None = all)
-_DEVICE: dict[str, tuple[tuple[Any, ...], Callable[..., int], int | None]] = {}
-# name -> (argument types, implementation(sim, *args), needs nvmlInit first)
-_SYSTEM: dict[str, tuple[tuple[Any, ...], Callable[..., int], bool]] = {}
-# name -> implementation(sim, mig, *args) for a call on a MIG device handle (same argument types as
-# _DEVICE[name]). A device symbol without an entry here answers NOT_SUPPORTED on a MIG handle: what
-# belongs to the whole board (temperature, power, clocks, utilization, ECC, limits) is the parent's.
-_MIG: dict[str, Callable[..., int]] = {}
-
-
-def _device(*argtypes: Any, names: tuple[str, ...] = (),
-            required: int | None = None) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    def register(fn: Callable[..., int]) -> Callable[..., int]:
-        for name in names or (fn.__name__,):
-            _DEVICE[name] = (argtypes, fn, required)
-        return fn
-    return register
-
-
-def _on_mig(*names: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    def register(fn: Callable[..., int]) -> Callable[..., int]:
-        for name in names:
-            _MIG[name] = fn
-        return fn
-    return register
-
-
-def _system(*argtypes: Any, needs_init: bool = True, names: tuple[str, ...] = ()) -> Callable[..., Any]:
-    def register(fn: Callable[..., int]) -> Callable[..., int]:
-        for name in names or (fn.__name__,):
-            _SYSTEM[name] = (argtypes, fn, needs_init)
-        return fn
-    return register
-
-
 def _put_string(address: int | None, length: int, text: str) -> int:
     data = text.encode() + b"\0"
     if not address:
@@ -114,15 +89,8 @@ def _put_string(address: int | None, length: int, text: str) -> int:
     return OK
 
 
-def _write_handle(out: int | None, handle: int) -> int:
-    if not out:
-        return INVALID
-    c_void_p.from_address(out).value = handle
-    return OK
-
-
 # ---- library, init and system -----------------------------------------------------------
-@_system(c_uint, needs_init=False, names=("nvmlInitWithFlags",))
+@system(c_uint, needs_init=False, names=("nvmlInitWithFlags",))
 def _init_with_flags(sim: SimulatedNvml, flags: int = 0) -> int:
     if sim.init_error_code:
         return sim.init_error_code
@@ -133,12 +101,12 @@ def _init_with_flags(sim: SimulatedNvml, flags: int = 0) -> int:
     return OK
 
 
-@_system(needs_init=False)
+@system(needs_init=False)
 def nvmlInit_v2(sim: SimulatedNvml) -> int:
     return _init_with_flags(sim, 0)
 
 
-@_system(needs_init=False)
+@system(needs_init=False)
 def nvmlShutdown(sim: SimulatedNvml) -> int:
     if not sim._init_count:
         return N.NVML_ERROR_UNINITIALIZED
@@ -146,23 +114,23 @@ def nvmlShutdown(sim: SimulatedNvml) -> int:
     return OK
 
 
-@_system(c_void_p, c_uint)
+@system(c_void_p, c_uint)
 def nvmlSystemGetDriverVersion(sim: SimulatedNvml, buf: int, length: int) -> int:
     return _put_string(buf, length, DRIVER_VERSION)
 
 
-@_system(c_void_p, c_uint)
+@system(c_void_p, c_uint)
 def nvmlSystemGetNVMLVersion(sim: SimulatedNvml, buf: int, length: int) -> int:
     return _put_string(buf, length, NVML_VERSION)
 
 
-@_system(INT_P, names=("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2"))
+@system(INT_P, names=("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2"))
 def _cuda_driver_version(sim: SimulatedNvml, out: Any) -> int:
     out[0] = CUDA_DRIVER_VERSION
     return OK
 
 
-@_system(UINT_P)
+@system(UINT_P)
 def nvmlDeviceGetCount_v2(sim: SimulatedNvml, out: Any) -> int:
     out[0] = len(sim._gpus)
     return OK
@@ -173,17 +141,17 @@ def _handle_of(gpu: SimGpu | None, out: int | None) -> int:
         return NOT_FOUND
     if gpu.lost:
         return LOST  # as nvidia-smi: "Unable to determine the device handle ...: GPU is lost"
-    return _write_handle(out, gpu.handle)
+    return write_handle(out, gpu.handle)
 
 
-@_system(c_uint, c_void_p)
+@system(c_uint, c_void_p)
 def nvmlDeviceGetHandleByIndex_v2(sim: SimulatedNvml, index: int, out: int) -> int:
     if index >= len(sim._gpus):
         return INVALID
     return _handle_of(sim._gpus[index], out)
 
 
-@_system(c_char_p, c_void_p)
+@system(c_char_p, c_void_p)
 def nvmlDeviceGetHandleByUUID(sim: SimulatedNvml, uuid: bytes | None, out: int) -> int:
     wanted = (uuid or b"").decode(errors="replace")
     return _handle_of(next((g for g in sim._gpus if g.uuid == wanted), None), out)
@@ -197,47 +165,47 @@ def _bus_id_key(text: str) -> tuple[int, ...] | None:
         return None
 
 
-@_system(c_char_p, c_void_p)
+@system(c_char_p, c_void_p)
 def nvmlDeviceGetHandleByPciBusId_v2(sim: SimulatedNvml, bus_id: bytes | None, out: int) -> int:
     wanted = _bus_id_key((bus_id or b"").decode(errors="replace"))
     return _handle_of(next((g for g in sim._gpus if _bus_id_key(g.pci_bus_id) == wanted), None), out)
 
 
-@_system(c_char_p, c_void_p)
+@system(c_char_p, c_void_p)
 def nvmlDeviceGetHandleBySerial(sim: SimulatedNvml, serial: bytes | None, out: int) -> int:
     wanted = (serial or b"").decode(errors="replace")
     return _handle_of(next((g for g in sim._gpus if g.serial == wanted), None), out)
 
 
-@_system(c_void_p)
+@system(c_void_p)
 def nvmlEventSetCreate(sim: SimulatedNvml, out: int) -> int:
-    return _write_handle(out, sim._hub.create().handle)
+    return write_handle(out, sim._hub.create().handle)
 
 
-@_system(c_void_p)
+@system(c_void_p)
 def nvmlEventSetFree(sim: SimulatedNvml, set_handle: int | None) -> int:
     return OK if sim._hub.free(set_handle) else INVALID
 
 
 # ---- identity ---------------------------------------------------------------------------
-@_on_mig("nvmlDeviceGetName")
-@_device(c_void_p, c_uint)
+@on_mig("nvmlDeviceGetName")
+@device(c_void_p, c_uint)
 def nvmlDeviceGetName(sim: SimulatedNvml, gpu: SimGpu | SimMigDevice, buf: int, length: int) -> int:
     return _put_string(buf, length, gpu.name)
 
 
-@_on_mig("nvmlDeviceGetUUID")
-@_device(c_void_p, c_uint)
+@on_mig("nvmlDeviceGetUUID")
+@device(c_void_p, c_uint)
 def nvmlDeviceGetUUID(sim: SimulatedNvml, gpu: SimGpu | SimMigDevice, buf: int, length: int) -> int:
     return _put_string(buf, length, gpu.uuid)
 
 
-@_device(c_void_p, c_uint)
+@device(c_void_p, c_uint)
 def nvmlDeviceGetSerial(sim: SimulatedNvml, gpu: SimGpu, buf: int, length: int) -> int:
     return _put_string(buf, length, gpu.serial)
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlDeviceGetPciInfo_v3(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     info = PciInfo.from_address(out)
     info.busIdLegacy = f"0000:{gpu.pci_bus:02X}:00.0".encode()
@@ -250,49 +218,49 @@ def nvmlDeviceGetPciInfo_v3(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     return OK
 
 
-@_device(UINT_P, names=("nvmlDeviceGetIndex", "nvmlDeviceGetMinorNumber"))
+@device(UINT_P, names=("nvmlDeviceGetIndex", "nvmlDeviceGetMinorNumber"))
 def _index(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = gpu.index
     return OK
 
 
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetArchitecture(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = gpu.spec.architecture
     return OK
 
 
-@_device(INT_P, INT_P)
+@device(INT_P, INT_P)
 def nvmlDeviceGetCudaComputeCapability(sim: SimulatedNvml, gpu: SimGpu, major: Any, minor: Any) -> int:
     major[0], minor[0] = gpu.spec.compute_capability
     return OK
 
 
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetBrand(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = gpu.spec.brand
     return OK
 
 
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetPersistenceMode(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = N.NVML_FEATURE_ENABLED  # what a training node runs with
     return OK
 
 
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetPerformanceState(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = 0  # P0: persistence mode keeps datacenter GPUs in P0
     return OK
 
 
-@_device(UINT_P, UINT_P)
+@device(UINT_P, UINT_P)
 def nvmlDeviceGetEccMode(sim: SimulatedNvml, gpu: SimGpu, current: Any, pending: Any) -> int:
     current[0] = pending[0] = N.NVML_FEATURE_ENABLED
     return OK
 
 
-@_device(UINT_P, UINT_P)
+@device(UINT_P, UINT_P)
 def nvmlDeviceGetMigMode(sim: SimulatedNvml, gpu: SimGpu, current: Any, pending: Any) -> int:
     if not gpu.spec.has_mig:
         return NOT_SUPPORTED
@@ -301,7 +269,7 @@ def nvmlDeviceGetMigMode(sim: SimulatedNvml, gpu: SimGpu, current: Any, pending:
 
 
 # ---- MIG ----------------------------------------------------------------------------------
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetMaxMigDeviceCount(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     if not gpu.spec.has_mig:
         return NOT_SUPPORTED
@@ -309,7 +277,7 @@ def nvmlDeviceGetMaxMigDeviceCount(sim: SimulatedNvml, gpu: SimGpu, out: Any) ->
     return OK
 
 
-@_device(c_uint, c_void_p)
+@device(c_uint, c_void_p)
 def nvmlDeviceGetMigDeviceHandleByIndex(sim: SimulatedNvml, gpu: SimGpu, index: int, out: int) -> int:
     if not gpu.spec.has_mig:
         return NOT_SUPPORTED
@@ -317,46 +285,46 @@ def nvmlDeviceGetMigDeviceHandleByIndex(sim: SimulatedNvml, gpu: SimGpu, index: 
         return INVALID
     if index >= len(gpu.mig):
         return NOT_FOUND  # a free slot: callers walk 0..max-1 and skip these
-    return _write_handle(out, gpu.mig[index].handle)
+    return write_handle(out, gpu.mig[index].handle)
 
 
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceIsMigDeviceHandle(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = 0
     return OK
 
 
-@_on_mig("nvmlDeviceIsMigDeviceHandle")
+@on_mig("nvmlDeviceIsMigDeviceHandle")
 def _mig_is_mig(sim: SimulatedNvml, mig: SimMigDevice, out: Any) -> int:
     out[0] = 1
     return OK
 
 
-@_device(UINT_P, names=("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"))
+@device(UINT_P, names=("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"))
 def _instance_id_of_gpu(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     return INVALID  # only a MIG device handle has instance ids
 
 
-@_on_mig("nvmlDeviceGetGpuInstanceId")
+@on_mig("nvmlDeviceGetGpuInstanceId")
 def _mig_gpu_instance(sim: SimulatedNvml, mig: SimMigDevice, out: Any) -> int:
     out[0] = mig.gpu_instance
     return OK
 
 
-@_on_mig("nvmlDeviceGetComputeInstanceId")
+@on_mig("nvmlDeviceGetComputeInstanceId")
 def _mig_compute_instance(sim: SimulatedNvml, mig: SimMigDevice, out: Any) -> int:
     out[0] = mig.compute_instance
     return OK
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     return INVALID  # given a parent handle
 
 
-@_on_mig("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+@on_mig("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
 def _mig_parent(sim: SimulatedNvml, mig: SimMigDevice, out: int) -> int:
-    return _write_handle(out, mig.parent.handle)
+    return write_handle(out, mig.parent.handle)
 
 
 def _attributes(out: int, sms: int, gi_slices: int, memory_mib: int) -> int:
@@ -370,25 +338,25 @@ def _attributes(out: int, sms: int, gi_slices: int, memory_mib: int) -> int:
     return OK
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlDeviceGetAttributes_v2(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     full = gpu.spec.mig_profiles.get("7g.80gb")
     return _attributes(out, full.sm_count if full else 0, 7 if full else 0, gpu.spec.memory_total_mib)
 
 
-@_on_mig("nvmlDeviceGetAttributes_v2")
+@on_mig("nvmlDeviceGetAttributes_v2")
 def _mig_attributes(sim: SimulatedNvml, mig: SimMigDevice, out: int) -> int:
     p = mig.profile
     return _attributes(out, p.sm_count, p.slices, p.memory_mib)
 
 
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetFanSpeed(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     return NOT_SUPPORTED  # SXM modules have no fan of their own; the chassis cools them
 
 
 # ---- thermal ----------------------------------------------------------------------------
-@_device(c_uint, UINT_P)
+@device(c_uint, UINT_P)
 def nvmlDeviceGetTemperature(sim: SimulatedNvml, gpu: SimGpu, sensor: int, out: Any) -> int:
     if sensor != N.NVML_TEMPERATURE_GPU:
         return INVALID
@@ -396,7 +364,7 @@ def nvmlDeviceGetTemperature(sim: SimulatedNvml, gpu: SimGpu, sensor: int, out: 
     return OK
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlDeviceGetTemperatureV(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     if not gpu.spec.has_temperature_v:
         return NOT_SUPPORTED
@@ -409,7 +377,7 @@ def nvmlDeviceGetTemperatureV(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     return OK
 
 
-@_device(c_uint, UINT_P)
+@device(c_uint, UINT_P)
 def nvmlDeviceGetTemperatureThreshold(sim: SimulatedNvml, gpu: SimGpu, which: int, out: Any) -> int:
     spec = gpu.spec
     value = {N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: spec.shutdown_c,
@@ -425,31 +393,31 @@ def nvmlDeviceGetTemperatureThreshold(sim: SimulatedNvml, gpu: SimGpu, which: in
 
 
 # ---- power ------------------------------------------------------------------------------
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetPowerUsage(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = int(gpu.power_avg_w * 1000.0)
     return OK
 
 
-@_device(ULL_P)
+@device(ULL_P)
 def nvmlDeviceGetTotalEnergyConsumption(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = int(gpu.energy_j * 1000.0)
     return OK
 
 
-@_device(UINT_P, names=("nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetEnforcedPowerLimit"))
+@device(UINT_P, names=("nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetEnforcedPowerLimit"))
 def _power_limit(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = int(round(gpu.power_limit_w * 1000.0))
     return OK
 
 
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetPowerManagementDefaultLimit(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = int(gpu.spec.power_default_w * 1000.0)
     return OK
 
 
-@_device(UINT_P, UINT_P)
+@device(UINT_P, UINT_P)
 def nvmlDeviceGetPowerManagementLimitConstraints(sim: SimulatedNvml, gpu: SimGpu, lo: Any, hi: Any) -> int:
     lo[0] = int(gpu.spec.power_min_w * 1000.0)
     hi[0] = int(gpu.spec.power_max_w * 1000.0)
@@ -465,12 +433,12 @@ def _set_limit(sim: SimulatedNvml, gpu: SimGpu, milliwatts: int) -> int:
     return OK
 
 
-@_device(c_uint)
+@device(c_uint)
 def nvmlDeviceSetPowerManagementLimit(sim: SimulatedNvml, gpu: SimGpu, milliwatts: int) -> int:
     return _set_limit(sim, gpu, milliwatts)
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlDeviceSetPowerManagementLimit_v2(sim: SimulatedNvml, gpu: SimGpu, value: int) -> int:
     request = PowerValueV2.from_address(value)
     if request.version != N.nvmlPowerValue_v2:
@@ -481,7 +449,7 @@ def nvmlDeviceSetPowerManagementLimit_v2(sim: SimulatedNvml, gpu: SimGpu, value:
 
 
 # ---- clocks and utilization ---------------------------------------------------------------
-@_device(c_uint, UINT_P)
+@device(c_uint, UINT_P)
 def nvmlDeviceGetClockInfo(sim: SimulatedNvml, gpu: SimGpu, clock_type: int, out: Any) -> int:
     spec = gpu.spec
     if clock_type in (N.NVML_CLOCK_SM, N.NVML_CLOCK_GRAPHICS):
@@ -495,7 +463,7 @@ def nvmlDeviceGetClockInfo(sim: SimulatedNvml, gpu: SimGpu, clock_type: int, out
     return OK
 
 
-@_device(c_uint, UINT_P)
+@device(c_uint, UINT_P)
 def nvmlDeviceGetMaxClockInfo(sim: SimulatedNvml, gpu: SimGpu, clock_type: int, out: Any) -> int:
     spec = gpu.spec
     value = {N.NVML_CLOCK_SM: spec.sm_max_mhz, N.NVML_CLOCK_GRAPHICS: spec.sm_max_mhz,
@@ -506,7 +474,7 @@ def nvmlDeviceGetMaxClockInfo(sim: SimulatedNvml, gpu: SimGpu, clock_type: int, 
     return OK
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlDeviceGetUtilizationRates(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     if gpu.mig_enabled:
         return NOT_SUPPORTED  # nvidia-smi shows N/A: utilization is not counted in MIG mode
@@ -528,24 +496,24 @@ def _video_utilization(gpu: SimGpu, engine: int, out: Any, period_us: Any) -> in
     return OK
 
 
-@_device(UINT_P, UINT_P)
+@device(UINT_P, UINT_P)
 def nvmlDeviceGetEncoderUtilization(sim: SimulatedNvml, gpu: SimGpu, out: Any, period_us: Any) -> int:
     return _video_utilization(gpu, 0, out, period_us)
 
 
-@_device(UINT_P, UINT_P)
+@device(UINT_P, UINT_P)
 def nvmlDeviceGetDecoderUtilization(sim: SimulatedNvml, gpu: SimGpu, out: Any, period_us: Any) -> int:
     return _video_utilization(gpu, 1, out, period_us)
 
 
-@_device(ULL_P, names=("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"))
+@device(ULL_P, names=("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"))
 def _clock_event_reasons(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = gpu.clock_event_reasons
     return OK
 
 
 # ---- memory -----------------------------------------------------------------------------
-@_on_mig("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2")
+@on_mig("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2")
 def _mig_memory(sim: SimulatedNvml, mig: SimMigDevice, out: int) -> int:
     if MemoryV2.from_address(out).version == N.nvmlMemory_v2:
         memory = MemoryV2.from_address(out)
@@ -558,7 +526,7 @@ def _mig_memory(sim: SimulatedNvml, mig: SimMigDevice, out: int) -> int:
     return OK
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlDeviceGetMemoryInfo(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     memory = Memory.from_address(out)
     memory.total = gpu.memory_total_bytes
@@ -567,7 +535,7 @@ def nvmlDeviceGetMemoryInfo(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     return OK
 
 
-@_device(c_void_p)
+@device(c_void_p)
 def nvmlDeviceGetMemoryInfo_v2(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int:
     memory = MemoryV2.from_address(out)
     if memory.version != N.nvmlMemory_v2:
@@ -580,7 +548,7 @@ def nvmlDeviceGetMemoryInfo_v2(sim: SimulatedNvml, gpu: SimGpu, out: int) -> int
 
 
 # ---- health counters --------------------------------------------------------------------
-@_device(c_uint, c_uint, ULL_P)
+@device(c_uint, c_uint, ULL_P)
 def nvmlDeviceGetTotalEccErrors(sim: SimulatedNvml, gpu: SimGpu, error_type: int, counter: int, out: Any) -> int:
     kind = {N.NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
             N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected"}.get(error_type)
@@ -591,7 +559,7 @@ def nvmlDeviceGetTotalEccErrors(sim: SimulatedNvml, gpu: SimGpu, error_type: int
     return OK
 
 
-@_device(UINT_P, UINT_P, UINT_P, UINT_P)
+@device(UINT_P, UINT_P, UINT_P, UINT_P)
 def nvmlDeviceGetRemappedRows(sim: SimulatedNvml, gpu: SimGpu, corr: Any, unc: Any, pending: Any, failure: Any) -> int:
     if not gpu.spec.has_remapped_rows:
         return NOT_SUPPORTED
@@ -619,27 +587,26 @@ def _retired_pages(gpu: SimGpu, cause: int, count: Any, addresses: Any, times: A
     return OK
 
 
-@_device(c_uint, UINT_P, ULL_P)
+@device(c_uint, UINT_P, ULL_P)
 def nvmlDeviceGetRetiredPages(sim: SimulatedNvml, gpu: SimGpu, cause: int, count: Any, addresses: Any) -> int:
     return _retired_pages(gpu, cause, count, addresses, None)
 
 
 # pynvml's size query passes only four arguments to this five-argument function (C does
 # not check); the fifth, the timestamps array, is only touched when pages are written.
-@_device(c_uint, UINT_P, ULL_P, ULL_P, required=3)
+@device(c_uint, UINT_P, ULL_P, ULL_P, required=3)
 def nvmlDeviceGetRetiredPages_v2(sim: SimulatedNvml, gpu: SimGpu, cause: int, count: Any,
                                  addresses: Any, times: Any) -> int:
     return _retired_pages(gpu, cause, count, addresses, times if times else None)
 
 
-@_device(UINT_P)
+@device(UINT_P)
 def nvmlDeviceGetPcieReplayCounter(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = gpu.pcie_replay
     return OK
 
 
 # ---- field values -------------------------------------------------------------------------
-_UINT, _ULL = N.NVML_VALUE_TYPE_UNSIGNED_INT, N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _VIOLATION_FIELDS = {
     N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: physics.REASON_SW_POWER_CAP,
     N.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST: physics.REASON_SYNC_BOOST,
@@ -655,45 +622,41 @@ _ECC_FIELDS = {
 }
 
 
-# Field handlers that other modules register (nvlink.py): each answers its fields and None to the rest.
-_FIELD_HANDLERS: list[Callable[[SimGpu, int, int], tuple[int, int, int] | None]] = []
-
 
 def _field(gpu: SimGpu, field_id: int, scope: int) -> tuple[int, int, int]:
     """(nvmlReturn, valueType, value) of one field."""
     spec = gpu.spec
-    for handler in _FIELD_HANDLERS:
-        answer = handler(gpu, field_id, scope)
-        if answer is not None:
-            return answer
+    answer = nvlink.nvlink_field(gpu, field_id, scope)  # the NVLink fields are nvlink.py's
+    if answer is not None:
+        return answer
     if field_id in _VIOLATION_FIELDS:
-        return OK, _ULL, int(gpu.violation_ns[_VIOLATION_FIELDS[field_id]])
+        return OK, ULL, int(gpu.violation_ns[_VIOLATION_FIELDS[field_id]])
     if field_id in (N.NVML_FI_DEV_POWER_AVERAGE, N.NVML_FI_DEV_POWER_INSTANT):
         if not spec.has_power_fields or scope != N.NVML_POWER_SCOPE_GPU:
-            return NOT_SUPPORTED, _UINT, 0
+            return NOT_SUPPORTED, UINT, 0
         watts = gpu.power_avg_w if field_id == N.NVML_FI_DEV_POWER_AVERAGE else gpu.power_w
-        return OK, _UINT, int(watts * 1000.0)
+        return OK, UINT, int(watts * 1000.0)
     if field_id == N.NVML_FI_DEV_MEMORY_TEMP:
         memory_c = gpu.memory_temperature_c
-        return (NOT_SUPPORTED, _UINT, 0) if memory_c is None else (OK, _UINT, round(memory_c))
+        return (NOT_SUPPORTED, UINT, 0) if memory_c is None else (OK, UINT, round(memory_c))
     if field_id == N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
-        return OK, _ULL, int(gpu.energy_j * 1000.0)
+        return OK, ULL, int(gpu.energy_j * 1000.0)
     if field_id == N.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
-        return OK, _ULL, gpu.pcie_replay
+        return OK, ULL, gpu.pcie_replay
     if field_id in _ECC_FIELDS:
-        return OK, _ULL, gpu.ecc[_ECC_FIELDS[field_id]]
+        return OK, ULL, gpu.ecc[_ECC_FIELDS[field_id]]
     if N.NVML_FI_DEV_REMAPPED_COR <= field_id <= N.NVML_FI_DEV_REMAPPED_FAILURE:
         if not spec.has_remapped_rows:
-            return NOT_SUPPORTED, _UINT, 0
+            return NOT_SUPPORTED, UINT, 0
         value = (gpu.remapped_correctable, gpu.remapped_uncorrectable,
                  int(gpu.remap_pending), int(gpu.remap_failure))[field_id - N.NVML_FI_DEV_REMAPPED_COR]
-        return OK, _UINT, value
+        return OK, UINT, value
     if not 0 < field_id < N.NVML_FI_MAX:
-        return INVALID, _UINT, 0
-    return NOT_SUPPORTED, _UINT, 0
+        return INVALID, UINT, 0
+    return NOT_SUPPORTED, UINT, 0
 
 
-@_device(c_int32, c_void_p)
+@device(c_int32, c_void_p)
 def nvmlDeviceGetFieldValues(sim: SimulatedNvml, gpu: SimGpu, count: int, values: int) -> int:
     if count < 0 or (count and not values):
         return INVALID
@@ -705,7 +668,7 @@ def nvmlDeviceGetFieldValues(sim: SimulatedNvml, gpu: SimGpu, count: int, values
         entry.latencyUsec = 0
         entry.nvmlReturn = ret  # each field succeeds or fails on its own
         entry.valueType = value_type
-        if value_type == _ULL:
+        if value_type == ULL:
             entry.value.ullVal = value
         else:
             entry.value.uiVal = value
@@ -713,7 +676,7 @@ def nvmlDeviceGetFieldValues(sim: SimulatedNvml, gpu: SimGpu, count: int, values
 
 
 # ---- processes and events -----------------------------------------------------------------
-@_device(UINT_P, c_void_p)
+@device(UINT_P, c_void_p)
 def nvmlDeviceGetComputeRunningProcesses_v3(sim: SimulatedNvml, gpu: SimGpu, count: Any, infos: int | None) -> int:
     # On a MIG-enabled GPU the parent lists every instance's processes, each with its instance ids.
     rows = [(pid, 0xFFFFFFFF, 0xFFFFFFFF, gpu.memory_used_bytes // max(1, len(gpu.processes)))
@@ -724,7 +687,7 @@ def nvmlDeviceGetComputeRunningProcesses_v3(sim: SimulatedNvml, gpu: SimGpu, cou
     return _processes(rows, count, infos)
 
 
-@_on_mig("nvmlDeviceGetComputeRunningProcesses_v3")
+@on_mig("nvmlDeviceGetComputeRunningProcesses_v3")
 def _mig_processes(sim: SimulatedNvml, mig: SimMigDevice, count: Any, infos: int | None) -> int:
     return _processes([(pid, mig.gpu_instance, mig.compute_instance,
                         mig.memory_used_bytes // len(mig.processes)) for pid in mig.processes], count, infos)
@@ -746,13 +709,13 @@ def _processes(rows: list[tuple[int, int, int, int]], count: Any, infos: int | N
     return OK
 
 
-@_device(ULL_P)
+@device(ULL_P)
 def nvmlDeviceGetSupportedEventTypes(sim: SimulatedNvml, gpu: SimGpu, out: Any) -> int:
     out[0] = gpu.spec.supported_events
     return OK
 
 
-@_device(c_ulonglong, c_void_p)
+@device(c_ulonglong, c_void_p)
 def nvmlDeviceRegisterEvents(sim: SimulatedNvml, gpu: SimGpu, event_types: int, set_handle: int | None) -> int:
     event_set = sim._hub.get(set_handle)
     if event_set is None:
@@ -811,7 +774,7 @@ def _guard(name: str, fn: Callable[..., int]) -> Callable[..., int]:
 
 
 def _device_callback(sim: SimulatedNvml, name: str, impl: Callable[..., int]) -> Callable[..., int]:
-    lock, enter, enter_mig, on_mig = sim._lock, sim._device_call, sim._mig_call, _MIG.get(name)
+    lock, enter, enter_mig, on_mig = sim._lock, sim._device_call, sim._mig_call, MIG.get(name)
 
     def call(handle: int | None, *args: Any) -> int:
         with lock:
@@ -863,11 +826,8 @@ def _error_string_callback() -> Callable[[int], int]:
     return call
 
 
-# The GPM and NVLink symbols live in their own modules, which register through the decorators above.
-from . import gpm, nvlink  # noqa: E402,F401
-
 _SPECIAL = ("nvmlEventSetWait_v2", "nvmlErrorString")
-SYMBOLS = frozenset(_DEVICE) | frozenset(_SYSTEM) | frozenset(_SPECIAL)
+SYMBOLS = frozenset(DEVICE) | frozenset(SYSTEM) | frozenset(_SPECIAL)
 
 
 class SimulatedLibrary:
@@ -903,11 +863,11 @@ def build_library(sim: SimulatedNvml, missing: frozenset[str]) -> SimulatedLibra
     if unknown:
         raise ValueError(f"missing_functions names symbols the simulator does not have: {sorted(unknown)}")
     lib = SimulatedLibrary(sim.node)
-    for name, (argtypes, impl, required) in _DEVICE.items():
+    for name, (argtypes, impl, required) in DEVICE.items():
         if name not in missing:
             lib._add(name, c_uint, (c_void_p, *argtypes), _device_callback(sim, name, impl),
                      None if required is None else required + 1)
-    for name, (argtypes, impl, needs_init) in _SYSTEM.items():
+    for name, (argtypes, impl, needs_init) in SYSTEM.items():
         if name not in missing:
             lib._add(name, c_uint, argtypes, _system_callback(sim, name, impl, needs_init))
     if "nvmlEventSetWait_v2" not in missing:

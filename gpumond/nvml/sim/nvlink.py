@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml as N
 
-from .library import INVALID, NOT_SUPPORTED, OK, UINT_P, ULL_P, _device, _FIELD_HANDLERS, _ULL, _UINT
+from .symbols import INVALID, NOT_SUPPORTED, OK, UINT, UINT_P, ULL, ULL_P, device
 
 if TYPE_CHECKING:
     from .gpu import SimGpu
@@ -33,7 +33,7 @@ def _link(gpu: SimGpu, link: int) -> int:
     return OK if 0 <= link < gpu.spec.nvlink_links else INVALID
 
 
-@_device(c_uint, UINT_P)
+@device(c_uint, UINT_P)
 def nvmlDeviceGetNvLinkState(sim: SimulatedNvml, gpu: SimGpu, link: int, out: Any) -> int:
     code = _link(gpu, link)
     if not code:
@@ -41,7 +41,7 @@ def nvmlDeviceGetNvLinkState(sim: SimulatedNvml, gpu: SimGpu, link: int, out: An
     return code
 
 
-@_device(c_uint, UINT_P)
+@device(c_uint, UINT_P)
 def nvmlDeviceGetNvLinkVersion(sim: SimulatedNvml, gpu: SimGpu, link: int, out: Any) -> int:
     code = _link(gpu, link)
     if not code:
@@ -49,7 +49,7 @@ def nvmlDeviceGetNvLinkVersion(sim: SimulatedNvml, gpu: SimGpu, link: int, out: 
     return code
 
 
-@_device(c_uint, c_uint, ULL_P)
+@device(c_uint, c_uint, ULL_P)
 def nvmlDeviceGetNvLinkErrorCounter(sim: SimulatedNvml, gpu: SimGpu, link: int, counter: int, out: Any) -> int:
     code = _link(gpu, link)
     if code:
@@ -66,22 +66,20 @@ def nvlink_field(gpu: SimGpu, field_id: int, scope: int) -> tuple[int, int, int]
     """(nvmlReturn, valueType, value) of an NVLink field; None for any other field."""
     links = gpu.spec.nvlink_links
     if field_id == N.NVML_FI_DEV_NVLINK_LINK_COUNT:
-        return (OK, _UINT, links) if links else (NOT_SUPPORTED, _UINT, 0)
+        return (OK, UINT, links) if links else (NOT_SUPPORTED, UINT, 0)
     if field_id in _TOTALS:
         if not links:
-            return NOT_SUPPORTED, _ULL, 0
-        return OK, _ULL, int(sum(e[_TOTALS[field_id]] for e in gpu.nvlink_errors))
+            return NOT_SUPPORTED, ULL, 0
+        return OK, ULL, int(sum(e[_TOTALS[field_id]] for e in gpu.nvlink_errors))
     if N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX <= field_id <= N.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX:
         if not links:
-            return NOT_SUPPORTED, _ULL, 0
+            return NOT_SUPPORTED, ULL, 0
         if scope >= links:
-            return INVALID, _ULL, 0
+            return INVALID, ULL, 0
         offset = field_id - N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX  # DATA_TX, DATA_RX, RAW_TX, RAW_RX
         moved = (gpu.nvlink_tx_bytes if offset % 2 == 0 else gpu.nvlink_rx_bytes)[scope]
         if offset >= 2:
             moved *= RAW_OVERHEAD
-        return OK, _ULL, int(moved / 1024)
+        return OK, ULL, int(moved / 1024)
     return None
 
-
-_FIELD_HANDLERS.append(nvlink_field)

@@ -8,6 +8,7 @@ microseconds.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from .models import (
     HW_SLOWDOWN_HYSTERESIS_C,
@@ -17,7 +18,9 @@ from .models import (
     SW_THERMAL_HYSTERESIS_C,
     GpuModelSpec,
 )
-from .scenario import InletProfile, LoadPattern
+
+if TYPE_CHECKING:  # annotations only: the scenario module reaches the library, which uses these functions
+    from .scenario import InletProfile, LoadPattern
 
 # nvmlClocksEventReason* bits.
 REASON_GPU_IDLE = 0x1

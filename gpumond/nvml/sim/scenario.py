@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpumond.config.errors import ConfigError, FieldProblem, format_validation_error
 from gpumond.config.load import read_yaml_mapping
 
+from .library import SYMBOLS
 from .models import MIG_SLICES, MODELS
 
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -196,8 +197,6 @@ class Fault(BaseModel):
     @field_validator("function")
     @classmethod
     def _known_function(cls, v: str | None) -> str | None:
-        from .library import SYMBOLS  # late: the library module imports this one
-
         if v is not None and v not in SYMBOLS:
             raise ValueError(f"unknown NVML function {v!r} (not one the simulator implements)")
         return v

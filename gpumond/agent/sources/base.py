@@ -1,9 +1,9 @@
-"""The agent's collectors: how one is registered, and how each runs isolated, timed and counted.
+"""What a collector is, and how each runs isolated, timed and counted.
 
-As node_exporter registers collectors, the sampler holds a list of `Source`s per tier and runs each through
-`run_source`, so a failing source fails only itself (`gpumond_collector_success{collector}`), never a scrape.
-A source that needs what an earlier one read this cycle (the NVML read, the kubelet's pods) finds it on the
-`Cycle`; adding a source is one `Source(name, collect)` in the sampler's list.
+The sampler holds the built `Source`s of each tier and runs each through `run_source`, so a failing source
+fails only itself (`gpumond_collector_success{collector}`), never a scrape. A source that needs what an
+earlier one read this cycle (the NVML read, the kubelet's pods) or what the sampler keeps between cycles (the
+last slow read, what runs on each GPU) finds it on the `Cycle`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpumond.agent.podresources.assign import PodRef
 from gpumond.agent.readings import Series, SourceResult
@@ -37,6 +38,10 @@ class Cycle:
     # MIG UUID → this fast cycle's GPM activity of the instance (read once: a second read would start a new
     # interval); set by the MIG source, read by the dcgm-compatible one.
     mig_activity: Mapping[str, Mapping[str, float]] | None = None
+    # Kept by the sampler between cycles: the last slow-tier read (limits, thresholds, ECC), for the fast tier,
+    # and what runs on each GPU (UUID → workloads, for alert text), which the slow tier's jobs source renews.
+    slow_read: TierRead | None = None
+    workloads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def nvml_up(self) -> bool:
@@ -55,6 +60,13 @@ class Source:
     name: str
     collect: Callable[[Cycle], Iterable[Series]]
     runs: Callable[[Cycle], bool] = _always
+
+
+class Tiers(NamedTuple):
+    """The built sources of each tier, in the order they run; each tier's first is its NVML read."""
+
+    fast: tuple[Source, ...]
+    slow: tuple[Source, ...]
 
 
 def run_sources(sources: Iterable[Source], cycle: Cycle,
