@@ -10,8 +10,8 @@ wait for), every rank sees it and pushes early within milliseconds (gpumond/job/
 - The ranks: not the SDK's `Pusher` itself, whose push thread per rank cannot run 32,768-fold here (threads
   count against the kernel's pid_max, 32,768 on the development VM), but its push path on asyncio (`Rank`): the
   SDK's body encoder (gpumond.job.payload, JSON, its default) and identity head, its backoff schedule
-  (gpumond.retry.Backoff with the pusher's base and cap), Retry-After and which answers are retried
-  (gpumond.retry), the transport's one immediate retry on a kept-alive connection the server closed, the
+  (gpumond.wire.retry.Backoff with the pusher's base and cap), Retry-After and which answers are retried
+  (gpumond.wire.retry), the transport's one immediate retry on a kept-alive connection the server closed, the
   reporter's 2 s timeout (connect, then the answer) and 512 steps a push, and how it counts a 2xx's `dropped`.
   One kept-alive connection per rank across the phases, in CLIENTS processes (the per-process descriptor
   limit). Each node's 8 ranks connect from the node's own loopback address (127.1.x.y; Linux routes all of 127/8
@@ -101,10 +101,11 @@ class Rank:
     transport's one immediate retry on a stale kept-alive connection. What a 2xx's `dropped` says is counted."""
 
     def __init__(self, rank: int, world: int, port: int, encoding: str = "json") -> None:
-        from gpumond.job.payload import CONTENT_TYPES, encode_head, encoder
+        from gpumond.job.payload import encode_head, encoder
         from gpumond.job.pusher import BACKOFF_BASE_S, BACKOFF_CAP_S
         from gpumond.job.settings import Identity
-        from gpumond.retry import Backoff
+        from gpumond.wire.media import CONTENT_TYPES
+        from gpumond.wire.retry import Backoff
 
         self.rank, self.port = rank, port
         self.address = node_address(rank // RANKS_PER_NODE)
@@ -130,7 +131,7 @@ class Rank:
 
     async def push(self) -> float:
         """Push what is queued, retrying as the SDK's push thread does, until the service took it: when it did."""
-        from gpumond.retry import parse_retry_after, retryable
+        from gpumond.wire.retry import parse_retry_after, retryable
 
         while True:
             batch = self.queue[:SDK_MAX_STEPS]

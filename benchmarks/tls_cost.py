@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _bench  # noqa: E402
 import yaml  # noqa: E402
 
-from gpumond.job.tlsclient import ClientTLS  # noqa: E402
 from gpumond.job.transport import HttpTransport  # noqa: E402
+from gpumond.wire.tlsclient import ClientTLS  # noqa: E402
 from tests.pki import CA  # noqa: E402
 
 TOKEN = "tls-benchmark-token-0123456789"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumond.agent.podresources.assign import Allocation, allocations
-from gpumond.safetext import one_line
+from gpumond.wire.safetext import one_line
 
 log = logging.getLogger("gpumond.agent")
 
