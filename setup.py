@@ -13,7 +13,7 @@ from setuptools.command.build_py import build_py
 class BuildPy(build_py):
     """build_py without gpumond/__init__.py (the sdist keeps it: MANIFEST.in; the version is read from it)."""
 
-    def find_package_modules(self, package, package_dir):  # noqa: ANN001, ANN201 (setuptools' signature)
+    def find_package_modules(self, package: str, package_dir: str) -> list[tuple[str, str, str]]:
         return [m for m in super().find_package_modules(package, package_dir) if m[:2] != ("gpumond", "__init__")]
 
 
