@@ -16,7 +16,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -81,38 +80,6 @@ def stop_workers(orders: Iterable[Any], procs: Iterable[Any], timeout_s: float =
         p.join(timeout=timeout_s)
         if p.is_alive():
             p.kill()
-
-
-def before_after_args(ap: argparse.ArgumentParser, what: str) -> None:
-    """--before DIR (another tree's gpumond, e.g. `git archive REV gpumond | tar -x -C DIR`), --rounds, and the
-    hidden --one that one_in_fresh_process calls the script back with (its three integers)."""
-    ap.add_argument("--before", type=Path, help=f"also {what} with DIR/gpumond, alternating with this tree")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per case (default 2)")
-    ap.add_argument("--one", nargs=3, type=int, help=argparse.SUPPRESS)
-
-
-def alternating(args: argparse.Namespace, rounds: int) -> Iterable[tuple[str, Path | None]]:
-    """(label, tree) for `rounds` rounds: this tree then --before's, the other way round every second round."""
-    trees = [("this tree", None)] + ([("before", args.before.resolve())] if args.before else [])
-    for r in range(rounds):
-        yield from (trees if r % 2 == 0 else trees[::-1])
-
-
-def before_after_headers(args: argparse.Namespace, measured: str) -> list[str]:
-    """A measured column's header, and with --before the before tree's and the ratio's after it."""
-    return [measured] + (["before (least)", "this tree / before"] if args.before else [])
-
-
-def one_in_fresh_process(script: str, tree: Path | None, *args: object, timeout_s: float = 600.0) -> Any:
-    """Run `script --one ARGS` in a fresh interpreter importing gpumond from `tree` (None: this checkout) and return
-    the JSON its last line prints: a before/after of a change alternates such runs, so neither tree warms the
-    other's caches or allocator."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, script, "--one", *map(str, args)], env=env, capture_output=True,
-                         text=True, check=True, timeout=timeout_s)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -234,34 +201,25 @@ def report(name: str, title: str, facts: dict[str, str], *sections: str, quick: 
 
 # ----- processes ---------------------------------------------------------------------------------
 def use_test_helpers() -> None:
-    """Make the helpers shared with the tests (`tests/…`) importable: the repository appended to sys.path.
-
-    Called when needed, not at import: a process that only imports this module (a benchmark's shimmed
-    daemon) keeps its import path as it was.
-    """
+    """The repository appended to sys.path, so `tests/…` imports. Only eval_cycle.py still needs it (for
+    tests/push_bodies.py); the other scripts take what they need from gpumond itself (rules_store.py encodes with
+    the job SDK's encoders): remove this with that last use."""
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
 
 
 def free_port() -> int:
-    """A free loopback TCP port: tests/ports.py's, the one definition the tests and benchmarks share."""
-    use_test_helpers()
-    from tests.ports import free_port as shared
+    """A free loopback TCP port: the demo's, the one definition outside the tests."""
+    from gpumond.demo.cluster import free_port as demo_free_port
 
-    return shared()
+    return demo_free_port()
 
 
 def proc_cpu_s(pid: int) -> float:
     """utime + stime of a whole process (all threads), in seconds, from /proc/PID/stat."""
-    return sum(proc_cpu_split(pid))
-
-
-def proc_cpu_split(pid: int) -> tuple[float, float]:
-    """(utime, stime) of a whole process (all threads), in seconds: its own code's CPU, and the kernel's on its
-    behalf (system calls: for a server, accepting, reading, writing and closing sockets)."""
     raw = Path(f"/proc/{pid}/stat").read_text()
     fields = raw[raw.rindex(")") + 2:].split()  # skip "pid (comm) "; fields[0] is field 3 (state)
-    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def proc_status_kib(pid: int, key: str) -> int:
@@ -427,43 +385,3 @@ def torchrun(script: Path, world: int, args: Sequence[str], *, env: Mapping[str,
     if p.returncode != 0:
         raise RuntimeError(f"torchrun {script.name} ({world} ranks) exited {p.returncode}:\n"
                            f"{(p.stdout + p.stderr)[-3000:]}")
-
-
-def terminate_all(procs: Mapping[str, Proc], timeout_s: float = 30.0) -> dict[str, float | None]:
-    """SIGTERM every process at once; per name the seconds until it exited (None: SIGKILLed after `timeout_s`)."""
-    out: dict[str, float | None] = {}
-
-    def one(name: str) -> None:
-        out[name] = procs[name].terminate(timeout_s)
-
-    threads = [threading.Thread(target=one, args=(n,)) for n in procs]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout_s + 15)
-    return out
-
-
-class Ticker:
-    """Calls `tick()` every `period_s` (after the first period) on a daemon thread until `stop()`."""
-
-    def __init__(self, period_s: float, tick: Callable[[], object], name: str) -> None:
-        self.period_s, self._tick = period_s, tick
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> Ticker:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(10)
-
-    def _run(self) -> None:
-        wait = self.period_s
-        while not self._stop.wait(wait):
-            t0 = time.monotonic()
-            self._tick()
-            wait = max(0.05, self.period_s - (time.monotonic() - t0))  # a fixed rate, however long a tick took

@@ -6,9 +6,6 @@ Servers, all started by this script on 127.0.0.1 and all running for the whole b
 - naive (start_http_server): benchmarks/naive_exporter.py, NVML read and `generate_latest` per scrape,
   under prometheus-client's own threading WSGI server (HTTP/1.0: one connection per request).
 - naive (make_asgi_app + uvicorn): the same collector under uvicorn (httptools when installed, no guard).
-- with `--parsers`: the same agent over uvicorn's httptools protocol *without* the connection guard (not
-  shipped), and over the guard on uvicorn's h11 protocol (what it serves with where httptools cannot be
-  imported): what the guard and the parser cost per scrape (benchmarks/_agent_variant.py).
 - node_exporter: Debian's `/usr/bin/prometheus-node-exporter` with its default collectors, on its own output.
 
 Cost per series = (utime + stime of the server process over the load window, from /proc/PID/stat)
@@ -20,7 +17,7 @@ Load: `wrk` (Debian package) when installed, else benchmarks/_loadgen.py; closed
 1 and 4 connections, with and without `Accept-Encoding: gzip`. Cells run in rounds, shuffled within
 each round, so every server sees the same machine conditions.
 
-    python benchmarks/agent_serving.py            # ~5 min (the committed result: --rounds 3 --parsers)
+    python benchmarks/agent_serving.py            # ~5 min
     python benchmarks/agent_serving.py --quick    # ~30 s (smoke test)
 """
 
@@ -30,7 +27,6 @@ import argparse
 import json
 import os
 import random
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -48,7 +44,6 @@ import _loadgen  # noqa: E402
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 TARGET_VS_NODE_EXPORTER = 3.0
 TARGET_VS_NAIVE = 10.0
-TARGET_VS_UNGUARDED = 1.5  # the connection guard may cost at most this much per scrape
 
 WRK_REPORT = r"""
 done = function(summary, latency, requests)
@@ -97,32 +92,14 @@ def _gpumond_argv(port: int, config: Path, cmd: list[str] | None = None) -> list
             "--config", str(config)]
 
 
-def build_servers(include_node_exporter: bool, config: Path, variants: list[str],
-                  dcgm_config: Path | None = None, parsers: bool = False) -> list[Server]:
-    here = Path(__file__).resolve().parent
-    naive = [sys.executable, str(here / "naive_exporter.py")]
-    def own(key: str) -> Path:  # an agent of its own needs a state directory of its own (one agent holds it)
-        path = config.parent / f"agent-{key}.yaml"
-        write_config(path, config.parent / f"state-{key}")
-        return path
-
+def build_servers(include_node_exporter: bool, config: Path, dcgm_config: Path | None = None) -> list[Server]:
+    naive = [sys.executable, str(Path(__file__).resolve().parent / "naive_exporter.py")]
     servers = [Server("gpumond", "gpumond agent --sim 8 (cached bytes)", [], _bench.free_port())]
     servers[0].argv = _gpumond_argv(servers[0].port, config)
     if dcgm_config is not None:  # the same agent with dcgm-exporter's names exported as well
         p = _bench.free_port()
         servers.append(Server("variant_dcgm", "gpumond agent --sim 8 with exposition.dcgm_compat on",
                               _gpumond_argv(p, dcgm_config), p))
-    if parsers:  # the same agent over uvicorn's httptools without the guard, and over the guard on h11
-        shim = [sys.executable, str(here / "_agent_variant.py")]
-        for key, variant, label in (("variant_unguarded", "unguarded", "httptools, no connection guard (not shipped)"),
-                                    ("variant_h11", "h11", "guarded h11 (where httptools cannot be imported)")):
-            p = _bench.free_port()
-            servers.append(Server(key, f"experiment: {label}", _gpumond_argv(p, own(key), [*shim, variant]), p))
-    for i, spec in enumerate(variants):  # experiments: LABEL=COMMAND run in place of `gpumond`
-        label, _, cmd = spec.partition("=")
-        p = _bench.free_port()
-        servers.append(Server(f"variant{i}", f"experiment: {label}",
-                              _gpumond_argv(p, own(f"variant{i}"), shlex.split(cmd)), p))
     p = _bench.free_port()
     servers.append(Server("naive_wsgi", "naive: start_http_server, NVML + generate_latest per scrape",
                           [*naive, "--port", str(p), "--server", "wsgi"], p))
@@ -161,17 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=int, help="whole seconds of load per cell (default 3, quick 1)")
     ap.add_argument("--idle", type=float, help="seconds of the idle window (default 20, quick 3)")
     ap.add_argument("--loadgen", choices=["auto", "wrk", "python"], default="auto")
-    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=COMMAND",
-                    help="also serve from COMMAND (run as `COMMAND agent --sim 8 ...`), e.g. a patched agent; "
-                         "for experiments: use with --name so the committed result stays the real agent's")
     ap.add_argument("--only", help="comma-separated server keys to run (gpumond, naive_wsgi, naive_asgi, "
-                                   "node_exporter, variant0, ...)")
+                                   "node_exporter, variant_dcgm)")
     ap.add_argument("--dcgm-compat", action="store_true",
                     help="also serve from an agent with exposition.dcgm_compat on (the cost of the switch); "
                          "e.g. --dcgm-compat --only gpumond,variant_dcgm --name agent_serving_dcgm_compat")
-    ap.add_argument("--parsers", action="store_true",
-                    help="also serve from the agent over httptools without the connection guard, and over the "
-                         "guard on h11 (benchmarks/_agent_variant.py): what the guard and the parser cost")
     ap.add_argument("--name", default="agent_serving", help="result file name (default agent_serving)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 5)
@@ -189,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dcgm_compat:
         dcgm_config = logdir / "agent-dcgm.yaml"
         write_config(dcgm_config, logdir / "state-dcgm", "exposition: {dcgm_compat: {enabled: true}}\n")
-    servers = build_servers(have_ne, config, args.variant, dcgm_config, args.parsers)
+    servers = build_servers(have_ne, config, dcgm_config)
     if args.only:
         keep = set(args.only.split(","))
         servers = [s for s in servers if s.key in keep or s.key == "gpumond"]
@@ -299,10 +270,6 @@ def run(args: argparse.Namespace, servers: list[Server], rounds: int, seconds: i
                 if other in targets:
                     ok = med[(other, gz, conns, False)] / med[("gpumond", gz, conns, False)] >= targets[other]
                     verdict = f"≥ {targets[other]:g}×: {'yes' if ok else '**no**'}"
-                elif other == "variant_unguarded":  # the guard's cost: gpumond within 1.5× of it
-                    cost = med[("gpumond", gz, conns, False)] / med[(other, gz, conns, False)]
-                    verdict = (f"the guard costs {cost:.2f}×; ≤ {TARGET_VS_UNGUARDED:g}×: "
-                               f"{'yes' if cost <= TARGET_VS_UNGUARDED else '**no**'}")
                 else:
                     verdict = "— (< 1× = the variant is cheaper)"
                 head_rows.append([by_key[other].label, "gzip" if gz else "plain", conns, *cols, verdict])

@@ -13,13 +13,6 @@ Servers, all started by this script on 127.0.0.1:
   which its own help calls dangerous).
 - optional (`--daemon`): the whole `gpumond rules` daemon with the same limits and no telemetry, so
   its detectors run over the pushed ranks every 10 s next to the ingest.
-- optional (`--unguarded-variant`): the ingest server over uvicorn's own httptools protocol without the
-  connection guard, sent columnar pushes: what the guard costs. Not shipped.
-- optional (`--h11-variant`): the ingest server over the guard on uvicorn's h11 protocol (what the daemons
-  serve with where httptools cannot be imported, and shipped before it), sent columnar pushes.
-- optional (`--gc-variant`): the ingest server with the cyclic GC's thresholds raised
-  (`gc.set_threshold(100000, 50, 1000)`), as the daemon does: a JSON push makes a GC-tracked object
-  per step while it is parsed (held steps are columns now). Not the ingest server's configuration.
 
 The same information to both: a push is one rank's 64 steps (step, end, duration_s, data_wait_s,
 samples) plus who the rank is (job, rank, world_size, node, gpu_uuid). gpumond gets the push API's
@@ -49,8 +42,7 @@ group it holds, so its push time grows linearly with the groups held (~0.4 s per
 groups on the development VM, 7 minutes to fill 1,024 ranks): it cannot be filled to 32,768 in
 reasonable time. RSS of each server at start, after the fill and at the end.
 
-    python benchmarks/rules_ingest.py            # ~8 min; the committed result added
-                                                 # --unguarded-variant --h11-variant (~15 min)
+    python benchmarks/rules_ingest.py            # ~8 min
     python benchmarks/rules_ingest.py --quick    # ~1 min (smoke test; needs wrk and the pushgateway)
 """
 
@@ -73,7 +65,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -88,8 +79,6 @@ CPU_TARGET = 3.0  # the Pushgateway's CPU per record ÷ gpumond's
 P99_TARGET_MS = 250.0
 PACED_RECORDS_PER_S = 65_536  # a 32,768-rank job stepping twice a second
 EVALUATION_INTERVAL_S = 10.0
-# Fewer young collections and far fewer full ones: a JSON push makes a GC-tracked StepRecord per step.
-GC_THRESHOLDS = (100_000, 50, 1000)
 
 LUA = r"""
 local ffi = require("ffi")  -- wrk runs LuaJIT: the columnar body's 8-byte values through ffi
@@ -198,15 +187,10 @@ end
 
 
 # ----- the gpumond server (run as a child: `rules_ingest.py --serve PORT`) ----------------------
-def serve(port: int, gc_raised: bool = False, unguarded: bool = False, parser: str = "httptools") -> None:
-    """The rules service's app under uvicorn, with an evaluation-like snapshot thread; over the daemons'
-    guarded protocol on `parser`, or (`unguarded`) uvicorn's own httptools protocol."""
-    import gc
-
+def serve(port: int) -> None:
+    """The rules service's app under uvicorn, with an evaluation-like snapshot thread, over the daemons'
+    guarded protocol."""
     import uvicorn
-
-    if gc_raised:
-        gc.set_threshold(*GC_THRESHOLDS)
 
     from gpumond.config.rules import RulesConfig
     from gpumond.rules.http import build_app
@@ -238,10 +222,9 @@ def serve(port: int, gc_raised: bool = False, unguarded: bool = False, parser: s
     threading.Thread(target=evaluate, daemon=True).start()
     app = build_app(config=config, rank_store=store, findings=list, metrics=metrics, ready=lambda: (True, "ok"),
                     clock=time.time, stats=stats)
-    http: Any = "httptools"
-    if not unguarded:
-        from gpumond.connections import ConnectionLimits, guarded_protocol
-        http, _ = guarded_protocol(ConnectionLimits(), parser=parser)
+    from gpumond.connections import ConnectionLimits, guarded_protocol
+
+    http, _ = guarded_protocol(ConnectionLimits())
     uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning", access_log=False, http=http)
 
 
@@ -294,8 +277,7 @@ class Server:
         return f"{held['ranks']:,} ranks, {held['steps']:,} steps"
 
 
-def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant: bool,
-          daemon: bool, gc_variant: bool, h11_variant: bool) -> list[Server]:
+def build(scenario: str, logdir: Path, with_checked_pgw: bool, daemon: bool) -> list[Server]:
     def port() -> int:
         return _bench.free_port()
 
@@ -317,23 +299,6 @@ def build(scenario: str, logdir: Path, with_checked_pgw: bool, unguarded_variant
         servers.append(Server("daemon", "gpumond rules daemon (guarded httptools, with detectors)", "gpumond",
                               [*argv, "rules", "--config", str(config), "--listen", f"127.0.0.1:{p}",
                                "--log-level", "warning"], p, logdir / "d.log"))
-    if h11_variant:
-        p = port()
-        servers.append(Server("gpumond_h11", "gpumond ingest (guarded h11: without httptools), columnar pushes",
-                              "gpumond", [sys.executable, me, "--serve", str(p), "--parser", "h11"], p,
-                              logdir / "gh.log", body="columns"))
-    if unguarded_variant:
-        p = port()
-        servers.append(Server("gpumond_unguarded",
-                              "gpumond ingest (httptools, no connection guard; not shipped), columnar pushes",
-                              "gpumond", [sys.executable, me, "--serve", str(p), "--unguarded"], p, logdir / "gu.log",
-                              body="columns"))
-    if gc_variant:
-        p = port()
-        servers.append(Server("gpumond_gc",
-                              f"gpumond ingest (guarded httptools, gc.set_threshold{GC_THRESHOLDS}; not shipped)",
-                              "gpumond",
-                              [sys.executable, me, "--serve", str(p), "--gc-raised"], p, logdir / "gg.log"))
     pgw = [PUSHGATEWAY, "--persistence.file=", "--log.level=warn"]
     if with_checked_pgw:
         p = port()
@@ -422,8 +387,7 @@ def load(server: Server, ranks: int, seconds: int, conns: int, script: Path, pac
 # ----- the run -----------------------------------------------------------------------------------
 def scenario(name: str, ranks: int, args: argparse.Namespace, logdir: Path, script: Path, with_checked_pgw: bool,
              paced: float = 0.0) -> tuple[list[Server], dict[str, float], list[dict[str, float]]]:
-    servers = build(name, logdir, with_checked_pgw, args.unguarded_variant, args.daemon, args.gc_variant,
-                    args.h11_variant)
+    servers = build(name, logdir, with_checked_pgw, args.daemon)
     fills: dict[str, float] = {}
     try:
         for s in servers:
@@ -547,15 +511,6 @@ def report(results: list[tuple[str, int, list[Server], dict[str, float], list[di
             rows.append(row)
         out.append(_bench.md_table(["server", f"fill ({ranks:,} pushes, 4 clients)", "RSS at start",
                                     "RSS after fill", "RSS at end", "held at end"], rows))
-        base = next((s for s in servers if s.key == "gpumond_columns"), None)
-        others = [s for s in servers if s.key in ("gpumond_unguarded", "gpumond_h11")]
-        if base is not None and others:
-            out.append("\nWhat the connection guard and the parser cost, columnar pushes (CPU per record over all "
-                       "interleaved cells; < 1× = cheaper than the shipped server):\n")
-            tb = Totals.of(base)
-            out.append(_bench.md_table(["server", "CPU / record", "vs the shipped guarded httptools"], [
-                [s.label, f"{Totals.of(s).cpu_per_record * 1e6:,.2f} µs",
-                 f"{Totals.of(s).cpu_per_record / tb.cpu_per_record:.2f}×"] for s in [base, *others]]))
         if any(s.paced for s in servers):
             out.append(f"\nPaced at {args.paced:,.0f} records/s ({args.paced / STEPS:,.0f} pushes/s over "
                        f"{args.conns} connections, one {args.duration} s cell each, after the rounds):\n")
@@ -627,24 +582,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conns", type=int, default=32, help="concurrent keep-alive connections (default 32)")
     ap.add_argument("--small", type=int, help="ranks in the small scenario (default 256, quick 64)")
     ap.add_argument("--large", type=int, help="ranks in the large scenario (default 32768, quick 1024)")
-    ap.add_argument("--unguarded-variant", action="store_true",
-                    help="also run the ingest server over uvicorn's httptools protocol without the connection "
-                         "guard (not shipped: what the guard costs)")
-    ap.add_argument("--h11-variant", action="store_true",
-                    help="also run the ingest server over the guard on uvicorn's h11 protocol")
     ap.add_argument("--paced", type=float, metavar="RECORDS_PER_S",
                     help=f"the large scenario's paced cell, records/s (default {PACED_RECORDS_PER_S:,}; 0: none)")
-    ap.add_argument("--parser", default="httptools", help=argparse.SUPPRESS)
-    ap.add_argument("--unguarded", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--gc-raised", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--gc-variant", action="store_true",
-                    help=f"also run the ingest server with gc.set_threshold{GC_THRESHOLDS}")
     ap.add_argument("--daemon", action="store_true",
                     help="also run the whole `gpumond rules` daemon (detectors included, no telemetry)")
     ap.add_argument("--name", default="rules_ingest", help="result file name")
     args = ap.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.gc_raised, args.unguarded, args.parser)
+        serve(args.serve)
         return 0
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.duration = args.duration or (2 if args.quick else 10)

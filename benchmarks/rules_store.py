@@ -81,22 +81,19 @@ def one(ranks: int, steps: int) -> dict[str, float]:
 def decode_costs(repeat: int) -> dict[str, float]:
     """CPU seconds per `parse` of a 64-step push, by encoding."""
     from gpumond.config.rules import LimitsConfig
+    from gpumond.job.payload import encode_head, encoder
     from gpumond.rules.ingest.payload import columns_model, parse, push_model
-
-    _bench.use_test_helpers()
-    from tests.push_bodies import encode
 
     limits = LimitsConfig()
     now = time.time()
-    body = {"job": "job-1", "rank": 3, "world_size": 32, "node": "node-0",
-            "gpu_uuid": "GPU-00000003-0000-4000-8000-000000000000",
-            "steps": [{"step": 1000 + i, "end": now - (PUSH - i) * 0.5, "duration_s": 0.84, "data_wait_s": 0.02,
-                       "samples": 32, "comm_wait_s": 0.11} for i in range(PUSH)]}
+    head = {"job": "job-1", "rank": 3, "world_size": 32, "node": "node-0",
+            "gpu_uuid": "GPU-00000003-0000-4000-8000-000000000000"}
+    # The SDK's own encoders: the bodies a rank sends, ends already on the unix clock (wall = monotonic here).
+    records = [(1000 + i, now - (PUSH - i) * 0.5, 0.84, 0.02, 32, 0.11) for i in range(PUSH)]
     out = {}
     for encoding, model in (("json", push_model(limits.max_string_len, limits.max_steps_per_push)),
                             ("columns", columns_model(limits.max_string_len, limits.max_steps_per_push))):
-        raw = encode(body, encoding)
-        assert raw is not None
+        raw = encoder(encoding)(encode_head(head, encoding), records, 0.0, 0.0)
         parse(model, raw)
         t0 = time.process_time()
         for _ in range(repeat):

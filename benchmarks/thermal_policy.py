@@ -23,8 +23,6 @@ all; and a severe cooling failure where run (a) reaches hardware thermal slowdow
                                                     # on a busy 2-vCPU machine)
     python benchmarks/thermal_policy.py --quick     # 1 simulated hour, short bisection (smoke test);
                                                     # ~3 s; writes nothing unless --out DIR is given
-    python benchmarks/thermal_policy.py --variant unbiased-power --set hysteresis_c=1
-                                                    # (c) with a proposed controller change; printed only
 """
 
 from __future__ import annotations
@@ -59,7 +57,6 @@ from gpumond.nvml.session import NvmlSession  # noqa: E402
 from gpumond.nvml.sim import ManualClock, SimulatedNvml  # noqa: E402
 from gpumond.nvml.sim.models import H100_SXM  # noqa: E402
 from gpumond.nvml.sim.scenario import parse_scenario  # noqa: E402
-from thermal import variants  # noqa: E402
 
 NAME = "thermal_policy"
 SLOW_EVERY_S = 30  # the agent's slow-tier interval (sampling.slow_interval_s default)
@@ -324,9 +321,9 @@ def inlet_following(p: Params, static_w: int) -> tuple[int, Probe]:
             return a, pr
 
 
-def gpumond_policy(overrides: dict[str, object] | None = None) -> PolicyConfig:
-    """The shipped defaults (enforce, thermal control on, target = slowdown − margin), plus overrides."""
-    return PolicyConfig.model_validate({"mode": "enforce", "thermal": {"enabled": True, **(overrides or {})}})
+def gpumond_policy() -> PolicyConfig:
+    """The shipped defaults (enforce, thermal control on, target = slowdown − margin)."""
+    return PolicyConfig.model_validate({"mode": "enforce", "thermal": {"enabled": True}})
 
 
 # ----- figures -----------------------------------------------------------------------------------
@@ -555,19 +552,6 @@ def hottest_window(p: Params, span_s: int) -> int:
 
 
 # ----- main --------------------------------------------------------------------------------------
-def parse_sets(items: Sequence[str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        if not _:
-            raise SystemExit(f"--set {item!r}: expected KEY=VALUE (a policy.thermal key)")
-        try:
-            out[key] = float(value)
-        except ValueError:
-            out[key] = {"true": True, "false": False, "null": None}.get(value.lower(), value)
-    return out
-
-
 def scenario_block(p: Params) -> str:
     phases = p.phases()
     n_eval = sum(1 for *_, n in phases if n == "eval")
@@ -593,15 +577,6 @@ def scenario_block(p: Params) -> str:
     ])
 
 
-Experiment = tuple[str | None, dict[str, object], str]  # (variant, policy.thermal overrides, label of run (c))
-
-
-def gpumond_run(p: Params, exp: Experiment) -> Trace:
-    variant, overrides, label = exp
-    with variants.applied(variant):
-        return run(p, label, policy=gpumond_policy(overrides))
-
-
 def swing_row(swing: float, cap: int, b: Probe, c: Figures, follow: tuple[int, Probe]) -> dict:
     return {"swing": swing, "cap": cap, "b": b, "c": c, "follow_a": follow[0], "follow": follow[1],
             "gain_c": c.mean_sm / b.mean_sm - 1.0, "gain_follow": follow[1].mean_sm / b.mean_sm - 1.0}
@@ -618,9 +593,9 @@ def job_cap(p: Params, steps: int | None, with_follow: bool, with_b: bool) -> tu
     return cap, cap_probe, probes, b, inlet_following(p, cap) if with_follow else None
 
 
-def job_run(p: Params, exp: Experiment | None) -> Trace:
-    """Run (a) (exp None) or run (c)."""
-    return run(p, "(a) no policy") if exp is None else gpumond_run(p, exp)
+def job_run(p: Params, with_policy: bool) -> Trace:
+    """Run (c), the shipped policy, or run (a), none."""
+    return run(p, "(c) gpumond", policy=gpumond_policy()) if with_policy else run(p, "(a) no policy")
 
 
 def main() -> None:
@@ -628,29 +603,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="1 simulated hour, at most 4 bisection steps, no swing sweep and no severe scenario")
     ap.add_argument("--out", type=Path, help="write the Markdown and PNGs here (default: benchmarks/results; "
-                                             "--quick and experiments write nothing unless given)")
-    ap.add_argument("--variant", choices=sorted(variants.VARIANTS),
-                    help="run (c) with a proposed controller change (see benchmarks/thermal/variants.py)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a policy.thermal setting for (c), e.g. hysteresis_c=1")
+                                             "--quick writes nothing unless given)")
     ap.add_argument("--jobs", type=int, default=2,
                     help="worker processes for the independent scenarios (default 2; results do not depend on it)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    overrides = parse_sets(args.set)
-    experiment = args.variant is not None or bool(overrides)
-    out_dir = args.out or (None if (args.quick or experiment) else _bench.RESULTS)
+    out_dir = args.out or (None if args.quick else _bench.RESULTS)
     started = time.perf_counter()
     p = Params(hours=1.0) if args.quick else Params()
     steps = 4 if args.quick else None
-    c_label = "(c) gpumond" + (f" [variant {args.variant}]" if args.variant else "") + (
-        f" [{', '.join(args.set)}]" if overrides else "")
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
     # The scenarios are independent and deterministic: run them in worker processes (same results, less wall).
-    exp = (args.variant, overrides, c_label)
     jobs = max(1, min(args.jobs, os.cpu_count() or 1))
     ctx = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
@@ -660,10 +626,10 @@ def main() -> None:
             scenarios.update({f"swing {s:g}": replace(p, inlet_swing_c=s) for s in SWINGS if s != p.inlet_swing_c})
             scenarios["severe"] = replace(p, cooling=SEVERE_COOLING)
         # Longest first: runs (c), then the bisections, then runs (a).
-        c_jobs = {k: pool.submit(job_run, ps, exp) for k, ps in scenarios.items()}
+        c_jobs = {k: pool.submit(job_run, ps, True) for k, ps in scenarios.items()}
         cap_jobs = {k: pool.submit(job_cap, ps, steps, full and k != "severe", k in ("main", "severe"))
                     for k, ps in scenarios.items()}
-        a_jobs = {k: pool.submit(job_run, ps, None) for k, ps in scenarios.items() if k in ("main", "severe")}
+        a_jobs = {k: pool.submit(job_run, ps, False) for k, ps in scenarios.items() if k in ("main", "severe")}
         cap, cap_probe, probes, b, follow = cap_jobs["main"].result()
         a, c = a_jobs["main"].result(), c_jobs["main"].result()
         log(f"main scenario done: best static cap {cap} W after {len(probes)} probes")
@@ -693,9 +659,8 @@ def main() -> None:
     hw_ok = fc.hw_thermal_s == 0 and c.hw_thermal_samples == 0
     gain_ok = gain >= GAIN_GOAL
     yes = {True: "**yes**", False: "**no**"}
-    md = [f"# Thermal power capping on the simulator: no policy vs best static cap vs gpumond"
-          + (" (quick run: not for quoting)" if args.quick else "")
-          + (" (experiment: not the shipped controller)" if experiment else ""), ""]
+    md = ["# Thermal power capping on the simulator: no policy vs best static cap vs gpumond"
+          + (" (quick run: not for quoting)" if args.quick else ""), ""]
     try:
         mpl = importlib.metadata.version("matplotlib")
     except importlib.metadata.PackageNotFoundError:
@@ -734,15 +699,13 @@ def main() -> None:
            "often it is polled, and the script asserts that the probe of the chosen cap and run (b) agree exactly.",
            "- (c) is the shipped `PolicyEngine` with `policy: {mode: enforce, thermal: {enabled: true}}` and every "
            "other setting at its default; its ceiling is the board's 700 W default limit.",
-           "- `--variant NAME` / `--set KEY=VALUE` run (c) with a proposed controller change "
-           "(`benchmarks/thermal/variants.py`) or a different `policy.thermal` setting, and print without writing.",
            ""]
     names = ["temperature", "power_limit", "sm_clock", "zoom"] + ([] if args.quick else ["swing", "severe_temperature"])
     md += ["## Figures", ""] + [f"![{n}]({NAME}_{n}.png)" for n in names] + [""]
     text = "\n".join(md)
     if out_dir is None:
         print(text)
-        print("\n(nothing written: --quick or an experiment; give --out DIR to write)")
+        print("\n(nothing written: --quick; give --out DIR to write)")
     else:
         import matplotlib
 

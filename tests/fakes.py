@@ -2,8 +2,7 @@
 and a host process as the agent's job attribution reads it.
 
 One of each, so every test steers time and reads pushes the same way (not a copy per module that drifts).
-Stdlib and the job SDK only: tests/integration/ddp_equal_worker.py imports it inside torchrun workers, and
-benchmarks/pod_attribution.py uses the host process.
+Stdlib and the job SDK only: tests/integration/ddp_equal_worker.py imports it inside torchrun workers.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A TLS handshake flood: connections that send a real ClientHello and then nothing, so the server has answered
-and holds each one's handshake half done. Shared by tests/integration/test_tls_handshake_flood.py and
-benchmarks/tls_handshake_flood.py."""
+and holds each one's handshake half done. Used by tests/integration/test_tls_handshake_flood.py (the figures it
+once measured: benchmarks/results/tls_handshake_flood.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a hostile network sends a daemon, as reusable pieces: a bounded slow-loris client, raw HTTP requests,
 and a generator of hostile pushes (malformed JSON, lying lengths, deep nesting, NaN and huge numbers, control
-characters, label floods to every cap). Used by the integration tests and by benchmarks/hostile_network.py.
+characters, label floods to every cap). Used by the integration tests.
 
 Everything talks to 127.0.0.1 only, and every loop and wait is bounded.
 """

@@ -5,8 +5,8 @@ the 1,024 descriptors and /metrics stopped answering until they closed; asyncio 
 traceback per failed accept(). Here 1,100 such connections are held (reopened as the server closes them)
 for longer than the head timeout while /metrics and /healthz are fetched on fresh connections: every fetch
 must answer 200 once the guard's first-second grace for new connections has passed (see below), and every
-line the agent writes must be one logfmt line. Latency is reported by
-benchmarks/hostile_network.py, not asserted here.
+line the agent writes must be one logfmt line. Latency is not asserted here (one measured run:
+benchmarks/results/hostile_network.md).
 """
 
 from __future__ import annotations

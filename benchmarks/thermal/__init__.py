@@ -1,1 +1,0 @@
-"""Helpers of benchmarks/thermal_policy.py (not part of gpumond)."""
