@@ -144,7 +144,8 @@ def _pusher(port: int, ranks: list[tuple[str, int, int, str, str, str]], orders:
     one columnar push per rank, as the SDK encodes it; reply with the push latencies and failures."""
     import http.client
 
-    from gpumond.job.payload import CONTENT_TYPES, encode_columns, encode_head
+    from gpumond.job.payload import encode_columns, encode_head
+    from gpumond.wire.media import CONTENT_TYPES
 
     heads = [(encode_head({"job": job, "rank": rank, "world_size": world, "node": node, "gpu_uuid": uuid},
                           "columns"), kind) for job, rank, world, node, uuid, kind in ranks]
@@ -299,11 +300,11 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     import psutil
 
     from gpumond.config.rules import RulesConfig
-    from gpumond.job.routing import shard_of
     from gpumond.rules.evaluator import Evaluator
     from gpumond.rules.store import GpuStore
     from gpumond.rules.telemetry.promql import PrometheusSource
     from gpumond.rules.telemetry.promql_join import IDENTITY
+    from gpumond.wire.routing import shard_of
 
     def owns(job: str) -> bool:
         return shard is None or shard_of(job, shard[1]) == shard[0]

@@ -291,7 +291,7 @@ def _client_access(args: argparse.Namespace, command: str) -> Any:
 
     context = None
     if args.ca_file or args.cert_file or args.key_file:
-        from gpumond.job.tlsclient import ClientTLS
+        from gpumond.wire.tlsclient import ClientTLS
 
         try:
             context = ClientTLS(args.ca_file, args.cert_file, args.key_file).context

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumond.job.tlsclient import explain, https_instead
-from gpumond.safetext import escape_unsafe
+from gpumond.wire.safetext import escape_unsafe
+from gpumond.wire.tlsclient import explain, https_instead
 
 # MEASURE: what made the finding, with its unit: each kind's `score` is a different quantity (a z-score
 # against peers, a share of the step, a ratio to the job's baseline), so a bare number would not compare.
@@ -145,7 +145,7 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[str]], empty: str) ->
     if not rows:
         return empty
     # A cell holds what a daemon answered (job and node names pushed by jobs): escape what could split a
-    # row or reorder it on screen (gpumond.safetext), before measuring widths.
+    # row or reorder it on screen (gpumond.wire.safetext), before measuring widths.
     every = [tuple(columns), *([escape_unsafe(c) for c in r] for r in rows)]
     widths = [max(len(r[i]) for r in every) for i in range(len(columns))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in every)

@@ -3,7 +3,7 @@
 Prometheus) and the alert sinks (Alertmanager), as Alertmanager's own integrations share one HTTP client config.
 
 Certificates and secret files are read again when they change (certificates: in place, see
-gpumond/job/tlsclient.py; the password or token file: read once per request round), so rotation needs no restart.
+gpumond/wire/tlsclient.py; the password or token file: read once per request round), so rotation needs no restart.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpumond.job.tlsclient import ClientTLS
+from gpumond.wire.tlsclient import ClientTLS
 
 
 class AccessError(ValueError):

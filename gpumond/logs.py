@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from gpumond.safetext import escape_unsafe
+from gpumond.wire.safetext import escape_unsafe
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("logfmt", "json")

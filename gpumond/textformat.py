@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client.utils import floatToGoString
 
-from gpumond.safetext import UNSAFE
 from gpumond.types import Labels, Series
+from gpumond.wire.safetext import UNSAFE
 
 log = logging.getLogger("gpumond")
 _MAX_CACHED = 100_000  # series identities; far above any node's, bounded so churn cannot grow memory
@@ -24,7 +24,7 @@ _MAX_CACHED = 100_000  # series identities; far above any node's, bounded so chu
 def escape_label_value(v: str) -> str:
     """Exposition-format escaping of a label value (backslash, newline, double quote, unsafe characters).
 
-    Beyond what prometheus-client escapes, the characters of gpumond.safetext (other controls, U+2028/9,
+    Beyond what prometheus-client escapes, the characters of gpumond.wire.safetext (other controls, U+2028/9,
     bidi controls) are written as a literal `\\uXXXX` (an escaped backslash), so a reader of /metrics sees
     their code instead of a split line or reordered text.
     """

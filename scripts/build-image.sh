@@ -100,6 +100,9 @@ fi
 # ---- the wheelhouse: gpumond's wheel, every dependency (with the k8s extra) for each architecture, and pip ----
 started=$SECONDS
 rm -rf "$context/wheelhouse" && mkdir -p "$context/wheelhouse"
+# gpumond depends on gpumond-job of the same version (the job SDK, built from gpumond-job/), which no index has:
+# it is always built from this checkout, and found in the wheelhouse.
+python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$context/wheelhouse" ./gpumond-job
 if [ -z "$wheel" ]; then
     python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$context/wheelhouse" .
     wheel="$(ls "$context"/wheelhouse/gpumond-"$version"-*.whl)"
@@ -116,7 +119,7 @@ for arch in ${arches//,/ }; do
     for minor in $(seq 17 36); do platforms+=(--platform "manylinux_2_${minor}_$machine"); done
     python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
         --python-version 3.11 --implementation cp "${platforms[@]}" \
-        --dest "$context/wheelhouse" "gpumond[k8s] @ file://$wheel_abs" pip
+        --find-links "$context/wheelhouse" --dest "$context/wheelhouse" "gpumond[k8s] @ file://$wheel_abs" pip
 done
 echo "build-image: wheelhouse ($arches) in $((SECONDS - started)) s" >&2
 if [ -n "$base_pid" ]; then wait "$base_pid" || die "making the base with mmdebstrap failed (above)"; fi

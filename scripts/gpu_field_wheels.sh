@@ -39,7 +39,8 @@ done
 [[ "$python" =~ ^3\.[0-9]+$ ]] || die "--python: give a version like 3.12 (got '$python')"
 
 # One source for what gpumond needs: pyproject.toml (tomllib: Python 3.11+, as gpumond itself).
-mapfile -t reqs < <(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+# gpumond-job is this repository's own (gpumond/job, gpumond/wire), run from the tree there like the rest.
+mapfile -t reqs < <(python3 -c 'import tomllib; print("\n".join(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"] if not r.startswith("gpumond-job")))')
 ((${#reqs[@]})) || die "no dependencies found in pyproject.toml"
 
 # pip matches each manylinux tag exactly: name every glibc a wheel of these dependencies is built for (the GPU
@@ -60,7 +61,7 @@ import importlib.metadata as md, re, sys
 with open(sys.argv[1], "w") as out:
     for dist in md.distributions():
         name, version = dist.metadata["Name"], dist.version
-        if name and name.lower() != "gpumond" and re.fullmatch(r"[0-9][0-9A-Za-z.]*", version):
+        if name and name.lower() not in ("gpumond", "gpumond-job", "gpumond_job") and re.fullmatch(r"[0-9][0-9A-Za-z.]*", version):
             out.write(f"{name}=={version}\n")
 PY
 ((pin)) || : > "$constraints"

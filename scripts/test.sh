@@ -30,5 +30,7 @@ if ((${#need_apt[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 # Debian starts the packaged daemons on install; the tests run their own on free loopback ports.
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# Both distributions, editable: gpumond-job (the job SDK, gpumond/job and gpumond/wire) is a dependency of gpumond
+# that no index has; both map the one gpumond/ of this checkout.
+python3 -m pip install -q --disable-pip-version-check -e ./gpumond-job -e '.[test]'
 exec python3 -m pytest -q "$@"

@@ -13,8 +13,7 @@ import math
 import struct
 from typing import Any
 
-ENCODINGS = ("json", "columns")
-CONTENT_TYPES = {"json": "application/json", "columns": "application/vnd.gpumond.columns+json"}
+from gpumond.wire.media import CONTENT_TYPES, ENCODINGS  # noqa: F401 (the tests' encodings are the contract's)
 FLOATS = ("end", "duration_s", "data_wait_s", "comm_wait_s")
 
 

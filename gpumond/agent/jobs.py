@@ -13,7 +13,7 @@ from typing import Protocol
 
 import psutil
 
-from gpumond.identity import JOB_ENV_VARS, first_env
+from gpumond.wire.identity import JOB_ENV_VARS, first_env
 
 # Launcher -> wrapper -> trainer -> dataloader worker is about as deep as real stacks go;
 # the bound keeps a lookup cheap and stops it wandering into unrelated system daemons.

@@ -17,7 +17,7 @@ from pydantic_core import core_schema
 from gpumond.config.alerting import AlertingConfig
 from gpumond.config.http import HttpConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, ListenAddress
-from gpumond.identity import GPU_UUID, JOB_ENV_VARS
+from gpumond.wire.identity import GPU_UUID, JOB_ENV_VARS
 
 # 9480 stays clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835) on shared nodes.
 DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9480)

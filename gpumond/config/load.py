@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from gpumond.config.agent import AgentConfig
 from gpumond.config.alerting import resolve_alerting
 from gpumond.config.errors import ConfigError, validation_problem
-from gpumond.safetext import one_line
+from gpumond.wire.safetext import one_line
 
 M = TypeVar("M", bound=BaseModel)
 # What a config (or simulator scenario) file may hold. An agent config costs ~0.25 s and ~25 MiB to load per MiB

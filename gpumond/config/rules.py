@@ -22,7 +22,7 @@ from gpumond.config.load import load_config
 from gpumond.config.remediation import RemediationConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
 from gpumond.config.http_client import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
-from gpumond.job.routing import MAX_SHARDS
+from gpumond.wire.routing import MAX_SHARDS
 
 # 9481: next to the agent's 9480, clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
 DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9481)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from gpumond.identity import DEVICE_UUID
+from gpumond.wire.identity import DEVICE_UUID
 
 NVIDIA_SMI_TIMEOUT_S = 5.0  # a wedged driver can hang nvidia-smi; a reporter must not
 

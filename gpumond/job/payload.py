@@ -15,6 +15,8 @@ from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from math import isfinite, nan
 
+from gpumond.wire.media import COLUMN_FIELDS
+
 # A queued record, as the training thread appends it (plain tuple: cheapest to build):
 # (step, end on the monotonic clock, duration_s, data_wait_s, samples or None[, comm_wait_s]).
 # comm_wait_s is appended only when the step measured it, so a job that never does queues, and
@@ -28,8 +30,6 @@ _STEP_COMM = '{"step":%d,"end":%.6f,"duration_s":%.6f,"data_wait_s":%.6f,"sample
 # The service allows data_wait_s + comm_wait_s to exceed duration_s by 1 µs; rounding the three to
 # 6 decimals can add up to 1.5 µs, so comm wait is kept 1 µs clear of the step's end before rounding.
 _ROUNDING_S = 1e-6
-ENCODINGS = ("json", "columns")
-CONTENT_TYPES = {"json": "application/json", "columns": "application/vnd.gpumond.columns+json"}
 _OPENINGS = {"json": ',"steps":[', "columns": ',"columns":'}
 
 Encoder = Callable[..., bytes]  # (head, records, wall_now, mono_now, *, final=False) -> body
@@ -95,12 +95,9 @@ def encode_columns(head: str, records: Sequence[Record], wall_now: float, mono_n
         else:
             comms.append(_fit_comm_wait(comm, duration, wait))
             measured = True
-    fields = {"step": steps, "end": ends, "duration_s": durations, "data_wait_s": waits}
-    if measured:
-        fields["comm_wait_s"] = comms
-    if counted:
-        fields["samples"] = samples
-    columns = ",".join(f'"{name}":"{_base64(values)}"' for name, values in fields.items())
+    fields = {"step": steps, "samples": samples if counted else None, "end": ends, "duration_s": durations,
+              "data_wait_s": waits, "comm_wait_s": comms if measured else None}
+    columns = ",".join(f'"{name}":"{_base64(fields[name])}"' for name, _ in COLUMN_FIELDS if fields[name] is not None)
     return (head + "{" + columns + ("},\"final\":true}" if final else "}}")).encode()
 
 

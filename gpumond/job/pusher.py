@@ -13,8 +13,8 @@ from types import MappingProxyType
 from gpumond.job.early import EarlyPush, StepHistory, regular_after_early
 from gpumond.job.payload import Record, encode_head, encoder
 from gpumond.job.transport import Transport
-from gpumond.retry import Backoff, retryable
-from gpumond.safetext import one_line
+from gpumond.wire.retry import Backoff, retryable
+from gpumond.wire.safetext import one_line
 
 log = logging.getLogger("gpumond.job")
 

@@ -25,13 +25,14 @@ from typing import Any, TypeVar
 from gpumond.job.device import local_gpu_uuid
 from gpumond.job.early import DEFAULT as EARLY_PUSH
 from gpumond.job.early import push_early as _push_early
-from gpumond.job.payload import CONTENT_TYPES, Record
+from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
-from gpumond.job.routing import shard_endpoint
 from gpumond.job.settings import (ConfigError, Identity, resolve_encoding, resolve_endpoint, resolve_identity,
                                   resolve_shards, resolve_tls, resolve_token)
 from gpumond.job.stats import Stats
 from gpumond.job.transport import HttpTransport, Transport
+from gpumond.wire.media import CONTENT_TYPES
+from gpumond.wire.routing import shard_endpoint
 
 log = logging.getLogger("gpumond.job")
 T = TypeVar("T")

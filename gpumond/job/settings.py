@@ -7,10 +7,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumond.identity import DEVICE_UUID, JOB_ENV_VARS, clean_label, first_env
-from gpumond.job.routing import MAX_SHARDS, PLACEHOLDER
-from gpumond.job.tlsclient import CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, ClientTLS
-from gpumond.safetext import UNSAFE
+from gpumond.wire.identity import DEVICE_UUID, JOB_ENV_VARS, clean_label, first_env
+from gpumond.wire.media import ENCODINGS
+from gpumond.wire.routing import MAX_SHARDS, PLACEHOLDER
+from gpumond.wire.safetext import UNSAFE
+from gpumond.wire.tlsclient import CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, ClientTLS
 
 # torchrun inside an sbatch allocation sets both; RANK is the global rank torchrun assigned,
 # SLURM_PROCID only the launcher task's index.
@@ -105,9 +106,9 @@ def resolve_endpoint(endpoint: str | None, environ: Mapping[str, str]) -> str:
 def resolve_encoding(encoding: str | None, environ: Mapping[str, str]) -> str:
     """The push encoding from the argument, else GPUMOND_PUSH_ENCODING: "json" (default) or "columns"."""
     value = clean_label(encoding) or clean_label(environ.get("GPUMOND_PUSH_ENCODING")) or "json"
-    if value not in ("json", "columns"):
-        raise ConfigError(f"push encoding must be json or columns (got {value!r}; GPUMOND_PUSH_ENCODING or "
-                          "encoding=)")
+    if value not in ENCODINGS:
+        raise ConfigError(f"push encoding must be {' or '.join(ENCODINGS)} (got {value!r}; GPUMOND_PUSH_ENCODING "
+                          "or encoding=)")
     return value
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
 from gpumond import __version__
-from gpumond.retry import parse_retry_after
 from gpumond.job.settings import ConfigError
-from gpumond.job.tlsclient import ClientTLS, explain, https_instead
+from gpumond.wire.retry import parse_retry_after
+from gpumond.wire.tlsclient import ClientTLS, explain, https_instead
 
 log = logging.getLogger("gpumond.job")
 
@@ -74,7 +74,7 @@ class HttpTransport:
         self.path = url.path.rstrip("/") + PUSH_PATH
         self._headers = {
             "Authorization": f"Bearer {token}",
-            "Content-Type": content_type,  # the push encoding's (gpumond.job.payload.CONTENT_TYPES)
+            "Content-Type": content_type,  # the push encoding's (gpumond.wire.media.CONTENT_TYPES)
             "User-Agent": f"gpumond-job/{__version__}",
         }
         self._conn: http.client.HTTPConnection | None = None

@@ -13,7 +13,7 @@ from typing import Any
 import pynvml
 
 from gpumond.nvml.errors import Disposition, classify, error_name
-from gpumond.retry import Backoff
+from gpumond.wire.retry import Backoff
 
 log = logging.getLogger("gpumond.nvml.xid")
 

@@ -20,7 +20,7 @@ from gpumond.nvml.errors import HINTS, Disposition, classify, error_name
 from gpumond.nvml.gpm import GpmSampler
 from gpumond.nvml import mig as miglib
 from gpumond.nvml.mig import MigIdentity
-from gpumond.retry import Backoff
+from gpumond.wire.retry import Backoff
 
 log = logging.getLogger("gpumond.nvml")
 

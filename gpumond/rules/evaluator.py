@@ -11,7 +11,7 @@ from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
 from gpumond.rules.detectors.features import RankFeatures
 from gpumond.alerts.pipeline import AlertPipeline, log_only
-from gpumond.job.routing import shard_of
+from gpumond.wire.routing import shard_of
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, conditions_of, findings_of
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.alerts.model import Condition

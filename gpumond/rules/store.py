@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumond.identity import legacy_mig_uuid
 from gpumond.rules.columns import SampleBuffer, StepBuffer, StepView, sample_matrix, step_rows, trailing_run
+from gpumond.wire.identity import legacy_mig_uuid
 from gpumond.rules.types import (GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord,
                                  TelemetryBatch)
 

@@ -16,7 +16,7 @@ import pytest
 
 from gpumond.agent.host import HostEvidence
 from gpumond.agent.jobs import JobAttributor
-from gpumond.identity import JOB_ENV_VARS
+from gpumond.wire.identity import JOB_ENV_VARS
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/PID/environ and /proc/PID/cgroup"

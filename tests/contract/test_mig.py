@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 from tests.agent_sampler import node_sampler
-from gpumond.identity import MIG_UUID
 from gpumond.nvml.mig import profile_of
 from gpumond.nvml.sim import Scenario
+from gpumond.wire.identity import MIG_UUID
 
 MIG = Scenario.model_validate({"gpus": [{"index": 1, "mig": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]}]})
 

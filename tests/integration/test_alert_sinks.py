@@ -14,7 +14,7 @@ from gpumond.alerts.sinks import LogSink, PagerDutySink, SlackSink
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.alerting import AlertingConfig, PagerDutyConfig, SlackConfig
 from tests.scripted_receiver import ScriptedReceiver
-from gpumond.retry import Backoff
+from gpumond.wire.retry import Backoff
 from tests.scripted_receiver import Hang, Respond
 
 KEY = "R0UT1NGKEY0123456789abcdefABCDEF"

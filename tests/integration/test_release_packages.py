@@ -1,5 +1,7 @@
-"""The Python release: scripts/check-release.sh passes (build, twine check, sdist == wheel, a fresh venv runs the
-wheel), the metadata is complete, and every place that names the version agrees with gpumond/__init__.py.
+"""The Python release: scripts/check-release.sh passes for both distributions (build, twine check, sdist == wheel,
+no file in both wheels, a bare venv imports gpumond.job from the gpumond-job wheel with no other package, a fresh
+venv runs the gpumond wheel), the metadata is complete, and every place that names the version agrees with
+gpumond/__init__.py.
 
 The demo from the fresh venv (`DEMO_S=30 scripts/check-release.sh`) is left to the release: `gpumond demo` itself
 is tested in test_demo.py, and the image test runs both daemons from an installed wheel.
@@ -35,14 +37,21 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        env={**os.environ, "DIST": str(out), "DEMO_S": "0"}, capture_output=True, text=True,
                        timeout=CHECK_TIMEOUT_S)
     assert p.returncode == 0, f"scripts/check-release.sh exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    assert "the sdist builds the same wheel as the checkout" in p.stdout
+    for name in ("gpumond", "gpumond_job"):
+        assert f"the {name} sdist builds the same wheel as the checkout" in p.stdout
+    assert f"a bare venv imports gpumond.job {__version__} from the gpumond-job wheel, with no other package" in p.stdout
     assert f"a fresh venv runs gpumond {__version__} from the wheel" in p.stdout
     return out
 
 
-def _metadata(wheel: Path) -> Message:
+def _metadata(wheel: Path, name: str = "gpumond") -> Message:
     with zipfile.ZipFile(wheel) as z:
-        return HeaderParser().parsestr(z.read(f"gpumond-{__version__}.dist-info/METADATA").decode())
+        return HeaderParser().parsestr(z.read(f"{name}-{__version__}.dist-info/METADATA").decode())
+
+
+def _names(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as z:
+        return {n for n in z.namelist() if ".dist-info/" not in n}
 
 
 def test_the_wheel_metadata_is_complete(dist: Path) -> None:
@@ -57,16 +66,38 @@ def test_the_wheel_metadata_is_complete(dist: Path) -> None:
     assert "Programming Language :: Python :: 3.11" in classifiers and "Typing :: Typed" in classifiers
     assert {"k8s", "torch"} <= set(meta.get_all("Provides-Extra"))
     assert meta["Description-Content-Type"] == "text/markdown"
+    assert f"gpumond-job=={__version__}" in meta.get_all("Requires-Dist")
     with zipfile.ZipFile(dist / f"gpumond-{__version__}-py3-none-any.whl") as z:
         names = set(z.namelist())
     # Data the daemons read at run time ships in the wheel (a shipped scenario, the field catalogue, the proto).
-    assert {"gpumond/py.typed", "gpumond/nvml/sim/scenarios/demo.yaml", "gpumond/agent/podresources/v1/api.proto",
+    assert {"gpumond/nvml/sim/scenarios/demo.yaml", "gpumond/agent/podresources/v1/api.proto",
             f"gpumond-{__version__}.dist-info/licenses/LICENSE"} <= names
+
+
+def test_the_job_wheel_is_the_sdk_and_the_contract_with_no_dependency(dist: Path) -> None:
+    job_wheel, wheel = (dist / f"{n}-{__version__}-py3-none-any.whl" for n in ("gpumond_job", "gpumond"))
+    meta = _metadata(job_wheel, "gpumond_job")
+    assert meta["Name"] == "gpumond-job" and meta["Version"] == __version__
+    assert meta.get_all("Requires-Dist") is None  # none at all, not even behind an extra
+    assert meta["License-Expression"] == "Apache-2.0" and meta["Description-Content-Type"] == "text/markdown"
+    job, daemons = _names(job_wheel), _names(wheel)
+    # The package's root (the version, the typing marker) and gpumond/job, gpumond/wire: every module of them in
+    # the tree, once, and nothing else; the daemons' wheel has the rest.
+    tree = {p.relative_to(REPO_ROOT).as_posix() for sub in ("job", "wire")
+            for p in (REPO_ROOT / "gpumond" / sub).glob("*.py")}
+    assert job == tree | {"gpumond/__init__.py", "gpumond/py.typed"}
+    assert not job & daemons
+    assert "gpumond/cli.py" in daemons
 
 
 def test_every_place_that_names_the_version_follows_gpumond_init() -> None:
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert "version" not in project and "version" in project["dynamic"]  # one source: gpumond/__init__.py
+    assert f"gpumond-job=={__version__}" in project["dependencies"]  # the SDK of the same release
+    job = tomllib.loads((REPO_ROOT / "gpumond-job" / "pyproject.toml").read_text())
+    assert "version" in job["project"]["dynamic"]
+    assert job["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gpumond.__version__"}
+    assert (REPO_ROOT / "gpumond-job" / "gpumond" / "__init__.py").resolve() == REPO_ROOT / "gpumond" / "__init__.py"
     chart = yaml.safe_load((REPO_ROOT / "deploy/helm/gpumond/Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
     changelog = (REPO_ROOT / "CHANGELOG.md").read_text()

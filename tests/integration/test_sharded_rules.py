@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from gpumond.job import Reporter
-from gpumond.job.routing import shard_of
+from gpumond.wire.routing import shard_of
 from tests.integration.alert_helpers import TOKEN, RulesProcess
 from tests.integration.helpers import LOOPBACK, parse_metrics, value, wait_until
 from tests.fakes import FakeClock

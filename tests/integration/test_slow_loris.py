@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpumond.connections import ConnectionLimits
-from gpumond.job.tlsclient import ClientTLS
+from gpumond.wire.tlsclient import ClientTLS
 from tests.integration.helpers import AgentProcess, http_get, write_yaml
 from tests.integration.hostile import TLS_PARTIAL_HELLO, SlowLoris
 from tests.pki import CA

@@ -19,11 +19,11 @@ import bcrypt
 import pytest
 import yaml
 
-from gpumond.job import Reporter
-from gpumond.job.tlsclient import ClientTLS
 from gpumond.httpaccess import build_access
+from gpumond.job import Reporter
 from gpumond.rules.telemetry.promql import PrometheusSource
 from gpumond.rules.telemetry.scrape import ScrapeSource
+from gpumond.wire.tlsclient import ClientTLS
 from tests.integration.alert_helpers import TOKEN, RulesDaemon
 from tests.integration.helpers import AgentProcess, PrometheusServer, http_get, wait_until, write_yaml
 from tests.pki import CA

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpumond.job.tlsclient import ClientTLS
+from gpumond.wire.tlsclient import ClientTLS
 from tests.handshake_flood import close_all, stalled
 from tests.integration.helpers import AgentProcess, wait_until, write_yaml
 from tests.pki import CA

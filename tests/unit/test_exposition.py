@@ -54,14 +54,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gpumond.safetext import UNSAFE
+from gpumond.wire.safetext import UNSAFE
 
 NAMES = ["gpumond_gpu_temperature_celsius", "gpumond_gpu_energy_joules_total", "gpumond_gpu_info",
          "gpumond_nvml_up", "gpumond_gpu_xid_errors_total"]
 LABEL_NAMES = ["gpu", "uuid", "reason", "job"]
 values = st.one_of(st.floats(allow_nan=False), st.just(float("inf")), st.just(float("-inf")),
                    st.integers(-10**18, 10**18).map(float))
-# Unsafe characters (gpumond.safetext) are escaped on purpose beyond what prometheus-client does (tested in
+# Unsafe characters (gpumond.wire.safetext) are escaped on purpose beyond what prometheus-client does (tested in
 # test_safe_labels.py); everything else must come out byte for byte the same.
 label_values = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12).filter(
     lambda v: UNSAFE.search(v.replace("\n", "")) is None)

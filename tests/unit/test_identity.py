@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumond.identity import (DEVICE_UUID, GPU_UUID, LEGACY_MIG_UUID, MAX_LABEL_CHARS, MIG_UUID,
+from gpumond.wire.identity import (DEVICE_UUID, GPU_UUID, LEGACY_MIG_UUID, MAX_LABEL_CHARS, MIG_UUID,
                               canonical_device_uuid, clean_label, first_env, legacy_mig_uuid)
 
 HEX = "5B0C1C2D-1111-2222-3333-44445555666A"

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from gpumond.identity import MAX_LABEL_CHARS
 from gpumond.job import Reporter
 from gpumond.job.payload import encode, encode_columns, encode_head
+from gpumond.wire.identity import MAX_LABEL_CHARS
 from tests.fakes import FakeClock, FakeTransport
 from tests.push_bodies import ENCODINGS, steps_of
 

@@ -1,17 +1,30 @@
-"""`import gpumond.job` must work in any training container: the standard library and nothing else."""
+"""`import gpumond.job` must work in any training container: the standard library and nothing else.
+
+Two checks: every import statement in gpumond/job/ and gpumond/wire/ (read with `ast`, so a lazy import inside a
+function counts too), and what a real `import gpumond.job` loads in a fresh interpreter.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gpumond"
+
 HEAVY = {"pydantic", "prometheus_client", "psutil", "pynvml", "yaml", "apscheduler", "uvicorn", "torch",
          "numpy", "gpumond.config", "gpumond.agent", "gpumond.nvml", "gpumond.rules", "gpumond.alerts"}
 
-# The product's shared small mechanisms the SDK uses; they too may import only the standard library.
-SHARED = {"gpumond.retry", "gpumond.identity", "gpumond.safetext"}
+# The framework integrations import the framework the user trains with (each an optional extra), nothing more.
+FRAMEWORKS = {"job/torch.py": {"torch"}, "job/loop.py": {"torch"}, "job/lightning.py": {"lightning"},
+              "job/hf.py": {"transformers"}}
+# What each package may import of gpumond: the contract imports only itself; the SDK itself and the contract, and
+# `gpumond` for its version (gpumond/__init__.py ships in the gpumond-job distribution).
+GPUMOND_ALLOWED = {"wire": ("gpumond.wire",), "job": ("gpumond.job", "gpumond.wire", "gpumond.__version__")}
 
 PROBE = """
 import json, sys
@@ -32,6 +45,52 @@ def test_import_pulls_in_only_the_standard_library() -> None:
     assert done.returncode == 0, done.stderr
     new = json.loads(done.stdout.splitlines()[-1])
     foreign = [m for m in new if m.split(".")[0] not in sys.stdlib_module_names
-               and m != "gpumond" and not m.startswith("gpumond.job") and m not in SHARED]
+               and m != "gpumond" and not m.startswith(("gpumond.job", "gpumond.wire"))]
     assert foreign == []
     assert "gpumond.job.reporter" in new
+
+
+def imported_modules(path: Path, package: str) -> set[str]:
+    """Every module (or module.name) an `import` or `from ... import` in `path` names, relative ones resolved."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            # Each imported name as module.name: `from gpumond import rules` names gpumond.rules.
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base)
+            out.update(f"{module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def foreign_imports(root: Path, sub: str) -> dict[str, list[str]]:
+    """{file: imports that are neither the standard library, what GPUMOND_ALLOWED grants, nor its framework}."""
+    bad: dict[str, list[str]] = {}
+    for path in sorted((root / sub).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        package = "gpumond." + ".".join(path.relative_to(root).parent.parts)
+        foreign = sorted(m for m in imported_modules(path, package)
+                         if m.split(".")[0] not in sys.stdlib_module_names
+                         and not any(m == a or m.startswith(a + ".") for a in GPUMOND_ALLOWED[sub])
+                         and m.split(".")[0] not in FRAMEWORKS.get(rel, set()))
+        if foreign:
+            bad[rel] = foreign
+    return bad
+
+
+@pytest.mark.parametrize("sub", ["wire", "job"])
+def test_the_contract_and_the_sdk_import_only_the_standard_library(sub: str) -> None:
+    assert list((PACKAGE / sub).glob("*.py")), f"gpumond/{sub} has no modules"
+    assert foreign_imports(PACKAGE, sub) == {}
+
+
+def test_the_import_check_sees_a_third_party_import(tmp_path: Path) -> None:
+    """The check itself: a lazy `import httpx` in the contract, or the SDK reaching into the daemons, is caught."""
+    (tmp_path / "wire").mkdir()
+    (tmp_path / "wire" / "x.py").write_text("import json\n\ndef f():\n    import httpx\n")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "y.py").write_text("from gpumond import __version__, rules\nfrom .z import q\n"
+                                           "from ..wire import a\nimport numpy.linalg\n")
+    assert foreign_imports(tmp_path, "wire") == {"wire/x.py": ["httpx"]}
+    assert foreign_imports(tmp_path, "job") == {"job/y.py": ["gpumond.rules", "numpy.linalg"]}

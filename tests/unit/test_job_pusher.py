@@ -13,7 +13,7 @@ from gpumond.job import pusher
 from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
 from gpumond.job.transport import Reply
-from gpumond.retry import Backoff
+from gpumond.wire.retry import Backoff
 
 GPU = "GPU-11111111-1111-1111-1111-111111111111"
 HEAD = {"job": "j", "rank": 0, "world_size": 1, "node": "n", "gpu_uuid": GPU, "group": None}

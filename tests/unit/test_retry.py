@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gpumond.retry import RETRY_AFTER_CAP_S, Backoff, parse_retry_after, retryable
+from gpumond.wire.retry import RETRY_AFTER_CAP_S, Backoff, parse_retry_after, retryable
 
 NOW = 1_700_000_000.0
 

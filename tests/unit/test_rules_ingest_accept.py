@@ -12,7 +12,7 @@ from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.accept import Client, Ingest, Reply
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 from gpumond.rules.store import GpuStore, RankStore
-from gpumond.safetext import UNSAFE
+from gpumond.wire.safetext import UNSAFE
 from tests.fakes import FakeClock
 from tests.push_bodies import CONTENT_TYPES, ENCODINGS, encode
 

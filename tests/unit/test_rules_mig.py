@@ -10,10 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
 from gpumond.rules.telemetry import Row, join, read_agent, signals
-from gpumond.identity import legacy_mig_uuid
 from gpumond.rules.telemetry.mig import mig_row
 from gpumond.rules.telemetry.promql_join import IDENTITY
 from gpumond.rules.types import GpuSample
+from gpumond.wire.identity import legacy_mig_uuid
 from tests.unit.detector_inputs import build
 
 P0 = "GPU-a8c57d47-7419-54ce-a816-ce1029736ad6"

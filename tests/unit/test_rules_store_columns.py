@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumond.identity import legacy_mig_uuid
 from gpumond.rules.columns import step_columns, trailing_run
 from gpumond.rules.store import CapExceeded, GpuStore, RankStore
 from gpumond.rules.types import GPU_SIGNALS, GpuSample, RankInfo, RankWindow, StepRecord, TelemetryBatch
+from gpumond.wire.identity import legacy_mig_uuid
 
 NOW = 1_763_760_000.0
 

@@ -1,6 +1,6 @@
 """Safe labels: the push API refuses unsafe characters, and every printer escapes any that get through.
 
-Unsafe (gpumond.safetext): C0/C1 controls and DEL, U+2028/U+2029, bidirectional controls. A job name holding
+Unsafe (gpumond.wire.safetext): C0/C1 controls and DEL, U+2028/U+2029, bidirectional controls. A job name holding
 U+0085 or U+2028 would split a log line or a table row; U+202E would make `job-evil` read as `live-boj`.
 """
 
@@ -16,11 +16,11 @@ import threading
 import pytest
 
 from gpumond.findings_cli import table
-from gpumond.identity import clean_label
 from gpumond.logs import setup_logging
-from gpumond.safetext import UNSAFE, escape_unsafe, first_unsafe, one_line, shorten
 from gpumond.textformat import Encoder
 from gpumond.types import Series
+from gpumond.wire.identity import clean_label
+from gpumond.wire.safetext import UNSAFE, escape_unsafe, first_unsafe, one_line, shorten
 
 # Everything the Unicode standard treats as a line break, for "is this still one line?"
 LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")

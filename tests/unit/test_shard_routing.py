@@ -1,6 +1,6 @@
 """Shard routing: the SDK's choice of address and the service's refusal agree on every job id.
 
-The SDK (gpumond.job.routing.shard_endpoint) and the service (Ingest, with `shard: I/N`) must put a
+The SDK (gpumond.wire.routing.shard_endpoint) and the service (Ingest, with `shard: I/N`) must put a
 job on the same shard, or every push would be refused; both are checked here for many job ids and
 shard counts, against replicas built from real configs.
 """
@@ -19,12 +19,12 @@ import pytest
 from gpumond.config.rules import RulesConfig, Shard
 from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
-from gpumond.job.routing import MAX_SHARDS, shard_endpoint, shard_of
 from gpumond.job.settings import ConfigError, resolve_shards
 from gpumond.job.transport import Reply as SdkReply
 from gpumond.rules.evaluator import Evaluator
 from gpumond.rules.ingest.accept import Client, Ingest
 from gpumond.rules.store import GpuStore, RankStore
+from gpumond.wire.routing import MAX_SHARDS, shard_endpoint, shard_of
 
 TOKEN = "push-token-0123456789"
 NOW = 1_763_760_000.0

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpumond.safetext import UNSAFE
+from gpumond.wire.safetext import UNSAFE
 
 MAX_NAME_CHARS = 253  # the longest Kubernetes object name (a DNS subdomain)
 NVIDIA_RESOURCE_PREFIX = "nvidia.com/"

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gpumond.agent.podresources.assign import Allocation, allocations
-from gpumond.retry import Backoff
-from gpumond.safetext import one_line
+from gpumond.wire.retry import Backoff
+from gpumond.wire.safetext import one_line
 
 log = logging.getLogger("gpumond.agent")
 

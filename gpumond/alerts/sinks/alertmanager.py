@@ -14,7 +14,7 @@ from gpumond.alerts.model import Alert
 from gpumond.alerts.sinks.base import Outcome, Snapshot, WorkerSink, by_urgency, safe_target
 from gpumond.config.alerting import AlertmanagerConfig
 from gpumond.httpaccess import build_access
-from gpumond.safetext import one_line
+from gpumond.wire.safetext import one_line
 
 
 def alertmanager_body(alerts: list[Alert], generator_urls: dict[str, str], expires_at: float) -> list[dict]:

@@ -22,8 +22,8 @@ import httpx
 from gpumond.alerts.model import Alert
 from gpumond.alerts.sinks.deadline import RequestDeadline
 from gpumond.httpaccess import Access, AccessError
-from gpumond.retry import Backoff, parse_retry_after, retryable
 from gpumond.types import Series
+from gpumond.wire.retry import Backoff, parse_retry_after, retryable
 
 log = logging.getLogger("gpumond.alerts")
 

@@ -10,7 +10,7 @@ from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, safe_target
 from gpumond.alerts.sinks.base import classify as http_classify
 from gpumond.alerts.sinks.notices import Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import PagerDutyConfig
-from gpumond.safetext import one_line, shorten
+from gpumond.wire.safetext import one_line, shorten
 
 SUMMARY_MAX = 1024  # PagerDuty refuses longer summaries
 _DETAIL_MAX = 4000

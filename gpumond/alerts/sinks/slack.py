@@ -10,7 +10,7 @@ from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot
 from gpumond.alerts.sinks.base import classify as http_classify
 from gpumond.alerts.sinks.notices import Action, Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import SlackConfig
-from gpumond.safetext import one_line, shorten
+from gpumond.wire.safetext import one_line, shorten
 
 _PER_MESSAGE = 10  # alerts listed in one message; Slack allows 50 blocks and 3,000 characters per section
 _SECTION_MAX = 2900

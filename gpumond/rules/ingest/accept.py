@@ -7,13 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumond.config.rules import RulesConfig
-from gpumond.job.routing import shard_of
 from gpumond.rules.ingest.auth import TokenAuth
 from gpumond.rules.ingest.body import declared_too_large
-from gpumond.rules.ingest.payload import COLUMNS_TYPE, JSON_TYPE, PayloadError, columns_model, parse, push_model
+from gpumond.rules.ingest.payload import PayloadError, columns_model, parse, push_model
 from gpumond.rules.ingest.ratelimit import RateLimiter, retry_after
 from gpumond.rules.ingest.stats import IngestStats
 from gpumond.rules.store import CapExceeded, RankStore
+from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE
+from gpumond.wire.routing import shard_of
 
 log = logging.getLogger("gpumond.rules.ingest")
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumond.rules.ingest.payload import COLUMNS_TYPE, JSON_TYPE, PushBody
+from gpumond.rules.ingest.payload import PushBody
 from gpumond.rules.store import CAPS
+from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 FINDING_STATES = ("pending", "firing")

@@ -2,7 +2,7 @@
 
 Rules beyond the types (documented in docs/rules-api.md):
 - strings are 1..max_string_len characters without control characters (C0, C1, DEL), line or paragraph
-  separators (U+2028/9) or bidirectional controls (gpumond/safetext.py): such a label is refused, 422 naming
+  separators (U+2028/9) or bidirectional controls (gpumond/wire/safetext.py): such a label is refused, 422 naming
   the field and the character, because it would split log lines or reorder text on screen; `gpu_uuid` has NVML's
   shape `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex, any case; stored lowercase, as the agent exports it),
   or a MIG device's `MIG-xxxxxxxx-…` or older `MIG-GPU-xxxxxxxx-…/<gpu instance>/<compute instance>`;
@@ -32,14 +32,12 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchem
 from pydantic_core import core_schema
 
 from gpumond.config.errors import counted, validation_problem
-from gpumond.identity import DEVICE_UUID, canonical_device_uuid
 from gpumond.rules.ingest.steps import MAX_STEP_DURATION_S, StepsError, check_waits, decode, from_records
 from gpumond.rules.types import RankInfo, StepColumns, StepRecord
-from gpumond.safetext import UNSAFE_CLASS, first_unsafe
+from gpumond.wire.identity import DEVICE_UUID, canonical_device_uuid
+from gpumond.wire.safetext import UNSAFE_CLASS, first_unsafe
 
 MAX_WORLD_SIZE = 1_048_576  # a sanity bound; how many ranks are *held* is limits.max_ranks
-JSON_TYPE = "application/json"
-COLUMNS_TYPE = "application/vnd.gpumond.columns+json"
 _INT64 = 2**63 - 1
 _PRINTABLE = f"^[^{UNSAFE_CLASS}]+$"  # the JSON Schema spelling of _printable
 _MODEL = ConfigDict(strict=True, frozen=True, allow_inf_nan=False, extra="ignore")

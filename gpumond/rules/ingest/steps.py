@@ -17,13 +17,10 @@ import numpy as np
 
 from gpumond.rules.columns import step_rows
 from gpumond.rules.types import StepColumns, StepRecord
+from gpumond.wire.media import COLUMN_FIELDS, FLOAT_FIELDS
 
 MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
 WAIT_SLACK_S = 1e-6  # waits and duration come from separate clock reads; allow their rounding
-# Fields of the columnar encoding, in StepColumns order after `step`: (name, required).
-FLOAT_FIELDS = (("end", True), ("duration_s", True), ("data_wait_s", True), ("comm_wait_s", False))
-INT_FIELDS = (("step", True), ("samples", False))
-_DECODED = (*INT_FIELDS, *FLOAT_FIELDS)  # the order in which a refusal names the first bad column
 _LE_I8 = np.dtype("<i8")
 _LE_F8 = np.dtype("<f8")
 
@@ -41,7 +38,7 @@ def from_records(steps: Sequence[StepRecord]) -> StepColumns:
 def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
     """The columnar encoding's base64 arrays as StepColumns, every value checked (StepsError names the first)."""
     raw: dict[str, bytes] = {}
-    for name, required in _DECODED:
+    for name, required in COLUMN_FIELDS:  # a refusal names the first bad column in this order
         text = columns.get(name)
         if text is None:
             if required:

@@ -11,7 +11,7 @@ import yaml
 
 from gpumond.config.load import load_yaml
 from gpumond.rules.telemetry.targets import Target, parse_target
-from gpumond.safetext import one_line
+from gpumond.wire.safetext import one_line
 
 # A file_sd list is operator-written and small; refuse anything that looks like a mistake.
 MAX_FILE_BYTES = 8 * 1024 * 1024

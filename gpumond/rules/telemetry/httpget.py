@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 import httpx
 
-from gpumond.job.tlsclient import explain
-from gpumond.safetext import one_line
+from gpumond.wire.safetext import one_line
+from gpumond.wire.tlsclient import explain
 
 
 class FetchError(Exception):

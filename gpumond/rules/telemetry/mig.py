@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpumond.identity import MIG_UUID
 from gpumond.rules.types import GpuSample
+from gpumond.wire.identity import MIG_UUID
 
 
 @dataclass(frozen=True, slots=True)

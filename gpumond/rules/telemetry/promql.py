@@ -17,7 +17,7 @@ from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, agent_alerts, join
 from gpumond.rules.telemetry.promql_tiers import Tiers
 from gpumond.rules.types import TelemetryBatch
-from gpumond.safetext import one_line
+from gpumond.wire.safetext import one_line
 
 DEFAULT_TIMEOUT_S = 10.0
 # Prometheus' default lookback delta: a target gone longer than this is forgotten rather than absent.

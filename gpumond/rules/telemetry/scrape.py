@@ -18,7 +18,7 @@ from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.mapping import AgentReading, read_agent
 from gpumond.rules.telemetry.targets import Target, parse_target
 from gpumond.rules.types import AgentAlert, GpuSample, HostSample, TelemetryBatch
-from gpumond.safetext import one_line
+from gpumond.wire.safetext import one_line
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_WORKERS = 32

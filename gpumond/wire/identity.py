@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from gpumond.safetext import UNSAFE
+from gpumond.wire.safetext import UNSAFE
 
 HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 GPU_UUID = re.compile(rf"GPU-{HEX_UUID}")  # a whole GPU, as NVML names it
@@ -46,7 +46,7 @@ def legacy_mig_uuid(parent_uuid: str, gpu_instance: int, compute_instance: int) 
 def clean_label(value: object) -> str | None:
     """A usable label (a job id, a node name) from a raw value: stripped, bounded; None when empty or unsafe.
 
-    Unsafe means holding a character of gpumond.safetext, which the push API refuses and no printer shows raw.
+    Unsafe means holding a character of gpumond.wire.safetext, which the push API refuses and no printer shows raw.
     """
     if value is None:
         return None

@@ -1,0 +1,1 @@
+../../gpumond/__init__.py

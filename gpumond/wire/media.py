@@ -1,0 +1,19 @@
+"""The push API's two encodings (docs/rules-api.md): their media types and the columnar encoding's fields.
+
+The job SDK encodes with these names and the rules service decodes with them, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+JSON_TYPE = "application/json"  # `steps`: a list of step objects, what every rules service version reads
+COLUMNS_TYPE = "application/vnd.gpumond.columns+json"  # `columns`: one base64 array per field
+# By the encoding's name, as GPUMOND_PUSH_ENCODING and the SDK's `encoding=` say it.
+CONTENT_TYPES = {"json": JSON_TYPE, "columns": COLUMNS_TYPE}
+ENCODINGS = tuple(CONTENT_TYPES)
+
+# The columnar encoding's fields as (name, required): little-endian int64 arrays, then float64 arrays in the order
+# the rules service stacks them. `samples` -1 is a step that did not count them and a NaN `comm_wait_s` one that
+# did not measure it; a push in which no step has the value leaves the field out.
+INT_FIELDS = (("step", True), ("samples", False))
+FLOAT_FIELDS = (("end", True), ("duration_s", True), ("data_wait_s", True), ("comm_wait_s", False))
+COLUMN_FIELDS = (*INT_FIELDS, *FLOAT_FIELDS)
