@@ -403,7 +403,7 @@ def _check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> 
     from gpumond.config import AgentConfig, ConfigError, load_agent_config, load_config, read_yaml_mapping
     from gpumond.config.kind import guess_kind, other_kind
     from gpumond.config.rules import RulesConfig, load_rules_config
-    from gpumond.httpaccess import AccessError
+    from gpumond.web.client import AccessError
 
     how = "given"
     # Said on the ok line: a shape-only pass has not proven the daemon can read its secrets.
@@ -457,21 +457,18 @@ def _served(path: Path | None, shape_only: bool) -> str:
 
 
 def _client_files(shape_only: bool, *, alerting: Any, telemetry: Any = None) -> None:
-    """A full check reads what the daemon's HTTP clients read at start (gpumond.httpaccess): the Alertmanager
-    sink's and the telemetry sources' certificate and secret files; AccessError naming the key."""
+    """A full check reads what the daemon's HTTP clients read at start (gpumond.web.client): every alert sink's
+    and the telemetry sources' certificate and secret files; AccessError naming the key."""
     if shape_only:
         return
-    from gpumond.httpaccess import AccessError, build_access
+    from gpumond.web.client import build_access
 
-    clients = {"alerting.alertmanager": alerting.alertmanager}
+    clients = {f"alerting.{sink}": getattr(alerting, sink) for sink in ("alertmanager", "slack", "pagerduty")}
     if telemetry is not None:
         clients |= {"telemetry.scrape": telemetry.scrape, "telemetry.prometheus": telemetry.prometheus}
     for key, spec in clients.items():
         if spec is not None:
-            try:
-                build_access(spec)
-            except AccessError as e:
-                raise AccessError(f"{key}.{e}") from None
+            build_access(spec, key)
 
 
 def _told(how: str) -> str:

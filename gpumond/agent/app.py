@@ -35,7 +35,7 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.agent.policy.event_file import FILE_NAME as EVENT_FILE
 from gpumond.agent.policy.event_file import EventFile
 from gpumond.alerts.state import AlertStateFile
-from gpumond.httpaccess import AccessError
+from gpumond.web.client import AccessError
 from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
 from gpumond.config.errors import more_problems

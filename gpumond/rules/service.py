@@ -31,7 +31,7 @@ from gpumond.rules.remediation.backends import Backend, build_backend
 from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
-from gpumond.httpaccess import AccessError
+from gpumond.web.client import AccessError
 from gpumond.rules.types import TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
@@ -105,7 +105,7 @@ class RulesService:
         try:
             self.source = source if source is not None else build_source(config.telemetry)
         except AccessError as e:
-            raise RulesStartError(f"telemetry: {e}") from None
+            raise RulesStartError(str(e)) from None
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
         self._lock: StateDirLock | None = None

@@ -21,7 +21,7 @@ import yaml
 
 from gpumond.job import Reporter
 from gpumond.job.tlsclient import ClientTLS
-from gpumond.httpaccess import build_access
+from gpumond.web.client import build_access
 from gpumond.rules.telemetry.promql import PrometheusSource
 from gpumond.rules.telemetry.scrape import ScrapeSource
 from tests.integration.alert_helpers import TOKEN, RulesDaemon
