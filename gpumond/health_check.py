@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpumond health-check: {node}: cannot read the agent at {args.agent}: {reading}; node left as it is",
               file=sys.stderr)
         return 1
-    from gpumond.auditlog import AuditLog
+    from gpumond.state.audit import AuditLog
     from gpumond.rules.types import TelemetryBatch
 
     backend = SlurmBackend(cfg.slurm)

@@ -43,7 +43,7 @@ from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
 from gpumond.connections import ConnectionStats, connection_cap
 from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
-from gpumond.statedir_lock import StateDirBusy, StateDirLock
+from gpumond.state.dirlock import StateDirBusy, StateDirLock
 from gpumond.web import Web
 
 __all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]

@@ -35,7 +35,7 @@ from gpumond.web.client import AccessError
 from gpumond.rules.types import TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
-from gpumond.statedir_lock import StateDirBusy, StateDirLock
+from gpumond.state.dirlock import StateDirBusy, StateDirLock
 from gpumond.web import TLS_METRICS, Web
 from gpumond.textformat import Encoder
 from gpumond.types import Series
