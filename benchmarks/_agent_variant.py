@@ -1,5 +1,5 @@
 """Experiments, not shipped: the gpumond CLI served over another HTTP protocol than the daemons choose, to
-measure what the connection guard and the parser cost per scrape. Replacing a name in `gpumond.serving` is
+measure what the connection guard and the parser cost per scrape. Replacing a name in `gpumond.web.serving` is
 acceptable here only because this measures configurations gpumond does not offer (unguarded), or takes only
 where httptools cannot be imported (guarded h11).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-import gpumond.serving
+import gpumond.web.serving
 from gpumond.cli import main
 
 
@@ -24,8 +24,8 @@ def _unguarded(limits: object, stats: object = None, cap: object = None, **_: ob
 
 
 VARIANTS = {
-    "unguarded": lambda: setattr(gpumond.serving, "guarded_protocol", _unguarded),
-    "h11": lambda: setattr(gpumond.serving, "default_parser", lambda: "h11"),
+    "unguarded": lambda: setattr(gpumond.web.serving, "guarded_protocol", _unguarded),
+    "h11": lambda: setattr(gpumond.web.serving, "default_parser", lambda: "h11"),
 }
 
 if __name__ == "__main__":

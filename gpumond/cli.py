@@ -489,7 +489,7 @@ def _rules(args: argparse.Namespace) -> int:
     from gpumond.config import ConfigError, ListenAddress
     from gpumond.config.rules import Shard, load_rules_config
     from gpumond.logs import setup_logging
-    from gpumond.serving import ListenError
+    from gpumond.web.serving import ListenError
 
     try:
         cfg = load_rules_config(args.config)
@@ -603,7 +603,7 @@ def _agent(args: argparse.Namespace) -> int:
     from gpumond.agent.backends import BackendError, real_backend, sim_backend
     from gpumond.config import ConfigError, ListenAddress, load_agent_config
     from gpumond.logs import setup_logging
-    from gpumond.serving import ListenError
+    from gpumond.web.serving import ListenError
 
     if args.sim_speed is not None and not (args.sim or args.sim_scenario):
         # without them the agent reads the real driver, where there is no simulated time to speed up

@@ -41,8 +41,8 @@ from gpumond.config.agent import PodResourcesConfig
 from gpumond.config.errors import more_problems
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
-from gpumond.connections import ConnectionStats, connection_cap
-from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
+from gpumond.web.connections import ConnectionLimits, ConnectionStats, connection_cap
+from gpumond.web.serving import ListenError, bind, default_external_url, run_until_signalled
 from gpumond.state.dirlock import StateDirBusy, StateDirLock
 from gpumond.web import Web
 
@@ -137,7 +137,7 @@ class Agent:
                 if compat.enabled else None)
         renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
         # Filled by the HTTP server (serve()), exported each fast cycle; the cap is known now, for the first one.
-        self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))
+        self.http_stats = ConnectionStats(cap=connection_cap(ConnectionLimits.of(config.http)))
         self.sampler = Sampler(self.session, hostname=config.node_name, renderer=renderer, xid=self.xid,
                                jobs=jobs, pods=self.pods, host=HostEvidence() if config.host.enabled else None,
                                policy=self.policy, dcgm=dcgm, nvlink_per_link=per_link,
@@ -267,5 +267,5 @@ def serve(agent: Agent) -> None:
                                "client_auth": web.tls.settings.client_auth_type if web.tls else None,
                                "read_auth": bool(web.users or web.tokens)})
     app = web.wrap(agent.app(), open_paths=("/healthz", "/readyz", "/"))  # probes carry no credentials
-    run_until_signalled(app, sock, on_stop=agent.stop, limits=agent.config.http.limits(),
+    run_until_signalled(app, sock, on_stop=agent.stop, limits=ConnectionLimits.of(agent.config.http),
                         stats=agent.http_stats, tls=web.tls)

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpumond.safetext import one_line
-from gpumond.serving import bind
+from gpumond.web.serving import bind
 
 log = logging.getLogger("gpumond.demo.receiver")
 
