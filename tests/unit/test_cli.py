@@ -126,7 +126,7 @@ def test_a_scenario_for_more_gpus_than_simulated_is_one_clear_line():
 
 def test_a_scenario_without_sim_simulates_8_gpus_whatever_its_per_gpu_overrides():
     from gpumond.agent.backends import sim_backend
-    from gpumond.cli import _SCENARIO_DIR
+    from gpumond.cli.agent import _SCENARIO_DIR
 
     # the demo scenario overrides only GPU 3 and plants faults on GPUs 1-3: it used to build a node of 1 GPU
     backend = sim_backend(None, Path(_SCENARIO_DIR) / "demo.yaml", 1.0, "n1")

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from gpumond.findings_cli import table
+from gpumond.cli.findings import table
 from gpumond.identity import clean_label
 from gpumond.logs import setup_logging
 from gpumond.safetext import UNSAFE, escape_unsafe, first_unsafe, one_line, shorten
