@@ -15,7 +15,6 @@ from typing import Any
 
 from gpumond.config.errors import ConfigError
 from gpumond.types import Series
-from gpumond.web.config import load_web_config, read_bearer_tokens
 from gpumond.web.tls import TLS_METRICS, ServerTLS, ServerTLSSettings, TLSSetupError
 
 __all__ = ["TLS_METRICS", "Web", "load_web"]
@@ -51,6 +50,8 @@ def load_web(path: Path | None) -> Web:
     """The web config at `path` (None: plain HTTP), certificates loaded; ConfigError is one line for exit 2."""
     if path is None:
         return Web()
+    # Here, not at the top: the package's clients (the agent's sinks) need not load the file's models.
+    from gpumond.web.config import load_web_config, read_bearer_tokens
 
     config = load_web_config(path)
     tokens = read_bearer_tokens(config.bearer_tokens_file, str(path)) if config.bearer_tokens_file else frozenset()
