@@ -200,7 +200,8 @@ class Service:
         import uvicorn
 
         from gpumond.config.rules import RulesConfig
-        from gpumond.connections import ConnectionLimits, guarded_protocol
+        from gpumond.web.connections import ConnectionLimits
+        from gpumond.web.protocols import guarded_protocol
         from gpumond.rules.http import build_app
         from gpumond.rules.ingest.stats import IngestStats
         from gpumond.rules.store import RankStore

@@ -4,7 +4,7 @@ Servers, all started by this script on 127.0.0.1:
 
 - gpumond: the rules service's app (`gpumond.rules.http.build_app` over a `RankStore`, default
   limits except the per-client push rate, which one load generator on one address would exceed)
-  under uvicorn, 1 worker, over the daemons' guarded httptools protocol (gpumond.connections and
+  under uvicorn, 1 worker, over the daemons' guarded httptools protocol (gpumond.web.connections and
   gpumond/web/protocols.py: timeouts and connection cap, default limits), as both daemons serve. A thread
   takes the detectors' snapshot (`RankStore.jobs`) and runs `expire` every 10 s, as the evaluation
   loop will, so their cost is inside the measurement.
@@ -222,7 +222,8 @@ def serve(port: int) -> None:
     threading.Thread(target=evaluate, daemon=True).start()
     app = build_app(config=config, rank_store=store, findings=list, metrics=metrics, ready=lambda: (True, "ok"),
                     clock=time.time, stats=stats)
-    from gpumond.connections import ConnectionLimits, guarded_protocol
+    from gpumond.web.connections import ConnectionLimits
+    from gpumond.web.protocols import guarded_protocol
 
     http, _ = guarded_protocol(ConnectionLimits())
     uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning", access_log=False, http=http)

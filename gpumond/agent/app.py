@@ -37,15 +37,15 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.agent.policy.event_file import FILE_NAME as EVENT_FILE
 from gpumond.agent.policy.event_file import EventFile
 from gpumond.alerts.state import AlertStateFile
-from gpumond.httpaccess import AccessError
+from gpumond.web.client import AccessError
 from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
 from gpumond.config.errors import more_problems
 from gpumond.nvml.events import XidWatcher
 from gpumond.nvml.session import NvmlSession
-from gpumond.connections import ConnectionStats, connection_cap
-from gpumond.serving import ListenError, bind, default_external_url, run_until_signalled
-from gpumond.statedir_lock import StateDirBusy, StateDirLock
+from gpumond.web.connections import ConnectionLimits, ConnectionStats, connection_cap
+from gpumond.web.serving import ListenError, bind, default_external_url, run_until_signalled
+from gpumond.state.dirlock import StateDirBusy, StateDirLock
 from gpumond.web import Web
 
 __all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
@@ -139,7 +139,7 @@ class Agent:
                 if compat.enabled else None)
         renderer = Renderer(types=metric_types() | dcgm_types()) if dcgm is not None else Renderer()
         # Filled by the HTTP server (serve()), exported each fast cycle; the cap is known now, for the first one.
-        self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))
+        self.http_stats = ConnectionStats(cap=connection_cap(ConnectionLimits.of(config.http)))
         parts = NodeParts(self.session, hostname=config.node_name, nvlink_per_link=per_link,
                           identities=self._identities.save, xid=self.xid, jobs=jobs, pods=self.pods,
                           host=HostEvidence() if config.host.enabled else None, policy=self.policy, dcgm=dcgm)
@@ -269,5 +269,5 @@ def serve(agent: Agent) -> None:
                                "client_auth": web.tls.settings.client_auth_type if web.tls else None,
                                "read_auth": bool(web.users or web.tokens)})
     app = web.wrap(agent.app(), open_paths=("/healthz", "/readyz", "/"))  # probes carry no credentials
-    run_until_signalled(app, sock, on_stop=agent.stop, limits=agent.config.http.limits(),
+    run_until_signalled(app, sock, on_stop=agent.stop, limits=ConnectionLimits.of(agent.config.http),
                         stats=agent.http_stats, tls=web.tls)

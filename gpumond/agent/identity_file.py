@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpumond.statefile import JsonStateFile
+from gpumond.state.jsonfile import JsonStateFile
 from gpumond.nvml.session import GpuIdentity
 
 log = logging.getLogger("gpumond.agent")
@@ -33,7 +33,7 @@ class IdentityFile:
 
     def load(self) -> dict[int, GpuIdentity]:
         """Index → identity from the last run; empty when there is none or it cannot be read (said once, the
-        file kept aside by gpumond.statefile); a bad entry is left out and the others used."""
+        file kept aside by gpumond.state.jsonfile); a bad entry is left out and the others used."""
         doc = self._file.read()
         gpus = doc.body.get("gpus", [])
         if not isinstance(gpus, list):

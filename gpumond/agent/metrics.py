@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from gpumond.alerts.pipeline import ALERT_METRICS
 from gpumond.alerts.sinks import SINK_METRICS
-from gpumond.connections import CONNECTION_METRICS
+from gpumond.web.connections import CONNECTION_METRICS
 from gpumond.nvml.catalogue import CATALOGUE, LINK_CATALOGUE
 from gpumond.web.tls import TLS_METRICS
 

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gpumond.alerts.model import Alert, pairs
-from gpumond.statefile import Document, JsonStateFile, Number, Text
+from gpumond.state.jsonfile import Document, JsonStateFile, Number, Text
 
 log = logging.getLogger("gpumond.alerts")
 
@@ -47,7 +47,7 @@ def _by_fingerprint(alerts: dict[str, Alert]) -> dict[str, Alert]:
 class AlertStateFile:
     """`alerts-state.json` in the daemon's state directory; None keeps everything in memory (one run only).
 
-    Read through gpumond.statefile: a file that cannot be used is set aside (alerts opened before this start are
+    Read through gpumond.state.jsonfile: a file that cannot be used is set aside (alerts opened before this start are
     then not resolved by it), a record that cannot be trusted is left out and the rest used."""
 
     def __init__(self, path: Path | None) -> None:

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from gpumond.config.errors import ConfigError, FieldProblem
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, SecretText
-from gpumond.config.http_client import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
+from gpumond.config.http_client import HttpClientConfig
 
 SLACK_ENV = "GPUMOND_SLACK_WEBHOOK_URL"
 PAGERDUTY_ENV = "GPUMOND_PAGERDUTY_ROUTING_KEY"
@@ -20,7 +20,7 @@ _ROUTING_KEY = re.compile(r"[A-Za-z0-9]{32}")  # ASCII only: str.isalnum() accep
 Severity = Literal["critical", "error", "warning", "info"]
 
 
-class AlertmanagerConfig(ConfigModel):
+class AlertmanagerConfig(HttpClientConfig):
     """Alertmanager replicas; every one gets every alert (that is how Alertmanager HA deduplicates)."""
 
     urls: tuple[HttpUrl, ...] = Field(min_length=1, strict=False)
@@ -28,21 +28,13 @@ class AlertmanagerConfig(ConfigModel):
     # Alertmanager resolves them by itself if gpumond dies (Prometheus's --rules.alert.resend-delay is 1m).
     resend_interval_s: float = Field(60.0, ge=1, le=3600)
     timeout_s: float = Field(10.0, gt=0, le=120)
-    # An Alertmanager behind TLS (its own CA, a client certificate) or read-side authentication, in the key names
-    # of Alertmanager's own http_config; the secret files are read again when they change.
-    tls_config: TlsClientConfig | None = None
-    basic_auth: BasicAuthConfig | None = None
-    authorization: AuthorizationConfig | None = None
-
-    @model_validator(mode="after")
-    def _one_credential(self) -> AlertmanagerConfig:
-        if self.basic_auth is not None and self.authorization is not None:
-            raise ValueError("set only one of basic_auth and authorization")
-        return self
+    # tls_config / basic_auth / authorization (HttpClientConfig): an Alertmanager behind TLS (its own CA, a client
+    # certificate) or read-side authentication; the secret files are read again when they change.
 
 
-class _PagingConfig(ConfigModel):
-    """A paging service whose secret (`SECRET`) is given inline, as `<SECRET>_file`, or by the environment."""
+class _PagingConfig(HttpClientConfig):
+    """A paging service whose secret (`SECRET`) is given inline, as `<SECRET>_file`, or by the environment; reached
+    through the same client settings as every sink (a relay with a private CA or its own credentials)."""
 
     SECRET: ClassVar[str]  # the key holding the secret
     ENV: ClassVar[str]  # the environment variable that may hold it instead

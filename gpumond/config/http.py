@@ -1,27 +1,24 @@
-"""The `http:` section shared by both daemons: how long and how many connections the server holds."""
+"""The `http:` section shared by both daemons: how long and how many connections the server holds (the connection
+guard that enforces it: gpumond/web/connections.py)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
 from gpumond.config.types import ConfigModel
-from gpumond.connections import ConnectionLimits
-
-_DEFAULTS = ConnectionLimits()
 
 
 class HttpConfig(ConfigModel):
-    """Bounds on the HTTP server's connections (gpumond/connections.py); defaults suit a scrape target."""
+    """Bounds on the HTTP server's connections; defaults suit a scrape target."""
 
+    # ~4.7 KB of memory per held connection: 4,096 is ~19 MiB, inside the chart's 128 Mi agent limit. One stalled
+    # in its TLS handshake holds ~60 KiB, mostly OpenSSL's (benchmarks/results/tls_handshake_flood.md).
     # The cap is also lowered to fit the process's descriptor limit (RLIMIT_NOFILE minus a reserve).
-    max_connections: int = Field(_DEFAULTS.max_connections, ge=16, le=1_048_576)
-    header_timeout_s: float = Field(_DEFAULTS.header_timeout_s, gt=0, le=3600)
-    body_timeout_s: float = Field(_DEFAULTS.body_timeout_s, gt=0, le=3600)
-    keepalive_timeout_s: float = Field(_DEFAULTS.keepalive_timeout_s, gt=0, le=3600)
-    write_timeout_s: float = Field(_DEFAULTS.write_timeout_s, gt=0, le=3600)
-
-    def limits(self) -> ConnectionLimits:
-        """These settings as the guard's limits."""
-        return ConnectionLimits(header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
-                                keepalive_timeout_s=self.keepalive_timeout_s, write_timeout_s=self.write_timeout_s,
-                                max_connections=self.max_connections)
+    max_connections: int = Field(4096, ge=16, le=1_048_576)
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
+    # Above the job SDK's 5 s push interval and usual scrape intervals, so clients reuse their connection.
+    keepalive_timeout_s: float = Field(75.0, gt=0, le=3600)
+    # Long enough for a slow but reading client to take a large /metrics; a client that reads nothing for
+    # this long is not a scraper.
+    write_timeout_s: float = Field(30.0, gt=0, le=3600)

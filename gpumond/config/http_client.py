@@ -1,10 +1,11 @@
 """How gpumond's HTTP clients reach a server that serves TLS or asks for credentials: `tls_config`, `basic_auth`
-and `authorization`, in Prometheus' key names, for the rules service's telemetry sources and the Alertmanager
-sink (gpumond.httpaccess builds the client's TLS context and headers from them)."""
+and `authorization`, in Prometheus' key names, embedded in every client section (the rules service's telemetry
+sources and every alert sink), as Alertmanager's integrations each embed one http_config
+(gpumond.web.client builds the client's TLS context, headers and the httpx client from them)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -39,3 +40,17 @@ class AuthorizationConfig(ConfigModel):
 
     type: Literal["Bearer"] = "Bearer"
     credentials_file: AbsolutePath
+
+
+class HttpClientConfig(ConfigModel):
+    """The client settings a section embeds: `tls_config` and at most one of `basic_auth` and `authorization`."""
+
+    tls_config: TlsClientConfig | None = None
+    basic_auth: BasicAuthConfig | None = None
+    authorization: AuthorizationConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> Self:
+        if self.basic_auth is not None and self.authorization is not None:
+            raise ValueError("set only one of basic_auth and authorization")
+        return self

@@ -21,7 +21,7 @@ from gpumond.config.http import HttpConfig
 from gpumond.config.load import load_config
 from gpumond.config.remediation import RemediationConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
-from gpumond.config.http_client import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
+from gpumond.config.http_client import HttpClientConfig
 from gpumond.wire.routing import MAX_SHARDS
 
 # 9481: next to the agent's 9480, clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835).
@@ -108,7 +108,7 @@ class _Polled(ConfigModel):
         return value
 
 
-class ScrapeConfig(_Polled):
+class ScrapeConfig(_Polled, HttpClientConfig):
     """Scrape gpumond agents directly: static targets and/or a Prometheus file_sd JSON file."""
 
     targets: tuple[str, ...] = Field((), strict=False)
@@ -117,9 +117,6 @@ class ScrapeConfig(_Polled):
     timeout_s: float = Field(2.0, gt=0, le=600)
     # For agents serving TLS (their --web.config.file): a file_sd `__scheme__` label overrides it per target.
     scheme: Literal["http", "https"] = "http"
-    tls_config: TlsClientConfig | None = None
-    basic_auth: BasicAuthConfig | None = None
-    authorization: AuthorizationConfig | None = None
 
     @field_validator("targets")
     @classmethod
@@ -139,15 +136,12 @@ class ScrapeConfig(_Polled):
         return bool(self.targets) or self.file_sd is not None
 
 
-class PrometheusConfig(_Polled):
+class PrometheusConfig(_Polled, HttpClientConfig):
     """Read GPU telemetry from a Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics)."""
 
     url: HttpUrl
     interval_s: float = Field(15.0, gt=0, le=3600)
     timeout_s: float = Field(5.0, gt=0, le=600)
-    tls_config: TlsClientConfig | None = None
-    basic_auth: BasicAuthConfig | None = None
-    authorization: AuthorizationConfig | None = None
 
 
 class TelemetryConfig(ConfigModel):

@@ -27,8 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gpumond.serving import bind
 from gpumond.wire.safetext import one_line
+from gpumond.web.serving import bind
 
 log = logging.getLogger("gpumond.demo.receiver")
 

@@ -31,11 +31,11 @@ from gpumond.rules.remediation.backends import Backend, build_backend
 from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
-from gpumond.httpaccess import AccessError
+from gpumond.web.client import AccessError
 from gpumond.rules.types import TelemetrySource
-from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
-from gpumond.serving import bind, default_external_url, run_until_signalled
-from gpumond.statedir_lock import StateDirBusy, StateDirLock
+from gpumond.web.connections import CONNECTION_METRICS, ConnectionLimits, ConnectionStats, connection_cap
+from gpumond.web.serving import bind, default_external_url, run_until_signalled
+from gpumond.state.dirlock import StateDirBusy, StateDirLock
 from gpumond.web import TLS_METRICS, Web
 from gpumond.textformat import Encoder
 from gpumond.types import Series
@@ -105,7 +105,7 @@ class RulesService:
         try:
             self.source = source if source is not None else build_source(config.telemetry)
         except AccessError as e:
-            raise RulesStartError(f"telemetry: {e}") from None
+            raise RulesStartError(str(e)) from None
         shard = (config.shard.index, config.shard.count) if config.shard is not None else None
         self._clock = clock
         self._lock: StateDirLock | None = None
@@ -128,7 +128,7 @@ class RulesService:
                                    extra_conditions=self.remediator.conditions,
                                    dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s))
         self.stats = IngestStats(self.ranks, self.gpus)
-        self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
+        self.http_stats = ConnectionStats(cap=connection_cap(ConnectionLimits.of(config.http)))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
                              alerts=self.alerts.api_json, health=self.evaluator.health)
@@ -263,5 +263,5 @@ def serve(service: RulesService) -> None:
                                "read_auth": bool(web.users or web.tokens)})
     # Probes carry no credentials; the push API has its own bearer tokens.
     app = web.wrap(service.app, open_paths=("/healthz", "/readyz", "/api/v1/push"))
-    run_until_signalled(app, sock, on_stop=service.stop, limits=service.config.http.limits(),
+    run_until_signalled(app, sock, on_stop=service.stop, limits=ConnectionLimits.of(service.config.http),
                         stats=service.http_stats, tls=web.tls)

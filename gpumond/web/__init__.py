@@ -1,6 +1,10 @@
-"""TLS and read-side authentication for both daemons' HTTP servers, set by one web config file
-(`--web.config.file` or the `web_config_file` key; shape: gpumond/config/web.py). Without one, or with an
-empty one, a daemon serves plain HTTP with no read-side authentication, as before."""
+"""Both daemons' HTTP server and gpumond's HTTP clients, in one place: serving under uvicorn (`serving`), the
+connection guard (`connections`, on uvicorn's protocols in `protocols`; `heap` hands a flood's memory back),
+TLS (`tls`, `certdates`) and read-side authentication (`auth`) set by one web config file (`config`:
+`--web.config.file` or the `web_config_file` key), and the HTTP clients' factory (`client`).
+
+`load_web` turns the web config file into what a server does beyond plain HTTP; without one, or with an empty
+one, a daemon serves plain HTTP with no read-side authentication."""
 
 from __future__ import annotations
 
@@ -46,7 +50,8 @@ def load_web(path: Path | None) -> Web:
     """The web config at `path` (None: plain HTTP), certificates loaded; ConfigError is one line for exit 2."""
     if path is None:
         return Web()
-    from gpumond.config.web import load_web_config, read_bearer_tokens
+    # Here, not at the top: the package's clients (the agent's sinks) need not load the file's models.
+    from gpumond.web.config import load_web_config, read_bearer_tokens
 
     config = load_web_config(path)
     tokens = read_bearer_tokens(config.bearer_tokens_file, str(path)) if config.bearer_tokens_file else frozenset()

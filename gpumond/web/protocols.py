@@ -1,4 +1,6 @@
-"""The connection guard (gpumond/connections.py) on each of uvicorn's HTTP/1.1 protocols.
+"""The connection guard (gpumond/web/connections.py) on each of uvicorn's HTTP/1.1 protocols, and
+`guarded_protocol`, which makes one server's protocol factory from them. Imported only by what serves
+(gpumond/web/serving.py), so reading the config or the connection metrics never loads uvicorn (~160 ms).
 
 Each class here only reads its parser's state to say where the client's request stands; the deadlines, the
 cap and the shedding order are GuardedConnection's, one mechanism for both. httptools (llhttp) is what the
@@ -8,10 +10,16 @@ h11 is kept for an install where httptools cannot be imported; the guard tests r
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gpumond.connections import GuardedConnection
+from gpumond.web.connections import ConnectionLimits, ConnectionStats, Guard, GuardedConnection, connection_cap
+from gpumond.web.heap import heap_releaser
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -51,3 +59,43 @@ if HttpToolsProtocol is not None:
             return self.scope is not None and (self.cycle is None or self.cycle.scope is not self.scope)
 else:
     GuardedHttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+PARSERS = ("httptools", "h11")
+
+
+def default_parser() -> str:
+    """httptools (a declared dependency: llhttp, ~3x less CPU per request than h11) when it imports, else h11,
+    so that an install without its binary wheel (a platform PyPI has none for) still serves, guarded alike."""
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+
+
+def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None = None,
+                     cap: int | None = None, tls: Callable[[Any], asyncio.BaseProtocol] | None = None,
+                     parser: str | None = None, release_heap: Callable[[], None] | None = None
+                     ) -> tuple[Any, ConnectionStats]:
+    """A protocol factory for uvicorn.Config(http=...) enforcing `limits`, and its counters.
+
+    `parser`: which of uvicorn's HTTP/1.1 protocols carries the guard, "httptools" or "h11" (default:
+    default_parser()). `tls`, when given, wraps each connection's protocol in a TLS protocol
+    (gpumond/web/tls.py) that calls its `tcp_opened(transport)` at accept and `tcp_lost()` when the TCP
+    connection ends. `release_heap` hands freed memory back to the kernel after a burst of closed connections
+    (default: gpumond/web/heap.py's)."""
+    parser = parser or default_parser()
+    if parser not in PARSERS:
+        raise ValueError(f"unknown HTTP parser {parser!r}: one of {', '.join(PARSERS)}")
+    base = GuardedHttpToolsProtocol if parser == "httptools" else GuardedH11Protocol
+    if base is None:
+        raise ValueError("the httptools parser was asked for but httptools is not installed (pip install httptools)")
+    guard = Guard(cap if cap is not None else connection_cap(limits), limits,
+                   stats if stats is not None else ConnectionStats(),
+                   release_heap if release_heap is not None else heap_releaser())
+    # One class per server: its connections share this server's guard (cap, idle queues, counters).
+    cls = type(base.__name__, (base,), {"_guard": guard, "__module__": base.__module__})
+    if tls is None:
+        return cls, guard.stats
+
+    def over_tls(**kwargs: Any) -> asyncio.BaseProtocol:
+        return tls(cls(**kwargs))
+
+    return over_tls, guard.stats

@@ -197,7 +197,7 @@ class ServerTLS:
 
 def guarded_tls(server: ServerTLS, *, handshake_timeout_s: float,
                 shutdown_timeout_s: float) -> Callable[[Any], asyncio.BaseProtocol]:
-    """Wraps one connection's guarded HTTP protocol (gpumond/connections.py: httptools or h11) in asyncio's TLS
+    """Wraps one connection's guarded HTTP protocol (gpumond/web/connections.py: httptools or h11) in asyncio's TLS
     protocol.
 
     The TLS layer is made here, per connection, rather than by passing `ssl=` to uvicorn, so that the

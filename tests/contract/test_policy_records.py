@@ -14,7 +14,7 @@ import os
 import pynvml
 import pytest
 
-from gpumond.atomicfile import replace_atomically
+from gpumond.state.atomic import replace_atomically
 from tests.contract.policy_rig import HOT, Rig, make
 
 ENFORCE = {"mode": "enforce"}  # explicit: these tests are about actuation, whatever the default mode

@@ -1,4 +1,4 @@
-"""A minimal ASGI app behind the connection guard (gpumond/connections.py) on uvicorn, in-process, with raw-socket
+"""A minimal ASGI app behind the connection guard (gpumond/web/connections.py) on uvicorn, in-process, with raw-socket
 clients: what test_connection_limits.py (plain) and test_tls_server.py (TLS) both serve and probe.
 
 Every wait is bounded by WAIT_S.
@@ -16,8 +16,9 @@ from typing import Any
 
 import uvicorn
 
-from gpumond.connections import ConnectionLimits, ConnectionStats, guarded_protocol
-from gpumond.serving import bind
+from gpumond.web.connections import ConnectionLimits, ConnectionStats
+from gpumond.web.protocols import guarded_protocol
+from gpumond.web.serving import bind
 
 LIMITS = ConnectionLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=0.5, max_connections=4)
 WAIT_S = 10.0

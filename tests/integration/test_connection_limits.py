@@ -1,4 +1,4 @@
-"""The shared server's connection bounds on a real uvicorn, in-process, with short limits (gpumond/connections.py).
+"""The shared server's connection bounds on a real uvicorn, in-process, with short limits (gpumond/web/connections.py).
 
 Each test opens raw sockets to 127.0.0.1 and waits, bounded, for the server to act; no timing is asserted.
 """
@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from gpumond.connections import ConnectionLimits, connection_cap, guarded_protocol
+from gpumond.web.connections import ConnectionLimits, connection_cap
+from gpumond.web.protocols import guarded_protocol
 from tests.integration.guarded_server import (
     WAIT_S,
     closed_by_server,

@@ -87,7 +87,7 @@ def test_the_job_wheel_is_the_sdk_and_the_contract_with_no_dependency(dist: Path
             for p in (REPO_ROOT / "gpumond" / sub).glob("*.py")}
     assert job == tree | {"gpumond/__init__.py", "gpumond/py.typed"}
     assert not job & daemons
-    assert "gpumond/cli.py" in daemons
+    assert "gpumond/cli/__init__.py" in daemons
 
 
 def test_every_place_that_names_the_version_follows_gpumond_init() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumond.connections import ConnectionLimits
+from gpumond.web.connections import ConnectionLimits
 from gpumond.wire.tlsclient import ClientTLS
 from tests.integration.helpers import AgentProcess, http_get, write_yaml
 from tests.integration.hostile import TLS_PARTIAL_HELLO, SlowLoris

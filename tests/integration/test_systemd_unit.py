@@ -190,7 +190,7 @@ def test_sysusers_creates_locked_system_user(tmp_path: Path, user: str) -> None:
 
 
 def test_no_unit_offers_a_reload() -> None:
-    # SIGHUP stops a daemon like SIGTERM (gpumond/serving.py): an ExecReload sending it would stop the service.
+    # SIGHUP stops a daemon like SIGTERM (gpumond/web/serving.py): an ExecReload sending it would stop the service.
     for name in ("gpumond-agent.service", "gpumond-rules.service"):
         text = (Path(__file__).resolve().parents[2] / "deploy" / "systemd" / name).read_text()
         assert "ExecReload" not in "\n".join(x for x in text.splitlines() if not x.startswith("#")), name

@@ -19,8 +19,9 @@ import bcrypt
 import pytest
 import yaml
 
-from gpumond.httpaccess import build_access
 from gpumond.job import Reporter
+from gpumond.wire.tlsclient import ClientTLS
+from gpumond.web.client import build_access
 from gpumond.rules.telemetry.promql import PrometheusSource
 from gpumond.rules.telemetry.scrape import ScrapeSource
 from gpumond.wire.tlsclient import ClientTLS

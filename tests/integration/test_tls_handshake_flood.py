@@ -1,4 +1,4 @@
-"""A flood of stalled TLS handshakes against a real agent (gpumond/web/tls.py, gpumond/connections.py): what
+"""A flood of stalled TLS handshakes against a real agent (gpumond/web/tls.py, gpumond/web/connections.py): what
 each one costs while held is bounded, and the memory goes back once they are closed.
 
 Before the read buffer was bounded, each stalled handshake held asyncio's 256 KiB read buffer plus OpenSSL's

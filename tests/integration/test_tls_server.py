@@ -1,4 +1,4 @@
-"""The shared server over TLS on a real uvicorn, in-process (gpumond/web/tls.py + gpumond/connections.py):
+"""The shared server over TLS on a real uvicorn, in-process (gpumond/web/tls.py + gpumond/web/connections.py):
 verification and refusals with the ssl module as the client, certificate rotation without a restart, and the
 connection guard holding for connections still in (or never finishing) their TLS handshake.
 
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from gpumond.connections import ConnectionLimits, ConnectionStats
+from gpumond.web.connections import ConnectionLimits, ConnectionStats
+from gpumond.wire.tlsclient import ClientTLS, explain
 from gpumond.web.tls import ServerTLS, ServerTLSSettings, guarded_tls
 from gpumond.wire.tlsclient import ClientTLS, explain
 from tests.handshake_flood import client_hello

@@ -68,7 +68,7 @@ def test_clients_that_never_read_cannot_fill_the_connection_cap(tmp_path) -> Non
         "state_dir": str(tmp_path / "state"), "node_name": "unread-node", "http": {"write_timeout_s": NEVER},
         "sampling": {"fast_interval_s": 1}})
     agent = AgentProcess(["--sim", "2", "--config", cfg], tmp_path / "agent")
-    # 80 descriptors leave room for 16 connections (gpumond/connections.py: connection_cap)
+    # 80 descriptors leave room for 16 connections (gpumond/web/connections.py: connection_cap)
     agent.argv = [prlimit, "--nofile=80:80", "--", *agent.argv]
     with agent:
         stuck = [_never_reading(agent.port) for _ in range(20)]

@@ -126,7 +126,7 @@ def test_a_scenario_for_more_gpus_than_simulated_is_one_clear_line():
 
 def test_a_scenario_without_sim_simulates_8_gpus_whatever_its_per_gpu_overrides():
     from gpumond.agent.backends import sim_backend
-    from gpumond.cli import _SCENARIO_DIR
+    from gpumond.cli.agent import _SCENARIO_DIR
 
     # the demo scenario overrides only GPU 3 and plants faults on GPUs 1-3: it used to build a node of 1 GPU
     backend = sim_backend(None, Path(_SCENARIO_DIR) / "demo.yaml", 1.0, "n1")
@@ -285,3 +285,23 @@ def test_the_agent_example_lists_every_key() -> None:
     example = REPO / "deploy" / "examples" / "agent.yaml"
     assert "the values below are the defaults" in example.read_text()
     assert _missing_keys(AgentConfig, yaml.safe_load(example.read_text())) == []  # at their defaults: test_config_load
+
+
+@pytest.mark.parametrize("daemon, extra, hint", [
+    ("agent", ["--sim", "1"], "(is another agent running? choose another port with --listen)"),
+    ("rules", [], "(choose another port with --listen)"),
+])
+def test_a_daemon_on_a_taken_port_exits_1_with_one_line_naming_it(daemon, extra, hint, tmp_path):
+    import socket
+
+    with socket.socket() as taken:  # bound and listening: the daemon's bind fails as it would on a live port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / f"{daemon}.yaml"
+        config.write_text("allow_unauthenticated: true\n" if daemon == "rules" else "{}\n")
+        p = run(daemon, "--config", str(config), "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path),
+                "--log-level", "error", *extra)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert lines == [f"gpumond: cannot listen on 127.0.0.1:{port}: Address already in use {hint}"], p.stderr

@@ -14,10 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpumond.alerts_cli import COLUMNS, table
+from gpumond.cli.alerts import COLUMNS, table
 from gpumond.cli import main
-from gpumond.findings_cli import base_url, measure
-from gpumond.findings_cli import table as findings_table
+from gpumond.cli.findings import measure
+from gpumond.cli.read import base_url
+from gpumond.cli.findings import table as findings_table
 from tests.ports import free_port
 
 JSON = "application/json"

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpumond.demo.receiver import Receiver, Record, describe
-from gpumond.serving import ListenError
+from gpumond.web.serving import ListenError
 from tests.ports import free_port
 from tests.scripted_receiver import Hang, Respond, ScriptedReceiver
 

@@ -15,7 +15,8 @@ import threading
 
 import pytest
 
-from gpumond.findings_cli import table
+from gpumond.cli.findings import table
+from gpumond.wire.identity import clean_label
 from gpumond.logs import setup_logging
 from gpumond.textformat import Encoder
 from gpumond.types import Series

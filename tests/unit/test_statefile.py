@@ -1,4 +1,4 @@
-"""gpumond.statefile: every way a state file can be bad, on the one mechanism all of them are read through."""
+"""gpumond.state.jsonfile: every way a state file can be bad, on the one mechanism all of them are read through."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from gpumond.statefile import JsonStateFile, Number, Text
+from gpumond.state.jsonfile import JsonStateFile, Number, Text
 
 
 class _Rec(BaseModel):

@@ -72,7 +72,7 @@ def test_a_bad_static_target_is_a_value_error() -> None:
 def test_tls_and_credentials_from_the_config_and_one_line_for_a_missing_file(tmp_path: Path) -> None:
     from gpumond.config.rules import load_rules_config
     from gpumond.rules.service import RulesService, RulesStartError
-    from gpumond.httpaccess import AccessError
+    from gpumond.web.client import AccessError
     from tests.pki import CA
 
     ca = CA(tmp_path)
@@ -95,5 +95,5 @@ def test_tls_and_credentials_from_the_config_and_one_line_for_a_missing_file(tmp
     cfg = tmp_path / "rules.yaml"
     cfg.write_text(f"tokens: [rules-token-0123456789]\nstate_dir: {tmp_path}\ntelemetry:\n  prometheus:\n"
                    f"    url: https://prometheus:9090\n    tls_config: {{ca_file: {tmp_path / 'missing.crt'}}}\n")
-    with pytest.raises(RulesStartError, match=r"telemetry: tls_config: CA file .*missing.crt: no such file"):
+    with pytest.raises(RulesStartError, match=r"telemetry.prometheus.tls_config: CA file .*missing.crt: no such file"):
         RulesService(load_rules_config(cfg, env={}))

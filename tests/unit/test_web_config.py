@@ -1,4 +1,4 @@
-"""The web config file (gpumond/config/web.py, gpumond/web/__init__.py): exporter-toolkit's shape, what gpumond
+"""The web config file (gpumond/web/config.py, gpumond/web/__init__.py): exporter-toolkit's shape, what gpumond
 refuses and why, paths relative to the file, and one line for each bad certificate at start."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpumond.config.errors import ConfigError
-from gpumond.config.web import WebConfig, load_web_config
+from gpumond.web.config import WebConfig, load_web_config
 from gpumond.job.settings import ConfigError as SdkConfigError
 from gpumond.job.settings import resolve_tls
 from gpumond.web import load_web

@@ -1,5 +1,5 @@
-"""The policy audit log: the shared JSON-lines audit log (gpumond.auditlog)."""
+"""The policy audit log: the shared JSON-lines audit log (gpumond.state.audit)."""
 
-from gpumond.auditlog import AuditLog
+from gpumond.state.audit import AuditLog
 
 __all__ = ["AuditLog"]

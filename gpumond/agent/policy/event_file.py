@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpumond.agent.policy.alert_rules import AgentAlertState, EventRecord
-from gpumond.statefile import JsonStateFile, Number, Text
+from gpumond.state.jsonfile import JsonStateFile, Number, Text
 
 log = logging.getLogger("gpumond.policy")
 

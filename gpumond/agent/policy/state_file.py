@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpumond.atomicfile import replace_atomically
-from gpumond.statefile import JsonStateFile
+from gpumond.state.atomic import replace_atomically
+from gpumond.state.jsonfile import JsonStateFile
 
 log = logging.getLogger("gpumond.policy")
 
@@ -39,7 +39,7 @@ class Loaded:
 
 
 class StateFile:
-    """A JSON file replaced atomically on every change, read through gpumond.statefile.
+    """A JSON file replaced atomically on every change, read through gpumond.state.jsonfile.
 
     `write(path, text)` is the durable write (injected so tests can make it fail the way a full or read-only
     disk does); it raises OSError when the record could not be made."""

@@ -12,7 +12,6 @@ from gpumond.alerts.sinks.pagerduty import PagerDutySink
 from gpumond.alerts.sinks.slack import SlackSink
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.alerting import AlertingConfig
-from gpumond.httpaccess import AccessError
 
 __all__ = ["SINK_METRICS", "AlertmanagerSink", "LogSink", "PagerDutySink", "Sink", "SlackSink", "Snapshot",
            "build_sinks"]
@@ -21,14 +20,11 @@ __all__ = ["SINK_METRICS", "AlertmanagerSink", "LogSink", "PagerDutySink", "Sink
 def build_sinks(cfg: AlertingConfig, state: AlertStateFile, *, evaluation_interval_s: float,
                 clock: Callable[[], float] = time.time) -> list[Sink]:
     """The log sink, then every sink `cfg` turns on (secrets already resolved by the config loader). AccessError
-    (one line naming the key) when a certificate or secret file of a sink cannot be used."""
+    (gpumond.web.client; one line naming the key) when a certificate or secret file of a sink cannot be used."""
     sinks: list[Sink] = [LogSink()]
     if cfg.alertmanager is not None:
-        try:
-            sinks += [AlertmanagerSink(url, cfg.alertmanager, evaluation_interval_s=evaluation_interval_s,
-                                       queue_size=cfg.queue_size, clock=clock) for url in cfg.alertmanager.urls]
-        except AccessError as e:
-            raise AccessError(f"alerting.alertmanager.{e}") from None
+        sinks += [AlertmanagerSink(url, cfg.alertmanager, evaluation_interval_s=evaluation_interval_s,
+                                   queue_size=cfg.queue_size, clock=clock) for url in cfg.alertmanager.urls]
     if cfg.slack is not None:
         sinks.append(SlackSink(cfg.slack, book=state.book("slack"), queue_size=cfg.queue_size, clock=clock))
     if cfg.pagerduty is not None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from gpumond.alerts.model import Alert
 from gpumond.alerts.sinks.base import Outcome, Snapshot, WorkerSink, by_urgency, safe_target
 from gpumond.config.alerting import AlertmanagerConfig
-from gpumond.httpaccess import build_access
+from gpumond.web.client import build_access
 from gpumond.wire.safetext import one_line
 
 
@@ -30,7 +30,7 @@ class AlertmanagerSink(WorkerSink):
     def __init__(self, url: str, cfg: AlertmanagerConfig, *, evaluation_interval_s: float, queue_size: int,
                  clock: Callable[[], float], **kw: object) -> None:
         super().__init__(safe_target(url), timeout_s=cfg.timeout_s, clock=clock,  # type: ignore[arg-type]
-                         access=build_access(cfg), **kw)
+                         access=build_access(cfg, "alerting.alertmanager"), **kw)
         self._url = url.rstrip("/") + "/api/v2/alerts"
         self._resend_s = cfg.resend_interval_s
         self.lease_s = 4 * max(cfg.resend_interval_s, evaluation_interval_s)

@@ -21,7 +21,8 @@ import httpx
 
 from gpumond.alerts.model import Alert
 from gpumond.alerts.sinks.deadline import RequestDeadline
-from gpumond.httpaccess import Access, AccessError
+from gpumond.web.client import Access, AccessError, http_client
+from gpumond.wire.retry import Backoff, parse_retry_after, retryable
 from gpumond.types import Series
 from gpumond.wire.retry import Backoff, parse_retry_after, retryable
 
@@ -125,13 +126,12 @@ class WorkerSink(ABC):
                  access: Access | None = None) -> None:
         self.target = target
         self.timeout_s = timeout_s  # the whole request, connect to last byte (RequestDeadline)
-        self.access = access if access is not None else Access()  # TLS and credentials (gpumond.httpaccess)
+        self.access = access if access is not None else Access()  # TLS and credentials (gpumond.web.client)
         self._access_problem: str | None = None
         # Keep-alive off: every request connects, so RequestDeadline sees (and can cut) its socket.
-        self._client = client or httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-                                              limits=httpx.Limits(max_keepalive_connections=0),
-                                              follow_redirects=False, trust_env=False,
-                                              verify=self.access.verify())
+        self._client = client or http_client(self.access,
+                                             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
+                                             limits=httpx.Limits(max_keepalive_connections=0))
         self._clock = clock
         self.backoff = backoff or sink_backoff()
         self._cv = threading.Condition()

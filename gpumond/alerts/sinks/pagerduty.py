@@ -10,6 +10,7 @@ from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot, safe_target
 from gpumond.alerts.sinks.base import classify as http_classify
 from gpumond.alerts.sinks.notices import Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import PagerDutyConfig
+from gpumond.web.client import build_access
 from gpumond.wire.safetext import one_line, shorten
 
 SUMMARY_MAX = 1024  # PagerDuty refuses longer summaries
@@ -57,7 +58,8 @@ class PagerDutySink(NoticeSink):
     def __init__(self, cfg: PagerDutyConfig, *, book: NoticeBook, queue_size: int,
                  clock: Callable[[], float], **kw: object) -> None:
         super().__init__(safe_target(cfg.url), book=book, min_severity=cfg.min_severity, queue_size=queue_size,
-                         timeout_s=cfg.timeout_s, clock=clock, **kw)
+                         timeout_s=cfg.timeout_s, clock=clock, access=build_access(cfg, "alerting.pagerduty"),
+                         **kw)
         self._url = cfg.url
         self._key = cfg.routing_key or ""
 

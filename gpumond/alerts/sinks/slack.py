@@ -10,6 +10,7 @@ from gpumond.alerts.sinks.base import Answer, Outcome, Snapshot
 from gpumond.alerts.sinks.base import classify as http_classify
 from gpumond.alerts.sinks.notices import Action, Notice, NoticeBook, NoticeSink
 from gpumond.config.alerting import SlackConfig
+from gpumond.web.client import build_access
 from gpumond.wire.safetext import one_line, shorten
 
 _PER_MESSAGE = 10  # alerts listed in one message; Slack allows 50 blocks and 3,000 characters per section
@@ -98,7 +99,7 @@ class SlackSink(NoticeSink):
                  **kw: object) -> None:
         # The webhook URL is the secret itself: the target shown in metrics and logs is only "webhook".
         super().__init__("webhook", book=book, min_severity=cfg.min_severity, queue_size=queue_size,
-                         timeout_s=cfg.timeout_s, clock=clock, **kw)
+                         timeout_s=cfg.timeout_s, clock=clock, access=build_access(cfg, "alerting.slack"), **kw)
         self._url = cfg.webhook_url or ""
 
     def group(self, action: Action, alerts: Sequence[Alert]) -> list[Notice]:

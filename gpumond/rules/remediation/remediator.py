@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpumond.alerts.model import Condition, rfc3339
-from gpumond.auditlog import AuditLog
+from gpumond.state.audit import AuditLog
 from gpumond.config.remediation import RemediationConfig
 from gpumond.rules.remediation.backends import Backend, BackendError, NotOurs
 from gpumond.rules.remediation.faults import NodeFault, agent_faults, by_node, straggler_faults, unreadable_gpus

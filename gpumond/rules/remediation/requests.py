@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumond.atomicfile import replace_atomically
+from gpumond.state.atomic import replace_atomically
 
 DIR_NAME = "remediation-requests"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")

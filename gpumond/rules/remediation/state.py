@@ -1,4 +1,4 @@
-"""Remediation state on disk: `remediation-state.json`, read and written through gpumond.statefile.
+"""Remediation state on disk: `remediation-state.json`, read and written through gpumond.state.jsonfile.
 
 Every record is validated on load: a bad node record is left out (its node, if gpumond drained it, is adopted
 again from its scheduler reason), the rest are used. A breaker record that cannot be read keeps the breaker
@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from gpumond.rules.remediation.plan import Breaker, Record, State
-from gpumond.statefile import Document, Flag, JsonStateFile, Number, Text
+from gpumond.state.jsonfile import Document, Flag, JsonStateFile, Number, Text
 
 FILE_NAME = "remediation-state.json"
 VERSION = 1

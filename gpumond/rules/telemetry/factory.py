@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumond.rules.telemetry import promql, scrape
-from gpumond.httpaccess import build_access, field_of
+from gpumond.web.client import build_access, field_of
 from gpumond.rules.telemetry.promql import PrometheusSource
 from gpumond.rules.telemetry.scrape import ScrapeSource
 from gpumond.rules.types import TelemetrySource
@@ -28,7 +28,7 @@ def build_source(telemetry: Any) -> TelemetrySource | None:
             str(url),  # a pydantic URL type stringifies to the URL
             timeout_s=_number(prom, "timeout_s", promql.DEFAULT_TIMEOUT_S),
             lookback_s=_number(prom, "lookback_s", promql.DEFAULT_LOOKBACK_S),
-            access=build_access(prom),
+            access=build_access(prom, "telemetry.prometheus"),
         )
     spec = field_of(telemetry, "scrape")
     targets = [str(t) for t in (field_of(spec, "targets") or ())]
@@ -39,7 +39,7 @@ def build_source(telemetry: Any) -> TelemetrySource | None:
             file_sd=Path(file_sd) if file_sd else None,
             timeout_s=_number(spec, "timeout_s", scrape.DEFAULT_TIMEOUT_S),
             scheme=str(field_of(spec, "scheme") or "http"),
-            access=build_access(spec),
+            access=build_access(spec, "telemetry.scrape"),
         )
     return None
 

@@ -12,7 +12,7 @@ import httpx
 
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
-from gpumond.httpaccess import Access, AccessError
+from gpumond.web.client import Access, AccessError, http_client
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, agent_alerts, join
 from gpumond.rules.telemetry.promql_tiers import Tiers
@@ -93,8 +93,9 @@ class PrometheusSource:
         self._owns_client = client is None
         self._access = access if access is not None else Access()
         self._headers: dict[str, str] = {}
-        self._client = client or httpx.Client(headers={"User-Agent": f"gpumond-rules/{__version__}"},
-                                              verify=self._access.verify())
+        # trust_env: a Prometheus-compatible API across the network may sit behind the environment's proxy.
+        self._client = client or http_client(self._access, headers={"User-Agent": f"gpumond-rules/{__version__}"},
+                                             trust_env=True)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gpumond-promql")
 
     def fetch(self) -> TelemetryBatch:

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
-from gpumond.httpaccess import Access, AccessError
+from gpumond.web.client import Access, AccessError, http_client
 from gpumond.rules.telemetry.file_sd import FileSD
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.mapping import AgentReading, read_agent
@@ -69,10 +69,8 @@ class ScrapeSource:
         self._max_body = max_body_bytes
         self._clock = clock
         self._owns_client = client is None
-        # trust_env=False: a proxy set in the environment (for pip, say) must not sit between us and the agents.
-        self._client = client or httpx.Client(
-            limits=httpx.Limits(max_connections=max_workers, max_keepalive_connections=max_workers),
-            trust_env=False, verify=self._access.verify())
+        self._client = client or http_client(
+            self._access, limits=httpx.Limits(max_connections=max_workers, max_keepalive_connections=max_workers))
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gpumond-scrape")
         self._nodes: dict[str, str] = {}  # url → node name from its last good scrape, to name it when it fails
 

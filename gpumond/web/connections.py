@@ -1,5 +1,5 @@
 """Bounding what a connection may hold, for both daemons' HTTP server (uvicorn's httptools or h11 protocol,
-extended: gpumond/web/protocols.py).
+extended: gpumond/web/protocols.py, which also builds a server's protocol factory, `guarded_protocol`).
 
 uvicorn 0.54 closes a connection only after a response (its keep-alive timeout): a connection that sends
 nothing, or half a request line, or a body byte a minute, is held forever, and ~1,100 of them exhaust a
@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumond.config.http import HttpConfig
 from gpumond.logs import log_limited
 from gpumond.types import Series
 
@@ -58,24 +59,29 @@ log = logging.getLogger("gpumond.serving")
 _UNLIMITED_CAP = 65_536
 
 
+_DEFAULTS = HttpConfig()  # the defaults (and why they are what they are) live with the `http:` section
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """Timeouts and the connection cap of one server (config: the `http:` section of either daemon)."""
 
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    # Above the job SDK's 5 s push interval and usual scrape intervals, so clients reuse their connection.
-    keepalive_timeout_s: float = 75.0
-    # Long enough for a slow but reading client to take a large /metrics; a client that reads nothing for
-    # this long is not a scraper.
-    write_timeout_s: float = 30.0
-    # ~4.7 KB of memory per held connection: 4,096 is ~19 MiB, inside the chart's 128 Mi agent limit. One stalled
-    # in its TLS handshake holds ~60 KiB, mostly OpenSSL's (benchmarks/results/tls_handshake_flood.md).
-    max_connections: int = 4096
+    header_timeout_s: float = _DEFAULTS.header_timeout_s
+    body_timeout_s: float = _DEFAULTS.body_timeout_s
+    keepalive_timeout_s: float = _DEFAULTS.keepalive_timeout_s
+    write_timeout_s: float = _DEFAULTS.write_timeout_s
+    max_connections: int = _DEFAULTS.max_connections
     # A connection without a complete request head makes room for a new one only once it has waited this long:
     # younger, its head is most likely unread rather than unsent (the module doc). Far below header_timeout_s,
     # so a silent client still loses its place long before its head deadline.
     evict_after_s: float = 1.0
+
+    @classmethod
+    def of(cls, http: HttpConfig) -> ConnectionLimits:
+        """A daemon's `http:` section as the guard's limits."""
+        return cls(header_timeout_s=http.header_timeout_s, body_timeout_s=http.body_timeout_s,
+                   keepalive_timeout_s=http.keepalive_timeout_s, write_timeout_s=http.write_timeout_s,
+                   max_connections=http.max_connections)
 
 
 def connection_cap(limits: ConnectionLimits, nofile: int | None = None) -> int:
@@ -130,13 +136,13 @@ class ConnectionStats:
 
 
 # Once this many connections closed since the heap was last released, it is released RELEASE_DELAY_S later
-# (gpumond/heap.py): a flood's memory goes back to the kernel once the flood is over, at most once a delay. A
+# (gpumond/web/heap.py): a flood's memory goes back to the kernel once the flood is over, at most once a delay. A
 # release runs on the event loop: ~5 ms after 4,000 stalled handshakes were freed (180 MB), once.
 RELEASE_AFTER_CLOSED = 256
 RELEASE_DELAY_S = 1.0
 
 
-class _Guard:
+class Guard:
     """Shared by every connection of one server: the idle connections in age order, and the counters."""
 
     def __init__(self, cap: int, limits: ConnectionLimits, stats: ConnectionStats,
@@ -182,60 +188,13 @@ class _Guard:
         self.release_heap()
 
 
-PARSERS = ("httptools", "h11")
-
-
-def default_parser() -> str:
-    """httptools (a declared dependency: llhttp, ~3x less CPU per request than h11) when it imports, else h11,
-    so that an install without its binary wheel (a platform PyPI has none for) still serves, guarded alike."""
-    import importlib.util
-
-    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
-
-
-def guarded_protocol(limits: ConnectionLimits, *, stats: ConnectionStats | None = None,
-                     cap: int | None = None, tls: Callable[[Any], asyncio.BaseProtocol] | None = None,
-                     parser: str | None = None, release_heap: Callable[[], None] | None = None
-                     ) -> tuple[Any, ConnectionStats]:
-    """A protocol factory for uvicorn.Config(http=...) enforcing `limits`, and its counters.
-
-    `parser`: which of uvicorn's HTTP/1.1 protocols carries the guard, "httptools" or "h11" (default:
-    default_parser()). `tls`, when given, wraps each connection's protocol in a TLS protocol
-    (gpumond/web/tls.py) that calls its `tcp_opened(transport)` at accept and `tcp_lost()` when the TCP
-    connection ends. `release_heap` hands freed memory back to the kernel after a burst of closed connections
-    (default: gpumond/heap.py's)."""
-    # Imported here: the config loader reads ConnectionLimits' defaults and need not load uvicorn (~160 ms).
-    from gpumond.web import protocols
-
-    parser = parser or default_parser()
-    if parser not in PARSERS:
-        raise ValueError(f"unknown HTTP parser {parser!r}: one of {', '.join(PARSERS)}")
-    base = protocols.GuardedHttpToolsProtocol if parser == "httptools" else protocols.GuardedH11Protocol
-    if base is None:
-        raise ValueError("the httptools parser was asked for but httptools is not installed (pip install httptools)")
-    from gpumond.heap import heap_releaser
-
-    guard = _Guard(cap if cap is not None else connection_cap(limits), limits,
-                   stats if stats is not None else ConnectionStats(),
-                   release_heap if release_heap is not None else heap_releaser())
-    # One class per server: its connections share this server's guard (cap, idle queues, counters).
-    cls = type(base.__name__, (base,), {"_guard": guard, "__module__": base.__module__})
-    if tls is None:
-        return cls, guard.stats
-
-    def over_tls(**kwargs: Any) -> asyncio.BaseProtocol:
-        return tls(cls(**kwargs))
-
-    return over_tls, guard.stats
-
-
 class GuardedConnection:
     """The guard's deadlines, cap and shedding for one connection (see the module doc), mixed into one of
     uvicorn's HTTP/1.1 protocols (gpumond/web/protocols.py). That protocol says only where the client's
     request stands (`_request_state`, `_serving`, `_head_started`); every decision is made here, once for
     both parsers."""
 
-    _guard: _Guard  # set per server by guarded_protocol()
+    _guard: Guard  # set per server by guarded_protocol()
     _timer: Any = None
     _phase: str | None = None
     _write_timer: Any = None

@@ -1,32 +1,32 @@
-"""`gpumond findings`, and the read-API client it shares with `gpumond alerts`: base URLs, one JSON GET, tables.
+"""What the read commands (`gpumond findings`, `gpumond alerts`) share: their TLS and credential flags, base URLs,
+one JSON GET of a daemon's read API, and aligned tables.
 
 Stdlib only, so both commands start fast and load nothing of the daemons.
 """
 
 from __future__ import annotations
 
+import argparse
+import base64
 import http.client
 import json
+import sys
 import re
 import ssl
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from gpumond.cli.common import EXIT_USAGE
+from gpumond.wire.tlsclient import ClientTLS, explain, https_instead
 from gpumond.wire.safetext import escape_unsafe
-from gpumond.wire.tlsclient import explain, https_instead
 
-# MEASURE: what made the finding, with its unit: each kind's `score` is a different quantity (a z-score
-# against peers, a share of the step, a ratio to the job's baseline), so a bare number would not compare.
-COLUMNS = ("KIND", "STATE", "JOB", "NODE", "RANK", "GPU", "MEASURE", "SINCE", "EVIDENCE")
-RULES_URL = "http://127.0.0.1:9481"
 # An answer bigger than this is not a findings or alerts list a terminal can use.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
-
 
 
 @dataclass(frozen=True)
@@ -164,119 +164,59 @@ def short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def fetch(url: str, filters: Mapping[str, str | None], timeout_s: float = 5.0,
-          access: Access = ANONYMOUS) -> list[dict[str, Any]]:
-    """The findings of the rules service at `url`, filtered there; raises FetchError with one line."""
-    return get_json(url, "/api/v1/findings", "findings", daemon="the rules service (`gpumond rules`)",
-                    query=filters, timeout_s=timeout_s, access=access)
+def url_type(default_port: int) -> Callable[[str], str]:
+    """An argparse type for a daemon's base URL; the error says what to type instead."""
+    def parse(text: str) -> str:
+        try:
+            return base_url(text, default_port)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def add_access_flags(p: argparse.ArgumentParser) -> None:
+    """--ca-file, --cert-file, --key-file and the credential flags of a read command."""
+    p.add_argument("--ca-file", metavar="FILE", help="https: trust this CA (PEM) instead of the system bundle")
+    p.add_argument("--cert-file", metavar="FILE", help="https: present this client certificate (PEM), for a daemon "
+                                                        "that requires one; with --key-file")
+    p.add_argument("--key-file", metavar="FILE", help="the client certificate's key (PEM)")
+    # Credentials come from files, never the command line, where `ps` and shell history would show them.
+    p.add_argument("--username", metavar="USER", help="basic auth, for a daemon whose web config has "
+                                                       "basic_auth_users; with --password-file")
+    p.add_argument("--password-file", metavar="FILE", type=Path, help="the basic-auth password (first line)")
+    p.add_argument("--token-file", metavar="FILE", type=Path,
+                   help="a bearer token (first line), for a daemon whose web config has bearer tokens")
 
 
-def _pct(value: Any) -> str:
-    v = _num(value)
-    return "?" if v is None else f"{v * 100:.0f}%"
+def access_of(args: argparse.Namespace, command: str) -> Access:
+    """How the read flags say to reach the daemon (TLS context, credentials); one line and exit 2 when bad."""
 
+    def bad(problem: str) -> SystemExit:
+        print(f"gpumond {command}: {problem} (see: gpumond {command} --help)", file=sys.stderr)
+        return SystemExit(EXIT_USAGE)
 
-def measure(finding: Mapping[str, Any]) -> str:
-    """The finding's score in words with its unit, from the score and the evidence its kind carries."""
-    kind, ev = finding.get("kind"), finding.get("evidence") or {}
-    score = _num(finding.get("score"))
-    shown = "?" if score is None else f"{score:.1f}"
-    signals = ev.get("signals") if isinstance(ev.get("signals"), Mapping) else {}
-    seq = signals.get("sequential") if kind == "straggler" and set(signals) == {"sequential"} else None
-    if isinstance(seq, Mapping) and _num(seq.get("value")) is not None and _num(seq.get("span_s")) is not None:
-        # Flagged on sequential evidence alone: its z is per step, not the group threshold's (detectors.md).
-        return f"compute ×{_num(seq.get('value')):.2f} of peers for {_num(seq.get('span_s')):.0f} s"
-    if kind in ("straggler", "straggler_node"):
-        threshold = _num(ev.get("threshold_z"))
-        text = f"z {shown} vs peers" + (f" (flags at {threshold:.1f})" if threshold is not None else "")
-        if kind == "straggler_node" and "gpus_flagged" in ev:
-            text += f", {ev.get('gpus_flagged')}/{ev.get('gpus_on_node', '?')} GPUs"
-        return text
-    if kind == "io_starved_rank":
-        return f"data wait {_pct(ev.get('data_wait_frac'))} of step (peers {_pct(ev.get('peer_median_data_wait_frac'))})"
-    if kind == "io_starved_job":
-        ranks = f", {ev.get('ranks_starved')}/{ev.get('ranks')} ranks" if "ranks_starved" in ev else ""
-        return f"data wait {_pct(ev.get('median_data_wait_frac', score))} of step (median){ranks}"
-    if kind == "job_slowdown":
-        return f"step time ×{_num(ev.get('slowdown')) or score or 0:.2f} of baseline"
-    if kind == "hung_rank":
-        stalled, limit = _num(ev.get("stalled_for_s")), _num(ev.get("limit_s"))
-        if stalled is not None:
-            return f"no step for {stalled:.0f} s" + (f" (limit {limit:.0f} s)" if limit is not None else "")
-        return f"stalled ×{shown} of its limit"
-    return f"score {shown}"
-
-
-# Evidence keys MEASURE already shows, left out of the EVIDENCE column.
-_IN_MEASURE = {"threshold_z", "gpus_flagged", "gpus_on_node", "data_wait_frac", "peer_median_data_wait_frac",
-               "median_data_wait_frac", "ranks_starved", "ranks", "slowdown", "stalled_for_s", "limit_s"}
-
-
-def _evidence(ev: Mapping[str, Any], width: int = 60) -> str:
-    parts = []
-    signals = ev.get("signals")
-    if isinstance(signals, Mapping):
-        for name, sig in signals.items():
-            if isinstance(sig, Mapping):
-                parts.append(f"{name} {sig.get('value')} vs {sig.get('peer_median')}")
-    for key in ("likely_cause", "step_time_s", "baseline_step_time_s", "localised"):
-        if key in ev and key not in _IN_MEASURE:
-            parts.append(f"{key}={ev[key]}")
-    return short("; ".join(parts), width)
-
-
-def table(findings: Sequence[Mapping[str, Any]], now: float | None = None, empty: str = "no findings") -> str:
-    """Findings as aligned text columns: firing first, then by kind, the strongest of a kind first (scores of
-    different kinds are different quantities, so they are compared only within a kind)."""
-    now = time.time() if now is None else now
-    rows = []
-    for f in sorted(findings, key=lambda f: (f.get("state") != "firing", str(f.get("kind")),
-                                             -(_num(f.get("score")) or 0.0))):
-        rows.append((str(f.get("kind")), str(f.get("state")), str(f.get("job")), f.get("node") or "-",
-                     "-" if f.get("rank") is None else str(f.get("rank")), short(f.get("gpu_uuid") or "-", 16),
-                     measure(f), ago(f.get("since"), now), _evidence(f.get("evidence") or {})))
-    return render(COLUMNS, rows, empty)
-
-
-def known(url: str, timeout_s: float = 5.0, access: Access = ANONYMOUS) -> str:
-    """What the rules service holds, for a "no findings" line: jobs and ranks pushing, GPU telemetry.
-
-    Read from its /metrics (`gpumond_rules_held`, `gpumond_rules_telemetry_up`); FetchError if unreadable.
-    """
-    full = url.rstrip("/") + "/metrics"
-    try:
-        with access.open(full, timeout_s) as resp:
-            text = resp.read(MAX_ANSWER_BYTES).decode("utf-8", "replace")
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
-        raise FetchError(f"cannot read {full}: {getattr(e, 'reason', None) or e}") from None
-    from prometheus_client.parser import text_string_to_metric_families  # only for this line: keep start fast
-
-    held: dict[str, float] = {}
-    telemetry: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == "gpumond_rules_held":
-                    held[s.labels.get("kind", "")] = s.value
-                elif s.name == "gpumond_rules_telemetry_up":
-                    telemetry[s.labels.get("source", "")] = s.value
-    except ValueError as e:
-        raise FetchError(f"{full}: not Prometheus text ({e})") from None
-    jobs, ranks = int(held.get("jobs", 0)), int(held.get("ranks", 0))
-    pushed = (f"{jobs} job(s) with {ranks} rank(s) pushing" if jobs else
-              # held jobs only: a job that sent `final` or outlived expire_after_s is no longer counted
-              "no job is pushing to it (none has yet, or each one ended or fell silent; check GPUMOND_ENDPOINT "
-              "and GPUMOND_TOKEN in the training job)")
-    if not telemetry:
-        gpu = "no GPU telemetry source configured (telemetry: in rules.yaml)"
-    else:
-        source, up = next(iter(telemetry.items()))
-        gpus, nodes = int(held.get("telemetry_gpus", 0)), int(held.get("telemetry_nodes", 0))
-        gpu = (f"GPU telemetry ({source}) from {nodes} node(s), {gpus} GPU(s)" if up and gpus else
-               f"GPU telemetry ({source}) configured but {'no GPU seen yet' if up else 'its last fetch failed'}")
-    return f"{pushed}; {gpu}"
-
+    context = None
+    if args.ca_file or args.cert_file or args.key_file:
+        try:
+            context = ClientTLS(args.ca_file, args.cert_file, args.key_file).context
+        except ValueError as e:
+            raise bad(str(e)) from None
+    if (args.username is None) != (args.password_file is None):
+        raise bad("--username and --password-file go together")
+    if args.username is not None and args.token_file is not None:
+        raise bad("give basic auth (--username, --password-file) or --token-file, not both")
+    headers: dict[str, str] = {}
+    secret_file = args.password_file or args.token_file
+    if secret_file is not None:
+        try:
+            secret = (secret_file.read_text(encoding="utf-8").splitlines() or [""])[0].strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise bad(f"cannot read {secret_file}: {getattr(e, 'strerror', None) or e}") from None
+        if not secret:
+            raise bad(f"{secret_file} is empty")
+        if args.username is not None:
+            pair = base64.b64encode(f"{args.username}:{secret}".encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {pair}"
+        else:
+            headers["Authorization"] = f"Bearer {secret}"
+    return Access(context, headers)

@@ -23,6 +23,7 @@ from pydantic import BeforeValidator, Field, PlainValidator, field_validator, mo
 
 from gpumond.config.errors import ConfigError
 from gpumond.config.load import load_config
+from gpumond.config.rules import read_tokens_file
 from gpumond.config.types import ConfigModel, _Hidden
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
@@ -137,8 +138,6 @@ def load_web_config(path: Path) -> WebConfig:
 
 def read_bearer_tokens(path: Path, source: str) -> frozenset[str]:
     """The tokens in a `bearer_tokens_file` (one a line, `#` comments); ConfigError when unreadable or bad."""
-    from gpumond.config.rules import read_tokens_file
-
     tokens = read_tokens_file(path, source, "bearer_tokens_file")
     if not tokens:
         raise ConfigError(source, f"bearer_tokens_file: {path} holds no token")

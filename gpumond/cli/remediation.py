@@ -35,6 +35,7 @@ def add_parser(sub: Any) -> None:
                 "  tail -f /var/lib/gpumond-rules/remediation-audit.jsonl   # every action and refusal\n"
                 "\nexit status: 0 done, 1 nothing to do (node not held, breaker closed), 2 bad flags or state dir\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.set_defaults(run=run)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--state-dir", type=Path, default=None,
                         help=(f"the rules service's state_dir (default: from --config, else {DEFAULT_STATE_DIR}); "
@@ -49,7 +50,7 @@ def add_parser(sub: Any) -> None:
                        help="close the circuit breaker the blast-radius guard opened")
 
 
-def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run `gpumond remediation ACTION`."""
     from gpumond.rules.remediation.remediator import records_of
     from gpumond.rules.remediation.requests import write_reset_breaker, write_undo

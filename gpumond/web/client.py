@@ -1,6 +1,7 @@
-"""How gpumond's HTTP clients reach servers that serve TLS or ask for credentials: one `tls_config`,
-`basic_auth` and `authorization`, in Prometheus' key names, for the rules service's telemetry sources (agents,
-Prometheus) and the alert sinks (Alertmanager), as Alertmanager's own integrations share one HTTP client config.
+"""gpumond's HTTP clients, built one way: `http_client` makes the httpx client of every telemetry source (agents,
+Prometheus) and every alert sink (Alertmanager, Slack, PagerDuty) from the section's `tls_config`, `basic_auth`
+and `authorization` (gpumond.config.http_client.HttpClientConfig, in Prometheus' key names), as Alertmanager's own
+integrations share one HTTP client config.
 
 Certificates and secret files are read again when they change (certificates: in place, see
 gpumond/wire/tlsclient.py; the password or token file: read once per request round), so rotation needs no restart.
@@ -14,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from gpumond.wire.tlsclient import ClientTLS
 
@@ -60,9 +63,16 @@ def _read(path: Path, key: str) -> str:
     return value
 
 
-def build_access(spec: Any) -> Access:
+def build_access(spec: Any, key: str = "") -> Access:
     """A client's `tls_config`, `basic_auth` and `authorization` (a config model or a mapping of the same
-    shape); AccessError (one line) on a bad file."""
+    shape); AccessError (one line, naming the section `key` when given) on a bad file."""
+    try:
+        return _build_access(spec)
+    except AccessError as e:
+        raise AccessError(f"{key}.{e}" if key else str(e)) from None
+
+
+def _build_access(spec: Any) -> Access:
     tls_cfg, basic, authz = (field_of(spec, k) for k in ("tls_config", "basic_auth", "authorization"))
     tls = None
     if tls_cfg is not None:
@@ -87,3 +97,13 @@ def field_of(obj: Any, name: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name)
     return getattr(obj, name, None)
+
+
+def http_client(access: Access, *, timeout: httpx.Timeout | float = 5.0, limits: httpx.Limits | None = None,
+                headers: Mapping[str, str] | None = None, trust_env: bool = False) -> httpx.Client:
+    """The httpx client of one telemetry source or sink: certificates from `access` (its credentials are headers,
+    read per request round by the caller), redirects never followed (a credential must not follow one to another
+    host), and the environment's proxy settings ignored unless the caller asks for them (a proxy set for pip, say,
+    must not sit between gpumond and its agents or receivers)."""
+    return httpx.Client(verify=access.verify(), timeout=timeout, limits=limits or httpx.Limits(),
+                        headers=dict(headers or {}), follow_redirects=False, trust_env=trust_env)

@@ -44,6 +44,7 @@ def add_parser(sub: Any) -> None:
                 "by this check (refused, breaker open, drained by someone else), a scheduler call failed, or the\n"
                 "agent unreachable; 2 bad flags\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    h.set_defaults(run=run)
     h.add_argument("--agent", default="http://127.0.0.1:9480", help="this node's agent (default %(default)s)")
     h.add_argument("--node", default=None,
                    help="this node's Slurm name (default: $SLURMD_NODENAME, else the short host name)")
@@ -59,7 +60,7 @@ def add_parser(sub: Any) -> None:
                    help="…or this share of the node's partition (default %(default)g; one node always may)")
 
 
-def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run one health check."""
     from pydantic import ValidationError
 
@@ -83,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"gpumond health-check: {node}: cannot read the agent at {args.agent}: {reading}; node left as it is",
               file=sys.stderr)
         return 1
-    from gpumond.auditlog import AuditLog
+    from gpumond.state.audit import AuditLog
     from gpumond.rules.types import TelemetryBatch
 
     backend = SlurmBackend(cfg.slurm)

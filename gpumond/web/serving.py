@@ -1,5 +1,5 @@
 """Serving an ASGI app under uvicorn the way both daemons need: bind first, bounded connections (see
-gpumond/connections.py), logs in the daemon's format, clean exit on SIGTERM."""
+gpumond/web/connections.py), logs in the daemon's format, clean exit on SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpumond.config.types import ListenAddress
-from gpumond.connections import ConnectionLimits, ConnectionStats, default_parser, guarded_protocol
+from gpumond.web.connections import ConnectionLimits, ConnectionStats
+from gpumond.web.protocols import default_parser, guarded_protocol
 
 log = logging.getLogger("gpumond.serving")
 

@@ -2,18 +2,59 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gpumond.findings_cli import ANONYMOUS, Access, ago, get_json, render, short
+from gpumond.cli.read import ANONYMOUS, Access, FetchError, access_of, add_access_flags, ago, get_json, render, \
+    short, url_type
 
+COMMAND = "alerts"
 COLUMNS = ("ALERTNAME", "SEVERITY", "STATE", "NODE", "GPU", "JOB", "RANK", "SINCE", "SUMMARY")
 AGENT_URL = "http://127.0.0.1:9480"
 STATES = ("firing", "pending", "resolved")
 _SEVERITIES = ("critical", "error", "warning", "info")
 DAEMON = "a gpumond agent (:9480) or rules service (:9481)"
+
+
+def add_parser(sub: Any) -> None:
+    """Register `gpumond alerts` on the CLI's subparsers."""
+    al = sub.add_parser(
+        COMMAND, help="print an agent's or the rules service's alerts as a table",
+        description=("Ask a gpumond daemon (GET /api/v1/alerts) for its alerts and print them: firing first,\n"
+                     "then pending, then resolved. Both daemons serve alerts:\n"
+                     "  the agent on each GPU node, port 9480: thermal, XID, ECC, lost-GPU alerts\n"
+                     "  the rules service, port 9481: straggler, I/O-starved and hung-job alerts\n"
+                     "SINCE is how long an alert has been in its state (resolved: since it ended)."),
+        epilog=("examples:\n"
+                "  gpumond alerts                                  # the agent on this node (:9480)\n"
+                "  gpumond alerts --url http://gpu-node-03:9480 --state firing\n"
+                "  gpumond alerts --url http://rules:9481          # the rules service's alerts\n"
+                "  gpumond alerts --json | jq '.alerts[].labels'\n"
+                "\nexit status: 0 listed (even none), 1 the daemon could not be asked, 2 bad flags\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    al.add_argument("--url", type=url_type(9480), default=AGENT_URL,
+                    help="base URL of an agent (:9480) or the rules service (:9481), http:// or https:// "
+                         "(default %(default)s)")
+    al.add_argument("--state", choices=["firing", "pending", "resolved"], help="only alerts in this state")
+    al.add_argument("--json", action="store_true", help="print the JSON (after --state) instead of a table")
+    add_access_flags(al)
+    al.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `gpumond alerts`."""
+    try:
+        alerts = fetch(args.url, args.state, access=access_of(args, COMMAND))
+    except FetchError as e:
+        print(f"gpumond alerts: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"alerts": alerts}, indent=1) if args.json else table(alerts))
+    return 0
 
 
 def fetch(url: str, state: str | None = None, timeout_s: float = 5.0,

@@ -13,7 +13,7 @@ and never lose the evidence. So a read
   overwrites, and starts empty.
 
 A read-only reader (`gpumond remediation list`) reports the same problems and moves or copies nothing.
-Writes replace the file atomically (gpumond.atomicfile).
+Writes replace the file atomically (gpumond.state.atomic).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, StrictBool, StrictStr, ValidationError
 
-from gpumond.atomicfile import replace_atomically
+from gpumond.state.atomic import replace_atomically
 
 log = logging.getLogger("gpumond.state")
 
