@@ -20,7 +20,7 @@ from gpumond.config.errors import ConfigError
 from gpumond.config.http import HttpConfig
 from gpumond.config.load import load_config
 from gpumond.config.remediation import RemediationConfig
-from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, _Hidden
+from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, Hidden
 from gpumond.config.http_client import HttpClientConfig
 from gpumond.wire.routing import MAX_SHARDS
 
@@ -41,7 +41,7 @@ def token_problem(token: str) -> str | None:
     return None if _TOKEN.fullmatch(token) else _TOKEN_RULE
 
 
-def _tokens(hidden: _Hidden) -> tuple[str, ...]:
+def _tokens(hidden: Hidden) -> tuple[str, ...]:
     value = hidden.value
     if not isinstance(value, (list, tuple)):
         raise ValueError("must be a list of tokens")
@@ -52,7 +52,7 @@ def _tokens(hidden: _Hidden) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
-Tokens = Annotated[tuple[str, ...], PlainValidator(_tokens), BeforeValidator(_Hidden),
+Tokens = Annotated[tuple[str, ...], PlainValidator(_tokens), BeforeValidator(Hidden),
                    PlainSerializer(list, return_type=list[str])]
 
 

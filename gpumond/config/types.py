@@ -75,7 +75,7 @@ class ListenAddress:
 
 
 # ----- secrets: validated like any value, but never echoed in an error line -------------------------
-class _Hidden:
+class Hidden:
     """Wraps a secret on its way through validation so an error shows `<hidden>`, not the value."""
 
     __slots__ = ("value",)
@@ -89,13 +89,13 @@ class _Hidden:
     __repr__ = __str__
 
 
-def _secret_text(hidden: _Hidden) -> str:
+def _secret_text(hidden: Hidden) -> str:
     if not isinstance(hidden.value, str) or not hidden.value.strip():
         raise ValueError("must be a non-empty string")
     return hidden.value.strip()
 
 
-SecretText = Annotated[str, PlainValidator(_secret_text), BeforeValidator(_Hidden)]
+SecretText = Annotated[str, PlainValidator(_secret_text), BeforeValidator(Hidden)]
 
 
 # ----- small value types -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pydantic import BeforeValidator, Field, PlainValidator, field_validator, mo
 from gpumond.config.errors import ConfigError
 from gpumond.config.load import load_config
 from gpumond.config.rules import read_tokens_file
-from gpumond.config.types import ConfigModel, _Hidden
+from gpumond.config.types import ConfigModel, Hidden
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 _UNVERIFIED = ("RequestClientCert", "RequireAnyClientCert")
@@ -40,7 +40,7 @@ _UNSUPPORTED_TLS_KEYS = {
 _BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 
 
-def _users(hidden: _Hidden) -> dict[str, str]:
+def _users(hidden: Hidden) -> dict[str, str]:
     value = hidden.value
     if not isinstance(value, dict):
         raise ValueError("must map user names to bcrypt hashes")
@@ -53,7 +53,7 @@ def _users(hidden: _Hidden) -> dict[str, str]:
     return dict(value)
 
 
-Users = Annotated[dict[str, str], PlainValidator(_users), BeforeValidator(_Hidden)]
+Users = Annotated[dict[str, str], PlainValidator(_users), BeforeValidator(Hidden)]
 
 
 class TlsServerConfig(ConfigModel):

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpumond.config.remediation import KubernetesConfig
-from gpumond.rules.remediation.backends import BackendError, NotOurs
+from gpumond.rules.remediation.backends.base import BackendError, NotOurs
 from gpumond.rules.remediation.plan import NodeStatus
 
 ANNOTATION = "gpumond.io/drained-reason"

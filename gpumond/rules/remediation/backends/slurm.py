@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
 from gpumond.config.remediation import SlurmConfig
-from gpumond.rules.remediation.backends import BackendError, NotOurs
+from gpumond.rules.remediation.backends.base import BackendError, NotOurs
 from gpumond.rules.remediation.faults import REASON_PREFIX
 from gpumond.rules.remediation.plan import NodeStatus
 
