@@ -35,7 +35,8 @@ _FILTERS = ("job", "kind", "state")
 def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[[], Sequence[Finding]],
               metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]], clock: Callable[[], float],
               stats: IngestStats | None = None, alerts: Callable[[], bytes] = lambda: b'{"alerts":[]}',
-              health: Callable[[], tuple[bool, str]] = lambda: (True, "ok")) -> RulesApp:
+              health: Callable[[], tuple[bool, str]] = lambda: (True, "ok"),
+              jobs: Callable[[], bytes] = lambda: b'{"running":[],"ended":[]}') -> RulesApp:
     """The rules service's ASGI app; `stats` (made when None) is also at app.state.ingest_stats."""
     # findings, metrics and ready are called on a worker thread: they must be thread-safe, and
     # may then take a moment without stalling pushes.
@@ -61,6 +62,9 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
 
     async def list_alerts(request: Request) -> Response:
         return Response(await run_in_threadpool(alerts), media_type="application/json")
+
+    async def list_jobs(request: Request) -> Response:
+        return Response(await run_in_threadpool(jobs), media_type="application/json")
 
     async def healthz(request: Request) -> Response:
         ok, why = await run_in_threadpool(health)
@@ -89,6 +93,7 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
             Route(PUSH_PATH, push, methods=["POST"]),  # reached for a path the front does not match
             Route("/api/v1/findings", list_findings, methods=["GET"]),
             Route("/api/v1/alerts", list_alerts, methods=["GET"]),
+            Route("/api/v1/jobs", list_jobs, methods=["GET"]),
             Route("/api/v1/openapi.json", openapi, methods=["GET"]),
             Route("/metrics", serve_metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

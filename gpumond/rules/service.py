@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.energy.tracker import ENERGY_METRICS, EnergyTracker
 from gpumond.rules.evaluator import EVALUATION_DEAD_AFTER_S, Evaluator
 from gpumond.rules.findings import findings_persistence
 from gpumond.rules.http import build_app
@@ -32,7 +34,7 @@ from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.httpaccess import AccessError
-from gpumond.rules.types import TelemetrySource
+from gpumond.rules.types import TelemetryBatch, TelemetrySource
 from gpumond.connections import CONNECTION_METRICS, ConnectionStats, connection_cap
 from gpumond.serving import bind, default_external_url, run_until_signalled
 from gpumond.statedir_lock import StateDirBusy, StateDirLock
@@ -77,6 +79,7 @@ _HELP = {
     **ALERT_METRICS,
     **SINK_METRICS,
     **REMEDIATION_METRICS,
+    **ENERGY_METRICS,
 }
 
 
@@ -123,15 +126,18 @@ class RulesService:
             config.remediation, _remediation_dir(config, state),
             remediation_backend if remediation_backend is not None else build_backend(config.remediation), clock,
             telemetry_interval_s=_telemetry_interval(config) if self.source is not None else None)
+        # Energy per job: each batch's energy counters credited to the jobs this replica owns.
+        self.energy = EnergyTracker(self.ranks.jobs, owns=lambda job: self.evaluator.owns(job))
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
-                                   shard=shard, clock=clock, on_batch=self.remediator.observe,
+                                   shard=shard, clock=clock, on_batch=self._observe,
                                    extra_conditions=self.remediator.conditions,
                                    dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s))
         self.stats = IngestStats(self.ranks, self.gpus)
         self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
-                             alerts=self.alerts.api_json, health=self.evaluator.health)
+                             alerts=self.alerts.api_json, health=self.evaluator.health,
+                             jobs=lambda: json.dumps(self.energy.view()).encode())
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def metrics(self) -> bytes:
@@ -143,6 +149,7 @@ class RulesService:
         series += self.alerts.series()
         series += self.alerts.active_series(RULES_ALERT_LABELS)
         series += self.remediator.series()
+        series += self.energy.series()
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         return render(series)
 
@@ -169,6 +176,15 @@ class RulesService:
             log.warning("the example's demo push token is accepted: anyone who read deploy/examples/rules.yaml can "
                         "push; replace it (tokens_file or GPUMOND_RULES_TOKENS)", extra={"listen": str(self.config.listen)})
 
+
+    def _observe(self, batch: TelemetryBatch) -> None:
+        """What else each telemetry batch feeds: remediation, and energy per job (whose failure is logged and
+        loses nothing else: the next batch credits the energy since the last good one)."""
+        self.remediator.observe(batch)
+        try:
+            self.energy.observe(batch)
+        except Exception:
+            log.exception("energy accounting failed for this telemetry batch")
 
     def _remediate(self) -> None:
         try:
