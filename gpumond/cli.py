@@ -237,6 +237,23 @@ def build_parser() -> argparse.ArgumentParser:
     al.add_argument("--json", action="store_true", help="print the JSON (after --state) instead of a table")
     _tls_flags(al)
 
+    jb = sub.add_parser(
+        "jobs", help="print what each job has used in energy (from the rules service)",
+        description=("Ask a rules service (GET /api/v1/jobs) what each job has used: energy, mean power, time\n"
+                     "measured, steps completed and energy per step. Running jobs first (most energy first),\n"
+                     "then the jobs that ended lately. Energy is counted from the agents' GPU energy counters\n"
+                     "while the service saw the job's ranks on those GPUs (docs/rules-api.md)."),
+        epilog=("examples:\n"
+                "  gpumond jobs                                    # the rules service on this machine (:9481)\n"
+                "  gpumond jobs --url http://rules:9481\n"
+                "  gpumond jobs --json | jq '.jobs[] | {job, joules_per_step}'\n"
+                "\nexit status: 0 listed (even none), 1 the service could not be asked, 2 bad flags\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    jb.add_argument("--url", type=_base_url(9481), default=RULES_URL,
+                    help="rules service base URL, http:// or https:// (default %(default)s)")
+    jb.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
+    _tls_flags(jb)
+
     remediation_cli.add_parser(sub)
     health_check.add_parser(sub)
 
@@ -354,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _rules(args)
     if args.command == "findings":
         return _findings(args)
+    if args.command == "jobs":
+        return _jobs(args)
     if args.command == "alerts":
         return _alerts(args)
     if args.command == "demo":
@@ -583,6 +602,21 @@ def _findings(args: argparse.Namespace) -> int:
         except FetchError as e:
             empty += f" (what the service holds is unknown: {e})"
     print(table(found, empty=empty))
+    return 0
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    import json
+
+    from gpumond.findings_cli import FetchError
+    from gpumond.jobs_cli import fetch, table
+
+    try:
+        jobs = fetch(args.url, access=_client_access(args, "jobs"))
+    except FetchError as e:
+        print(f"gpumond jobs: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"jobs": jobs}, indent=1) if args.json else table(jobs))
     return 0
 
 

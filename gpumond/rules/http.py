@@ -36,7 +36,7 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
               metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]], clock: Callable[[], float],
               stats: IngestStats | None = None, alerts: Callable[[], bytes] = lambda: b'{"alerts":[]}',
               health: Callable[[], tuple[bool, str]] = lambda: (True, "ok"),
-              jobs: Callable[[], bytes] = lambda: b'{"running":[],"ended":[]}') -> RulesApp:
+              jobs: Callable[[], bytes] = lambda: b'{"jobs":[]}') -> RulesApp:
     """The rules service's ASGI app; `stats` (made when None) is also at app.state.ingest_stats."""
     # findings, metrics and ready are called on a worker thread: they must be thread-safe, and
     # may then take a moment without stalling pushes.

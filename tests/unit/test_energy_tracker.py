@@ -73,7 +73,9 @@ def test_a_job_is_credited_while_it_runs_and_logged_with_its_total_when_it_ends(
         tracker.observe(TelemetryBatch(30.0, (board(P, 30.0, 90_000), board(Q, 30.0, 61_000))))
     line = next(r for r in caplog.records if r.getMessage() == "job ended: energy")
     assert (line.job, line.energy_joules, line.steps) == ("llama", 100_000.0, 10)
-    assert tracker.jobs() == {} and tracker.view()["ended"][0]["joules_per_step"] == 10_000.0
+    assert tracker.jobs() == {} and tracker.view()["jobs"] == [{
+        "job": "llama", "state": "ended", "energy_joules": 100_000.0, "mean_power_watts": 5000.0,
+        "measured_seconds": 20.0, "steps": 10, "joules_per_step": 10_000.0}]
 
 
 def test_a_sharded_replica_counts_only_the_jobs_it_owns() -> None:
@@ -119,6 +121,7 @@ def test_the_service_exports_job_energy_on_metrics_and_the_jobs_api(tmp_path) ->
                 return await client.get("/api/v1/jobs")
 
         body = json.loads(asyncio.run(get()).content)
-        assert body["running"][0]["job"] == "llama" and body["running"][0]["energy_joules"] == 4000.0
+        assert body["jobs"][0]["job"] == "llama" and body["jobs"][0]["energy_joules"] == 4000.0
+        assert body["jobs"][0]["state"] == "running"
     finally:
         service.stop()

@@ -64,10 +64,10 @@ class EnergyTracker:
         return self._ledger.jobs
 
     def view(self) -> dict[str, list[dict[str, object]]]:
-        """The jobs API's body: running jobs, and the last ended ones (newest last)."""
+        """The jobs API's body: running jobs (by name), then the last ended ones (oldest first)."""
         with self._lock:
-            running = [record(j, e) for j, e in sorted(self._ledger.jobs.items())]
-            return {"running": running, "ended": list(self._ended)}
+            running = [{**record(j, e), "state": "running"} for j, e in sorted(self._ledger.jobs.items())]
+            return {"jobs": running + [{**r, "state": "ended"} for r in self._ended]}
 
     def series(self) -> list[Series]:
         """Per running job: energy, mean power, energy per step (values not yet known left out)."""
