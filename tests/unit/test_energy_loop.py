@@ -9,7 +9,7 @@ from gpumond.rules.energy.loop import JobLoop, advance_loop
 def run(steps: list[float], t0: float = 0.0) -> list[JobLoop]:
     loop, out = JobLoop(), []
     for i, s in enumerate(steps):
-        loop = advance_loop(loop, s, t0 + 10 * i, margin=0.02, hold_s=300)
+        loop = advance_loop(loop, s, t0 + 10 * i, margin=0.02, hold_s=300, learn=2)
         out.append(loop)
     return out
 

@@ -59,3 +59,18 @@ def test_a_balanced_job_gets_nothing_and_an_unbalanced_one_only_for_its_waiting_
     recs = job([0.72, 0.72, 0.9, 0.72])
     assert [r.gpu_uuid for r in recs] == ["g0", "g1", "g3"] and all(r.limit_w < 700 for r in recs)
     assert job([0.5]) == []
+
+
+def test_a_gpu_at_the_margin_holds_its_limit_and_one_that_became_the_slowest_gets_nothing() -> None:
+    kw = dict(margin=0.02, floor_w=200, ceiling_w=700, probe_w=25)
+    held = recommend("g", POINTS, 1600 * MHZ, 0.985, 1.0, limit_w=480, **kw)
+    assert held is not None and (held.basis, held.limit_w) == ("hold", 480)
+    assert recommend("g", POINTS, 1600 * MHZ, 1.0, 1.0, limit_w=480, **kw) is None  # it is the slowest now
+    assert recommend("g", POINTS, 1980 * MHZ, 0.985, 1.0, limit_w=700, **kw) is None  # nothing leased: nothing
+
+
+def test_a_probe_never_cuts_more_than_the_clock_in_proportion() -> None:
+    low = [OperatingPoint(1800 * MHZ, 600.0)]
+    rec = recommend("g", low, 1800 * MHZ, 0.97, 1.0, margin=0.02, floor_w=200, ceiling_w=700, probe_w=100)
+    assert rec is not None and rec.basis == "probe"
+    assert rec.limit_w == pytest.approx(600 * rec.clock_hz / (1800 * MHZ), abs=0.1)

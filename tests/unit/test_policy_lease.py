@@ -52,3 +52,11 @@ def test_an_unreadable_answer_is_one_line_naming_the_field(body: object, problem
     with pytest.raises(OfferError, match=problem.replace("[", r"\[").replace("]", r"\]")):
         parse_offers(body)
     assert parse_offers({"offers": [{"gpu_uuid": A, "limit_w": 600, "job": "j"}]}) == [Offer(A, 600.0, "j")]
+
+
+def test_a_small_raise_waits_in_the_deadband() -> None:
+    guard = Guard(max_gpus=2, max_step_w=50, deadband_w=5)
+    leases = renew(Leases(), [Offer(A, 650, "j")], APPLIED, 0, 60, guard)
+    leases = renew(leases, [Offer(A, 653, "j")], {A: 650}, 15, 60, guard)
+    assert leases.held[A].limit_w == 650 and leases.held[A].until == 75
+    assert renew(leases, [Offer(A, 660, "j")], {A: 650}, 30, 60, guard).held[A].limit_w == 660

@@ -37,10 +37,12 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Guard:
-    """At most `max_gpus` GPUs lowered per renewal, each by at most `max_step_w` watts (raising is never held)."""
+    """At most `max_gpus` GPUs lowered per renewal, each by at most `max_step_w` watts; a raise of more than
+    `deadband_w` is taken at once, a smaller one waits (measurement noise is no reason to change a limit)."""
 
     max_gpus: int = 2
     max_step_w: float = 50.0
+    deadband_w: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,8 @@ def renew(leases: Leases, offers: Sequence[Offer], applied: Mapping[str, float],
             continue  # not one of this node's GPUs, or its limit is unknown: nothing to step from
         current = min(base, old.limit_w) if old is not None else base
         if o.limit_w >= current:
-            held[o.uuid] = Lease(o.uuid, o.limit_w, o.job, until)
+            raise_ = o.limit_w - current > guard.deadband_w or old is None
+            held[o.uuid] = Lease(o.uuid, o.limit_w if raise_ else current, o.job, until)
         else:
             lowering.append((current - o.limit_w, o, current, old))
     lowering.sort(key=lambda x: -x[0])

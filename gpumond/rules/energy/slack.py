@@ -6,7 +6,8 @@ The power a GPU needs for a clock is read from its own measured operating points
 power under each limit it has run at), never from a constant: between two measured points the chord is used,
 which for a convex power curve (dynamic power ∝ f·V², the voltage rising with the clock) lies above the curve,
 so the limit is never lower than the clock needs. Below the lowest measured point nothing is known: the
-recommendation is then one step below it (a probe), and the points measured there extend what is known.
+recommendation is then one step below it (a probe, no larger than the clock's remaining cut in proportion:
+under load power falls at least as fast as the clock), and the points measured there extend what is known.
 Compute time is taken to scale with 1/clock (`clock_bound` = 1), the most a clock cut can cost: a kernel
 bound by memory slows less.
 """
@@ -42,12 +43,13 @@ class RankTime:
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    """A power limit for one GPU and why: `interpolated` from measured points, or a `probe` step below them."""
+    """A power limit for one GPU and why: `interpolated` from measured points, a `probe` step below them, or
+    `hold` (at the margin already: keep the limit it has)."""
 
     gpu_uuid: str
     limit_w: float
     clock_hz: float  # the lowest clock that keeps the margin
-    basis: str  # "interpolated" | "probe"
+    basis: str  # "interpolated" | "probe" | "hold"
     compute_s: float
     slowest_compute_s: float
 
@@ -91,15 +93,24 @@ def power_for_clock(points: Sequence[OperatingPoint], clock_hz: float) -> float 
 
 def recommend(gpu_uuid: str, points: Sequence[OperatingPoint], clock_hz: float, compute_s: float,
               slowest_compute_s: float, *, margin: float, floor_w: float, ceiling_w: float, probe_w: float,
-              clock_bound: float = 1.0) -> Recommendation | None:
-    """The limit to lease this GPU, or None (no slack, or nothing to gain within [floor_w, ceiling_w])."""
+              clock_bound: float = 1.0, limit_w: float | None = None) -> Recommendation | None:
+    """The limit to lease this GPU, or None (no slack, or nothing to gain within [floor_w, ceiling_w]).
+    `limit_w`: its limit now. A GPU already below its ceiling that has reached the margin (its compute now
+    ends just before the slowest's) keeps that limit (`hold`): withdrawing it would only start the walk down
+    again; one that became the slowest gets nothing, and its lease is withdrawn."""
     f = target_clock(compute_s, slowest_compute_s, clock_hz, margin, clock_bound)
     if f is None:
+        if limit_w is not None and limit_w < ceiling_w and compute_s < slowest_compute_s:
+            return Recommendation(gpu_uuid, round(max(limit_w, floor_w), 1), clock_hz, "hold", compute_s,
+                                  slowest_compute_s)
         return None
     power = power_for_clock(points, f)
     basis = "interpolated"
     if power is None:  # below what was measured: one step down from its lowest point, then measure again
-        power, basis = points[0].power_w - probe_w, "probe"
+        low = points[0]
+        # Power falls at least in proportion to the clock under load (dynamic power ∝ f·V², V not falling as f
+        # rises), so a cut of that proportion never takes the clock below the target: the probe cannot overshoot.
+        power, basis = low.power_w - min(probe_w, low.power_w * (1.0 - f / low.clock_hz)), "probe"
     limit = min(max(power, floor_w), ceiling_w)
     if limit >= ceiling_w:
         return None
@@ -108,9 +119,11 @@ def recommend(gpu_uuid: str, points: Sequence[OperatingPoint], clock_hz: float, 
 
 def job_recommendations(ranks: Sequence[RankTime], points: Mapping[str, Sequence[OperatingPoint]],
                         clocks: Mapping[str, float], *, margin: float, floor_w: Mapping[str, float],
-                        ceiling_w: Mapping[str, float], probe_w: float) -> list[Recommendation]:
+                        ceiling_w: Mapping[str, float], probe_w: float,
+                        limits: Mapping[str, float] | None = None) -> list[Recommendation]:
     """For each GPU of one synchronous job (every rank waits for the slowest at each step): its recommendation,
-    for those with slack and a measured clock and points. A job with one rank has no peers to wait for."""
+    for those with slack (or holding a limit at the margin) and a measured clock and points; `limits` each
+    GPU's limit now. A job with one rank has no peers to wait for."""
     if len(ranks) < 2:
         return []
     slowest = max(r.compute_s for r in ranks)
@@ -120,7 +133,7 @@ def job_recommendations(ranks: Sequence[RankTime], points: Mapping[str, Sequence
         if u not in clocks or not points.get(u) or u not in floor_w or u not in ceiling_w:
             continue
         rec = recommend(u, points[u], clocks[u], r.compute_s, slowest, margin=margin, floor_w=floor_w[u],
-                        ceiling_w=ceiling_w[u], probe_w=probe_w)
+                        ceiling_w=ceiling_w[u], probe_w=probe_w, limit_w=(limits or {}).get(u))
         if rec is not None:
             out.append(rec)
     return out
