@@ -24,6 +24,7 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.energy.planner import SLACK_METRICS, SlackPlanner
 from gpumond.rules.energy.tracker import ENERGY_METRICS, EnergyTracker
 from gpumond.rules.evaluator import EVALUATION_DEAD_AFTER_S, Evaluator
 from gpumond.rules.findings import findings_persistence
@@ -80,6 +81,7 @@ _HELP = {
     **SINK_METRICS,
     **REMEDIATION_METRICS,
     **ENERGY_METRICS,
+    **SLACK_METRICS,
 }
 
 
@@ -132,12 +134,15 @@ class RulesService:
                                    shard=shard, clock=clock, on_batch=self._observe,
                                    extra_conditions=self.remediator.conditions,
                                    dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s))
+        self.slack = SlackPlanner(config.power_slack, self.evaluator.rank_features, self.gpus.window, clock,
+                                  detectors.recent_s)
         self.stats = IngestStats(self.ranks, self.gpus)
         self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
                              alerts=self.alerts.api_json, health=self.evaluator.health,
-                             jobs=lambda: json.dumps(self.energy.view()).encode())
+                             jobs=lambda: json.dumps(self.energy.view()).encode(),
+                             power_offers=lambda node: json.dumps({"offers": self.slack.offers(node)}).encode())
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def metrics(self) -> bytes:
@@ -150,6 +155,7 @@ class RulesService:
         series += self.alerts.active_series(RULES_ALERT_LABELS)
         series += self.remediator.series()
         series += self.energy.series()
+        series += self.slack.series()
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         return render(series)
 
@@ -163,6 +169,9 @@ class RulesService:
                                     id="telemetry", max_instances=1, coalesce=True, next_run_time=now)
         self._scheduler.add_job(self.evaluator.run, IntervalTrigger(seconds=self.config.evaluation_interval_s),
                                 id="evaluate", max_instances=1, coalesce=True, next_run_time=now)
+        if self.config.power_slack.enabled:
+            self._scheduler.add_job(self._plan_slack, IntervalTrigger(seconds=self.config.evaluation_interval_s),
+                                    id="power_slack", max_instances=1, coalesce=True)
         # Sharded replicas all see every agent: only the first acts, so a node is never drained twice.
         if self.config.remediation.mode != "off" and (self.config.shard is None or self.config.shard.index == 0):
             self._scheduler.add_job(self._remediate, IntervalTrigger(seconds=self.config.remediation.interval_s),
@@ -185,6 +194,12 @@ class RulesService:
             self.energy.observe(batch)
         except Exception:
             log.exception("energy accounting failed for this telemetry batch")
+
+    def _plan_slack(self) -> None:
+        try:
+            self.slack.plan()
+        except Exception:  # a planning bug must not kill the schedule; offers stay as they were, leases run out
+            log.exception("power-slack planning failed")
 
     def _remediate(self) -> None:
         try:
