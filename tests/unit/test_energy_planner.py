@@ -24,10 +24,12 @@ class World:
         self.step_s = 1.0
         self.shares = [0.75, 0.75, 0.75, 0.95]  # rank 3 is the slowest: the others wait on it
         self.comm_timed = True
+        self.last_end: float | None = None  # None: steps end as time goes
 
     def features(self) -> dict:
         return {"llama": tuple(RankFeatures(rank=i, node="node-1", gpu_uuid=u, group=None, steps=50,
-                                            step_time_s=self.step_s, wait_frac=0.0, last_end=self.t,
+                                            step_time_s=self.step_s, wait_frac=0.0,
+                                            last_end=self.t if self.last_end is None else self.last_end,
                                             last_push=self.t, compute_frac=self.shares[i] if self.comm_timed else None)
                                for i, u in enumerate(UUIDS))}
 
@@ -75,6 +77,18 @@ def test_a_rising_step_time_withdraws_every_offer_at_once() -> None:
     plan(p, world, 20)
     assert p.offers("node-1") == []  # held off for hold_s (600 s)
     assert ("gpumond_power_slack_backoffs_total", 1.0) in [(s.name, s.value) for s in p.series()]
+
+
+def test_a_job_whose_steps_stopped_gets_nothing() -> None:
+    world = World()
+    p = planner(world)
+    plan(p, world, 5)
+    assert p.offers("node-1")
+    world.last_end = world.t
+    plan(p, world, 6)
+    assert p.offers("node-1")  # within the recent window (60 s)
+    plan(p, world, 1)
+    assert p.offers("node-1") == []
 
 
 def test_a_job_without_comm_wait_gets_nothing() -> None:

@@ -69,7 +69,10 @@ class SlackPlanner:
         offers: dict[str, list[tuple[str, Recommendation]]] = {}
         held: set[str] = set()
         for job, feats in self._features().items():
-            ranks = [f for f in feats if f.step_time_s and f.compute_frac is not None]
+            # A rank whose steps stopped (none ended within the recent window) makes the job get nothing: its
+            # agents' leases end at their next answer.
+            ranks = [f for f in feats if f.step_time_s and f.compute_frac is not None
+                     and f.last_end is not None and now - f.last_end <= self._recent_s]
             if len(ranks) < 2 or len(ranks) != len(feats) or any(f.gpu_uuid.startswith("MIG-") for f in ranks):
                 if job in self._loops:
                     loops[job] = self._loops[job]  # a back-off's hold outlasts a window without comm waits
