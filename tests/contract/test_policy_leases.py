@@ -96,3 +96,17 @@ def test_thermal_capping_wins_over_a_lease(tmp_path, rigs) -> None:
     r.run(30)
     assert r.sim.gpus[0].power_limit_w <= capped + 10  # the lower of the two: thermal's
     assert r.sim.gpus[1].power_limit_w == 650.0
+
+
+def test_an_agent_restarted_holds_no_lease_and_puts_the_limit_back(tmp_path, rigs) -> None:
+    r, book = rig(rigs, tmp_path, ENFORCE_SLACK)
+    r.run(2)
+    book.offer({r.sim.gpus[0].uuid: 450.0}, lease_s=10_000)
+    r.run(1)
+    assert r.sim.gpus[0].power_limit_w == 450.0
+    r.session.close()  # the process dies (no SIGTERM restore); the GPU keeps the leased limit
+    again = make([], tmp_path, policy=ENFORCE_SLACK, sim=r.sim, clock=r.clock, leases=Book(r.clock))
+    again.run(1)
+    assert r.sim.gpus[0].power_limit_w == 700.0
+    assert "restoring the original limit" in again.audit()[-1]["reason"]
+    again.session.close()
