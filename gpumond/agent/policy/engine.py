@@ -92,6 +92,7 @@ class PolicyEngine:
         # The power-slack leases the agent holds (lease_client.LeasePuller.leases), None without a rules_url.
         self._leases = leases
         self._limits: dict[str, float] = {}  # each GPU's limit at its last cycle: what a lease steps down from
+        self._book: Leases | None = None  # the leases as this cycle read them
 
     # ----- start-up checks ---------------------------------------------------------------------
     def check(self, views: Sequence[GpuView]) -> list[str]:
@@ -105,6 +106,8 @@ class PolicyEngine:
         """Decide and act for every GPU, evaluate alerts, and return the policy's series."""
         with self._lock:
             now = self._clock()
+            # Read once a cycle: with no lease held, each GPU's lease check is one dict lookup.
+            self._book = self._leases() if self._leases is not None and self.cfg.power_slack.mode != "off" else None
             for v in views:
                 self._index[v.uuid] = v.index
                 if v.up:
@@ -184,10 +187,10 @@ class PolicyEngine:
         """The GPU's power-slack lease as (limit, reason) when it applies: it lowers `base` (what the policy
         wants otherwise, so thermal capping and the persistent limit win), never below the floor. In dry run
         it is logged, audited and exported once per change, and nothing is returned: nothing is set."""
-        slack = self.cfg.power_slack
-        if self._leases is None or slack.mode == "off":
+        if self._book is None or (g.lease_w is None and v.uuid not in self._book.held):
             return None
-        lease = self._leases().limit(v.uuid, now)
+        slack = self.cfg.power_slack
+        lease = self._book.limit(v.uuid, now)
         floor = max(v.limit_min_w or 0.0, slack.floor_w or 0.0)
         limit = leased_limit(base, lease, floor)
         previous, g.lease_w = g.lease_w, limit
