@@ -37,7 +37,7 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.agent.policy.event_file import FILE_NAME as EVENT_FILE
 from gpumond.agent.policy.event_file import EventFile
 from gpumond.alerts.state import AlertStateFile
-from gpumond.httpaccess import AccessError
+from gpumond.httpaccess import AccessError, build_access
 from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
 from gpumond.config.errors import more_problems
@@ -131,9 +131,14 @@ class Agent:
         slack = config.policy.power_slack
         self.leases: LeasePuller | None = None
         if slack.rules_url is not None and slack.mode != "off" and config.policy.mode != "off":
+            try:
+                access = build_access(slack)
+            except AccessError as e:
+                self._lock.release()
+                raise AgentStartError(f"policy.power_slack.{e}") from None
             self.leases = LeasePuller(str(slack.rules_url), config.node_name, lease_s=slack.lease_s,
                                       guard=Guard(slack.max_gpus_per_interval, slack.max_step_w),
-                                      clock=backend.clock, applied=lambda: self.policy.limits())
+                                      clock=backend.clock, applied=lambda: self.policy.limits(), access=access)
         self.policy = PolicyEngine(config.policy, self.session, node=config.node_name,
                                    state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
                                    clock=backend.clock, alerts=self.alerts,

@@ -16,6 +16,7 @@ from pydantic_core import core_schema
 
 from gpumond.config.alerting import AlertingConfig
 from gpumond.config.http import HttpConfig
+from gpumond.config.http_client import AuthorizationConfig, BasicAuthConfig, TlsClientConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress
 from gpumond.identity import GPU_UUID, JOB_ENV_VARS
 
@@ -292,6 +293,10 @@ class PowerSlackConfig(ConfigModel):
     max_step_w: float = Field(50.0, gt=0, le=1000)
     # Never lease below this (nor below NVML's minimum limit); None: NVML's minimum.
     floor_w: float | None = Field(None, gt=0, le=10000)
+    # A rules service behind TLS or read-side auth (its --web.config.file): the telemetry sources' keys.
+    tls_config: TlsClientConfig | None = None
+    basic_auth: BasicAuthConfig | None = None
+    authorization: AuthorizationConfig | None = None
 
     @field_validator("lease_s")
     @classmethod

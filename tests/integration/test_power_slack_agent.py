@@ -61,3 +61,14 @@ def test_in_dry_run_no_limit_changes(tmp_path, start_agent) -> None:
         assert agent.stop() == 0
     audit = [json.loads(x) for x in (tmp_path / "state" / "policy-audit.jsonl").read_text().splitlines()]
     assert not [e for e in audit if e["action"] in ("set_limit", "reapply")]
+
+
+def test_an_unreadable_token_file_is_one_line_at_start(tmp_path) -> None:
+    cfg = helpers.write_yaml(tmp_path / "agent.yaml", {
+        "state_dir": str(tmp_path / "state"), "node_name": NODE,
+        "policy": {"power_slack": {"rules_url": "http://127.0.0.1:9/",
+                                   "authorization": {"credentials_file": str(tmp_path / "missing-token")}}}})
+    agent = helpers.AgentProcess.run(["--sim", "1", "--config", cfg], tmp_path / "agent")
+    errors = [x for x in agent.stderr().splitlines() if x.startswith("gpumond:")]  # the logs before it aside
+    assert agent.returncode == 2 and len(errors) == 1 and "Traceback" not in agent.stderr(), agent.describe()
+    assert "policy.power_slack.authorization.credentials_file" in errors[0] and "missing-token" in errors[0]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 import httpx
 
 from gpumond.agent.policy.lease import Guard, Leases, OfferError, expire, parse_offers, renew
+from gpumond.httpaccess import Access, AccessError
 
 log = logging.getLogger("gpumond.policy")
 
@@ -26,14 +27,16 @@ class LeasePuller:
 
     def __init__(self, url: str, node: str, *, lease_s: float, guard: Guard, clock: Callable[[], float],
                  applied: Callable[[], Mapping[str, float]], timeout_s: float = 5.0,
-                 client: httpx.Client | None = None) -> None:
+                 access: Access | None = None, client: httpx.Client | None = None) -> None:
         self._url = url.rstrip("/") + OFFERS_PATH
         self._node = node
         self._lease_s = lease_s
         self._guard = guard
         self._clock = clock
         self._applied = applied
-        self._client = client if client is not None else httpx.Client(timeout=timeout_s, follow_redirects=False)
+        self._access = access if access is not None else Access()
+        self._client = client if client is not None else httpx.Client(timeout=timeout_s, follow_redirects=False,
+                                                                      verify=self._access.verify())
         self._lock = threading.Lock()
         self._leases = Leases()
         self._failing: str | None = None
@@ -43,11 +46,14 @@ class LeasePuller:
     def poll(self) -> None:
         """One answer: renew (or withdraw) the leases; a failure renews nothing. Never raises."""
         try:
-            r = self._client.get(self._url, params={"node": self._node})
+            if (problem := self._access.refresh()) is not None:
+                log.warning("power-slack client certificate files unusable: the previous ones stay",
+                            extra={"error": problem})
+            r = self._client.get(self._url, params={"node": self._node}, headers=self._access.headers())
             if r.status_code != 200:
                 raise OfferError(f"HTTP {r.status_code}: {r.text[:200]}")
             offers = parse_offers(r.json())
-        except (httpx.HTTPError, OfferError, ValueError) as e:
+        except (httpx.HTTPError, OfferError, AccessError, ValueError) as e:
             self.failures += 1
             problem = f"{type(e).__name__}: {e}"[:300]
             if self._failing is None:
