@@ -203,7 +203,7 @@ class PowerSlackRulesConfig(ConfigModel):
     # rising by more than half of it withdraws the job's offers at once.
     margin: float = Field(0.02, gt=0, le=0.5)
     # Below the lowest limit a GPU was measured at, an offer steps down at most this much.
-    probe_w: float = Field(25.0, gt=0, le=500)
+    probe_w: float = Field(50.0, gt=0, le=500)
     # After a withdrawal, no offer for the job for this long.
     hold_s: float = Field(600.0, ge=0, le=86_400)
 

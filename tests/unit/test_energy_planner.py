@@ -24,6 +24,7 @@ class World:
         self.step_s = 1.0
         self.shares = [0.75, 0.75, 0.75, 0.95]  # rank 3 is the slowest: the others wait on it
         self.comm_timed = True
+        self.limits = dict.fromkeys(UUIDS, 700.0)
         self.last_end: float | None = None  # None: steps end as time goes
 
     def features(self) -> dict:
@@ -34,7 +35,10 @@ class World:
                                for i, u in enumerate(UUIDS))}
 
     def window(self, uuid: str, since: float) -> list[GpuSample]:
-        values = {"power_limit_w": 700.0, "sm_clock_hz": 1980e6, "power_w": 690.0, "utilization": 0.97}
+        limit = self.limits[uuid]
+        # The H100 curve under a limit: the clock falls until idle + dyn·(f/f_max)^2.5 fits it.
+        f = 1980e6 * min(1.0, ((limit - 75) / 615) ** 0.4)
+        values = {"power_limit_w": limit, "sm_clock_hz": f, "power_w": min(690.0, limit), "utilization": 0.97}
         return [GpuSample(uuid, "node-1", str(UUIDS.index(uuid)), self.t - k, True, values) for k in range(10)]
 
     def clock(self) -> float:
@@ -51,24 +55,40 @@ def plan(p: SlackPlanner, world: World, times: int) -> None:
         p.plan()
 
 
-def test_the_gpus_that_wait_are_offered_a_step_down_after_the_baseline() -> None:
+SETTLED = 7  # evaluations 10 s apart until a GPU's measurements span the detectors' 60 s window
+
+
+def test_the_gpus_that_wait_are_offered_a_step_down_once_measured() -> None:
     world = World()
     p = planner(world)
-    plan(p, world, 4)
-    assert p.offers("node-1") == []  # still learning the job's step time
+    plan(p, world, SETTLED - 1)
+    assert p.offers("node-1") == []  # the baseline is learnt, the measurements do not span recent_s yet
     plan(p, world, 1)
     offers = p.offers("node-1")
     assert [o["gpu_uuid"] for o in offers] == UUIDS[:3]
-    assert all(o["basis"] == "probe" and o["limit_w"] == 665.0 and o["job"] == "llama" for o in offers)
+    assert all(o["basis"] == "probe" and o["limit_w"] == 640.0 and o["job"] == "llama" for o in offers)
     assert p.offers("node-2") == []
     names = {s.name for s in p.series()}
     assert {"gpumond_power_slack_offer_watts", "gpumond_power_slack_offering"} <= names
 
 
+def test_after_a_limit_changes_the_offer_holds_it_until_the_measurements_are_of_it() -> None:
+    world = World()
+    p = planner(world)
+    plan(p, world, SETTLED)
+    for u in UUIDS[:3]:
+        world.limits[u] = 640.0  # the agents applied the probe
+    plan(p, world, SETTLED - 1)
+    assert {(o["basis"], o["limit_w"]) for o in p.offers("node-1")} == {("hold", 640.0)}
+    plan(p, world, 1)
+    offers = p.offers("node-1")
+    assert {o["basis"] for o in offers} == {"probe"} and all(o["limit_w"] < 640.0 for o in offers)
+
+
 def test_a_rising_step_time_withdraws_every_offer_at_once() -> None:
     world = World()
     p = planner(world)
-    plan(p, world, 5)
+    plan(p, world, SETTLED)
     assert p.offers("node-1")
     world.step_s = 1.02  # above the baseline by more than half the 2 % margin
     plan(p, world, 1)
@@ -82,7 +102,7 @@ def test_a_rising_step_time_withdraws_every_offer_at_once() -> None:
 def test_a_job_whose_steps_stopped_gets_nothing() -> None:
     world = World()
     p = planner(world)
-    plan(p, world, 5)
+    plan(p, world, SETTLED)
     assert p.offers("node-1")
     world.last_end = world.t
     plan(p, world, 6)

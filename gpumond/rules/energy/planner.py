@@ -5,7 +5,9 @@ per-rank compute shares and the GPU's measured operating points; served per node
 A GPU's operating points come from its telemetry: per power limit it ran under, the busiest quarter of its
 samples (the compute phase, where the limit binds) as one (mean SM clock, mean power) point; kept while the
 same job holds the GPU, so the points measured under earlier limits stay known as the limit walks down.
-A rank on a MIG slice gets no offer (a limit is the whole board's).
+A rank on a MIG slice gets no offer (a limit is the whole board's). After a GPU's limit changes, its offer
+holds that limit for the detectors' recent window (`recent_s`): until then the compute shares and the point
+are partly of the previous limit, and a loop stepping on them walks past its target.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class SlackPlanner:
         self._loops: dict[str, JobLoop] = {}
         self._points: dict[str, tuple[str, dict[float, OperatingPoint]]] = {}  # uuid → (job, limit → point)
         self._offers: dict[str, list[tuple[str, Recommendation]]] = {}  # node → [(job, rec)]
+        self._since: dict[str, tuple[float, float]] = {}  # uuid → (its limit, since when it has had it)
 
     def plan(self) -> None:
         now = self._clock()
@@ -80,21 +83,36 @@ class SlackPlanner:
             step_s = median(f.step_time_s for f in ranks)  # type: ignore[misc]
             loop = loops[job] = advance_loop(self._loops.get(job, JobLoop()), step_s, now,
                                              margin=self._cfg.margin / 2, hold_s=self._cfg.hold_s)
-            points, clocks, limits, nodes = {}, {}, {}, {}
+            points, clocks, limits, nodes, settling = {}, {}, {}, {}, []
             for f in ranks:
                 samples = self._window(f.gpu_uuid, now - self._recent_s)
                 known = self._remember(job, f.gpu_uuid, samples)
                 held.add(f.gpu_uuid)
-                if not samples or not known:
+                limit = samples[-1].values.get("power_limit_w") if samples else None
+                if limit is None or not known:
                     continue
-                limit = samples[-1].values.get("power_limit_w")
-                now_point = known.get(_bin(limit)) if limit is not None else None
-                if now_point is None:
+                nodes[f.gpu_uuid] = samples[-1].node
+                was, since = self._since.get(f.gpu_uuid, (None, now))
+                if was is None or abs(was - limit) >= 1.0:
+                    self._since[f.gpu_uuid] = (limit, now)
+                    since = now
+                now_point = known.get(_bin(limit))
+                if now_point is None or now - since < self._recent_s:
+                    # The shares and points measured so far are not all of this limit yet (the detectors' medians
+                    # span recent_s): keep the limit it has, and judge once they are. Stepping on stale
+                    # measurements walks past the target.
+                    if limit < max(known) - 1.0:
+                        settling.append(Recommendation(f.gpu_uuid, limit, now_point.clock_hz if now_point else 0.0,
+                                                       "hold", f.step_time_s * f.compute_frac,  # type: ignore[operator]
+                                                       0.0))
                     continue
                 points[f.gpu_uuid] = sorted(known.values(), key=lambda p: p.clock_hz)
                 clocks[f.gpu_uuid], limits[f.gpu_uuid] = now_point.clock_hz, limit
-                nodes[f.gpu_uuid] = samples[-1].node
-            if not loop.offering or not points:
+            if not loop.offering:
+                continue
+            for r in settling:
+                offers.setdefault(nodes[r.gpu_uuid], []).append((job, r))
+            if not points:
                 continue
             ceiling = {u: max(self._points[u][1]) for u in points}
             recs = job_recommendations(
@@ -107,6 +125,7 @@ class SlackPlanner:
             self._loops = loops
             self._offers = offers
             self._points = {u: v for u, v in self._points.items() if u in held}
+            self._since = {u: v for u, v in self._since.items() if u in held}
 
     def _remember(self, job: str, uuid: str, samples: Sequence[GpuSample]) -> dict[float, OperatingPoint]:
         """The GPU's points under this job, with the point under its current limit refreshed."""
