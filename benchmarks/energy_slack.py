@@ -12,13 +12,14 @@ rank's compute does.
 - `unbalanced pipeline`: 4 stages × 4 GPUs, one stage with 20 % more work than the other three;
 - `balanced`: 16 GPUs with the same work (expect no offer, no change).
 
-Every telemetry interval the pieces run as the daemons run them: the rules service's loop (baseline, back-off:
-gpumond/rules/energy/loop.py) and recommendations from each rank's compute share and its GPU's measured
-operating points (slack.py: one point per limit the GPU has run under), the agent's leases under its guard
-(gpumond/agent/policy/lease.py), the leased limit applied. "Without" is the first interval (no lease yet);
-"with" the mean of the last 10 intervals.
+Every telemetry interval the pieces run as the daemons run them: the rules service's planner
+(gpumond/rules/energy/planner.py: the loop's baseline and back-off, each GPU's operating points from its
+telemetry, a limit held for the detectors' 60 s window after it changes, the recommendation from each rank's
+compute share), the agent's leases under its guard (gpumond/agent/policy/lease.py), the leased limit applied.
+"Without" is the first interval (no lease yet); "with" the mean of the last 10 intervals; "worst interval" the
+largest step-time change of any interval against the first.
 
-    python benchmarks/energy_slack.py            # ~1 s
+    python benchmarks/energy_slack.py            # ~5 s (30 simulated minutes per job)
     python benchmarks/energy_slack.py --quick    # fewer intervals (smoke test)
 """
 
@@ -35,8 +36,10 @@ import _bench  # noqa: E402
 from gpumond.agent.policy.lease import Guard, Leases, Offer, expire, renew  # noqa: E402
 from gpumond.nvml.sim.models import H100_SXM  # noqa: E402
 from gpumond.nvml.sim.physics import operating_point  # noqa: E402
-from gpumond.rules.energy.loop import JobLoop, advance_loop  # noqa: E402
-from gpumond.rules.energy.slack import OperatingPoint, RankTime, job_recommendations  # noqa: E402
+from gpumond.config.rules import PowerSlackRulesConfig  # noqa: E402
+from gpumond.rules.detectors.features import RankFeatures  # noqa: E402
+from gpumond.rules.energy.planner import SlackPlanner  # noqa: E402
+from gpumond.rules.types import GpuSample  # noqa: E402
 
 NAME = "energy_slack"
 SPEC = H100_SXM
@@ -44,8 +47,9 @@ WAIT_INTENSITY = 0.2  # a GPU spinning in a collective: kernels run, little is c
 MARGIN = 0.02  # power_slack.margin: a GPU ends its compute 2 % of the slowest's before it
 INTERVAL_S = 15.0  # telemetry interval: one renewal per interval
 LEASE_S = 60.0
-GUARD = Guard(max_gpus=8, max_step_w=50.0)
-PROBE_W = 25.0
+GUARD = Guard()  # the agent's defaults (policy.power_slack): 2 GPUs and 50 W per answer, per node
+PROBE_W = 50.0
+RECENT_S = 60.0  # the detectors' window: a GPU's offer holds its limit this long after it changes
 BASE_WORK_S = 0.5  # compute seconds per step at f_max
 NOISE = 0.005  # the measured step time and compute shares read ±0.5 % off (medians of a busy job's steps)
 
@@ -78,42 +82,63 @@ def step(gpus: list[Gpu], limits: dict[str, float]) -> tuple[float, float, dict[
 
 
 def run(gpus: list[Gpu], intervals: int) -> dict[str, object]:
+    """The job under the rules service's planner and the agent's leases, one telemetry interval at a time."""
     default = {g.uuid: SPEC.power_default_w for g in gpus}
     limits = dict(default)
-    points: dict[str, dict[float, OperatingPoint]] = {g.uuid: {} for g in gpus}
-    loop, leases = JobLoop(), Leases()
-    history = []
-    offered = 0
     rng = random.Random(42)
+    state: dict[str, object] = {"t": 0.0, "per": {}, "step": 0.0}
 
     def seen(x: float) -> float:
         return x * (1 + rng.uniform(-NOISE, NOISE))
 
+    def features() -> dict[str, tuple[RankFeatures, ...]]:
+        t, per = state["t"], state["per"]
+        return {"job": tuple(RankFeatures(rank=i, node=node_of[g.uuid], gpu_uuid=g.uuid, group=None, steps=100,
+                                          step_time_s=seen(state["step"]), wait_frac=0.0, last_end=t, last_push=t,
+                                          compute_frac=min(1.0, seen(per[g.uuid][0]) / state["step"]))
+                             for i, g in enumerate(gpus))}
+
+    def window(uuid: str, since: float) -> list[GpuSample]:
+        # What the agent's telemetry says of the GPU over the window: its compute-phase clock and power
+        # under the limit it had at each sample (the busiest samples; the planner keeps those).
+        out = []
+        for t, lims in history_limits:
+            if t >= since:
+                f, p = phase(by_uuid[uuid], lims[uuid], 1.0)
+                out.append(GpuSample(uuid, node_of[uuid], "0", t, True, {"power_limit_w": lims[uuid], "sm_clock_hz": f * 1e6,
+                                                                  "power_w": p, "utilization": 1.0}))
+        return out
+
+    by_uuid = {g.uuid: g for g in gpus}
+    node_of = {g.uuid: f"node-{i // 8}" for i, g in enumerate(gpus)}  # 8 GPUs a node, one agent each
+    history_limits: list[tuple[float, dict[str, float]]] = []
+    planner = SlackPlanner(PowerSlackRulesConfig(margin=MARGIN, probe_w=PROBE_W), features, window,
+                           lambda: state["t"], RECENT_S)
+    books = {n: Leases() for n in set(node_of.values())}
+    history = []
+    offered: set[str] = set()
     for k in range(intervals):
         now = k * INTERVAL_S
         t, joules, per = step(gpus, limits)
         history.append((t, joules))
-        for g in gpus:
-            c, f, p = per[g.uuid]
-            points[g.uuid][round(limits[g.uuid])] = OperatingPoint(f * 1e6, p)
-        loop = advance_loop(loop, seen(t), now, margin=MARGIN / 2, hold_s=300)
-        offers = []
-        if loop.offering:
-            ranks = [RankTime(i, g.uuid, t, seen(per[g.uuid][0]) / t) for i, g in enumerate(gpus)]
-            recs = job_recommendations(
-                ranks, {u: sorted(pts.values(), key=lambda q: q.clock_hz) for u, pts in points.items()},
-                {g.uuid: per[g.uuid][1] * 1e6 for g in gpus}, margin=MARGIN,
-                floor_w=dict.fromkeys(default, SPEC.power_min_w), ceiling_w=default, probe_w=PROBE_W, limits=limits)
-            offers = [Offer(r.gpu_uuid, r.limit_w, "job") for r in recs]
-            offered = max(offered, len(offers))
-        leases = expire(renew(leases, offers, limits, now, LEASE_S, GUARD), now)
-        limits = {u: (lease.limit_w if (lease := leases.limit(u, now)) else default[u]) for u in default}
+        state.update(t=now, per=per, step=t)
+        history_limits.append((now, dict(limits)))
+        history_limits[:] = [(ts, lim) for ts, lim in history_limits if ts >= now - RECENT_S]
+        planner.plan()
+        for node, book in books.items():  # each node's agent asks for its own offers
+            offers = [Offer(str(o["gpu_uuid"]), float(o["limit_w"]), str(o["job"]))  # type: ignore[arg-type]
+                      for o in planner.offers(node)]
+            offered |= {o.uuid for o in offers}
+            mine = {u: w for u, w in limits.items() if node_of[u] == node}
+            books[node] = expire(renew(book, offers, mine, now, LEASE_S, GUARD), now)
+        limits = {u: (lease.limit_w if (lease := books[node_of[u]].limit(u, now)) else default[u]) for u in default}
     base_t, base_j = history[0]
     tail = history[-10:]
-    with_t = sum(t for t, _ in tail) / len(tail)
-    with_j = sum(j for _, j in tail) / len(tail)
-    return {"base_t": base_t, "base_j": base_j, "with_t": with_t, "with_j": with_j, "offered": offered,
-            "backoffs": loop.backoffs, "limits": sorted(set(round(v) for v in limits.values()))}
+    backoffs = sum(s.value for s in planner.series() if s.name == "gpumond_power_slack_backoffs_total")
+    return {"base_t": base_t, "base_j": base_j, "with_t": sum(t for t, _ in tail) / len(tail),
+            "with_j": sum(j for _, j in tail) / len(tail), "offered": len(offered), "backoffs": int(backoffs),
+            "limits": sorted(set(round(v) for v in limits.values())),
+            "max_t": max(t for t, _ in history) / base_t - 1}
 
 
 def jobs() -> dict[str, list[Gpu]]:
@@ -125,21 +150,23 @@ def jobs() -> dict[str, list[Gpu]]:
 
 def main() -> int:
     args = _bench.parser(__doc__ or "", "fewer intervals").parse_args()
-    intervals = 20 if args.quick else 40
+    intervals = 40 if args.quick else 120
     rows = []
     for name, gpus in jobs().items():
         r = run(gpus, intervals)
         rows.append((name, len(gpus), f"{r['base_j']:.0f}", f"{r['with_j']:.0f}",
                      f"{100 * (r['with_j'] / r['base_j'] - 1):+.1f} %", f"{r['base_t'] * 1e3:.1f}",
-                     f"{r['with_t'] * 1e3:.1f}", f"{100 * (r['with_t'] / r['base_t'] - 1):+.2f} %", r["offered"],
+                     f"{r['with_t'] * 1e3:.1f}", f"{100 * (r['with_t'] / r['base_t'] - 1):+.2f} %",
+                     f"{100 * r['max_t']:+.2f} %", r["offered"],
                      r["backoffs"], ", ".join(map(str, r["limits"]))))
     table = _bench.md_table(("job", "GPUs", "J/step without", "J/step with", "energy/step", "step ms without",
-                             "step ms with", "step time", "GPUs offered", "back-offs", "limits at the end (W)"),
+                             "step ms with", "step time", "worst interval", "GPUs offered", "back-offs",
+                             "limits at the end (W)"),
                             rows)
     notes = (f"Simulated {SPEC.name} (idle {SPEC.idle_w:g} W + {SPEC.dyn_w:g} W·(f/{SPEC.sm_max_mhz} MHz)^"
              f"{SPEC.alpha:g} at full load; default limit {SPEC.power_default_w:g} W, floor {SPEC.power_min_w:g} W). "
              f"Margin {MARGIN:.0%} of the slowest rank's compute; one renewal every {INTERVAL_S:g} s; guard "
-             f"{GUARD.max_gpus} GPUs and {GUARD.max_step_w:g} W per renewal; probe {PROBE_W:g} W below the lowest "
+             f"{GUARD.max_gpus} GPUs and {GUARD.max_step_w:g} W per answer per node of 8 GPUs; probe {PROBE_W:g} W below the lowest "
              f"measured point; a GPU waiting in a collective at intensity {WAIT_INTENSITY:g}; measured step time and "
              f"compute shares ±{NOISE:.1%} (seeded). {intervals} intervals; "
              "\"with\" is the mean of the last 10.")
