@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench  # noqa: E402
-from gpumond.agent.policy.lease import Guard, Leases, Offer, expire, renew  # noqa: E402
+from gpumond.agent.policy.lease import Guard, Leases, expire, parse_offers, renew  # noqa: E402
 from gpumond.nvml.sim.models import H100_SXM  # noqa: E402
 from gpumond.nvml.sim.physics import operating_point  # noqa: E402
 from gpumond.config.rules import PowerSlackRulesConfig  # noqa: E402
@@ -126,8 +126,7 @@ def run(gpus: list[Gpu], intervals: int) -> dict[str, object]:
         history_limits[:] = [(ts, lim) for ts, lim in history_limits if ts >= now - RECENT_S]
         planner.plan()
         for node, book in books.items():  # each node's agent asks for its own offers
-            offers = [Offer(str(o["gpu_uuid"]), float(o["limit_w"]), str(o["job"]))  # type: ignore[arg-type]
-                      for o in planner.offers(node)]
+            offers = parse_offers({"offers": planner.offers(node)})  # what the agent reads from the answer
             offered |= {o.uuid for o in offers}
             mine = {u: w for u, w in limits.items() if node_of[u] == node}
             books[node] = expire(renew(book, offers, mine, now, LEASE_S, GUARD), now)

@@ -60,3 +60,13 @@ def test_a_small_raise_waits_in_the_deadband() -> None:
     leases = renew(leases, [Offer(A, 653, "j")], {A: 650}, 15, 60, guard)
     assert leases.held[A].limit_w == 650 and leases.held[A].until == 75
     assert renew(leases, [Offer(A, 660, "j")], {A: 650}, 30, 60, guard).held[A].limit_w == 660
+
+
+def test_a_hold_renews_the_lease_as_it_is_whatever_limit_the_service_last_saw() -> None:
+    leases = renew(Leases(), [Offer(A, 600, "j")], APPLIED, 0, 60, Guard(2, 50))
+    assert leases.held[A].limit_w == 650
+    # The service saw 700 (its telemetry lags the agent's set): a hold must not raise the lease back.
+    leases = renew(leases, [Offer(A, 700, "j", hold=True)], {A: 650}, 15, 60, Guard(2, 50))
+    assert (leases.held[A].limit_w, leases.held[A].until) == (650, 75)
+    assert renew(Leases(), [Offer(A, 600, "j", hold=True)], APPLIED, 0, 60, Guard()).held == {}
+    assert parse_offers({"offers": [{"gpu_uuid": A, "limit_w": 600, "job": "j", "basis": "hold"}]})[0].hold

@@ -23,6 +23,9 @@ class Offer:
     uuid: str
     limit_w: float
     job: str
+    # "Keep the lease you have": the service saw the GPU's limit change too recently to judge it again. Its
+    # `limit_w` is what the service last saw, which may lag what this agent holds: it never moves a lease.
+    hold: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,8 @@ class OfferError(ValueError):
 
 
 def parse_offers(body: object) -> list[Offer]:
-    """The offers in a `GET /api/v1/power/offers` answer: {"offers": [{"gpu_uuid", "limit_w", "job"}, …]}."""
+    """The offers in a `GET /api/v1/power/offers` answer: {"offers": [{"gpu_uuid", "limit_w", "job", "basis"}, …]}
+    (`basis` "hold": keep the lease as it is)."""
     items = body.get("offers") if isinstance(body, dict) else None
     if not isinstance(items, list):
         raise OfferError("the answer has no 'offers' list")
@@ -75,7 +79,7 @@ def parse_offers(body: object) -> list[Offer]:
             raise OfferError(f"offers[{i}].gpu_uuid: must be a GPU UUID")
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
             raise OfferError(f"offers[{i}].limit_w: must be a positive number of watts")
-        out.append(Offer(uuid, float(limit), str(job or "")))
+        out.append(Offer(uuid, float(limit), str(job or ""), o.get("basis") == "hold"))
     return out
 
 
@@ -83,7 +87,8 @@ def renew(leases: Leases, offers: Sequence[Offer], applied: Mapping[str, float],
           guard: Guard) -> Leases:
     """The leases after one answer. `applied`: each GPU's limit now (what a lowering steps down from).
 
-    A GPU not offered loses its lease. An offer above the lease it has is taken at once (giving power back is
+    A GPU not offered loses its lease; a `hold` offer renews the lease as it is (and makes none). An offer above
+    the lease it has is taken at once (giving power back is
     never held). A lower one steps down from the GPU's limit by at most `max_step_w`, for at most `max_gpus`
     GPUs (the largest cuts first); the others keep their lease, renewed, and step down at a later answer."""
     until = now + lease_s
@@ -95,6 +100,10 @@ def renew(leases: Leases, offers: Sequence[Offer], applied: Mapping[str, float],
         if base is None:
             continue  # not one of this node's GPUs, or its limit is unknown: nothing to step from
         current = min(base, old.limit_w) if old is not None else base
+        if o.hold:
+            if old is not None:
+                held[o.uuid] = Lease(o.uuid, old.limit_w, o.job, until)
+            continue
         if o.limit_w >= current:
             raise_ = o.limit_w - current > guard.deadband_w or old is None
             held[o.uuid] = Lease(o.uuid, o.limit_w if raise_ else current, o.job, until)
