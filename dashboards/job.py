@@ -1,6 +1,6 @@
 """Job: one training job's ranks — step time, data-loader wait, compute and comm-wait shares as the rules
-service judged them, the GPUs the ranks run on (joined by GPU UUID), and straggler and starvation findings
-as annotations.
+service judged them, the GPUs the ranks run on (joined by GPU UUID), the job's energy, and straggler and
+starvation findings as annotations.
 
 The training job's id is the rules service's `job` label, which Prometheus stores as `exported_job` when it
 scrapes with the default `honor_labels: false` (its own `job` is the scrape job); the dashboard expects that.
@@ -29,6 +29,11 @@ def _series(title: str, unit: str, x: int, y: int, targets: list, width: int = 1
     return g.TimeSeries(title=title, dataSource=DATASOURCE, unit=unit, gridPos=pos(x, y, width, 8), targets=targets,
                         legendDisplayMode="table", legendPlacement="right", legendCalcs=["lastNotNull", "max"],
                         **kw)
+
+
+def _energy_stat(title: str, unit: str, expr: str, x: int, description: str) -> g.Stat:
+    return g.Stat(title=title, description=description, dataSource=DATASOURCE, targets=[target(expr)],
+                  gridPos=pos(x, 42, 6, 4), format=unit, graphMode="area", reduceCalc="lastNotNull")
 
 
 def build() -> g.Dashboard:
@@ -84,6 +89,17 @@ def build() -> g.Dashboard:
         _series("Tensor activity of the job's GPUs", "percentunit", 12, 34,
                 [target(on_job_gpus(f'gpumond_gpu_tensor_active_ratio{{cluster=~"$cluster", precision="any"}}'),
                         "rank {{rank}}")], valueMin=0, valueMax=1),
+        # Energy per job: the rules service credits each GPU's energy counter to the jobs on it (docs/rules-api.md).
+        _energy_stat("Energy used", "joule", f"gpumond_job_energy_joules_total{{{J}}}", 0,
+                     "What the job's GPUs used since the rules service first saw the job on them (MIG slices: "
+                     "their share of the board), from the GPUs' own energy counters."),
+        _energy_stat("Mean power", "watt", f"gpumond_job_power_watts{{{J}}}", 6,
+                     "The job's energy over the time it was measured."),
+        _energy_stat("Energy per step", "joule", f"gpumond_job_energy_per_step_joules{{{J}}}", 12,
+                     "The job's energy over the steps it completed while measured."),
+        _series("Power of the job (from its energy)", "watt", 0, 46,
+                [target(f"rate(gpumond_job_energy_joules_total{{{J}}}[$__rate_interval])", "{{exported_job}}")],
+                width=24, description="The job's energy counter's rate: what all its GPUs draw together."),
     ]
     return g.Dashboard(
         title="gpumond / Job", uid=UID, tags=["gpumond"], timezone="browser", refresh="30s", graphTooltip=1,

@@ -25,6 +25,8 @@ from gpumond.agent.podresources.client import PodResourcesClient, load_grpc
 from gpumond.agent.metrics import metric_types
 from gpumond.agent.policy.audit import AuditLog
 from gpumond.agent.policy.engine import PolicyEngine
+from gpumond.agent.policy.lease import Guard
+from gpumond.agent.policy.lease_client import LeasePuller
 from gpumond.agent.policy.state_file import StateFile
 from gpumond.agent.policy.view import build_views
 from gpumond.agent.sampler import Sampler
@@ -37,7 +39,7 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.agent.policy.event_file import FILE_NAME as EVENT_FILE
 from gpumond.agent.policy.event_file import EventFile
 from gpumond.alerts.state import AlertStateFile
-from gpumond.web.client import AccessError
+from gpumond.web.client import AccessError, build_access
 from gpumond.config import AgentConfig
 from gpumond.config.agent import PodResourcesConfig
 from gpumond.config.errors import more_problems
@@ -128,10 +130,22 @@ class Agent:
         except AccessError as e:
             self._lock.release()
             raise AgentStartError(str(e)) from None
+        slack = config.policy.power_slack
+        self.leases: LeasePuller | None = None
+        if slack.rules_url is not None and slack.mode != "off" and config.policy.mode != "off":
+            try:
+                access = build_access(slack)
+            except AccessError as e:
+                self._lock.release()
+                raise AgentStartError(f"policy.power_slack.{e}") from None
+            self.leases = LeasePuller(str(slack.rules_url), config.node_name, lease_s=slack.lease_s,
+                                      guard=Guard(slack.max_gpus_per_interval, slack.max_step_w),
+                                      clock=backend.clock, applied=lambda: self.policy.limits(), access=access)
         self.policy = PolicyEngine(config.policy, self.session, node=config.node_name,
                                    state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
                                    clock=backend.clock, alerts=self.alerts,
-                                   events=EventFile(state_dir / EVENT_FILE))
+                                   events=EventFile(state_dir / EVENT_FILE),
+                                   leases=self.leases.leases if self.leases is not None else None)
         self._audit = audit
         compat = config.exposition.dcgm_compat
         per_link = config.exposition.nvlink_per_link
@@ -176,6 +190,10 @@ class Agent:
             self._scheduler.add_job(fn, IntervalTrigger(seconds=wall), id=name, name=f"{name} tier",
                                     max_instances=1, coalesce=True, misfire_grace_time=None,
                                     next_run_time=now)
+        if self.leases is not None:
+            self._scheduler.add_job(self.leases.poll, IntervalTrigger(
+                seconds=self.wall_interval(self.config.policy.power_slack.interval_s)), id="power_slack",
+                name="power-slack offers", max_instances=1, coalesce=True, next_run_time=now)
         self._scheduler.start()
 
     def stop(self) -> None:
@@ -187,6 +205,7 @@ class Agent:
         steps: list[tuple[str, Callable[[], object] | None]] = [
             ("policy restore", self.policy.stop), ("xid watcher", self.xid.stop if self.xid else None),
             ("pod-resources client", self.pods.stop if self.pods else None), ("alerts", self.alerts.stop),
+            ("power-slack client", self.leases.close if self.leases else None),
             ("audit log", self._audit.close), ("nvml", self.session.close), ("backend", self.backend.uninstall),
             ("state_dir lock", self._lock.release)]
         for name, step in steps:

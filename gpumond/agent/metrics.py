@@ -42,11 +42,14 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
                                                            "(configured, else its slowdown threshold minus the margin)."),
     "gpumond_policy_actions_total": ("counter", "Policy actions by kind (set_limit, reapply, restore, dry_run, "
                                                 "no_permission, set_failed, restore_failed, not_recorded: a change "
-                                                "withheld because its record could not be written first)."),
+                                                "withheld because its record could not be written first; "
+                                                "lease_dry_run: a power-slack lease not applied in dry run)."),
     "gpumond_policy_mode": ("gauge", "The configured policy mode; always 1."),
     "gpumond_policy_record_failing": ("gauge", "1 while the policy cannot write its state file or audit log (file="
                                                "state|audit): no power limit is changed until it can."),
     "gpumond_policy_dry_run_fallback": ("gauge", "1 when the GPU fell back to dry_run (NoPermission on a set)."),
+    "gpumond_policy_power_slack_lease_watts": ("gauge", "The power-slack lease's limit on the GPU (dry_run=\"true\": "
+                                                        "what it would be; nothing set); absent without a lease."),
     **CONNECTION_METRICS,
     **TLS_METRICS,
     **ALERT_METRICS,

@@ -2,7 +2,7 @@
 
 A command module has `COMMAND`, `add_parser(subparsers)` (which sets `run` as the parsed arguments' default) and
 `run(args) -> exit status`. The daemons (`agent`, `rules`) start through one shared start-up (`daemon.py`); the
-read commands (`findings`, `alerts`) share one stdlib client (`read.py`).
+read commands (`findings`, `jobs`, `alerts`) share one stdlib client (`read.py`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 
 from gpumond import __version__
-from gpumond.cli import agent, alerts, check_config, demo, findings, health_check, remediation, rules
+from gpumond.cli import agent, alerts, check_config, demo, findings, health_check, jobs, remediation, rules
 from gpumond.cli.common import EXIT_USAGE, Parser, innermost
 
 # In the order `gpumond --help` lists them.
-COMMANDS = (agent, rules, demo, findings, alerts, remediation, health_check, check_config)
+COMMANDS = (agent, rules, demo, findings, jobs, alerts, remediation, health_check, check_config)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,8 @@ from pydantic_core import core_schema
 
 from gpumond.config.alerting import AlertingConfig
 from gpumond.config.http import HttpConfig
-from gpumond.config.types import AbsolutePath, ConfigModel, ListenAddress
+from gpumond.config.http_client import HttpClientConfig
+from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress
 from gpumond.wire.identity import GPU_UUID, JOB_ENV_VARS
 
 # 9480 stays clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835) on shared nodes.
@@ -277,6 +278,34 @@ class PolicyAlertsConfig(ConfigModel):
     event_hold_s: float = Field(900.0, gt=0, le=7 * 86400)
 
 
+class PowerSlackConfig(HttpClientConfig):
+    """Power-slack leases: lower limits the rules service offers for GPUs that only wait on slower peers."""
+
+    # dry_run by default: offers are computed, logged, audited and exported, and no limit changes until an
+    # operator writes `mode: enforce` here (and policy.mode is enforce).
+    mode: Annotated[Literal["enforce", "dry_run", "off"], BeforeValidator(_lowercase)] = "dry_run"
+    # The rules service to ask (GET /api/v1/power/offers?node=…); None: no offers are asked for.
+    rules_url: HttpUrl | None = None
+    interval_s: float = Field(15.0, ge=1, le=3600)
+    # A lease not renewed by an answer this long runs out: the GPU goes back to the limit it would otherwise have.
+    lease_s: float = Field(60.0, ge=5, le=3600, validate_default=True)
+    max_gpus_per_interval: int = Field(2, ge=1, le=64)
+    max_step_w: float = Field(50.0, gt=0, le=1000)
+    # Never lease below this (nor below NVML's minimum limit); None: NVML's minimum.
+    floor_w: float | None = Field(None, gt=0, le=10000)
+    # tls_config / basic_auth / authorization (HttpClientConfig): a rules service behind TLS or read-side auth
+    # (its --web.config.file), in the same keys as every other HTTP client section.
+
+    @field_validator("lease_s")
+    @classmethod
+    def _outlasts_an_interval(cls, value: float, info: ValidationInfo) -> float:
+        interval = info.data.get("interval_s")
+        if interval is not None and value < 2 * interval:
+            raise ValueError(f"must be at least twice interval_s ({2 * interval:g}): one late answer must not "
+                             "end every lease")
+        return value
+
+
 class PolicyConfig(ConfigModel):
     """What the agent may do to the GPUs: persistent limits, thermal capping, local alerts."""
 
@@ -287,6 +316,7 @@ class PolicyConfig(ConfigModel):
     power_limit: PowerLimitConfig = PowerLimitConfig()
     thermal: ThermalConfig = ThermalConfig()
     alerts: PolicyAlertsConfig = PolicyAlertsConfig()
+    power_slack: PowerSlackConfig = PowerSlackConfig()
 
 
 class AgentConfig(ConfigModel):

@@ -188,6 +188,20 @@ class FindingsConfig(ConfigModel):
     resolve_after_s: float = Field(30.0, ge=0, le=86_400)
 
 
+class PowerSlackRulesConfig(ConfigModel):
+    """Power-slack offers: lower limits for the GPUs of synchronous jobs that wait on slower peers (served on
+    GET /api/v1/power/offers; agents apply them only where their policy says so)."""
+
+    enabled: bool = True
+    # A GPU's compute must still end this share of the slowest rank's compute before it; the job's step time
+    # rising by more than half of it withdraws the job's offers at once.
+    margin: float = Field(0.02, gt=0, le=0.5)
+    # Below the lowest limit a GPU was measured at, an offer steps down at most this much.
+    probe_w: float = Field(50.0, gt=0, le=500)
+    # After a withdrawal, no offer for the job for this long.
+    hold_s: float = Field(600.0, ge=0, le=86_400)
+
+
 class RulesConfig(ConfigModel):
     """The whole rules service config file (`rules.yaml`)."""
 
@@ -211,6 +225,7 @@ class RulesConfig(ConfigModel):
     # TLS and read-side auth (exporter-toolkit's web config file); None: plain HTTP. --web.config.file overrides.
     web_config_file: AbsolutePath | None = None
     remediation: RemediationConfig = RemediationConfig()
+    power_slack: PowerSlackRulesConfig = PowerSlackRulesConfig()
 
 
     @field_validator("expire_after_s")

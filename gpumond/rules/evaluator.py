@@ -222,6 +222,10 @@ class Evaluator:
         window = self._gpus.window(uuid, 0.0)
         return window[-1].gpu if window else None
 
+    def rank_features(self) -> Mapping[str, Sequence[RankFeatures]]:
+        """What the last evaluation measured per rank of each job it owns (step time, compute share, …)."""
+        return self._state.rank_features
+
     def findings(self) -> tuple[Finding, ...]:
         """Current findings (pending and firing), highest score first."""
         return self._findings

@@ -35,7 +35,9 @@ _FILTERS = ("job", "kind", "state")
 def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[[], Sequence[Finding]],
               metrics: Callable[[], bytes], ready: Callable[[], tuple[bool, str]], clock: Callable[[], float],
               stats: IngestStats | None = None, alerts: Callable[[], bytes] = lambda: b'{"alerts":[]}',
-              health: Callable[[], tuple[bool, str]] = lambda: (True, "ok")) -> RulesApp:
+              health: Callable[[], tuple[bool, str]] = lambda: (True, "ok"),
+              jobs: Callable[[], bytes] = lambda: b'{"jobs":[]}',
+              power_offers: Callable[[str], bytes] = lambda node: b'{"offers":[]}') -> RulesApp:
     """The rules service's ASGI app; `stats` (made when None) is also at app.state.ingest_stats."""
     # findings, metrics and ready are called on a worker thread: they must be thread-safe, and
     # may then take a moment without stalling pushes.
@@ -61,6 +63,18 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
 
     async def list_alerts(request: Request) -> Response:
         return Response(await run_in_threadpool(alerts), media_type="application/json")
+
+    async def list_jobs(request: Request) -> Response:
+        return Response(await run_in_threadpool(jobs), media_type="application/json")
+
+    async def list_power_offers(request: Request) -> Response:
+        unknown = sorted(set(request.query_params) - {"node"})
+        if unknown:
+            return _error(400, f"unknown query parameter {unknown[0]!r} (use node)")
+        node = request.query_params.get("node")
+        if not node:
+            return _error(400, "node: required (the agent's node_name)")
+        return Response(await run_in_threadpool(power_offers, node), media_type="application/json")
 
     async def healthz(request: Request) -> Response:
         ok, why = await run_in_threadpool(health)
@@ -89,6 +103,8 @@ def build_app(*, config: RulesConfig, rank_store: RankStore, findings: Callable[
             Route(PUSH_PATH, push, methods=["POST"]),  # reached for a path the front does not match
             Route("/api/v1/findings", list_findings, methods=["GET"]),
             Route("/api/v1/alerts", list_alerts, methods=["GET"]),
+            Route("/api/v1/jobs", list_jobs, methods=["GET"]),
+            Route("/api/v1/power/offers", list_power_offers, methods=["GET"]),
             Route("/api/v1/openapi.json", openapi, methods=["GET"]),
             Route("/metrics", serve_metrics, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

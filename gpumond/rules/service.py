@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import socket
@@ -23,6 +24,8 @@ from gpumond.alerts.state import FILE_NAME as ALERT_STATE_FILE
 from gpumond.alerts.state import AlertStateFile
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.energy.planner import SLACK_METRICS, SlackPlanner
+from gpumond.rules.energy.tracker import ENERGY_METRICS, EnergyTracker
 from gpumond.rules.evaluator import EVALUATION_DEAD_AFTER_S, Evaluator
 from gpumond.rules.findings import findings_persistence
 from gpumond.rules.http import build_app
@@ -32,7 +35,7 @@ from gpumond.rules.remediation.remediator import REMEDIATION_METRICS, Remediator
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.rules.telemetry import build_source
 from gpumond.web.client import AccessError
-from gpumond.rules.types import TelemetrySource
+from gpumond.rules.types import TelemetryBatch, TelemetrySource
 from gpumond.web.connections import CONNECTION_METRICS, ConnectionLimits, ConnectionStats, connection_cap
 from gpumond.web.serving import bind, default_external_url, run_until_signalled
 from gpumond.state.dirlock import StateDirBusy, StateDirLock
@@ -77,6 +80,8 @@ _HELP = {
     **ALERT_METRICS,
     **SINK_METRICS,
     **REMEDIATION_METRICS,
+    **ENERGY_METRICS,
+    **SLACK_METRICS,
 }
 
 
@@ -123,15 +128,21 @@ class RulesService:
             config.remediation, _remediation_dir(config, state),
             remediation_backend if remediation_backend is not None else build_backend(config.remediation), clock,
             telemetry_interval_s=_telemetry_interval(config) if self.source is not None else None)
+        # Energy per job: each batch's energy counters credited to the jobs this replica owns.
+        self.energy = EnergyTracker(self.ranks.jobs, owns=lambda job: self.evaluator.owns(job))
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
-                                   shard=shard, clock=clock, on_batch=self.remediator.observe,
+                                   shard=shard, clock=clock, on_batch=self._observe,
                                    extra_conditions=self.remediator.conditions,
                                    dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s))
+        self.slack = SlackPlanner(config.power_slack, self.evaluator.rank_features, self.gpus.window, clock,
+                                  detectors.recent_s)
         self.stats = IngestStats(self.ranks, self.gpus)
         self.http_stats = ConnectionStats(cap=connection_cap(ConnectionLimits.of(config.http)))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
-                             alerts=self.alerts.api_json, health=self.evaluator.health)
+                             alerts=self.alerts.api_json, health=self.evaluator.health,
+                             jobs=lambda: json.dumps(self.energy.view()).encode(),
+                             power_offers=lambda node: json.dumps({"offers": self.slack.offers(node)}).encode())
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def metrics(self) -> bytes:
@@ -143,6 +154,8 @@ class RulesService:
         series += self.alerts.series()
         series += self.alerts.active_series(RULES_ALERT_LABELS)
         series += self.remediator.series()
+        series += self.energy.series()
+        series += self.slack.series()
         series.append(Series("gpumond_build_info", (("version", __version__),), 1.0))
         return render(series)
 
@@ -156,6 +169,9 @@ class RulesService:
                                     id="telemetry", max_instances=1, coalesce=True, next_run_time=now)
         self._scheduler.add_job(self.evaluator.run, IntervalTrigger(seconds=self.config.evaluation_interval_s),
                                 id="evaluate", max_instances=1, coalesce=True, next_run_time=now)
+        if self.config.power_slack.enabled:
+            self._scheduler.add_job(self._plan_slack, IntervalTrigger(seconds=self.config.evaluation_interval_s),
+                                    id="power_slack", max_instances=1, coalesce=True)
         # Sharded replicas all see every agent: only the first acts, so a node is never drained twice.
         if self.config.remediation.mode != "off" and (self.config.shard is None or self.config.shard.index == 0):
             self._scheduler.add_job(self._remediate, IntervalTrigger(seconds=self.config.remediation.interval_s),
@@ -169,6 +185,21 @@ class RulesService:
             log.warning("the example's demo push token is accepted: anyone who read deploy/examples/rules.yaml can "
                         "push; replace it (tokens_file or GPUMOND_RULES_TOKENS)", extra={"listen": str(self.config.listen)})
 
+
+    def _observe(self, batch: TelemetryBatch) -> None:
+        """What else each telemetry batch feeds: remediation, and energy per job (whose failure is logged and
+        loses nothing else: the next batch credits the energy since the last good one)."""
+        self.remediator.observe(batch)
+        try:
+            self.energy.observe(batch)
+        except Exception:
+            log.exception("energy accounting failed for this telemetry batch")
+
+    def _plan_slack(self) -> None:
+        try:
+            self.slack.plan()
+        except Exception:  # a planning bug must not kill the schedule; offers stay as they were, leases run out
+            log.exception("power-slack planning failed")
 
     def _remediate(self) -> None:
         try:

@@ -18,7 +18,7 @@ class Rig:
     """A node in-process: simulated GPUs, the session, and a policy engine on the simulated clock."""
 
     def __init__(self, tmp_path, gpus=2, policy=None, scenario=None, allow_set=True, sim=None, clock=None,
-                 state_write=None, audit_opener=None):
+                 state_write=None, audit_opener=None, leases=None):
         self.clock = clock or ManualClock()
         self.sim = sim or SimulatedNvml(gpu_count=gpus, node="policy-node", clock=self.clock, allow_set=allow_set,
                                         scenario=Scenario.model_validate(scenario or {}))
@@ -31,7 +31,7 @@ class Rig:
         # These scenarios are about acting: enforce unless the test names another mode (the default is dry_run).
         config = PolicyConfig.model_validate({"mode": "enforce", **(policy or {})})
         self.engine = PolicyEngine(config, self.session, node="policy-node", state_file=state_file, audit=audit,
-                                   clock=self.clock.now)
+                                   clock=self.clock.now, leases=leases)
         self.slow = self.session.read("slow")
         self.t = 0
         self.series = []

@@ -23,6 +23,8 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
 @pytest.mark.parametrize("argv, expect", [
     (["benchmarks/agent_sample_cycle.py", "--quick"], "bare pynvml loop"),
     (["benchmarks/thermal_policy.py", "--quick"], "gpumond"),
+    (["benchmarks/energy_slack.py", "--quick"], "unbalanced pipeline"),
+    (["benchmarks/energy_cycle.py", "--quick"], "Ratio of medians"),
     (["-m", "benchmarks.detection.run", "--quick", "--no-scaling"], "straggler"),
     (["-m", "benchmarks.detection.gpm", "--quick"], "with GPM"),
     (["-m", "benchmarks.detection.fault_free", "--quick"], "95 % upper bound per job-day"),

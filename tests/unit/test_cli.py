@@ -74,8 +74,14 @@ def test_check_config_reads_the_http_clients_secret_files_as_the_daemon_does(tmp
     assert f"alerting.alertmanager.basic_auth.password_file: cannot read {missing}" in capsys.readouterr().err
     assert main(["check-config", str(rules)]) == 2
     assert f"telemetry.scrape.authorization.credentials_file: cannot read {missing}" in capsys.readouterr().err
+    slack = tmp_path / "slack-agent.yaml"
+    slack.write_text("policy:\n  power_slack: {rules_url: http://rules:9481, authorization: "
+                     f"{{credentials_file: {missing}}}}}\n")
+    assert main(["check-config", str(slack)]) == 2
+    assert f"policy.power_slack.authorization.credentials_file: cannot read {missing}" in capsys.readouterr().err
     missing.write_text("s3cret\n")
     assert main(["check-config", str(agent)]) == 0 and main(["check-config", str(rules)]) == 0
+    assert main(["check-config", str(slack)]) == 0
     assert main(["check-config", "--shape-only", str(agent)]) == 0
 
 

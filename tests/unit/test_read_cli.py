@@ -367,3 +367,40 @@ def test_plain_http_to_a_daemon_that_closes_without_answering_suggests_https(cap
     finally:
         listener.close()
         thread.join(5)
+
+
+def test_jobs_prints_the_services_energy_per_job_running_first(tmp_path, capsys) -> None:
+    from gpumond.rules.service import RulesService
+    from tests.unit.test_energy_tracker import Batches, board, push
+    from gpumond.config.rules import RulesConfig
+    from gpumond.rules.types import TelemetryBatch
+
+    uuid = "GPU-5b0c3b0a-0000-4000-8000-000000000001"
+    batches = [TelemetryBatch(t, (board(uuid, t, 700.0 * t),)) for t in (0.0, 10.0, 20.0)]
+    service = RulesService(RulesConfig.model_validate({"tokens": ["t" * 32], "state_dir": str(tmp_path)}),
+                           source=Batches(batches))
+    try:
+        for step, t in ((10, 0.0), (30, 10.0)):
+            push(service.ranks, "llama", 0, uuid, step, t)
+            service.evaluator.poll_telemetry()
+        push(service.ranks, "llama", 0, uuid, 40, 15.0, final=True)
+        push(service.ranks, "bert", 0, "GPU-5b0c3b0a-0000-4000-8000-000000000002", 1, 15.0)
+        service.evaluator.poll_telemetry()  # llama ended: its record stays, bert has no GPU reading yet
+        body = json.dumps({"jobs": service.energy.view()["jobs"]}).encode()
+    finally:
+        service.stop()
+    with serving({"/api/v1/jobs": (200, JSON, body)}) as (url, _):
+        assert main(["jobs", "--url", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["JOB", "STATE", "ENERGY", "MEAN", "POWER", "MEASURED", "STEPS", "PER", "STEP"]
+    assert lines[1].split() == ["llama", "ended", "7.0", "kJ", "700", "W", "10", "s", "20", "350", "J"]
+    with serving({"/api/v1/jobs": (200, JSON, b'{"jobs": []}')}) as (url, _):
+        assert main(["jobs", "--url", url]) == 0
+    assert capsys.readouterr().out.startswith("no jobs: the rules service has measured no job's energy yet")
+
+
+def test_jobs_from_a_service_that_does_not_serve_them_is_one_line_and_exit_1(capsys) -> None:
+    with serving({}) as (url, _):
+        assert main(["jobs", "--url", url]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "HTTP 404" in err and "serves /api/v1/jobs" in err

@@ -18,6 +18,7 @@ from typing import Protocol
 from gpumond.agent.policy.alert_rules import AgentAlertState, agent_conditions
 from gpumond.agent.policy.event_file import EventFile, HeldEvents
 from gpumond.agent.policy.audit import AuditLog
+from gpumond.agent.policy.lease import Leases, leased_limit
 from gpumond.agent.policy.limits import resolve_persistent_limit
 from gpumond.agent.policy.state_file import LimitRecord, StateFile
 from gpumond.agent.policy.thermal import ThermalState, thermal_step, thermal_target
@@ -47,6 +48,7 @@ class _Gpu:
     last_dry_run_w: float | None = None
     said: set[str] = field(default_factory=set)
     pending_tried: bool = False  # this run tried the restore a previous stop left pending
+    lease_w: float | None = None  # the power-slack lease's limit in effect (or, dry run, that would be)
 
 
 class PolicyEngine:
@@ -54,7 +56,8 @@ class PolicyEngine:
 
     def __init__(self, cfg: PolicyConfig, actuator: Actuator, *, node: str, state_file: StateFile,
                  audit: AuditLog, clock: Callable[[], float], alerts: AlertPipeline | None = None,
-                 wall: Callable[[], float] = time.time, events: EventFile | None = None) -> None:
+                 wall: Callable[[], float] = time.time, events: EventFile | None = None,
+                 leases: Callable[[], Leases] | None = None) -> None:
         self.cfg = cfg
         self._act = actuator
         self._node = node
@@ -86,6 +89,10 @@ class PolicyEngine:
         # Sinks deliver on their own threads: the cycle hands them alerts and never waits on the network.
         self._pipeline = alerts if alerts is not None else log_only()
         self._index: dict[str, int] = {}
+        # The power-slack leases the agent holds (lease_client.LeasePuller.leases), None without a rules_url.
+        self._leases = leases
+        self._limits: dict[str, float] = {}  # each GPU's limit at its last cycle: what a lease steps down from
+        self._book: Leases | None = None  # the leases as this cycle read them
 
     # ----- start-up checks ---------------------------------------------------------------------
     def check(self, views: Sequence[GpuView]) -> list[str]:
@@ -99,6 +106,8 @@ class PolicyEngine:
         """Decide and act for every GPU, evaluate alerts, and return the policy's series."""
         with self._lock:
             now = self._clock()
+            # Read once a cycle: with no lease held, each GPU's lease check is one dict lookup.
+            self._book = self._leases() if self._leases is not None and self.cfg.power_slack.mode != "off" else None
             for v in views:
                 self._index[v.uuid] = v.index
                 if v.up:
@@ -113,6 +122,7 @@ class PolicyEngine:
         current = v.requested_limit_w if v.requested_limit_w is not None else v.enforced_limit_w
         if current is None or v.limit_min_w is None or v.limit_max_w is None:
             return  # limits or constraints not read yet (slow tier): nothing safe to decide
+        self._limits[v.uuid] = current
         record = self._remember_original(v, current)
         if record.restore_pending and not g.pending_tried:
             # The previous run was stopped (restore_on_exit) while this GPU was lost: finish that stop first,
@@ -142,6 +152,9 @@ class PolicyEngine:
         if self.cfg.thermal.enabled:
             g.thermal, decision = thermal_step(g.thermal, v, self.cfg.thermal, ceiling, now)
             wanted, reason = decision.limit_w, decision.reason
+        leased = self._lease(v, g, wanted if wanted is not None else ceiling, now)
+        if leased is not None:
+            wanted, reason = leased
         if wanted is None and record.last_set_w is not None:
             wanted, reason = record.original_w, "policy no longer limits this GPU: restoring the original limit"
         if wanted is None:
@@ -164,6 +177,38 @@ class PolicyEngine:
                                                                   "to_w": wanted, "reason": reason})
             return
         self._set(v, g, record, current, wanted, action, reason, now)
+
+    def limits(self) -> dict[str, float]:
+        """Each GPU's power limit at its last cycle, by uuid."""
+        with self._lock:
+            return dict(self._limits)
+
+    def _lease(self, v: GpuView, g: _Gpu, base: float, now: float) -> tuple[float, str] | None:
+        """The GPU's power-slack lease as (limit, reason) when it applies: it lowers `base` (what the policy
+        wants otherwise, so thermal capping and the persistent limit win), never below the floor. In dry run
+        it is logged, audited and exported once per change, and nothing is returned: nothing is set."""
+        if self._book is None or (g.lease_w is None and v.uuid not in self._book.held):
+            return None
+        slack = self.cfg.power_slack
+        lease = self._book.limit(v.uuid, now)
+        floor = max(v.limit_min_w or 0.0, slack.floor_w or 0.0)
+        limit = leased_limit(base, lease, floor)
+        previous, g.lease_w = g.lease_w, limit
+        if limit is None or lease is None:
+            if previous is not None:
+                self._audit_write("lease_end", gpu=v.index, uuid=v.uuid, lease_w=previous, back_to_w=base,
+                                  dry_run=slack.mode == "dry_run", agent_time=round(now, 3))
+            return None
+        reason = f"power slack lease for job {lease.job} (offered by the rules service; runs out unless renewed)"
+        if slack.mode == "dry_run":
+            if previous is None or abs(previous - limit) >= _TOLERANCE_W:
+                self._count("lease_dry_run")
+                self._audit_write("lease_dry_run", gpu=v.index, uuid=v.uuid, base_w=base, would_set_w=limit,
+                                  job=lease.job, reason=reason, agent_time=round(now, 3))
+                log.info("dry run: would lease a lower power limit", extra={
+                    "gpu": v.index, "uuid": v.uuid, "from_w": base, "to_w": limit, "job": lease.job})
+            return None
+        return limit, reason
 
     def _set(self, v: GpuView, g: _Gpu, record: LimitRecord, current: float, wanted: float, action: str,
              reason: str, now: float) -> None:
@@ -397,6 +442,10 @@ class PolicyEngine:
         out += [Series("gpumond_policy_actions_total", (("action", a),), float(n))
                 for a, n in sorted(self._actions.items())]
         out.append(Series("gpumond_policy_mode", (("mode", self.cfg.mode),), 1.0))
+        dry = "true" if self.cfg.power_slack.mode != "enforce" or self.cfg.mode != "enforce" else "false"
+        out += [Series("gpumond_policy_power_slack_lease_watts", (("gpu", str(v.index)), ("uuid", v.uuid),
+                                                                  ("dry_run", dry)), g.lease_w)
+                for v in views if (g := self._gpus.get(v.uuid)) is not None and g.lease_w is not None]
         out += [Series("gpumond_policy_record_failing", (("file", f),), 1.0 if f in self._write_errors else 0.0)
                 for f in ("audit", "state")]
         for v in views:

@@ -1,0 +1,54 @@
+"""The agent's power-slack client (gpumond/agent/policy/lease_client.py) against a local HTTP server: offers
+renew leases, a withdrawn offer ends its lease, an unreachable or unreadable service renews nothing (one log
+line when it starts failing), so leases run out."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from gpumond.agent.policy.lease import Guard
+from gpumond.agent.policy.lease_client import LeasePuller
+from tests.unit.test_read_cli import JSON, serving
+
+A = "GPU-5b0c3b0a-0000-4000-8000-000000000001"
+
+
+class Clock:
+    t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_offers_renew_leases_and_a_failing_service_lets_them_run_out(caplog) -> None:
+    clock = Clock()
+    routes = {"/api/v1/power/offers": (200, JSON, json.dumps({"offers": [
+        {"gpu_uuid": A, "limit_w": 600, "job": "llama"}]}).encode())}
+    with serving(routes) as (url, seen):
+        puller = LeasePuller(url, "node-1", lease_s=60, guard=Guard(2, 50), clock=clock,
+                             applied=lambda: {A: 700.0})
+        puller.poll()
+        assert seen == ["/api/v1/power/offers?node=node-1"]
+        assert puller.leases().limit(A, clock.t).limit_w == 650  # one guard step down
+        routes["/api/v1/power/offers"] = (500, JSON, b'{"error": "evaluation failed"}')
+        clock.t += 30
+        with caplog.at_level(logging.WARNING, logger="gpumond.policy"):
+            puller.poll()
+            puller.poll()
+        assert [r.getMessage() for r in caplog.records].count(
+            "power-slack offers cannot be read: leases run out unless renewed") == 1
+        assert puller.leases().limit(A, clock.t) is not None
+        clock.t += 30
+        assert puller.leases().held == {}  # 60 s after the last good answer
+        routes["/api/v1/power/offers"] = (200, JSON, b'{"offers": [{"gpu_uuid": "x", "limit_w": "lots"}]}')
+        puller.poll()
+        assert puller.failures == 3 and puller.answers == 1
+        routes["/api/v1/power/offers"] = (200, JSON, json.dumps({"offers": [
+            {"gpu_uuid": A, "limit_w": 600, "job": "llama"}]}).encode())
+        puller.poll()
+        assert puller.leases().limit(A, clock.t) is not None
+        routes["/api/v1/power/offers"] = (200, JSON, b'{"offers": []}')
+        puller.poll()
+        assert puller.leases().held == {}  # withdrawn: at once
+        puller.close()
