@@ -23,7 +23,7 @@ from gpumond.agent.identity_file import IdentityFile
 from gpumond.agent.jobs import JobAttributor
 from gpumond.agent.podresources.client import PodResourcesClient, load_grpc
 from gpumond.agent.metrics import metric_types
-from gpumond.agent.policy.audit import AuditLog
+from gpumond.state.audit import AuditLog
 from gpumond.agent.policy.engine import PolicyEngine
 from gpumond.agent.policy.state_file import StateFile
 from gpumond.agent.policy.view import build_views

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from gpumond.agent.policy.alert_rules import AgentAlertState, agent_conditions
 from gpumond.agent.policy.event_file import EventFile, HeldEvents
-from gpumond.agent.policy.audit import AuditLog
+from gpumond.state.audit import AuditLog
 from gpumond.agent.policy.limits import resolve_persistent_limit
 from gpumond.agent.policy.state_file import LimitRecord, StateFile
 from gpumond.agent.policy.thermal import ThermalState, thermal_step, thermal_target
