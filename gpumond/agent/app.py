@@ -48,7 +48,7 @@ from gpumond.web.serving import ListenError, bind, default_external_url, run_unt
 from gpumond.state.dirlock import StateDirBusy, StateDirLock
 from gpumond.web import Web
 
-__all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
+__all__ = ["Agent", "AgentStartError", "Backend", "serve"]
 
 log = logging.getLogger("gpumond.agent")
 
