@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench  # noqa: E402
-from gpumond.agent.policy.audit import AuditLog  # noqa: E402
+from gpumond.state.audit import AuditLog  # noqa: E402
 from gpumond.agent.policy.engine import PolicyEngine  # noqa: E402
 from gpumond.agent.policy.lease import Leases  # noqa: E402
 from gpumond.agent.policy.state_file import StateFile  # noqa: E402

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pynvml  # noqa: E402
 
 import _bench  # noqa: E402
-from gpumond.agent.policy.audit import AuditLog  # noqa: E402
+from gpumond.state.audit import AuditLog  # noqa: E402
 from gpumond.agent.policy.engine import PolicyEngine  # noqa: E402
 from gpumond.agent.policy.state_file import StateFile  # noqa: E402
 from gpumond.agent.policy.view import build_views  # noqa: E402

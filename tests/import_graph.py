@@ -52,17 +52,24 @@ def _base(name: str, path: Path, node: ast.ImportFrom) -> str:
     return f"{package}.{node.module}" if node.module else package
 
 
-def imports_of(name: str, path: Path, known: Mapping[str, Path]) -> set[str]:
-    """The modules of `known` that module `name` (at `path`) imports."""
+def imported_names(name: str, path: Path) -> set[str]:
+    """Every name module `name` (at `path`) imports, relative ones resolved: `import a.b` as `a.b`, `from a import
+    b` as `a.b` (a module or a name in `a`); `from __future__` is left out."""
     out = set()
     for node in _imports(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        else:
+            out |= {alias.name for alias in node.names}
+        elif node.module != "__future__":
             base = _base(name, path, node)
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-        out |= {t for t in targets if t in known and t != name}
+            out |= {f"{base}.{a.name}" for a in node.names}
     return out
+
+
+def imports_of(name: str, path: Path, known: Mapping[str, Path]) -> set[str]:
+    """The modules of `known` that module `name` (at `path`) imports."""
+    # `from a import b` imports module a.b when there is one, else a name of module a.
+    targets = {t if t in known else t.rpartition(".")[0] for t in imported_names(name, path)}
+    return {t for t in targets if t in known and t != name}
 
 
 def import_graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:

@@ -23,7 +23,7 @@ from gpumond.agent.identity_file import IdentityFile
 from gpumond.agent.jobs import JobAttributor
 from gpumond.agent.podresources.client import PodResourcesClient, load_grpc
 from gpumond.agent.metrics import metric_types
-from gpumond.agent.policy.audit import AuditLog
+from gpumond.state.audit import AuditLog
 from gpumond.agent.policy.engine import PolicyEngine
 from gpumond.agent.policy.lease import Guard
 from gpumond.agent.policy.lease_client import LeasePuller
@@ -50,7 +50,7 @@ from gpumond.web.serving import ListenError, bind, default_external_url, run_unt
 from gpumond.state.dirlock import StateDirBusy, StateDirLock
 from gpumond.web import Web
 
-__all__ = ["Agent", "AgentStartError", "Backend", "ListenError", "serve"]
+__all__ = ["Agent", "AgentStartError", "Backend", "serve"]
 
 log = logging.getLogger("gpumond.agent")
 

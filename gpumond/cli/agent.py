@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumond.cli.common import EXIT_USAGE, directory, speed, whole_number
-from gpumond.cli.daemon import Daemon, Override, add_daemon_flags, start
+from gpumond.cli.daemon import Daemon, Override, StartError, add_daemon_flags, start
 
 COMMAND = "agent"
 # Scenarios ship inside the package, so `--sim-scenario demo` works wherever the agent is started.
@@ -82,11 +82,9 @@ def run(args: argparse.Namespace) -> int:
         print("gpumond agent: --sim-speed: applies to simulated GPUs only; add --sim N (see: gpumond agent --help)",
               file=sys.stderr)
         return EXIT_USAGE
-    from gpumond.agent.app import AgentStartError
-    from gpumond.agent.backends import BackendError
     from gpumond.config import load_agent_config
 
-    return start(Daemon(COMMAND, load_agent_config, _overrides, _serve, (AgentStartError, BackendError),
+    return start(Daemon(COMMAND, load_agent_config, _overrides, _serve,
                         port_hint="is another agent running? choose another port with --listen"), args)
 
 
@@ -105,11 +103,14 @@ def _node_name(text: str) -> str:
 
 
 def _serve(cfg: Any, web: Any, args: argparse.Namespace) -> None:
-    from gpumond.agent.app import Agent, serve
-    from gpumond.agent.backends import real_backend, sim_backend
+    from gpumond.agent.app import Agent, AgentStartError, serve
+    from gpumond.agent.backends import BackendError, real_backend, sim_backend
 
-    if args.sim or args.sim_scenario:
-        backend = sim_backend(args.sim, args.sim_scenario, args.sim_speed or 1.0, cfg.node_name)
-    else:
-        backend = real_backend()
-    serve(Agent(cfg, backend, web=web))
+    try:
+        if args.sim or args.sim_scenario:
+            backend = sim_backend(args.sim, args.sim_scenario, args.sim_speed or 1.0, cfg.node_name)
+        else:
+            backend = real_backend()
+        serve(Agent(cfg, backend, web=web))
+    except (AgentStartError, BackendError) as e:
+        raise StartError(str(e)) from None

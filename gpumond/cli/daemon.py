@@ -1,7 +1,8 @@
 """The start-up `gpumond agent` and `gpumond rules` share: their common flags, the config file (a misfiled one
 named as such), flag overrides validated like the file, the web config with its certificates, logging; then the
 daemon serves until a signal (gpumond.web.serving). A bad config, flag or start is one line and exit 2; a taken
-port is exit 1."""
+port is exit 1. The daemon's own modules load only once its config is good (`serve` imports them), so a refusal
+is quick."""
 
 from __future__ import annotations
 
@@ -35,13 +36,17 @@ class Daemon:
     command: str  # "agent" or "rules"
     load: Callable[[Path | None], Any]  # the config loader (reads the file, secrets, environment)
     overrides: Callable[[argparse.Namespace], Sequence[Override]]
-    serve: Callable[[Any, Any, argparse.Namespace], None]  # (config, web, args): serves until a signal
-    start_errors: tuple[type[Exception], ...]  # what `serve` raises for a daemon that cannot start (exit 2)
+    # (config, web, args): serves until a signal; StartError for a daemon that cannot start (exit 2)
+    serve: Callable[[Any, Any, argparse.Namespace], None]
     port_hint: str  # said after a listen address that cannot be bound
 
 
 class FlagError(Exception):
     """A command-line override that does not parse; the message is the one line to print."""
+
+
+class StartError(Exception):
+    """A daemon that cannot start (its state directory, a backend, a certificate); the message is the line."""
 
 
 def start(daemon: Daemon, args: argparse.Namespace) -> int:
@@ -68,7 +73,7 @@ def start(daemon: Daemon, args: argparse.Namespace) -> int:
     setup_logging(cfg.log.level, cfg.log.format)
     try:
         daemon.serve(cfg, web, args)
-    except daemon.start_errors as e:
+    except StartError as e:
         print(f"gpumond: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ListenError as e:

@@ -150,8 +150,11 @@ def _read_agent(url: str, node: str) -> Any:
     from gpumond.rules.telemetry.mapping import read_agent
     from gpumond.rules.telemetry.scrape import wanted_lines
 
+    from gpumond.web.client import Access, http_client
+
     try:
-        r = httpx.get(f"{url.rstrip('/')}/metrics", timeout=5.0, trust_env=False)
+        with http_client(Access(), timeout=5.0) as client:  # gpumond's one way to build a client
+            r = client.get(f"{url.rstrip('/')}/metrics")
     except httpx.HTTPError as e:
         return f"{type(e).__name__}: {e}"
     if r.status_code != 200:

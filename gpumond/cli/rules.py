@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumond.cli.common import directory
-from gpumond.cli.daemon import Daemon, Override, add_daemon_flags, start
+from gpumond.cli.daemon import Daemon, Override, StartError, add_daemon_flags, start
 
 COMMAND = "rules"
 
@@ -38,10 +38,9 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run `gpumond rules` until a signal."""
     from gpumond.config.rules import load_rules_config
-    from gpumond.rules.service import RulesStartError
 
-    return start(Daemon(COMMAND, load_rules_config, _overrides, _serve, (RulesStartError,),
-                        port_hint="choose another port with --listen"), args)
+    return start(Daemon(COMMAND, load_rules_config, _overrides, _serve, port_hint="choose another port with --listen"),
+                 args)
 
 
 def _overrides(args: argparse.Namespace) -> list[Override]:
@@ -54,6 +53,9 @@ def _overrides(args: argparse.Namespace) -> list[Override]:
 
 
 def _serve(cfg: Any, web: Any, args: argparse.Namespace) -> None:
-    from gpumond.rules.service import RulesService, serve
+    from gpumond.rules.service import RulesService, RulesStartError, serve
 
-    serve(RulesService(cfg, web=web))
+    try:
+        serve(RulesService(cfg, web=web))
+    except RulesStartError as e:
+        raise StartError(str(e)) from None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from gpumond.config.errors import ConfigError
 from gpumond.config.http import HttpConfig
 from gpumond.config.load import load_config
 from gpumond.config.remediation import RemediationConfig
+from gpumond.config.tokens import read_tokens_file, token_problem
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress, SecretText, Hidden
 from gpumond.config.http_client import HttpClientConfig
 from gpumond.wire.routing import MAX_SHARDS
@@ -29,17 +29,6 @@ DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9481)
 TOKENS_ENV = "GPUMOND_RULES_TOKENS"
 NO_TOKENS = ("tokens: no push tokens configured (set tokens, tokens_file or GPUMOND_RULES_TOKENS, "
              "or allow_unauthenticated: true for a demo)")
-
-# RFC 6750 b64token, so a token always fits an Authorization header unquoted; 16 characters is
-# the floor of a random secret (`openssl rand -hex 16` gives 32).
-_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]{16,512}=*")
-_TOKEN_RULE = "must be 16-512 characters of A-Z a-z 0-9 - . _ ~ + / (then optional '=' padding)"
-
-
-def token_problem(token: str) -> str | None:
-    """Why `token` cannot be a bearer token, or None when it can."""
-    return None if _TOKEN.fullmatch(token) else _TOKEN_RULE
-
 
 def _tokens(hidden: Hidden) -> tuple[str, ...]:
     value = hidden.value
@@ -264,23 +253,3 @@ def resolve_tokens(config: RulesConfig, source: str, env: Mapping[str, str]) -> 
     if not tokens and not config.allow_unauthenticated:
         raise ConfigError(source, NO_TOKENS)
     return config.model_copy(update={"tokens": tuple(dict.fromkeys(tokens))})
-
-
-def read_tokens_file(path: Path, source: str, key: str = "tokens_file") -> list[str]:
-    """The bearer tokens in a token file (one a line, `#` comments), for the push API's `tokens_file` and the
-    web config's read-side `bearer_tokens_file`; ConfigError naming `key` when unreadable or bad."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(source, f"{key}: cannot read {path}: not UTF-8 text") from None
-    except OSError as err:
-        raise ConfigError(source, f"{key}: cannot read {path}: {err.strerror or err}") from None
-    tokens = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        token = line.split("#", 1)[0].strip()
-        if not token:
-            continue
-        if problem := token_problem(token):
-            raise ConfigError(source, f"{key}: {path} line {number}: {problem}")
-        tokens.append(token)
-    return tokens

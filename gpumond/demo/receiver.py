@@ -317,7 +317,7 @@ class Receiver:
         await serving
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving; stalled (Hang) requests end at once with 503; waits at most `timeout` seconds."""
+        """Stop serving; an answer still waiting on `stopping()` is told at once; waits at most `timeout` seconds."""
         thread = self._thread
         if thread is None:
             return

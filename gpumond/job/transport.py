@@ -13,6 +13,7 @@ from typing import NoReturn, Protocol
 
 from gpumond import __version__
 from gpumond.job.settings import ConfigError
+from gpumond.wire.media import JSON_TYPE
 from gpumond.wire.retry import parse_retry_after
 from gpumond.wire.tlsclient import ClientTLS, explain, https_instead
 
@@ -53,7 +54,7 @@ class HttpTransport:
     Over https the server is verified with `tls` (the system CA bundle when None)."""
 
     def __init__(self, endpoint: str, token: str, tls: ClientTLS | None = None,
-                 content_type: str = "application/json") -> None:
+                 content_type: str = JSON_TYPE) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(f"endpoint must be an http:// or https:// URL with a host (got {endpoint!r})")

@@ -101,9 +101,11 @@ def field_of(obj: Any, name: str) -> Any:
 
 def http_client(access: Access, *, timeout: httpx.Timeout | float = 5.0, limits: httpx.Limits | None = None,
                 headers: Mapping[str, str] | None = None, trust_env: bool = False) -> httpx.Client:
-    """The httpx client of one telemetry source or sink: certificates from `access` (its credentials are headers,
-    read per request round by the caller), redirects never followed (a credential must not follow one to another
-    host), and the environment's proxy settings ignored unless the caller asks for them (a proxy set for pip, say,
-    must not sit between gpumond and its agents or receivers)."""
-    return httpx.Client(verify=access.verify(), timeout=timeout, limits=limits or httpx.Limits(),
-                        headers=dict(headers or {}), follow_redirects=False, trust_env=trust_env)
+    """The httpx client of one telemetry source, alert sink or health check: certificates from `access` (its
+    credentials are headers, read per request round by the caller), redirects never followed (a credential must not
+    follow one to another host), and the environment's proxy settings ignored unless the caller asks for them (a
+    proxy set for pip, say, must not sit between gpumond and its agents or receivers). Without `limits`, httpx's own
+    pool bounds (100 connections, 20 kept alive); `httpx.Limits()` would be unbounded."""
+    pool = {} if limits is None else {"limits": limits}
+    return httpx.Client(verify=access.verify(), timeout=timeout, headers=dict(headers or {}), follow_redirects=False,
+                        trust_env=trust_env, **pool)

@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, Field, PlainValidator, field_validator, mo
 
 from gpumond.config.errors import ConfigError
 from gpumond.config.load import load_config
-from gpumond.config.rules import read_tokens_file
+from gpumond.config.tokens import read_tokens_file
 from gpumond.config.types import ConfigModel, Hidden
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpumond.config.types import ListenAddress
 from gpumond.web.connections import ConnectionLimits, ConnectionStats
-from gpumond.web.protocols import default_parser, guarded_protocol
 
 log = logging.getLogger("gpumond.serving")
 
@@ -58,7 +57,11 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
     """Serve `app` on `sock` until SIGTERM/SIGINT/SIGHUP; then `on_stop()`; the process exits normally (status 0).
 
     `stats` receives the connection guard's counters (for the daemon's /metrics); `tls` serves HTTPS."""
+    # Here, not at the top: a daemon's start-up imports this module (ListenError) before its config is known to
+    # be good, and a refused config must not wait for uvicorn (~160 ms).
     import uvicorn
+
+    from gpumond.web.protocols import default_parser, guarded_protocol
 
     class _Server(uvicorn.Server):
         """uvicorn, minus re-raising the signal after shutdown: that would kill us before on_stop runs."""

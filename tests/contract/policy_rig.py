@@ -5,7 +5,7 @@ closes them is in conftest.py.
 
 import json
 
-from gpumond.agent.policy.audit import AuditLog
+from gpumond.state.audit import AuditLog
 from gpumond.agent.policy.engine import PolicyEngine
 from gpumond.agent.policy.state_file import StateFile
 from gpumond.agent.policy.view import build_views

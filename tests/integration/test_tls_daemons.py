@@ -24,7 +24,6 @@ from gpumond.wire.tlsclient import ClientTLS
 from gpumond.web.client import build_access
 from gpumond.rules.telemetry.promql import PrometheusSource
 from gpumond.rules.telemetry.scrape import ScrapeSource
-from gpumond.wire.tlsclient import ClientTLS
 from tests.integration.alert_helpers import TOKEN, RulesDaemon
 from tests.integration.helpers import AgentProcess, PrometheusServer, http_get, wait_until, write_yaml
 from tests.pki import CA

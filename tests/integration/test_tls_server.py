@@ -22,7 +22,6 @@ from cryptography import x509
 from gpumond.web.connections import ConnectionLimits, ConnectionStats
 from gpumond.wire.tlsclient import ClientTLS, explain
 from gpumond.web.tls import ServerTLS, ServerTLSSettings, guarded_tls
-from gpumond.wire.tlsclient import ClientTLS, explain
 from tests.handshake_flood import client_hello
 from tests.integration.guarded_server import LIMITS, WAIT_S, closed_by_server, connect
 from tests.integration.guarded_server import serving as plain_or_tls_serving

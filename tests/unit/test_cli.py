@@ -311,3 +311,16 @@ def test_a_daemon_on_a_taken_port_exits_1_with_one_line_naming_it(daemon, extra,
     assert p.returncode == 1, p.stderr
     lines = p.stderr.strip().splitlines()
     assert lines == [f"gpumond: cannot listen on 127.0.0.1:{port}: Address already in use {hint}"], p.stderr
+
+
+@pytest.mark.parametrize("daemon, daemon_module", [("agent", "gpumond.agent.app"), ("rules", "gpumond.rules.service")])
+def test_a_bad_config_is_refused_before_the_daemon_is_loaded(daemon, daemon_module, tmp_path):
+    # The refusal comes from the config alone: loading the daemon (numpy, the detectors) or the HTTP server
+    # (uvicorn) first made the one line wait seconds on a busy host.
+    bad = tmp_path / f"{daemon}.yaml"
+    bad.write_text("listen: nowhere\n")
+    probe = (f"import sys\nfrom gpumond.cli import main\nrc = main([{daemon!r}, '--config', {str(bad)!r}])\n"
+             f"print(rc, *sorted({{{daemon_module!r}, 'uvicorn'}} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["2"], done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "listen" in done.stderr, done.stderr

@@ -1,18 +1,19 @@
 """`import gpumond.job` must work in any training container: the standard library and nothing else.
 
-Two checks: every import statement in gpumond/job/ and gpumond/wire/ (read with `ast`, so a lazy import inside a
-function counts too), and what a real `import gpumond.job` loads in a fresh interpreter.
+Two checks: every import statement in gpumond/job/ and gpumond/wire/ (read by tests/import_graph.py, so a lazy
+import inside a function counts too), and what a real `import gpumond.job` loads in a fresh interpreter.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.import_graph import imported_names
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gpumond"
 
@@ -50,27 +51,14 @@ def test_import_pulls_in_only_the_standard_library() -> None:
     assert "gpumond.job.reporter" in new
 
 
-def imported_modules(path: Path, package: str) -> set[str]:
-    """Every module (or module.name) an `import` or `from ... import` in `path` names, relative ones resolved."""
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            # Each imported name as module.name: `from gpumond import rules` names gpumond.rules.
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-            module = ".".join([*base, node.module] if node.module else base)
-            out.update(f"{module}.{alias.name}" for alias in node.names)
-    return out
-
-
 def foreign_imports(root: Path, sub: str) -> dict[str, list[str]]:
     """{file: imports that are neither the standard library, what GPUMOND_ALLOWED grants, nor its framework}."""
     bad: dict[str, list[str]] = {}
     for path in sorted((root / sub).rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        package = "gpumond." + ".".join(path.relative_to(root).parent.parts)
-        foreign = sorted(m for m in imported_modules(path, package)
+        parts = path.relative_to(root).with_suffix("").parts
+        module = ".".join(("gpumond", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        foreign = sorted(m for m in imported_names(module, path)
                          if m.split(".")[0] not in sys.stdlib_module_names
                          and not any(m == a or m.startswith(a + ".") for a in GPUMOND_ALLOWED[sub])
                          and m.split(".")[0] not in FRAMEWORKS.get(rel, set()))

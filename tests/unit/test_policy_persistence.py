@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from gpumond.agent.policy.audit import AuditLog
+from gpumond.state.audit import AuditLog
 from gpumond.agent.policy.state_file import LimitRecord, Loaded, StateFile
 
 

@@ -20,7 +20,6 @@ from gpumond.wire.identity import clean_label
 from gpumond.logs import setup_logging
 from gpumond.textformat import Encoder
 from gpumond.types import Series
-from gpumond.wire.identity import clean_label
 from gpumond.wire.safetext import UNSAFE, escape_unsafe, first_unsafe, one_line, shorten
 
 # Everything the Unicode standard treats as a line break, for "is this still one line?"

@@ -17,7 +17,6 @@ from typing import Protocol
 
 from gpumond.agent.policy.alert_rules import AgentAlertState, agent_conditions
 from gpumond.agent.policy.event_file import EventFile, HeldEvents
-from gpumond.agent.policy.audit import AuditLog
 from gpumond.agent.policy.lease import Leases, leased_limit
 from gpumond.agent.policy.limits import resolve_persistent_limit
 from gpumond.agent.policy.state_file import LimitRecord, StateFile

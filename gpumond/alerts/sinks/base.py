@@ -24,7 +24,6 @@ from gpumond.alerts.sinks.deadline import RequestDeadline
 from gpumond.web.client import Access, AccessError, http_client
 from gpumond.wire.retry import Backoff, parse_retry_after, retryable
 from gpumond.types import Series
-from gpumond.wire.retry import Backoff, parse_retry_after, retryable
 
 log = logging.getLogger("gpumond.alerts")
 
