@@ -17,7 +17,7 @@ from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, agent_alerts, join
 from gpumond.rules.telemetry import promql_need as need_of
 from gpumond.rules.telemetry.promql_need import Cadence
-from gpumond.rules.telemetry.promql_tiers import Tiers, throttle_rows, up_of
+from gpumond.rules.telemetry.promql_tiers import REUSED, Tiers, throttle_rows, up_of
 from gpumond.rules.types import TelemetryBatch, TelemetryNeed
 from gpumond.safetext import one_line
 
@@ -119,7 +119,7 @@ class PrometheusSource:
             self._headers = self._access.headers()
         except AccessError as e:  # the previous credentials are tried; the error says why they may fail
             errors.append(f"prometheus: {e}")
-        identity = self._tiers.identity()
+        identity = self._tiers.kept(IDENTITY)
         if not self._cadence.due(t, need, identity):
             assert need is not None and identity is not None
             return self._between(t, need, identity, errors)
@@ -150,7 +150,13 @@ class PrometheusSource:
         if where:
             sent |= need_of.suspect_queries(self._narrow(where))
         answered = self._run(sent, t, errors)
-        results: dict[str, Sequence[Row]] = {**answered, IDENTITY: identity}
+        # What changes rarely is the last refresh's, as a fetch of everything between refreshes reads it: of the
+        # suspects' targets' GPUs only (the others are passed on).
+        theirs = need_of.uuids_on(identity, need_of.targets_of(identity, need.suspects)) if where else frozenset()
+        results: dict[str, Sequence[Row]] = {k: [r for r in rows if r.labels.get("uuid") in theirs]
+                                             for k in REUSED if (rows := self._tiers.kept(k)) is not None}
+        results |= answered
+        results[IDENTITY] = identity
         results.setdefault(signals.GPU_UP, ())
         throttle = (signals.CLOCKS_EVENT_MASK, signals.CLOCKS_EVENT)
         if all(k in answered for k in throttle):

@@ -12,7 +12,7 @@ node's state feeds is fleet remediation, which reads each GPU's `up`, each targe
   power limit and the agents' alerts stay fleet-wide. A GPU outside the selection gets a sample without values.
 - **Between detail fetches** (`detail_s` > 0): every fetch asks each target's `up` and the agents' alerts of the
   whole fleet, and everything about the targets that hold a GPU under suspicion (a GPU in a finding, pending or
-  firing), in full; the other GPUs and hosts are passed on as their last sample, the same object, which a store
+  firing) but what the last refresh keeps; the other GPUs and hosts are passed on as their last sample, the same object, which a store
   already holds (GpuStore skips it). So a suspect's samples are what a fetch of everything gives at that instant,
   every fetch, and everyone else's at the detail cadence: the evidence for what is already suspected stays fresh,
   and what is new is seen within `detail_s`. A target that went down is seen at once (its node absent, its GPUs
@@ -38,8 +38,9 @@ MAX_MATCHER_CHARS = 8192
 # only in their between-refreshes form (`… != 0`): their refresh keeps a row of every GPU (promql_tiers).
 NARROWED = frozenset(m for m, _ in signals.GPU_SERIES.values() if m not in (SM_CLOCK_MAX, POWER_LIMIT)) \
     | {signals.JOB_INFO, signals.CLOCKS_EVENT_MASK} | frozenset(signals.HOST_SERIES.values())
-# What a fetch between detail fetches asks about the suspects' targets: everything a GPU or host sample holds.
-SUSPECT_KEYS = NARROWED | {signals.GPU_UP, signals.MIG_INFO, SM_CLOCK_MAX, POWER_LIMIT}
+# What a fetch between detail fetches asks about the suspects' targets: everything a GPU or host sample holds but
+# what the last refresh keeps (MIG devices, the max clock, the power limit: promql_tiers.REUSED).
+SUSPECT_KEYS = NARROWED | {signals.GPU_UP}
 _NOT_EQUAL_ZERO = " != 0"
 
 
@@ -47,6 +48,12 @@ def targets_of(identity: Sequence[Row], uuids: Collection[str]) -> frozenset[Tar
     """The targets (job, instance) whose identity names one of `uuids`."""
     return frozenset((r.labels.get("job", ""), r.labels.get("instance", "")) for r in identity
                      if r.labels.get("uuid") in uuids)
+
+
+def uuids_on(identity: Sequence[Row], targets: Collection[TargetKey]) -> frozenset[str]:
+    """The GPUs whose identity names one of `targets`."""
+    return frozenset(r.labels.get("uuid", "") for r in identity
+                     if (r.labels.get("job", ""), r.labels.get("instance", "")) in targets)
 
 
 def instance_matcher(targets: Iterable[TargetKey]) -> str:

@@ -75,9 +75,9 @@ class Tiers:
                 out[key] = f"{query} != 0"
         return out
 
-    def identity(self) -> Sequence[Row] | None:
-        """The identity rows the last refresh kept (None before one answered)."""
-        kept = self._kept.get(IDENTITY)
+    def kept(self, key: str) -> Sequence[Row] | None:
+        """The rows of `key` (one of REUSED) the last refresh kept; None when it has none."""
+        kept = self._kept.get(key)
         return kept[1] if kept is not None else None
 
     def merge(self, asked: Mapping[str, str], results: Mapping[str, Sequence[Row]],
