@@ -209,7 +209,7 @@ def test_suspects_on_most_of_the_fleet_make_every_fetch_a_detail_fetch(fleet) ->
     assert [b.gpus for b in got] == [b.gpus for b in ref]
 
 
-def test_a_failed_detail_fetch_passes_nothing_on_and_the_next_fetch_is_a_detail_fetch(fleet) -> None:
+def test_a_failed_detail_fetch_is_asked_again_by_the_next_fetch(fleet) -> None:
     world, prom = fleet
     src = _source(prom.url, world, detail_s=60)
     need = TelemetryNeed(gpus=NEEDED)

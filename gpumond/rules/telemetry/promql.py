@@ -130,7 +130,7 @@ class PrometheusSource:
         results = self._tiers.merge(asked, answered, t)
         if IDENTITY not in results or signals.GPU_UP not in results:
             # Without identities and liveness nothing can be said about any node, least of all that it is absent.
-            self._cadence.forget()
+            # (Nor is a detail fetch done: the next fetch is one again.)
             return TelemetryBatch(t=t, errors=tuple(errors))
         joined = join(results, t=t)
         if need is not None:
