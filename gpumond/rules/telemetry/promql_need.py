@@ -28,7 +28,11 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from gpumond.rules.telemetry import signals
 from gpumond.rules.telemetry.promql_join import Joined, Row, TargetKey
-from gpumond.rules.telemetry.promql_tiers import POWER_LIMIT, SM_CLOCK_MAX, regex_literal
+from gpumond.rules.telemetry.promql_tiers import (
+    POWER_LIMIT,
+    SM_CLOCK_MAX,
+    regex_literal,
+)
 from gpumond.rules.types import GpuSample, HostSample, TelemetryNeed
 
 # Longer matchers are not sent: VictoriaMetrics refuses a query over -search.maxQueryLen (16 KiB by default), and
