@@ -26,8 +26,14 @@ crc32(job) mod 4 routes to it, as the SDK routes, and fetches the whole fleet's 
 server CPU per record, push p50/p99, RSS over time, and the findings against the planted faults (found, missed,
 anything else at any cycle).
 
+Telemetry is fetched for what the evaluator's detectors need (`--fetch need`, `--detail-s`), and by default (`--fetch
+both`) also as before, every GPU every fetch, at the same instant into a store of its own: each fetch's wall,
+series answered and VictoriaMetrics CPU (its /proc stat) side by side, in one run.
+
     python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 1 shard until its window is full,
-                                                # then 4 shards (~25 min)
+                                                # then 4 shards (~40 min with --fetch both)
+    python benchmarks/fleet_scale.py --one-shard-only --sustain-cycles 13 --detail-s 120 \
+        --out fleet_scale_detail_120            # another detail cadence beside it (~12 min)
     python benchmarks/fleet_scale.py --quick    # 64 nodes, seconds (smoke test)
 """
 
@@ -521,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detail-s", type=float, default=60.0,
                     help="telemetry.prometheus.detail_s of the need fetch (60: every 6th cycle asks every GPU's "
                          "values; 0: every cycle, narrowed to the shard's nodes)")
+    ap.add_argument("--sustain-cycles", type=int,
+                    help=f"cycles of the 1-shard run (default {FILL_CYCLES}: its 300 s window filled; quick: --cycles)")
+    ap.add_argument("--out", default="fleet_scale",
+                    help="the result's name: benchmarks/results/<out>.md (fleet_scale; a second setting beside it)")
     ap.add_argument("--profile", action="store_true",
                     help="profile the 1-shard run's last evaluation (cProfile, top functions to stderr)")
     args = ap.parse_args(argv)
@@ -554,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.fetch_only:
             return fetch_only(url, fleet, args.cycles, importer, vm.pid, args.quick)
-        sustain = args.cycles if args.quick else max(args.cycles, FILL_CYCLES)
+        sustain = args.sustain_cycles or (args.cycles if args.quick else max(args.cycles, FILL_CYCLES))
         results = [run_shard(url, fleet, None, sustain, duration, importer, vm.pid, args.fetch, args.detail_s,
                              profile=args.profile)]
         last = START + (len(results[0]["rows"]) - 1) * CYCLE_S
@@ -567,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _bench.stop(vm)
         shutil.rmtree(data, ignore_errors=True)
-    _bench.write_result("fleet_scale", report(results, ways, per_query, fleet, args, duration, vm_rss),
+    _bench.write_result(args.out, report(results, ways, per_query, fleet, args, duration, vm_rss),
                         quick=args.quick)
     return 0
 
@@ -684,8 +694,9 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                      f"{fleet.big_nodes * GPUS_PER_NODE:,}-rank job + {fleet.small} jobs of {SMALL_RANKS} ranks on a "
                      f"node each ({gpus:,} GPUs); {CYCLE_S:g} simulated s a cycle, one columnar push of "
                      f"{int(CYCLE_S / STEP_S)} steps per rank per cycle (the SDK's default 5 s interval would push 10) "
-                     f"from {PUSHERS} load-generator processes; 1 shard {len(results[0]['rows'])} cycles (at least "
-                     f"{duration:g} s, and until its 300 s window filled unless --quick), "
+                     f"from {PUSHERS} load-generator processes; 1 shard {len(results[0]['rows'])} cycles "
+                     + ("(--sustain-cycles), " if args.sustain_cycles else
+                        f"(at least {duration:g} s, and until its 300 s window filled unless --quick), ")
                      + ("no 4-shard runs (--one-shard-only)" if args.one_shard_only else
                         f"then each of 4 shards {args.cycles} cycles")
                      + f"; planted: {len(fleet.slow)} "
