@@ -373,11 +373,12 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
             clock[0] = START + c * CYCLE_S
             # Which tier runs: the identity is asked only by a refresh (what else a refresh asks depends on the
             # fleet: the per-reason throttle series only while some GPU lacks the bitmask).
-            refresh = IDENTITY in source._tiers.plan(clock[0])  # noqa: SLF001
             import_s = importer(clock[0])
             pushed = service.push(c * per_cycle, per_cycle, clock[0])
             need = ev._need if fetch != "legacy" else None  # noqa: SLF001 - what the next fetch is given
             detail = source._cadence.due(clock[0], need, source._tiers.kept(IDENTITY))  # noqa: SLF001
+            # A fetch between detail fetches asks no tier at all (promql_need): only a detail fetch refreshes.
+            refresh = detail and IDENTITY in source._tiers.plan(clock[0])  # noqa: SLF001
             vm0, t0 = _bench.proc_cpu_s(vm_pid), time.perf_counter()
             ev.poll_telemetry()
             t1, vm1 = time.perf_counter(), _bench.proc_cpu_s(vm_pid)
