@@ -21,7 +21,8 @@ reach their persistence; step ends and sample timestamps follow it.
 
 As 1 shard (one evaluator owns every job), sustained for `--duration` wall seconds and at least until the service's
 300 s window has filled (FILL_CYCLES cycles), then as 4 shards (each shard's service gets the pushes of the jobs
-crc32(job) mod 4 routes to it, as the SDK routes, and fetches the whole fleet's telemetry, as a real shard does;
+crc32(job) mod 4 routes to it, as the SDK routes, and fetches telemetry for what its own jobs need, as a real
+shard does;
 `--cycles` cycles each, one after another). Reported: per cycle fetch and evaluation seconds, ingest records/s and
 server CPU per record, push p50/p99, RSS over time, and the findings against the planted faults (found, missed,
 anything else at any cycle).
