@@ -104,7 +104,7 @@ class Feed:
                 else:
                     store.record(w.info, StepColumns(cols.step[:0], cols.values[:, :0]), w.last_push)
 
-    def fetch(self) -> TelemetryBatch:
+    def fetch(self, need=None) -> TelemetryBatch:  # the simulated cluster's samples, whatever the need
         since, self._fetched = self._fetched, self.c.t
         # As a source decodes them: whole GpuSample objects (the simulator's fast ones lack the MIG fields).
         gpus = tuple(GpuSample(s.uuid, s.node, s.gpu, s.t, s.up, dict(s.values), s.jobs)

@@ -21,13 +21,20 @@ reach their persistence; step ends and sample timestamps follow it.
 
 As 1 shard (one evaluator owns every job), sustained for `--duration` wall seconds and at least until the service's
 300 s window has filled (FILL_CYCLES cycles), then as 4 shards (each shard's service gets the pushes of the jobs
-crc32(job) mod 4 routes to it, as the SDK routes, and fetches the whole fleet's telemetry, as a real shard does;
+crc32(job) mod 4 routes to it, as the SDK routes, and fetches telemetry for what its own jobs need, as a real
+shard does;
 `--cycles` cycles each, one after another). Reported: per cycle fetch and evaluation seconds, ingest records/s and
 server CPU per record, push p50/p99, RSS over time, and the findings against the planted faults (found, missed,
 anything else at any cycle).
 
+Telemetry is fetched for what the evaluator's detectors need (`--fetch need`, `--detail-s`), and by default (`--fetch
+both`) also as before, every GPU every fetch, at the same instant into a store of its own: each fetch's wall,
+series answered and VictoriaMetrics CPU (its /proc stat) side by side, in one run.
+
     python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 1 shard until its window is full,
-                                                # then 4 shards (~25 min)
+                                                # then 4 shards (~40 min with --fetch both)
+    python benchmarks/fleet_scale.py --one-shard-only --sustain-cycles 13 --detail-s 120 \
+        --out fleet_scale_detail_120            # another detail cadence beside it (~12 min)
     python benchmarks/fleet_scale.py --quick    # 64 nodes, seconds (smoke test)
 """
 
@@ -295,9 +302,41 @@ def _profiled(call):
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
 
 
+class Counted:
+    """A PrometheusSource whose answers are counted (series answered since the last take), and which ignores the
+    evaluator's TelemetryNeed when `legacy` (every GPU, every fetch: the fetch before it had one)."""
+
+    def __init__(self, source, legacy: bool) -> None:
+        self.source, self.name, self._legacy = source, source.name, legacy
+        self.series = 0
+        query = source._query  # noqa: SLF001 - counted where the answers are decoded, the source's code unchanged
+
+        def counted(promql: str, t: float):
+            rows = query(promql, t)
+            if not isinstance(rows, str):
+                self.series += len(rows)
+            return rows
+        source._query = counted  # noqa: SLF001
+
+    def fetch(self, need=None):
+        return self.source.fetch(None if self._legacy else need)
+
+    def take(self) -> int:
+        out, self.series = self.series, 0
+        return out
+
+    def close(self) -> None:
+        self.source.close()
+
+
 def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, duration_s: float,
-              importer, profile: bool = False) -> dict:
-    """Cycles of import → HTTP pushes → poll_telemetry → evaluate for one shard's service; measurements."""
+              importer, vm_pid: int, fetch: str = "both", detail_s: float = 0.0, profile: bool = False) -> dict:
+    """Cycles of import → HTTP pushes → poll_telemetry → evaluate for one shard's service; measurements.
+
+    `fetch`: `need` (the evaluator's TelemetryNeed narrows the fetch, `detail_s` its cadence), `legacy` (every
+    GPU, every fetch), or `both`: the evaluator on `need`, and a `legacy` fetch into a store of its own at the same
+    instant each cycle, measured alike (its wall, series answered and VictoriaMetrics CPU), whose newest samples
+    of the suspects' GPUs are compared with the evaluator's."""
     import psutil
 
     from gpumond.config.rules import RulesConfig
@@ -315,9 +354,14 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     gc.collect()
     rss0 = me.memory_info().rss
     service = Service(fleet, owns, clock)
-    gpus = GpuStore.from_config(RulesConfig.model_validate({"tokens": ["x" * 20]}))
-    source = PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0)
-    timed_source = Timed(source, ("fetch",))
+    config = RulesConfig.model_validate({"tokens": ["x" * 20]})
+    gpus = GpuStore.from_config(config)
+    source = PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0, detail_s=detail_s)
+    counted = Counted(source, legacy=fetch == "legacy")
+    shadow = Counted(PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0), legacy=True) \
+        if fetch == "both" else None
+    shadow_gpus = GpuStore.from_config(config)
+    timed_source = Timed(counted, ("fetch",))
     timed_ranks = Timed(service.ranks, ("take_ended", "expire", "jobs"))
     timed_gpus = Timed(gpus, ("add", "expire", "window", "hosts", "absent_nodes"))
     ev = Evaluator(timed_ranks, timed_gpus, timed_source, shard=shard, clock=lambda: clock[0])
@@ -332,38 +376,61 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
             clock[0] = START + c * CYCLE_S
             # Which tier runs: the identity is asked only by a refresh (what else a refresh asks depends on the
             # fleet: the per-reason throttle series only while some GPU lacks the bitmask).
-            refresh = IDENTITY in source._tiers.plan(clock[0])  # noqa: SLF001
             import_s = importer(clock[0])
             pushed = service.push(c * per_cycle, per_cycle, clock[0])
-            t0 = time.perf_counter()
+            need = ev._need if fetch != "legacy" else None  # noqa: SLF001 - what the next fetch is given
+            detail = source._cadence.due(clock[0], need, source._tiers.kept(IDENTITY))  # noqa: SLF001
+            # A fetch between detail fetches asks no tier at all (promql_need): only a detail fetch refreshes.
+            refresh = detail and IDENTITY in source._tiers.plan(clock[0])  # noqa: SLF001
+            vm0, t0 = _bench.proc_cpu_s(vm_pid), time.perf_counter()
             ev.poll_telemetry()
-            t1 = time.perf_counter()
+            t1, vm1 = time.perf_counter(), _bench.proc_cpu_s(vm_pid)
+            legacy = None
+            if shadow is not None:
+                s0 = time.perf_counter()
+                batch = shadow.fetch()
+                shadow_gpus.add(batch)
+                legacy = {"fetch_s": time.perf_counter() - s0, "vm_cpu_s": _bench.proc_cpu_s(vm_pid) - vm1,
+                          "series": shadow.take(), "error": batch.errors[:1]}
+                suspects = sorted(need.suspects) if need is not None else []
+                legacy["suspects"] = len(suspects)
+                legacy["equal"] = sum(1 for u in suspects if (w := gpus.window(u, 0.0)) and
+                                      (v := shadow_gpus.window(u, 0.0)) and w[-1] == v[-1])
+            e0 = time.perf_counter()  # the evaluation starts (after the legacy fetch, which it does not read)
             if profile and c + 1 >= cycles and time.perf_counter() - began >= duration_s:  # the last cycle
                 findings = _profiled(ev.evaluate)
             else:
                 findings = ev.evaluate()
             t2 = time.perf_counter()
+            evaluate_s = t2 - e0
             found = {(f.kind, f.job, f.rank) for f in findings}
             extra_ever |= {f for f in found if not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
             spent = {**timed_source.take(), **{f"ranks.{k}": v for k, v in timed_ranks.take().items()},
                      **{f"gpus.{k}": v for k, v in timed_gpus.take().items()}}
             rows.append({"at_s": time.perf_counter() - began, "import_s": import_s, "push": pushed,
-                         "fetch_s": t1 - t0, "evaluate_s": t2 - t1, "error": ev.telemetry_error,
+                         "fetch_s": t1 - t0, "evaluate_s": evaluate_s, "error": ev.telemetry_error,
+                         "vm_cpu_s": vm1 - vm0, "series": counted.take(), "detail": detail, "legacy": legacy,
                          "refresh": refresh, "spent": spent, "load": os.getloadavg()[0],
                          "gpus": gpus.counts().gpus, "steps": service.ranks.counts().steps,
                          "rss": me.memory_info().rss - rss0, "findings": len(findings)})
             lat = sorted(pushed["lat"]) or [math.nan]
             print(f"[{shard or '1 shard'}] cycle {c + 1} at {rows[-1]['at_s']:.0f} s: push {pushed['wall_s']:.1f} s "
                   f"({pushed['records'] / pushed['wall_s']:,.0f} rec/s, p99 {_bench.quantile(lat, 0.99) * 1e3:.0f} ms,"
-                  f" {pushed['failed']} failed {pushed['failures'][:1]}), fetch {t1 - t0:.2f} s, evaluate "
-                  f"{t2 - t1:.2f} s, {rows[-1]['gpus']:,} GPUs, {rows[-1]['steps']:,} steps, {len(findings)} "
-                  f"findings, RSS +{rows[-1]['rss'] / 2**20:,.0f} MiB, telemetry error {ev.telemetry_error}, "
+                  f" {pushed['failed']} failed {pushed['failures'][:1]}), fetch {t1 - t0:.2f} s "
+                  f"({'detail' if detail else 'between'}, {rows[-1]['series']:,} series, VM CPU {vm1 - vm0:.2f} s"
+                  + (f"; legacy {legacy['fetch_s']:.2f} s, {legacy['series']:,} series, VM CPU "
+                     f"{legacy['vm_cpu_s']:.2f} s, suspects equal {legacy['equal']}/{legacy['suspects']}"
+                     if legacy else "")
+                  + f"), evaluate {evaluate_s:.2f} s, {rows[-1]['gpus']:,} GPUs, {rows[-1]['steps']:,} steps, "
+                  f"{len(findings)} findings, RSS +{rows[-1]['rss'] / 2**20:,.0f} MiB, telemetry error {ev.telemetry_error}, "
                   f"{'refresh' if refresh else 'between refreshes'}, "
                   + ", ".join(f"{k} {v:.2f} s" for k, v in spent.items()),
                   file=sys.stderr, flush=True)
             c += 1
     finally:
-        source.close()
+        counted.close()
+        if shadow is not None:
+            shadow.close()
         service.close()
     found = {(f.kind, f.job, f.rank) for f in findings}
     hit = {p for p in owned if any(k.startswith(p[0]) and (j, r) == (p[1], p[2]) for k, j, r in found)}
@@ -457,6 +524,17 @@ def main(argv: list[str] | None = None) -> int:
                          "before and after VictoriaMetrics merged its parts; prints the table")
     ap.add_argument("--old-agents", action="store_true",
                     help="agents without the clock-event bitmask gauge (per-reason series only)")
+    ap.add_argument("--fetch", choices=("both", "need", "legacy"), default="both",
+                    help="how the evaluator's telemetry is fetched: `need` (narrowed to what its detectors need, "
+                         "rules/telemetry/promql_need), `legacy` (every GPU every fetch), or `both` (default): the "
+                         "evaluator on `need` and a legacy fetch at the same instant each cycle, measured alike")
+    ap.add_argument("--detail-s", type=float, default=60.0,
+                    help="telemetry.prometheus.detail_s of the need fetch (60: every 6th cycle asks every GPU's "
+                         "values; 0: every cycle, narrowed to the shard's nodes)")
+    ap.add_argument("--sustain-cycles", type=int,
+                    help=f"cycles of the 1-shard run (default {FILL_CYCLES}: its 300 s window filled; quick: --cycles)")
+    ap.add_argument("--out", default="fleet_scale",
+                    help="the result's name: benchmarks/results/<out>.md (fleet_scale; a second setting beside it)")
     ap.add_argument("--profile", action="store_true",
                     help="profile the 1-shard run's last evaluation (cProfile, top functions to stderr)")
     args = ap.parse_args(argv)
@@ -490,18 +568,20 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.fetch_only:
             return fetch_only(url, fleet, args.cycles, importer, vm.pid, args.quick)
-        sustain = args.cycles if args.quick else max(args.cycles, FILL_CYCLES)
-        results = [run_shard(url, fleet, None, sustain, duration, importer, profile=args.profile)]
+        sustain = args.sustain_cycles or (args.cycles if args.quick else max(args.cycles, FILL_CYCLES))
+        results = [run_shard(url, fleet, None, sustain, duration, importer, vm.pid, args.fetch, args.detail_s,
+                             profile=args.profile)]
         last = START + (len(results[0]["rows"]) - 1) * CYCLE_S
         ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
         per_query = query_breakdown(url, last, vm.pid)
         for i in range(0 if args.one_shard_only else 4):
-            results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer))
+            results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer, vm.pid, args.fetch,
+                                     args.detail_s))
         vm_rss = _bench.proc_status_kib(vm.pid, "VmRSS")
     finally:
         _bench.stop(vm)
         shutil.rmtree(data, ignore_errors=True)
-    _bench.write_result("fleet_scale", report(results, ways, per_query, fleet, args, duration, vm_rss),
+    _bench.write_result(args.out, report(results, ways, per_query, fleet, args, duration, vm_rss),
                         quick=args.quick)
     return 0
 
@@ -529,6 +609,35 @@ def fetch_only(url: str, fleet: Fleet, cycles: int, importer, vm_pid: int, quick
             _fetch_probe.table(_fetch_probe.probe(url, t, vm_pid, MASK, gpus)), "", _fetch_probe.NOTE]
     _bench.write_result("fleet_scale_fetch", "\n".join(out), quick=quick)
     return 0
+
+
+def _fetch_means(rows: list[dict]) -> list[str]:
+    """Mean series answered, VictoriaMetrics CPU and wall per fetch: the need fetch's, then the legacy one's."""
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs) if xs else math.nan
+
+    legacy = [x["legacy"] for x in rows if x["legacy"]]
+    cells = [f"{mean([x['series'] for x in rows]):,.0f}", f"{mean([x['vm_cpu_s'] for x in rows]):.2f} s",
+             f"{mean([x['fetch_s'] for x in rows]):.2f} s"]
+    return cells + ([f"{mean([x['series'] for x in legacy]):,.0f}", f"{mean([x['vm_cpu_s'] for x in legacy]):.2f} s",
+                     f"{mean([x['fetch_s'] for x in legacy]):.2f} s"] if legacy else ["—"] * 3)
+
+
+def fetch_table(rows: list[dict], args: argparse.Namespace) -> tuple[list[list[str]], str]:
+    """Each cycle's need fetch against its legacy fetch, and one line on their means."""
+    out = []
+    for i, x in enumerate(rows):
+        lg = x["legacy"]
+        out.append([f"{i + 1}", "detail" if x["detail"] else "between", f"{x['series']:,}", f"{x['fetch_s']:.2f} s",
+                    f"{x['vm_cpu_s']:.2f} s", *([f"{lg['series']:,}", f"{lg['fetch_s']:.2f} s",
+                                                 f"{lg['vm_cpu_s']:.2f} s", f"{lg['equal']}/{lg['suspects']}"]
+                                                if lg else ["—"] * 4)])
+    steady = rows[1:] or rows
+    means = _fetch_means(steady)
+    line = (f"**1 shard, VictoriaMetrics CPU per cycle (mean over cycles 2–{len(rows)}): need {means[1]}, legacy "
+            f"{means[4]}**; series answered per fetch: need {means[0]}, legacy {means[3]}; fetch wall: need "
+            f"{means[2]}, legacy {means[5]} (`--fetch {args.fetch} --detail-s {args.detail_s:g}`).")
+    return out, line
 
 
 def _pct(xs: list[float], q: float) -> str:
@@ -562,6 +671,9 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                        f"{cpu / records * 1e6:.1f} µs" if records else "—", _pct(lat, 0.5), _pct(lat, 0.99),
                        f"{sum(p['failed'] for p in pushes):,}"])
     sustained = results[0]["rows"]
+    need_rows, need_sum = fetch_table(sustained, args)
+    per_shard = [[f"{r['shard'][0]}/{r['shard'][1]}" if r["shard"] else "1 shard (all jobs)",
+                  *_fetch_means(r["rows"][1:] or r["rows"])] for r in results]
     breakdown = []
     for i, x in enumerate(sustained):
         sp = x["spent"]
@@ -586,8 +698,9 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                      f"{fleet.big_nodes * GPUS_PER_NODE:,}-rank job + {fleet.small} jobs of {SMALL_RANKS} ranks on a "
                      f"node each ({gpus:,} GPUs); {CYCLE_S:g} simulated s a cycle, one columnar push of "
                      f"{int(CYCLE_S / STEP_S)} steps per rank per cycle (the SDK's default 5 s interval would push 10) "
-                     f"from {PUSHERS} load-generator processes; 1 shard {len(results[0]['rows'])} cycles (at least "
-                     f"{duration:g} s, and until its 300 s window filled unless --quick), "
+                     f"from {PUSHERS} load-generator processes; 1 shard {len(results[0]['rows'])} cycles "
+                     + ("(--sustain-cycles), " if args.sustain_cycles else
+                        f"(at least {duration:g} s, and until its 300 s window filled unless --quick), ")
                      + ("no 4-shard runs (--one-shard-only)" if args.one_shard_only else
                         f"then each of 4 shards {args.cycles} cycles")
                      + f"; planted: {len(fleet.slow)} "
@@ -604,6 +717,26 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         "exist) in full once a minute, a refresh, and reuses it in between (gpumond/rules/telemetry/promql_tiers.py; "
         "at 10 s a cycle, every 6th fetch is a refresh). The first cycle's refresh (cold caches) is left out of "
         "\"fetch at a refresh\" when a later one ran.",
+        "",
+        f"## Telemetry fetched for need against every GPU every fetch ({args.fetch})\n",
+        need_sum,
+        "",
+        _bench.md_table(["shard", "need: series answered per fetch (mean)", "need: VictoriaMetrics CPU per fetch",
+                         "need: fetch wall", "legacy: series answered per fetch", "legacy: VictoriaMetrics CPU per fetch",
+                         "legacy: fetch wall"], per_shard),
+        "",
+        "Every cycle but each run's first (which knows no need yet). The need fetch (gpumond/rules/telemetry/"
+        "promql_need.py) is given the evaluator's TelemetryNeed: its jobs' GPUs and the GPUs in a finding. A "
+        f"detail fetch (every {args.detail_s:g} s here, `--detail-s`) asks every needed GPU's values, narrowed to "
+        "their nodes when they are at most half the fleet's; in between, every target's `up` and the agents' alerts "
+        "of the fleet and everything about the suspects' nodes, the rest passed on. The legacy fetch, at the same "
+        "instant into a store of its own, asks every GPU every fetch (the tiers of promql_tiers still apply). "
+        "VictoriaMetrics CPU is its /proc stat over each fetch alone; series answered are the rows the fetch decoded "
+        "(a `… != 0` query's server also reads the series it drops).",
+        "",
+        "### Each cycle (1 shard, sustained)\n",
+        _bench.md_table(["cycle", "need fetch", "series", "wall", "VictoriaMetrics CPU", "legacy: series", "wall",
+                         "VictoriaMetrics CPU", "suspects' newest sample = legacy's"], need_rows),
         "",
         "## Where each cycle goes (1 shard, sustained)\n",
         _bench.md_table(["cycle", "tier", "steps held", "queries + decode + join", "GpuStore.add",
@@ -636,9 +769,9 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         "## RSS of the service (1 shard, sustained) over time\n",
         _bench.md_table(["elapsed", "cycle", "steps held", "RSS growth", "fetch", "evaluate"], rss),
         "",
-        f"VictoriaMetrics RSS at the end: {vm_rss_kib / 1024:,.0f} MiB. A shard fetches the whole fleet's telemetry "
-        "(its jobs' GPUs are anywhere), so 4 shards cost 4 fetches; only the evaluation splits. The big job lands "
-        "on one shard whole.",
+        f"VictoriaMetrics RSS at the end: {vm_rss_kib / 1024:,.0f} MiB. Each shard asks the whole fleet for the "
+        "identity, every GPU's and target's `up` and the agents' alerts (fleet remediation reads them), and its own "
+        "jobs' nodes for the rest (when they are at most half the fleet). The big job lands on one shard whole.",
         "",
         "RSS growth is the harness process's (the service's stores, its app, the evaluator; not the load "
         "generators) over its start. Server CPU per record is this process's CPU during the push phase (nothing "

@@ -131,6 +131,9 @@ class PrometheusConfig(_Polled, HttpClientConfig):
     url: HttpUrl
     interval_s: float = Field(15.0, gt=0, le=3600)
     timeout_s: float = Field(5.0, gt=0, le=600)
+    # Every needed GPU's values at most this often; in between only the suspects' (rules/telemetry/promql_need).
+    # 0: every fetch. Less than expire_after_s, which forgets a GPU whose newest sample is older.
+    detail_s: float = Field(0.0, ge=0, le=300)
 
 
 class TelemetryConfig(ConfigModel):
@@ -224,6 +227,10 @@ class RulesConfig(ConfigModel):
         window = info.data.get("window_s")
         if window is not None and value < window:
             raise ValueError(f"must be at least window_s ({window:g})")
+        # A GPU asked about only every detail_s must not be forgotten in between.
+        prom = getattr(info.data.get("telemetry"), "prometheus", None)
+        if prom is not None and value <= prom.detail_s:
+            raise ValueError(f"must be more than telemetry.prometheus.detail_s ({prom.detail_s:g})")
         return value
 
     @classmethod

@@ -15,7 +15,7 @@ from gpumond.wire.routing import shard_of
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, conditions_of, findings_of
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.alerts.model import Condition
-from gpumond.rules.types import Finding, TelemetryBatch, TelemetrySource
+from gpumond.rules.types import Finding, TelemetryBatch, TelemetryNeed, TelemetrySource
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
@@ -77,6 +77,9 @@ class Evaluator:
         self._lock = threading.Lock()
         self._state = DetectorState()
         self._findings: tuple[Finding, ...] = ()
+        # What the next fetch is for: the GPUs of this replica's jobs and those in a finding (None until the first
+        # evaluation: everything). The source may ask less of the database for it (telemetry/promql_need).
+        self._need: TelemetryNeed | None = None
         self.evaluations = 0
         self.last_duration_s = 0.0
         self.telemetry_ok: bool | None = None
@@ -103,7 +106,7 @@ class Evaluator:
         if self._source is None:
             return
         try:
-            batch = self._source.fetch()
+            batch = self._source.fetch(self._need)
         except Exception as e:  # a source bug must not stop evaluation on push data
             self.telemetry_ok, self.telemetry_error = False, repr(e)
             self._telemetry_outcome()
@@ -175,6 +178,8 @@ class Evaluator:
             transitions = self.alerts.update(conditions_of(candidates, self._gpu_index) + self._extra_conditions(),
                                              now, ended=lambda labels: bool(ended) and dict(labels).get("job") in ended)
             self._findings = tuple(findings_of(self.alerts.entries()))
+            self._need = TelemetryNeed(gpus=frozenset(uuids),
+                                       suspects=frozenset(f.gpu_uuid for f in self._findings if f.gpu_uuid))
             self.evaluations += 1
             self.jobs_ended_total += len(ended)
             self.resolved_total += sum(1 for t in transitions if t.new == "resolved" and t.alert.alertname != "Watchdog")

@@ -428,8 +428,10 @@ class GpuStore:
             window = series[key] = deque(maxlen=self._max_samples)
             if cols is not None:
                 cols[key] = SampleBuffer()
-        if window and sample.t < window[-1].t:
-            return False  # a late sample from a slow fetch: the window stays in time order
+        if window and (sample.t < window[-1].t or sample is window[-1]):
+            # A late sample from a slow fetch: the window stays in time order. The newest sample itself: passed on by
+            # a fetch that did not ask about this GPU again (telemetry/promql_need), not a new reading.
+            return False
         buffer = cols[key] if cols is not None else None
         if buffer is not None and len(window) == window.maxlen:
             buffer.drop(1)  # the deque drops its oldest on this append

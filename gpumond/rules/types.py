@@ -223,12 +223,21 @@ class TelemetryBatch:
     alerts_known: bool = True  # False when the alerts could not be read (their query failed): keep the last
 
 
+@dataclass(frozen=True, slots=True)
+class TelemetryNeed:
+    """What the detectors read from the next fetch: the GPUs of this replica's jobs and those under suspicion
+    (in a finding, pending or firing). A source may ask less than the whole fleet for it; None asks everything."""
+
+    gpus: frozenset[str] = frozenset()
+    suspects: frozenset[str] = frozenset()
+
+
 class TelemetrySource(Protocol):
     """Where GPU telemetry comes from: agents scraped directly, or a Prometheus-compatible query API."""
 
     name: str
 
-    def fetch(self) -> TelemetryBatch: ...
+    def fetch(self, need: TelemetryNeed | None = None) -> TelemetryBatch: ...
 
     def close(self) -> None: ...
 

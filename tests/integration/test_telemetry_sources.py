@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpumond.rules.telemetry import PrometheusSource, ScrapeSource
-from gpumond.rules.types import GPU_SIGNALS, HOST_SIGNALS, GpuSample, TelemetryBatch
+from gpumond.rules.types import GPU_SIGNALS, HOST_SIGNALS, GpuSample, TelemetryBatch, TelemetryNeed
 from tests.integration.helpers import PrometheusServer, free_port, wait_until
 from tests.integration.rules_helpers import VictoriaMetricsServer, running_agents
 
@@ -141,6 +141,28 @@ def test_query_source_matches_a_direct_scrape_and_marks_stopped_agents_absent(
             assert (between.gpus, between.hosts, between.absent_nodes) == (everything.gpus, everything.hosts,
                                                                           everything.absent_nodes)
             assert _complete(between, set(NODES))
+
+            # For what the detectors need (promql_need): node-a's GPUs through an instance matcher the real server
+            # runs, as a fetch of everything gives them (node-b's without values); then, between detail fetches, a
+            # GPU on node-b suspected: its node asked in full, node-a's samples passed on as they were.
+            mine = frozenset(g.uuid for g in everything.gpus if g.node == "node-a")
+            suspect = next(g.uuid for g in everything.gpus if g.node == "node-b")
+            needy = PrometheusSource(tsdb.base_url, timeout_s=5.0, lookback_s=120, clock=lambda: now, detail_s=60)
+            sources.append(needy)
+            needy.fetch()  # learns the identity: which target holds which GPU
+            detail = needy.fetch(TelemetryNeed(gpus=mine))
+            later = needy.fetch(TelemetryNeed(gpus=mine, suspects=frozenset({suspect})))
+            assert detail.errors == later.errors == ()
+
+            def on(batch: TelemetryBatch, node: str) -> list[GpuSample]:
+                return [g for g in batch.gpus if g.node == node]
+
+            assert on(detail, "node-a") == on(everything, "node-a")
+            assert [h for h in detail.hosts if h.node == "node-a"] == [h for h in everything.hosts
+                                                                       if h.node == "node-a"]
+            assert all(not g.values.keys() & {"power_w", "sm_clock_hz"} for g in on(detail, "node-b"))
+            assert on(later, "node-b") == on(everything, "node-b")
+            assert all(x is y for x, y in zip(on(later, "node-a"), on(detail, "node-a"), strict=True))
 
             agents["node-a"].stop()
 

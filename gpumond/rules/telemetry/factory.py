@@ -28,6 +28,7 @@ def build_source(telemetry: Any) -> TelemetrySource | None:
             str(url),  # a pydantic URL type stringifies to the URL
             timeout_s=_number(prom, "timeout_s", promql.DEFAULT_TIMEOUT_S),
             lookback_s=_number(prom, "lookback_s", promql.DEFAULT_LOOKBACK_S),
+            detail_s=_number(prom, "detail_s", promql.DEFAULT_DETAIL_S),
             access=build_access(prom, "telemetry.prometheus"),
         )
     spec = field_of(telemetry, "scrape")

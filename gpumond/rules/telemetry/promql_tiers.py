@@ -70,10 +70,15 @@ class Tiers:
             if key not in REFRESHED or self._due(key, t):
                 out[key] = query
             elif key == TARGETS:
-                out[key] = _up_of(self._kept[IDENTITY][1])
+                out[key] = up_of(self._kept[IDENTITY][1])
             elif key in (signals.CLOCKS_EVENT, MASK):  # the throttle reasons: only the active ones
                 out[key] = f"{query} != 0"
         return out
+
+    def kept(self, key: str) -> Sequence[Row] | None:
+        """The rows of `key` (one of REUSED) the last refresh kept; None when it has none."""
+        kept = self._kept.get(key)
+        return kept[1] if kept is not None else None
 
     def merge(self, asked: Mapping[str, str], results: Mapping[str, Sequence[Row]],
               t: float) -> dict[str, Sequence[Row]]:
@@ -106,9 +111,8 @@ class Tiers:
             return
         answered = all(k in results for k in throttle)
         full = asked[throttle[0]] == self._full[throttle[0]]
-        masked = mask_rows(results.get(MASK, ()))
-        have = frozenset(r.labels["uuid"] for r in masked) | (frozenset() if full else self._masked)
-        rows = masked + [r for r in results.get(signals.CLOCKS_EVENT, ()) if r.labels.get("uuid") not in have]
+        rows, have = throttle_rows(results.get(MASK, ()), results.get(signals.CLOCKS_EVENT, ()),
+                                   frozenset() if full else self._masked)
         if full:
             if answered:
                 self._kept[signals.CLOCKS_EVENT] = (t, rows)
@@ -146,6 +150,15 @@ class Tiers:
         return kept is None or not 0 <= t - kept[0] < self._refresh_s or (key == IDENTITY and not _jobs(kept[1]))
 
 
+def throttle_rows(mask: Sequence[Row], per_reason: Sequence[Row],
+                  masked: frozenset[str] = frozenset()) -> tuple[list[Row], frozenset[str]]:
+    """The CLOCKS_EVENT rows of one fetch: each bitmask decoded, and the per-reason series of the GPUs without one
+    (here, or in `masked`: the GPUs whose bitmask a refresh read); with the GPUs the bitmasks covered."""
+    decoded = mask_rows(mask)
+    have = frozenset(r.labels["uuid"] for r in decoded) | masked
+    return decoded + [r for r in per_reason if r.labels.get("uuid") not in have], have
+
+
 def _inactive(known: Sequence[Row]) -> tuple[tuple[Row, ...], dict[tuple[str | None, str | None], int]]:
     """Each throttle series a refresh saw at 0, and where each (uuid, reason) is among them: made once per refresh
     (~170,000 series at 33,000 GPUs), copied by the fetches in between."""
@@ -175,13 +188,13 @@ def _jobs(identity: Sequence[Row]) -> list[str]:
     return sorted({r.labels.get("job", "") for r in identity} - {""})
 
 
-def _up_of(identity: Sequence[Row]) -> str:
+def up_of(identity: Sequence[Row]) -> str:
     """`up` of the jobs whose targets export an identity: a few series per node, whatever else the server holds."""
-    jobs = "|".join(_regex_literal(j) for j in _jobs(identity))
+    jobs = "|".join(regex_literal(j) for j in _jobs(identity))
     return f'up{{job=~"{jobs}"}}'
 
 
-def _regex_literal(text: str) -> str:
+def regex_literal(text: str) -> str:
     """`text` matched literally by a PromQL regex inside a double-quoted string (RE2, then string escapes)."""
     escaped = "".join("\\" + c if c in _REGEX_SPECIAL else c for c in text)
     return escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

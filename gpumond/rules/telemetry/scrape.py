@@ -17,7 +17,7 @@ from gpumond.rules.telemetry.file_sd import FileSD
 from gpumond.rules.telemetry.httpget import FetchError, get_bounded
 from gpumond.rules.telemetry.mapping import AgentReading, read_agent
 from gpumond.rules.telemetry.targets import Target, parse_target
-from gpumond.rules.types import AgentAlert, GpuSample, HostSample, TelemetryBatch
+from gpumond.rules.types import AgentAlert, GpuSample, HostSample, TelemetryBatch, TelemetryNeed
 from gpumond.wire.safetext import one_line
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -74,8 +74,9 @@ class ScrapeSource:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gpumond-scrape")
         self._nodes: dict[str, str] = {}  # url → node name from its last good scrape, to name it when it fails
 
-    def fetch(self) -> TelemetryBatch:
-        """Scrape every current target once; bounded by the per-target timeout."""
+    def fetch(self, need: TelemetryNeed | None = None) -> TelemetryBatch:
+        """Scrape every current target once; bounded by the per-target timeout. `need` does not narrow it: an
+        agent's /metrics is one answer, and which node holds a needed GPU is known only from that answer."""
         t = self._clock()
         errors: list[str] = []
         if problem := self._access.refresh():

@@ -73,11 +73,18 @@ def host_signal(metric: str) -> str | None:
     return _HOST_BY_METRIC.get(metric)
 
 
-def gpu_selectors() -> dict[str, str]:
-    """One PromQL selector per metric behind the GPU signals, keyed by metric name."""
+def gpu_selectors(where: str = "") -> dict[str, str]:
+    """One PromQL selector per metric behind the GPU signals, keyed by metric name; `where` (a label matcher such
+    as `instance=~"…"`) is added to each."""
     out: dict[str, str] = {}
     for metric, by_reason in _GPU_BY_METRIC.items():
         values = sorted(r for r in by_reason if r is not None)
         # Only the label values we map (the agent exports ~9 clock-event reasons per GPU): not the rest.
-        out[metric] = f'{metric}{{{SELECTOR_LABEL[metric]}=~"{"|".join(values)}"}}' if values else metric
+        out[metric] = selector(metric, where, f'{SELECTOR_LABEL[metric]}=~"{"|".join(values)}"' if values else "")
     return out
+
+
+def selector(metric: str, *matchers: str) -> str:
+    """`metric{m1,m2}` of the matchers that are not empty; the bare name when none is."""
+    inner = ",".join(m for m in matchers if m)
+    return f"{metric}{{{inner}}}" if inner else metric
