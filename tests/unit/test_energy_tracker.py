@@ -15,7 +15,7 @@ from gpumond.rules.energy import attribution
 from gpumond.rules.energy.tracker import EnergyTracker
 from gpumond.rules.service import RulesService
 from gpumond.rules.store import RankStore
-from gpumond.rules.types import GpuSample, RankInfo, StepRecord, TelemetryBatch
+from gpumond.rules.types import GpuSample, RankInfo, StepRecord, TelemetryBatch, TelemetryNeed
 
 P = "GPU-aaaaaaaa-0000-4000-8000-000000000001"
 Q = "GPU-aaaaaaaa-0000-4000-8000-000000000002"
@@ -95,7 +95,7 @@ class Batches:
     def __init__(self, batches: list[TelemetryBatch]) -> None:
         self.batches = batches
 
-    def fetch(self) -> TelemetryBatch:
+    def fetch(self, need: TelemetryNeed | None = None) -> TelemetryBatch:
         return self.batches.pop(0)
 
     def close(self) -> None:
