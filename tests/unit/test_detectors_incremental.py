@@ -71,3 +71,19 @@ def test_a_job_gone_from_the_store_is_forgotten():
     state, _ = evaluate(inputs, DetectorState(), CFG)
     state, out = evaluate(replace(inputs, jobs={}), state, CFG)
     assert out == [] and state.judged == {}
+
+
+def test_a_held_job_not_judged_now_keeps_its_state_and_candidates_while_another_is_judged():
+    # A judgement on arrival passes only the jobs whose steps landed; the others are held, not gone.
+    a, b = starved(), build()
+    both = replace(a, jobs={"job-a": a.jobs["job-a"], "job-b": b.jobs["job-a"]},
+                   gpu_windows={**a.gpu_windows, **b.gpu_windows})
+    state, first = evaluate(both, DetectorState(), CFG)
+    assert [(c.job, c.rank) for c in first] == [("job-a", 5)]
+    only_b = replace(both, now=both.now + 1, jobs={"job-b": both.jobs["job-b"]})
+    fns = FeatureFns(ranks=Counting())
+    held, out = evaluate(only_b, state, CFG, fns, held={"job-a"})
+    assert out == first and held.judged["job-a"] == state.judged["job-a"]
+    assert held.rank_features["job-a"] == state.rank_features["job-a"] and fns.ranks.calls == 0
+    gone, out = evaluate(only_b, state, CFG)
+    assert out == [] and "job-a" not in gone.judged and "job-a" not in gone.rank_features

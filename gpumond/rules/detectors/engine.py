@@ -6,7 +6,7 @@ instead of being judged again, up to `rejudge_s` of wall time (stall and livenes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from operator import attrgetter
@@ -75,12 +75,10 @@ def _is_not_none(x: object) -> bool:
     return x is not None
 
 
-def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequence[GpuSample]],
-               absent_nodes: frozenset[str]) -> tuple[float, ...]:
-    """What changes when a job has anything new: its ranks' newest push, heartbeat and held steps (how many,
-    and the sum of each rank's newest end), its GPUs' newest telemetry sample, and how many of its ranks sit
-    on absent nodes. Read for every job at every evaluation, judged or not: one pass per field over the ranks
-    (C-level getters), not one Python loop body per rank, at about a third of the cost."""
+def steps_key(ranks: Mapping[int, RankWindow]) -> tuple[float, ...]:
+    """What changes when a job's ranks push: their newest push and heartbeat, and their held steps (how many,
+    and the sum of each rank's newest end). One pass per field over the ranks (C-level getters), not one Python
+    loop body per rank, at about a third of the cost."""
     ws = list(ranks.values())
     push = max(chain((-1.0,), map(_PUSH, ws)))
     beat = max(chain((-1.0,), filter(_is_not_none, map(_BEAT, ws))))
@@ -96,10 +94,17 @@ def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequen
         for w, k in zip(ws, counts):
             if k:
                 ends += w.steps[-1].end
-    infos = list(map(_INFO, ws))
+    return (push, beat, float(sum(counts)), ends)
+
+
+def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequence[GpuSample]],
+               absent_nodes: frozenset[str]) -> tuple[float, ...]:
+    """What changes when a job has anything new: its steps_key, its GPUs' newest telemetry sample, and how
+    many of its ranks sit on absent nodes. Read for every job at every periodic evaluation, judged or not."""
+    infos = list(map(_INFO, ranks.values()))
     absent = sum(i.node in absent_nodes for i in infos) if absent_nodes else 0
     newest = max(chain((-1.0,), (g[-1].t for i in infos if (g := gpu_windows.get(i.gpu_uuid)))))
-    return (push, beat, float(sum(counts)), ends, newest, float(absent))
+    return steps_key(ranks) + (newest, float(absent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +116,13 @@ class FeatureFns:
 
 
 def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
-             fns: FeatureFns = FeatureFns()) -> tuple[DetectorState, list[Candidate]]:
+             fns: FeatureFns = FeatureFns(), held: Collection[str] = ()) -> tuple[DetectorState, list[Candidate]]:
     """Run every detector on every job with something new (every job, at least each `rejudge_s`); a job with
-    nothing new keeps its last candidates. Returns the new state and this evaluation's candidates."""
+    nothing new keeps its last candidates. Returns the new state and this evaluation's candidates.
+
+    `held`: jobs not in these inputs that are still held and not judged now (a judgement of the jobs whose
+    steps just landed): they keep their state and their last candidates, which are returned with the others.
+    Any other job missing from the inputs has expired and is forgotten."""
     since = inputs.now - cfg.recent_s
     baselines = dict(state.baselines)
     share_state = dict(state.shares)
@@ -135,8 +144,13 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
                    shares_since, share_times, out)
         judged[job] = Judged(key, inputs.now, tuple(out[job_start:]))
+    for job in held:
+        last = judged.get(job)
+        if job not in inputs.jobs and last is not None and job in state.rank_features:
+            out.extend(last.candidates)
+            rank_features[job] = state.rank_features[job]
     for kept in (baselines, share_state, structure, shares_since, share_times, judged):
-        for job in [j for j in kept if j not in inputs.jobs]:
+        for job in [j for j in kept if j not in inputs.jobs and j not in held]:
             del kept[job]  # the job expired from the store: forget it
     return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
                          rank_features=rank_features, judged=judged), out
@@ -158,6 +172,9 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     # The long look averages full windows only: a young job's windows all hold its first seconds.
     full = inputs.now - shares_since.get(job, inputs.now) >= cfg.recent_s
     times = tuple(t for t in share_times.get(job, ()) if t > inputs.now - cfg.share_long_s)
+    # A window joins the long look at most every share_long_every_s (a judgement between keeps its history; 2 %
+    # slack: a schedule's evaluations arrive a few ms early or late).
+    full = full and (not times or inputs.now - times[-1] >= 0.98 * cfg.share_long_every_s)
     if full:
         times += (inputs.now,)
     share_times[job] = times
