@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -57,6 +58,8 @@ _HELP = {
                                                           "over the job's ranks (-1 to 1; positive: computes longer "
                                                           "than its peers, as a straggler does)."),
     "gpumond_rules_evaluations_total": ("counter", "Detector evaluations run."),
+    "gpumond_rules_judgements_on_steps_total": ("counter", "Jobs judged because their steps landed, between the "
+                                                           "periodic evaluations (judge_on_steps)."),
     "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
     "gpumond_rules_evaluation_failures_total": ("counter", "Evaluations that raised an error (logged; the next one "
                                                            "runs on schedule)."),
@@ -126,13 +129,16 @@ class RulesService:
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
                                    shard=shard, clock=clock, on_batch=self.remediator.observe,
                                    extra_conditions=self.remediator.conditions,
-                                   dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s))
+                                   dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s),
+                                   cadence=config.judge_on_steps)
         self.stats = IngestStats(self.ranks, self.gpus)
         self.http_stats = ConnectionStats(cap=connection_cap(config.http.limits()))  # filled by serve()
         self.app = build_app(config=config, rank_store=self.ranks, findings=self.evaluator.findings,
                              metrics=self.metrics, ready=self.evaluator.ready, clock=clock, stats=self.stats,
                              alerts=self.alerts.api_json, health=self.evaluator.health)
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
+        self._stopping = threading.Event()
+        self._on_steps: threading.Thread | None = None
 
     def metrics(self) -> bytes:
         """The service's /metrics: findings, evaluation health, ingest counters."""
@@ -161,6 +167,9 @@ class RulesService:
             self._scheduler.add_job(self._remediate, IntervalTrigger(seconds=self.config.remediation.interval_s),
                                     id="remediate", max_instances=1, coalesce=True)
         self._scheduler.start()
+        if self.config.judge_on_steps.enabled:
+            self._on_steps = threading.Thread(target=self._judge_on_steps, name="judge-on-steps", daemon=True)
+            self._on_steps.start()
         log.info("rules service started", extra={
             "telemetry": self.source.name if self.source else None,
             "evaluation_interval_s": self.config.evaluation_interval_s,
@@ -170,6 +179,18 @@ class RulesService:
                         "push; replace it (tokens_file or GPUMOND_RULES_TOKENS)", extra={"listen": str(self.config.listen)})
 
 
+    def _judge_on_steps(self) -> None:
+        """Judge jobs as their steps land (woken by the store), within the cadence's bounds, until stopped. A
+        failure is counted and reported as the periodic evaluation's are, and the loop goes on."""
+        next_in: float | None = None
+        while not self._stopping.is_set():
+            # Woken by a push with new steps, or when a job that waits on its minimum interval may be judged;
+            # at least every second, to see the stop.
+            self.ranks.wait_fresh(min(1.0, next_in) if next_in is not None else 1.0)
+            rest, next_in = self.evaluator.run_on_steps()
+            if rest and self._stopping.wait(rest):
+                return
+
     def _remediate(self) -> None:
         try:
             self.remediator.step(self.evaluator.findings())
@@ -178,6 +199,9 @@ class RulesService:
 
     def stop(self) -> None:
         """Stop the schedule, the alert sinks and the telemetry source."""
+        self._stopping.set()
+        if self._on_steps is not None:
+            self._on_steps.join()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
         self.remediator.close()

@@ -109,7 +109,7 @@ class RankStore:
         # Jobs that got new steps since the evaluator last asked (take_fresh()), with when the first of them
         # landed: a job is judged when its steps arrive, not on a global tick. Set on every such push, so a
         # waiting judge wakes at once (pushes in between coalesce into one wake).
-        self._fresh: dict[str, float] = {}
+        self._landed: dict[str, float] = {}
         self._arrived = threading.Event()
 
     @classmethod
@@ -185,7 +185,7 @@ class RankStore:
             rank.ended = final  # a push without it after one with it: the rank was restarted
             rank.view = None
             if kept:
-                self._fresh.setdefault(info.job, now)
+                self._landed.setdefault(info.job, now)
                 self._arrived.set()
             if final and all(r.ended for r in job.values()):
                 self._release(info.job)
@@ -340,7 +340,7 @@ class RankStore:
     def take_fresh(self) -> dict[str, float]:
         """The jobs that got new steps since the last call, each with when its first new steps landed; cleared."""
         with self._lock:
-            fresh, self._fresh = self._fresh, {}
+            fresh, self._landed = self._landed, {}
             self._arrived.clear()
             return fresh
 
