@@ -20,7 +20,7 @@ from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, HostFeatures, RankFeatures, host_features
 from gpumond.rules.detectors.gpu_batch import gpu_features_many
 from gpumond.rules.detectors.io_starvation import detect_io_starvation
-from gpumond.rules.detectors.job import JobBaseline, job_slowdown, job_stall
+from gpumond.rules.detectors.job import JobBaseline, due_again, job_slowdown, job_stall
 from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.sequential import step_shares
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
@@ -172,9 +172,8 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     # The long look averages full windows only: a young job's windows all hold its first seconds.
     full = inputs.now - shares_since.get(job, inputs.now) >= cfg.recent_s
     times = tuple(t for t in share_times.get(job, ()) if t > inputs.now - cfg.share_long_s)
-    # A window joins the long look at most every share_long_every_s (a judgement between keeps its history; 2 %
-    # slack: a schedule's evaluations arrive a few ms early or late).
-    full = full and (not times or inputs.now - times[-1] >= 0.98 * cfg.share_long_every_s)
+    # A window joins the long look at most every accumulate_every_s (a judgement between keeps its history).
+    full = full and (not times or due_again(times[-1], inputs.now, cfg))
     if full:
         times += (inputs.now,)
     share_times[job] = times
@@ -193,7 +192,8 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
         if hs:
             hosts[node] = host_features(node, hs)
     first = _oldest_end(read, inputs.now)
-    baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg, span_s=inputs.now - first)
+    baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg, span_s=inputs.now - first,
+                                  now=inputs.now)
     if baseline is not None:
         baselines[job] = baseline
     last = max((r.last_end for r in feats if r.last_end is not None), default=None)
