@@ -38,7 +38,7 @@ from benchmarks.detection.scenarios import (
     control_scenarios,
     fault_scenarios,
 )
-from benchmarks.detection.score import CLASSES, RunResult, run
+from benchmarks.detection.score import CLASSES, ON_STEPS_S, RunResult, run
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 SCALING_FULL = (128, 512, 2048, 8192, 32768, 131072)
@@ -187,7 +187,11 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
               f"(default `DetectorConfig`, `FINDINGS_PERSISTENCE`: {FINDINGS_PERSISTENCE.k} of "
               f"{FINDINGS_PERSISTENCE.n} looks of {FINDINGS_PERSISTENCE.look_s:g} s (evaluations in one look: seen only if "
               f"all saw it) and {FINDINGS_PERSISTENCE.min_s:g} s of wall time, at once on "
-              f"sequential evidence) every {EVAL_S:g} s (the service's default; 2 s in one control) over the "
+              f"sequential evidence) every {EVAL_S:g} s (the service's default; 2 s in one control)"
+              + (", and between those on each job whose steps landed, at most every "
+                 f"{_CLUSTER_KW.get('on_steps_s', ON_STEPS_S):g} s (judge_on_steps)"
+                 if _CLUSTER_KW.get("on_steps_s", ON_STEPS_S) is not None else ", on that schedule alone")
+              + " over the "
               "simulated cluster of `benchmarks/detection/` — the service's code, not a copy. Method, physics and matching rules: "
               "`docs/detection-benchmark.md`.", "",
               "## The targets", "", _bench.md_table(("target", "measured", "verdict"), tgt), ""]
@@ -411,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "that stands out")
     ap.add_argument("--gpm", type=float, default=0.0,
                     help="share of nodes whose GPUs export GPM SM/tensor activity (Hopper and later; default 0)")
+    ap.add_argument("--no-judge-on-steps", action="store_true",
+                    help="evaluate on the periodic schedule alone (judge_on_steps.enabled: false), for a before/after")
     ap.add_argument("--out", default=None, help="result name (default detection / detection_quick)")
     ap.add_argument("--nodes", type=int, default=None,
                     help="one job size for every fault run and control (default: 32, 64, 128, 16 by seed; 64)")
@@ -423,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _CLUSTER_KW["gpm"] = args.gpm
     if args.no_early_push:
         _CLUSTER_KW["early_push"] = False
+    if args.no_judge_on_steps:
+        _CLUSTER_KW["on_steps_s"] = None
     if args.quick:
         args.seeds = 1
     start = time.perf_counter()

@@ -108,7 +108,7 @@ def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persi
                 state, cands = evaluate_fn(inputs, state, cfg)
             else:
                 state, cands = evaluate_fn(replace(inputs, jobs={j: inputs.jobs[j] for j in fresh}), state, cfg,
-                                           held=set(inputs.jobs) - fresh)
+                                           held=set(inputs.jobs) - fresh, arrivals=True)
             tracks, findings, _ = advance(tracks, cands, t, persistence)
             times.append(time.perf_counter() - t1)
         if periodic:

@@ -199,13 +199,13 @@ class Evaluator:
             start = self._timer()
             jobs = self._ranks.jobs(now, chosen.now)
             held = [j for j in self._ranks.job_names() if j not in jobs and self.owns(j)]
-            self._judge(now, jobs, held, frozenset())
+            self._judge(now, jobs, held, frozenset(), arrivals=True)
             self.judgements_on_steps += len(jobs)
             took = self._timer() - start
         return rest_after(took, self._cadence.max_busy), next_in
 
     def _judge(self, now: float, jobs: Mapping[str, Mapping[int, RankWindow]], held: Collection[str],
-               ended: frozenset[str]) -> None:
+               ended: frozenset[str], arrivals: bool = False) -> None:
         """Judge `jobs` (with `held` kept as last judged: any other job is forgotten) and update the alerts."""
         since = now - self._cfg.recent_s
         uuids = {w.info.gpu_uuid for ranks in jobs.values() for w in ranks.values()}
@@ -215,7 +215,8 @@ class Evaluator:
                             host_windows={n: self._gpus.hosts(n, since) for n in nodes},
                             absent_nodes=self._gpus.absent_nodes())
         with self._lock:
-            self._state, candidates = evaluate(inputs, self._state, self._cfg, held=held)
+            self._state, candidates = evaluate(inputs, self._state, self._cfg, held=held,
+                                                  arrivals=arrivals)
             # A job whose ranks all said they ended has no findings left: they resolve now, not resolve_after_s later.
             transitions = self.alerts.update(conditions_of(candidates, self._gpu_index) + self._extra_conditions(),
                                              now, ended=lambda labels: bool(ended) and dict(labels).get("job") in ended)

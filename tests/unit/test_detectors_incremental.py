@@ -87,3 +87,31 @@ def test_a_held_job_not_judged_now_keeps_its_state_and_candidates_while_another_
     assert held.rank_features["job-a"] == state.rank_features["job-a"] and fns.ranks.calls == 0
     gone, out = evaluate(only_b, state, CFG)
     assert out == [] and "job-a" not in gone.judged and "job-a" not in gone.rank_features
+
+
+def later(inputs, dt):
+    """The same job `dt` seconds later, with a push from rank 0 (something new: it is judged)."""
+    ranks = inputs.jobs["job-a"]
+    pushed = {**ranks, 0: replace(ranks[0], last_push=ranks[0].last_push + dt)}
+    return replace(inputs, now=inputs.now + dt, jobs={"job-a": pushed})
+
+
+def test_a_judgement_on_arrival_takes_what_fires_at_once_and_leaves_the_rest_to_the_periodic_evaluation():
+    healthy, slow = build(), build(gpu={3: {"sm_clock_hz": 1.4e9}})  # a low clock: a windowed finding
+    state, out = evaluate(slow, DetectorState(), CFG)
+    flagged = [c for c in out if c.kind == "straggler" and c.rank == 3]
+    assert flagged and not (flagged[0].sustained or flagged[0].corroborated)
+    # judged on arrival with the clock back: the periodic evaluation's flag stands until the next one
+    state, out = evaluate(later(healthy, 1), state, CFG, arrivals=True)
+    assert out == flagged and state.judged["job-a"].arrival
+    state, out = evaluate(later(healthy, 5), state, CFG)
+    assert out == []
+    # and the other way: slow on arrival is not flagged until a periodic evaluation sees it
+    state, out = evaluate(later(slow, 6), state, CFG, arrivals=True)
+    assert out == []
+    # a periodic evaluation judges again after a judgement on arrival, though nothing is new since
+    state, out = evaluate(replace(later(slow, 6), now=slow.now + 10), state, CFG)
+    assert [c.key for c in out] == [c.key for c in flagged]
+    # what fires at once is taken on arrival
+    _, out = evaluate(starved(), DetectorState(), CFG, arrivals=True)
+    assert [(c.kind, c.rank, c.sustained) for c in out] == [("io_starved_rank", 5, True)]

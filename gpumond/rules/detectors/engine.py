@@ -66,6 +66,10 @@ class Judged:
     key: tuple[float, ...]
     at: float
     candidates: tuple[Candidate, ...]
+    # The candidates of its last periodic judgement that wait on persistence (neither sustained nor corroborated):
+    # what a judgement on arrival keeps of them (see `evaluate`).
+    windowed: tuple[Candidate, ...] = ()
+    arrival: bool = False  # a judgement on arrival: a periodic evaluation judges the job again, new data or not
 
 
 _PUSH, _BEAT, _COLS, _INFO = attrgetter("last_push"), attrgetter("last_beat"), attrgetter("columns"), attrgetter("info")
@@ -116,13 +120,21 @@ class FeatureFns:
 
 
 def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
-             fns: FeatureFns = FeatureFns(), held: Collection[str] = ()) -> tuple[DetectorState, list[Candidate]]:
+             fns: FeatureFns = FeatureFns(), held: Collection[str] = (),
+             arrivals: bool = False) -> tuple[DetectorState, list[Candidate]]:
     """Run every detector on every job with something new (every job, at least each `rejudge_s`); a job with
     nothing new keeps its last candidates. Returns the new state and this evaluation's candidates.
 
     `held`: jobs not in these inputs that are still held and not judged now (a judgement of the jobs whose
     steps just landed): they keep their state and their last candidates, which are returned with the others.
-    Any other job missing from the inputs has expired and is forgotten."""
+    Any other job missing from the inputs has expired and is forgotten.
+
+    `arrivals`: a judgement of jobs whose steps landed, between the periodic evaluations. Of its candidates only
+    those that fire at once (sequential evidence, corroborated) are taken; those that wait on persistence (the
+    median looks, stalls, job-level findings) stay as the last periodic evaluation left them. Their thresholds
+    and the findings' minimum duration were validated at one evaluation per 5 s: sampled every second, a
+    median look's excursion is seen from its first second rather than from the next 5 s tick, and one of
+    ~23 s then outlasted the 20 s minimum (the uneven-sequence control fired on it)."""
     since = inputs.now - cfg.recent_s
     baselines = dict(state.baselines)
     share_state = dict(state.shares)
@@ -137,13 +149,18 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         key = inputs_key(ranks, inputs.gpu_windows, inputs.absent_nodes)
         last = judged.get(job)
         if last is not None and last.key == key and inputs.now - last.at < cfg.rejudge_s \
-                and job in state.rank_features:
+                and job in state.rank_features and (arrivals or not last.arrival):
             out.extend(last.candidates)
             rank_features[job] = state.rank_features[job]
             continue
         _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
                    shares_since, share_times, out)
-        judged[job] = Judged(key, inputs.now, tuple(out[job_start:]))
+        if arrivals:
+            windowed = last.windowed if last is not None else ()
+            out[job_start:] = _on_arrival(out[job_start:], windowed)
+        else:
+            windowed = tuple(c for c in out[job_start:] if not _immediate(c))
+        judged[job] = Judged(key, inputs.now, tuple(out[job_start:]), windowed, arrivals)
     for job in held:
         last = judged.get(job)
         if job not in inputs.jobs and last is not None and job in state.rank_features:
@@ -226,6 +243,19 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
     job_gpus = {r.gpu_uuid: r.node for r in reporting}
     out[job_start:] = with_activity_many(out[job_start:], inputs.gpu_windows, job_gpus, since)
+
+
+def _immediate(c: Candidate) -> bool:
+    """Fires at once, without waiting on persistence: its detector's own test required the evidence to last."""
+    return c.sustained or c.corroborated
+
+
+def _on_arrival(new: list[Candidate], windowed: tuple[Candidate, ...]) -> list[Candidate]:
+    """A job's candidates after a judgement on arrival: its new ones that fire at once, then the last periodic
+    judgement's that wait on persistence (but for an entity now flagged at once)."""
+    now = [c for c in new if _immediate(c)]
+    keys = {c.key for c in now}
+    return now + [c for c in windowed if c.key not in keys]
 
 
 def _activity(active: Sequence[RankFeatures], shares: Mapping[int, object], reporting: Sequence[RankFeatures],
