@@ -115,3 +115,14 @@ def test_a_judgement_on_arrival_takes_what_fires_at_once_and_leaves_the_rest_to_
     # what fires at once is taken on arrival
     _, out = evaluate(starved(), DetectorState(), CFG, arrivals=True)
     assert [(c.kind, c.rank, c.sustained) for c in out] == [("io_starved_rank", 5, True)]
+
+
+def test_the_job_baseline_follows_drift_at_most_every_accumulate_every_s_however_often_it_is_judged():
+    from gpumond.rules.detectors.job import JobBaseline, job_slowdown
+
+    base = JobBaseline(1.0, 100, at=1000.0)
+    drifting = [1.02] * 20  # within half the slowdown ratio: drift to follow
+    kept, _ = job_slowdown("j", drifting, base, CFG, now=1000.0 + CFG.accumulate_every_s / 5)
+    assert kept == base  # judged a second later: no step of drift
+    followed, _ = job_slowdown("j", drifting, base, CFG, now=1000.0 + CFG.accumulate_every_s)
+    assert followed.step_time_s > 1.0 and followed.at == 1000.0 + CFG.accumulate_every_s

@@ -107,10 +107,16 @@ def test_a_pass_rests_so_that_passes_take_at_most_max_busy_of_a_core():
 def test_the_periodic_evaluation_takes_what_landed_so_it_is_not_judged_again():
     ranks, ev, clock = service()
     push(ranks, "a", 0, 20, clock.t)
-    ev.evaluate()
+    ev.judge_arrivals()
+    clock.t += 0.5
+    push(ranks, "a", 20, 1, clock.t)
+    _, next_in = ev.judge_arrivals()  # waits for its interval…
+    assert next_in == 0.5
+    push(ranks, "a", 21, 1, clock.t)
+    ev.evaluate()  # …and the periodic evaluation judges it meanwhile, with what has landed since
     clock.t += 2.0
     ev.judge_arrivals()
-    assert ev.evaluations == 1 and ev.judgements_on_steps == 0
+    assert ev.evaluations == 1 and ev.judgements_on_steps == 1
 
 
 def test_due_splits_waiting_jobs_by_their_minimum_interval():
