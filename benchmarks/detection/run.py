@@ -59,7 +59,7 @@ def plan(quick: bool, seeds: int, nodes: int | None = None, control_s: float = 1
     if quick:
         out += fault_scenarios(0, 16, slowdowns=(1.05, 1.25, 2.0), node_slowdowns=(1.25,), waits=(0.05, 0.2),
                                sub_waits=(0.02,), hangs=1, outliers=(0.4,))
-        out += control_scenarios(0, 16, 600.0)
+        out += control_scenarios(0, 16, 300.0)  # judged as steps land: five times the evaluations of a 5 s tick
     else:
         sizes = (32, 64, 128, 16) if nodes is None else (nodes,)
         for s in range(seeds):
