@@ -43,6 +43,7 @@ from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
 EXAMPLE_TOKEN = "insecure-demo-token-replace-me"  # the token deploy/examples/rules.yaml ships
+ON_STEPS_COALESCE_S = 0.05  # judgements on arrival: the shortest pause between two passes (at most 20 a second)
 
 _HELP = {
     "gpumond_finding": ("gauge", "1 for each firing finding (straggler, io_starved_rank, io_starved_job, …)."),
@@ -188,7 +189,9 @@ class RulesService:
             # at least every second, to see the stop.
             self.ranks.wait_fresh(min(1.0, next_in) if next_in is not None else 1.0)
             rest, next_in = self.evaluator.run_on_steps()
-            if rest and self._stopping.wait(rest):
+            # At least a moment between passes: a big job's pushes land every few milliseconds, and waking for
+            # each (to find its job within its minimum interval) would cost more than it saves.
+            if self._stopping.wait(max(rest, ON_STEPS_COALESCE_S)):
                 return
 
     def _remediate(self) -> None:
