@@ -18,6 +18,8 @@ the push conditions under another `sys.setswitchinterval`. `--profile` adds a cP
     python benchmarks/eval_cycle.py                  # ~8 min: 32,768 GPUs as 1 × 32,768 ranks and 4 × 8,192,
                                                      # quiet and with 65,536 pushed records/s
     python benchmarks/eval_cycle.py --quick          # seconds: 256 GPUs (smoke test)
+    python benchmarks/eval_cycle.py --layouts 8192 --cycles 3 --recent-s 30 --recent-s 60 --recent-s 120 \
+        --name eval_cycle_window                     # ~4 min: CPU per new step and per rank against recent_s
 """
 
 from __future__ import annotations
