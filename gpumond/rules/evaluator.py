@@ -79,8 +79,9 @@ class Evaluator:
         self._on_batch = on_batch
         self._extra_conditions = extra_conditions
         self._lock = threading.Lock()
-        # Periodic evaluations and judgements on arrival run on different threads: one at a time.
-        self._serial = threading.Lock()
+        # Periodic evaluations and judgements on arrival run on different threads: one at a time, with the failure
+        # bookkeeping around them (re-entrant: _guarded holds it around evaluate and judge_arrivals).
+        self._serial = threading.RLock()
         self._cadence = cadence
         self._waiting: dict[str, float] = {}  # jobs with steps not yet judged → when the first of them landed
         self._judged_at: dict[str, float] = {}  # held jobs → when last judged
@@ -236,6 +237,10 @@ class Evaluator:
 
     def _guarded(self, judge: Callable[[], _T], failed: _T) -> _T:
         """judge(), or `failed` when it raised: counted, reported and logged (rate-limited), never raised."""
+        with self._serial:
+            return self._counted(judge, failed)
+
+    def _counted(self, judge: Callable[[], _T], failed: _T) -> _T:
         try:
             out = judge()
         except Exception as e:  # an evaluation bug must not kill the schedule

@@ -150,3 +150,15 @@ def test_the_service_judges_a_job_as_its_steps_land_between_its_periodic_evaluat
     off.start()
     off.stop()
     assert off._on_steps is None
+
+
+def test_a_failing_judgement_on_arrival_is_counted_and_reported_as_a_failing_evaluation_is():
+    class Broken(RankStore):
+        def take_fresh(self):
+            raise RuntimeError("store broke")
+
+    ranks = Broken.from_config(CONFIG)
+    ev = Evaluator(ranks, GpuStore.from_config(CONFIG), None, clock=lambda: T0)
+    assert ev.run_on_steps() == (1.0, None)  # rest a second, then try again
+    ok, line = ev.evaluation_status()
+    assert ev.evaluation_failures_total == 1 and "store broke" in line
