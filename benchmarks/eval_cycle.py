@@ -18,6 +18,8 @@ the push conditions under another `sys.setswitchinterval`. `--profile` adds a cP
     python benchmarks/eval_cycle.py                  # ~8 min: 32,768 GPUs as 1 × 32,768 ranks and 4 × 8,192,
                                                      # quiet and with 65,536 pushed records/s
     python benchmarks/eval_cycle.py --quick          # seconds: 256 GPUs (smoke test)
+    python benchmarks/eval_cycle.py --layouts 8192 --cycles 3 --recent-s 30 --recent-s 60 --recent-s 120 \
+        --name eval_cycle_window                     # ~4 min: CPU per new step and per rank against recent_s
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +46,7 @@ import _bench  # noqa: E402
 from benchmarks.detection.cluster import Cluster, JobSpec  # noqa: E402
 from benchmarks.detection.noise import Noise  # noqa: E402
 from gpumond.config.rules import RulesConfig  # noqa: E402
+from gpumond.rules.detectors.config import DetectorConfig  # noqa: E402
 from gpumond.rules.evaluator import Evaluator  # noqa: E402
 from gpumond.rules.service import GC_THRESHOLDS  # noqa: E402
 from gpumond.rules.store import GpuStore, RankStore  # noqa: E402
@@ -60,6 +63,7 @@ class Cycle:
     cpu_s: float
     gc_s: float  # the cyclic collector's time inside the timed window (any thread)
     feed_s: float  # untimed: storing the cycle's pushes and telemetry (what ingest does between evaluations)
+    new_steps: int = 0  # steps stored since the previous evaluation
 
 
 def build(layout: tuple[int, ...], seed: int = 0) -> tuple[Cluster, float]:
@@ -92,17 +96,20 @@ class Feed:
             for steps in j.recs:
                 steps.clear()
 
-    def push(self, store: RankStore, now: float) -> None:
+    def push(self, store: RankStore, now: float) -> int:
+        """Store every rank's steps since its last push; return how many steps were new."""
+        new = 0
         for j in self.c.jobs:
             for w in j.windows(now).values():
                 key = (w.info.job, w.info.rank)
                 cols = w.columns
                 i = int(np.searchsorted(cols.step, self._pushed.get(key, -1), "right"))
                 if i < len(cols.step):
-                    store.record(w.info, StepColumns(cols.step[i:], cols.values[:, i:]), w.last_push)
+                    new += store.record(w.info, StepColumns(cols.step[i:], cols.values[:, i:]), w.last_push).accepted
                     self._pushed[key] = int(cols.step[-1])
                 else:
                     store.record(w.info, StepColumns(cols.step[:0], cols.values[:, :0]), w.last_push)
+        return new
 
     def fetch(self, need=None) -> TelemetryBatch:  # the simulated cluster's samples, whatever the need
         since, self._fetched = self._fetched, self.c.t
@@ -206,22 +213,24 @@ class Condition:
         return what + sw
 
 
-def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profile: bool) -> dict:
+def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profile: bool,
+        recent_s: float = DetectorConfig().recent_s) -> dict:
     """Build and warm up once, then `cycles` timed cycles of INTERVAL_S under each condition in turn (the same
-    jobs, going on); with `profile`, one more quiet cycle under cProfile."""
+    jobs, going on); with `profile`, one more quiet cycle under cProfile. `recent_s`: the detectors' window."""
     t_build = time.perf_counter()
     c, now = build(layout)
     config = RulesConfig.model_validate({"tokens": ["x" * 20]})
     ranks, gpus = RankStore.from_config(config), GpuStore.from_config(config)
     feed = Feed(c)
     clock = [now - WARM_S]
-    ev = Evaluator(ranks, gpus, feed, clock=lambda: clock[0])
+    ev = Evaluator(ranks, gpus, feed, clock=lambda: clock[0], detectors=replace(DetectorConfig(), recent_s=recent_s))
+    new = [0]
 
     def cycle() -> float:
         clock[0] += INTERVAL_S
         feed.advance(clock[0])
         f0 = time.perf_counter()
-        feed.push(ranks, clock[0])
+        new[0] = feed.push(ranks, clock[0])
         ev.poll_telemetry()
         return time.perf_counter() - f0
 
@@ -246,7 +255,7 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
                 gc_time.take()
                 w0, c0 = time.perf_counter(), time.thread_time()
                 ev.evaluate()
-                out.append(Cycle(time.perf_counter() - w0, time.thread_time() - c0, gc_time.take(), feed_s))
+                out.append(Cycle(time.perf_counter() - w0, time.thread_time() - c0, gc_time.take(), feed_s, new[0]))
         finally:
             if load is not None:
                 load.__exit__()
@@ -254,7 +263,7 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
             gc.callbacks.remove(gc_time)
         by_condition[cond] = {"cycles": out, "full_gcs": gc_time.full,
                               "push_records_per_s": load.records / load.elapsed_s if load else None}
-        print(f"{_layout_name(layout)} {cond.name}: " + "; ".join(  # as it goes: a long run cut short still says it
+        print(f"{_layout_name(layout)} recent_s {recent_s:g} {cond.name}: " + "; ".join(  # as it goes: a long run cut short still says it
             f"wall {x.wall_s:.3f} s cpu {x.cpu_s:.3f} s gc {x.gc_s:.3f} s" for x in out), flush=True)
     result = {"layout": layout, "conditions": by_condition, "steps_held": ranks.counts().steps,
               "build_s": t_build, "samples_held": gpus.counts().samples, "findings": len(ev.findings())}
@@ -284,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch-interval", type=float, action="append", default=[], metavar="S",
                     help="also time cycles with pushes under sys.setswitchinterval(S) (repeatable; the default is "
                          "the interpreter's, 0.005 s)")
+    ap.add_argument("--recent-s", type=float, action="append", default=None, metavar="S",
+                    help="the detectors' recent window (recent_s); repeatable: the same layouts at each, side by side, "
+                         "for the CPU per new step and per rank against the window's length (default: 60)")
     ap.add_argument("--name", default="eval_cycle", help="results file name under benchmarks/results/")
     args = ap.parse_args(argv)
     gc.set_threshold(*GC_THRESHOLDS)  # the daemon's collector settings (service.serve sets them)
@@ -295,26 +307,34 @@ def main(argv: list[str] | None = None) -> int:
         layouts, cycles = [(256,), (128, 128)], 1
     conditions = [Condition(None)] + [Condition(rate) for rate in args.push_rate] \
         + [Condition(rate, x) for rate in args.push_rate for x in args.switch_interval]
-    rows, profiles = [], []
-    for layout in layouts:
-        r = run(layout, cycles, conditions, args.profile)
+    rows, profiles, per_step = [], [], []
+    windows = args.recent_s or [DetectorConfig().recent_s]
+    for layout, recent_s in ((x, w) for x in layouts for w in windows):
+        r = run(layout, cycles, conditions, args.profile and recent_s == windows[0], recent_s)
         for cond, m in r["conditions"].items():
             cyc = m["cycles"]
             wall = statistics.median(x.wall_s for x in cyc)
             cpu = statistics.median(x.cpu_s for x in cyc)
             gcs = statistics.median(x.gc_s for x in cyc)
-            rows.append((_layout_name(layout), cond.name, f"{r['steps_held']:,}",
+            new = statistics.median(x.new_steps for x in cyc)
+            per_step.append((_layout_name(layout), f"{recent_s:g} s", cond.name, f"{new:,.0f}", f"{cpu:.3f} s",
+                             f"{cpu / max(new, 1) * 1e6:.2f} µs", f"{cpu / sum(layout) * 1e6:.1f} µs"))
+            rows.append((_layout_name(layout) + (f", recent_s {recent_s:g}" if len(windows) > 1 else ""),
+                         cond.name, f"{r['steps_held']:,}",
                          f"{r['samples_held']:,}", f"{wall:.3f} s", f"{cpu:.3f} s", f"{cpu / INTERVAL_S:.0%}",
                          f"{gcs:.3f} s", str(m["full_gcs"]),
                          f"{m['push_records_per_s']:,.0f}" if m["push_records_per_s"] else "–",
                          " ".join(f"{x.wall_s:.2f}" for x in cyc), str(r["findings"])))
         if "profile" in r:
             profiles.append(f"### cProfile of one quiet cycle, {_layout_name(layout)}\n\n```\n{r['profile'].strip()}\n```")
-        _report(args, layouts, cycles, rows, profiles)  # after each layout: a run cut short keeps what it measured
+        _report(args, layouts, cycles, rows, profiles, per_step)  # after each: a run cut short keeps what it measured
     return 0
 
 
-def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profiles: list[str]) -> None:
+def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profiles: list[str],
+            per_step: list) -> None:
+    against = _bench.md_table(("jobs × ranks", "recent_s", "beside it", "new steps a cycle", "evaluate CPU",
+                               "CPU per new step", "CPU per rank"), per_step)
     table = _bench.md_table(("jobs × ranks", "beside it", "steps held", "GPU samples held", "evaluate wall",
                              "evaluate CPU", f"CPU share at {INTERVAL_S:g} s", "GC in it", "full GCs",
                              "push records/s meanwhile", "each cycle (wall s)", "findings"), rows)
@@ -325,6 +345,9 @@ def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profi
                   "inside one timed evaluation; full GCs: generation-2 collections in all timed cycles); every "
                   f"cycle judges the steps pushed since the previous one ({INTERVAL_S:g} s of jobs stepping every "
                   "~2.6 s). Findings: pending and firing at the end (no fault is planted).\n\n" + table,
+                  "## Against the window's length\n\nThe same cycles per new step (stored since the previous "
+                  "evaluation) and per rank, for each `recent_s` (`--recent-s`): an evaluation that cost only what "
+                  "is new would hold these flat as the window grows.\n\n" + against,
                   *profiles, quick=args.quick)
 
 

@@ -21,7 +21,7 @@ from collections import Counter
 
 from benchmarks import _bench
 from benchmarks.detection.scenarios import EVAL_S, WARMUP_S, big_control
-from benchmarks.detection.score import RunResult, run
+from benchmarks.detection.score import ON_STEPS_S, RunResult, run
 
 
 def poisson_upper(k: int, confidence: float = 0.95) -> float:
@@ -84,7 +84,9 @@ def main() -> int:
         "# False findings per job-day, fault-free jobs at fleet scale"
         + (", without early pushes" if a.no_early_push else ""),
         {"scenario": f"`big_control`: one {a.nodes:,}-node job per segment (2 s steps, everyday noise, transient "
-                     f"slowdowns at the fleet rate), evaluated every {EVAL_S:g} s with the default persistence",
+                     f"slowdowns at the fleet rate), evaluated every {EVAL_S:g} s"
+                     + (f" and as its steps land (at most every {ON_STEPS_S:g} s, judge_on_steps)" if ON_STEPS_S else "")
+                     + " with the default persistence",
          "pushes": "every 5 s only (`--no-early-push`: an SDK with push_early=False)" if a.no_early_push
                    else "every 5 s, and at once after a step that stands out (the SDK's default)",
          "wall time": f"{wall:.0f} s on {a.procs} process(es): {speed:.1f} simulated s per second per process"},

@@ -17,16 +17,20 @@ Matching rules (docs/detection-benchmark.md explains why):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpumond.rules.detectors.config import DetectorConfig
-from gpumond.rules.detectors.engine import DetectorState, evaluate
+from gpumond.config.rules import RulesConfig
+from gpumond.rules.detectors.engine import DetectorState, evaluate, steps_key
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, Persistence, advance
 
 from benchmarks.detection.faults import Fault
 from benchmarks.detection.scenarios import T0, Scenario
 
 GRACE_S = 120.0
+# The service's default: jobs judged as their steps land, at most this often each (None when it is off).
+_ON_STEPS = RulesConfig.model_fields["judge_on_steps"].default
+ON_STEPS_S: float | None = _ON_STEPS.min_interval_s if _ON_STEPS.enabled else None
 KIND_CLASS = {"straggler": "straggler", "straggler_node": "straggler_node", "io_starved_rank": "starved_rank",
               "io_starved_job": "starved_job", "hung_rank": "hung"}
 CLASSES = ("starved_rank", "straggler", "starved_job", "straggler_node", "hung")
@@ -79,22 +83,40 @@ class RunResult:
 
 
 def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persistence = FINDINGS_PERSISTENCE,
-        evaluate_fn=evaluate, **cluster_kw: object) -> RunResult:  # noqa: ANN001
-    """Simulate `sc`, evaluating every `sc.eval_s` (10 s) with the real detectors and findings lifecycle."""
+        evaluate_fn=evaluate, on_steps_s: float | None = ON_STEPS_S, **cluster_kw: object) -> RunResult:  # noqa: ANN001
+    """Simulate `sc` with the real detectors and findings lifecycle, as the service runs them: every job every
+    `sc.eval_s` (5 s), and between those, with `on_steps_s`, each job whose ranks pushed steps since it was last
+    judged, at most every `on_steps_s` (the service's judge_on_steps; None: the periodic evaluation alone)."""
     cluster = sc.build(**cluster_kw)
     state, tracks = DetectorState(), None
     open_: dict[tuple, Episode] = {}
     episodes: list[Episode] = []
     times: list[float] = []
     t = T0 + sc.eval_s - sc.eval_phase
-    end = T0 + sc.duration_s
+    tick, end = t, T0 + sc.duration_s
+    keys: dict[str, tuple[float, ...]] = {}  # each job's steps when it was last judged
     while t <= end:
         cluster.advance_to(t)
         inputs = cluster.inputs(t)
-        t1 = time.perf_counter()
-        state, cands = evaluate_fn(inputs, state, cfg)
-        tracks, findings, _ = advance(tracks, cands, t, persistence)
-        times.append(time.perf_counter() - t1)
+        periodic = t >= tick - 1e-9
+        fresh = set(inputs.jobs) if periodic else \
+            {j for j, ranks in inputs.jobs.items() if steps_key(ranks) != keys.get(j)}
+        if fresh or periodic:
+            keys.update((j, steps_key(inputs.jobs[j])) for j in fresh)
+            t1 = time.perf_counter()
+            if periodic:
+                state, cands = evaluate_fn(inputs, state, cfg)
+            else:
+                state, cands = evaluate_fn(replace(inputs, jobs={j: inputs.jobs[j] for j in fresh}), state, cfg,
+                                           held=set(inputs.jobs) - fresh, arrivals=True)
+            tracks, findings, _ = advance(tracks, cands, t, persistence)
+            times.append(time.perf_counter() - t1)
+        if periodic:
+            tick += sc.eval_s
+        nxt = tick if on_steps_s is None else min(tick, t + on_steps_s)
+        if not (fresh or periodic):
+            t = nxt
+            continue
         firing = {(f.kind, f.job, f.node, f.rank, f.gpu_uuid): f for f in findings if f.state == "firing"}
         for key, f in firing.items():
             if key not in open_:
@@ -103,7 +125,7 @@ def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persi
                 episodes.append(ep)
         for key in [k for k in open_ if k not in firing]:
             open_.pop(key).ended = t
-        t += sc.eval_s
+        t = nxt
     truths = expand(sc)
     label(sc, truths, episodes)
     pushes = (sum(j.regular_pushes for j in cluster.jobs), sum(j.early_pushes for j in cluster.jobs))

@@ -180,6 +180,18 @@ class FindingsConfig(ConfigModel):
     resolve_after_s: float = Field(30.0, ge=0, le=86_400)
 
 
+class OnStepsConfig(ConfigModel):
+    """Judging a job when its steps land, between the periodic evaluations (see docs/detectors.md, "When a job
+    is judged"): at most every `min_interval_s` per job, and using at most `max_busy` of one core."""
+
+    enabled: bool = True
+    # A big job has a push landing every few milliseconds: its judgements are coalesced to one per this long.
+    min_interval_s: float = Field(1.0, ge=0.1, le=3600)
+    # Share of one core that judgements on arrival may take; past it they wait (the periodic evaluation still
+    # judges every job every evaluation_interval_s).
+    max_busy: float = Field(0.5, gt=0, le=1)
+
+
 class PowerSlackRulesConfig(ConfigModel):
     """Power-slack offers: lower limits for the GPUs of synchronous jobs that wait on slower peers (served on
     GET /api/v1/power/offers; agents apply them only where their policy says so)."""
@@ -204,6 +216,7 @@ class RulesConfig(ConfigModel):
     allow_unauthenticated: bool = False
     telemetry: TelemetryConfig = TelemetryConfig()
     evaluation_interval_s: float = Field(5.0, gt=0, le=3600)
+    judge_on_steps: OnStepsConfig = OnStepsConfig()
     findings: FindingsConfig = FindingsConfig()
     window_s: float = Field(300.0, gt=0, le=86_400)
     limits: LimitsConfig = LimitsConfig()

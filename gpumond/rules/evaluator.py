@@ -5,20 +5,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
 
+from gpumond.config.rules import OnStepsConfig
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
 from gpumond.rules.detectors.features import RankFeatures
 from gpumond.alerts.pipeline import AlertPipeline, log_only
 from gpumond.wire.routing import shard_of
+from gpumond.rules.cadence import due, rest_after
 from gpumond.rules.findings import FINDINGS_PERSISTENCE, conditions_of, findings_of
 from gpumond.rules.store import GpuStore, RankStore
 from gpumond.alerts.model import Condition
-from gpumond.rules.types import Finding, TelemetryBatch, TelemetryNeed, TelemetrySource
+from gpumond.rules.types import Finding, RankWindow, TelemetryBatch, TelemetryNeed, TelemetrySource
 from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
+_T = TypeVar("_T")
 
 # A failing telemetry source is logged when it starts failing, then at most this often while it still fails
 # (with the count of failed fetches in between), and once when it recovers.
@@ -60,7 +64,7 @@ class Evaluator:
                  timer: Callable[[], float] = time.perf_counter,
                  on_batch: Callable[[TelemetryBatch], None] | None = None,
                  extra_conditions: Callable[[], list[Condition]] = list,
-                 dead_after_s: float = EVALUATION_DEAD_AFTER_S) -> None:
+                 dead_after_s: float = EVALUATION_DEAD_AFTER_S, cadence: OnStepsConfig = OnStepsConfig()) -> None:
         self._ranks = ranks
         self._gpus = gpus
         self._source = source
@@ -75,6 +79,13 @@ class Evaluator:
         self._on_batch = on_batch
         self._extra_conditions = extra_conditions
         self._lock = threading.Lock()
+        # Periodic evaluations and judgements on arrival run on different threads: one at a time, with the failure
+        # bookkeeping around them (re-entrant: _guarded holds it around evaluate and judge_arrivals).
+        self._serial = threading.RLock()
+        self._cadence = cadence
+        self._waiting: dict[str, float] = {}  # jobs with steps not yet judged → when the first of them landed
+        self._judged_at: dict[str, float] = {}  # held jobs → when last judged
+        self.judgements_on_steps = 0
         self._state = DetectorState()
         self._findings: tuple[Finding, ...] = ()
         # What the next fetch is for: the GPUs of this replica's jobs and those in a finding (None until the first
@@ -158,13 +169,48 @@ class Evaluator:
 
     def evaluate(self) -> tuple[Finding, ...]:
         """One evaluation over every job this replica owns; returns the current findings."""
-        start = self._timer()
-        now = self._clock()
-        # Before the snapshot: a job released after it is reported by the next evaluation.
-        ended = self._ranks.take_ended()
-        self._ranks.expire(now)
-        self._gpus.expire(now)
-        jobs = {j: r for j, r in self._ranks.jobs(now).items() if self.owns(j)}
+        with self._serial:
+            start = self._timer()
+            now = self._clock()
+            # Before the snapshot: a job released after it is reported by the next evaluation.
+            ended = self._ranks.take_ended()
+            self._ranks.take_fresh()  # every job is judged now: what landed so far waits for nothing more
+            self._waiting = {}
+            self._ranks.expire(now)
+            self._gpus.expire(now)
+            jobs = {j: r for j, r in self._ranks.jobs(now).items() if self.owns(j)}
+            self._judge(now, jobs, (), ended)
+            self.evaluations += 1
+            self.jobs_ended_total += len(ended)
+            self.last_duration_s = self._timer() - start
+        return self._findings
+
+    def judge_arrivals(self) -> tuple[float, float | None]:
+        """Judge the jobs whose steps landed since they were last judged, each at most every
+        `cadence.min_interval_s`; the others held as they are. Returns how long to rest before the next pass (so
+        that these passes take at most `cadence.max_busy` of a core) and how long until a job that waits now may
+        be judged (None: none waits)."""
+        with self._serial:
+            now = self._clock()
+            for job, landed in self._ranks.take_fresh().items():
+                if self.owns(job):
+                    self._waiting.setdefault(job, landed)
+            chosen = due(self._waiting, self._judged_at, now, self._cadence.min_interval_s)
+            self._waiting = dict(chosen.waiting)
+            next_in = None if chosen.next_at is None else chosen.next_at - now
+            if not chosen.now:
+                return 0.0, next_in
+            start = self._timer()
+            jobs = self._ranks.jobs(now, chosen.now)
+            held = [j for j in self._ranks.job_names() if j not in jobs and self.owns(j)]
+            self._judge(now, jobs, held, frozenset(), arrivals=True)
+            self.judgements_on_steps += len(jobs)
+            took = self._timer() - start
+        return rest_after(took, self._cadence.max_busy), next_in
+
+    def _judge(self, now: float, jobs: Mapping[str, Mapping[int, RankWindow]], held: Collection[str],
+               ended: frozenset[str], arrivals: bool = False) -> None:
+        """Judge `jobs` (with `held` kept as last judged: any other job is forgotten) and update the alerts."""
         since = now - self._cfg.recent_s
         uuids = {w.info.gpu_uuid for ranks in jobs.values() for w in ranks.values()}
         nodes = {w.info.node for ranks in jobs.values() for w in ranks.values()}
@@ -173,25 +219,36 @@ class Evaluator:
                             host_windows={n: self._gpus.hosts(n, since) for n in nodes},
                             absent_nodes=self._gpus.absent_nodes())
         with self._lock:
-            self._state, candidates = evaluate(inputs, self._state, self._cfg)
+            self._state, candidates = evaluate(inputs, self._state, self._cfg, held=held,
+                                                  arrivals=arrivals)
             # A job whose ranks all said they ended has no findings left: they resolve now, not resolve_after_s later.
             transitions = self.alerts.update(conditions_of(candidates, self._gpu_index) + self._extra_conditions(),
                                              now, ended=lambda labels: bool(ended) and dict(labels).get("job") in ended)
             self._findings = tuple(findings_of(self.alerts.entries()))
-            self._need = TelemetryNeed(gpus=frozenset(uuids),
-                                       suspects=frozenset(f.gpu_uuid for f in self._findings if f.gpu_uuid))
-            self.evaluations += 1
-            self.jobs_ended_total += len(ended)
+            if not arrivals:  # every owned job was judged: what the next fetch needs (rules/telemetry/promql_need)
+                self._need = TelemetryNeed(gpus=frozenset(uuids),
+                                           suspects=frozenset(f.gpu_uuid for f in self._findings if f.gpu_uuid))
             self.resolved_total += sum(1 for t in transitions if t.new == "resolved" and t.alert.alertname != "Watchdog")
-        self.last_duration_s = self._timer() - start
-        return self._findings
+        self._judged_at = {j: self._judged_at[j] for j in held if j in self._judged_at} | dict.fromkeys(jobs, now)
 
     def run(self) -> None:
         """One scheduled evaluation. A failure is counted, said on /healthz, /readyz and /metrics
         (gpumond_rules_evaluation_failing) and logged (the first, then every TELEMETRY_LOG_EVERY_S), never
         raised: the schedule goes on, and the next evaluation may succeed."""
+        self._guarded(self.evaluate, None)
+
+    def run_on_steps(self) -> tuple[float, float | None]:
+        """judge_arrivals, a failure counted and reported as run()'s are; after one, rest a second."""
+        return self._guarded(self.judge_arrivals, (1.0, None))
+
+    def _guarded(self, judge: Callable[[], _T], failed: _T) -> _T:
+        """judge(), or `failed` when it raised: counted, reported and logged (rate-limited), never raised."""
+        with self._serial:
+            return self._counted(judge, failed)
+
+    def _counted(self, judge: Callable[[], _T], failed: _T) -> _T:
         try:
-            self.evaluate()
+            out = judge()
         except Exception as e:  # an evaluation bug must not kill the schedule
             now = self._clock()
             self.evaluation_failures_total += 1
@@ -204,12 +261,13 @@ class Evaluator:
                 log.exception("evaluation failed: no finding or alert is updated until it succeeds"
                               if first else "evaluation still failing", extra={
                                   "failures": self.evaluation_failures_total})
-            return
+            return failed
         if self._evaluation_failing_since is not None:
             log.warning("evaluation recovered", extra={
                 "failed_for_s": round(self._clock() - self._evaluation_failing_since, 1),
                 "failures": self.evaluation_failures_total})
         self._evaluation_failing_since, self.evaluation_error = None, None
+        return out
 
     def evaluation_status(self) -> tuple[bool, str]:
         """Whether evaluation works (False once it has failed for `dead_after_s`), and a line on it."""
@@ -262,6 +320,7 @@ class Evaluator:
         out += [Series("gpumond_findings", (("kind", k), ("state", s)), float(n)) for (k, s), n in sorted(counts.items())]
         out += rank_series(self._state.rank_features)
         out.append(Series("gpumond_rules_evaluations_total", (), float(self.evaluations)))
+        out.append(Series("gpumond_rules_judgements_on_steps_total", (), float(self.judgements_on_steps)))
         out.append(Series("gpumond_rules_evaluation_failures_total", (), float(self.evaluation_failures_total)))
         out.append(Series("gpumond_rules_evaluation_failing", (),
                           0.0 if self._evaluation_failing_since is None else 1.0))

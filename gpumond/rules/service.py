@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -45,6 +46,7 @@ from gpumond.types import Series
 
 log = logging.getLogger("gpumond.rules")
 EXAMPLE_TOKEN = "insecure-demo-token-replace-me"  # the token deploy/examples/rules.yaml ships
+ON_STEPS_COALESCE_S = 0.05  # judgements on arrival: the shortest pause between two passes (at most 20 a second)
 
 _HELP = {
     "gpumond_finding": ("gauge", "1 for each firing finding (straggler, io_starved_rank, io_starved_job, …)."),
@@ -60,6 +62,8 @@ _HELP = {
                                                           "over the job's ranks (-1 to 1; positive: computes longer "
                                                           "than its peers, as a straggler does)."),
     "gpumond_rules_evaluations_total": ("counter", "Detector evaluations run."),
+    "gpumond_rules_judgements_on_steps_total": ("counter", "Jobs judged because their steps landed, between the "
+                                                           "periodic evaluations (judge_on_steps)."),
     "gpumond_rules_evaluation_duration_seconds": ("gauge", "Duration of the last evaluation."),
     "gpumond_rules_evaluation_failures_total": ("counter", "Evaluations that raised an error (logged; the next one "
                                                            "runs on schedule)."),
@@ -133,7 +137,8 @@ class RulesService:
         self.evaluator = Evaluator(self.ranks, self.gpus, self.source, detectors=detectors, alerts=self.alerts,
                                    shard=shard, clock=clock, on_batch=self._observe,
                                    extra_conditions=self.remediator.conditions,
-                                   dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s))
+                                   dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s),
+                                   cadence=config.judge_on_steps)
         self.slack = SlackPlanner(config.power_slack, self.evaluator.rank_features, self.gpus.window, clock,
                                   detectors.recent_s)
         self.stats = IngestStats(self.ranks, self.gpus)
@@ -144,6 +149,8 @@ class RulesService:
                              jobs=lambda: json.dumps(self.energy.view()).encode(),
                              power_offers=lambda node: json.dumps({"offers": self.slack.offers(node)}).encode())
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
+        self._stopping = threading.Event()
+        self._on_steps: threading.Thread | None = None
 
     def metrics(self) -> bytes:
         """The service's /metrics: findings, evaluation health, ingest counters."""
@@ -177,6 +184,9 @@ class RulesService:
             self._scheduler.add_job(self._remediate, IntervalTrigger(seconds=self.config.remediation.interval_s),
                                     id="remediate", max_instances=1, coalesce=True)
         self._scheduler.start()
+        if self.config.judge_on_steps.enabled:
+            self._on_steps = threading.Thread(target=self._judge_on_steps, name="judge-on-steps", daemon=True)
+            self._on_steps.start()
         log.info("rules service started", extra={
             "telemetry": self.source.name if self.source else None,
             "evaluation_interval_s": self.config.evaluation_interval_s,
@@ -201,6 +211,20 @@ class RulesService:
         except Exception:  # a planning bug must not kill the schedule; offers stay as they were, leases run out
             log.exception("power-slack planning failed")
 
+    def _judge_on_steps(self) -> None:
+        """Judge jobs as their steps land (woken by the store), within the cadence's bounds, until stopped. A
+        failure is counted and reported as the periodic evaluation's are, and the loop goes on."""
+        next_in: float | None = None
+        while not self._stopping.is_set():
+            # Woken by a push with new steps, or when a job that waits on its minimum interval may be judged;
+            # at least every second, to see the stop.
+            self.ranks.wait_fresh(min(1.0, next_in) if next_in is not None else 1.0)
+            rest, next_in = self.evaluator.run_on_steps()
+            # At least a moment between passes: a big job's pushes land every few milliseconds, and waking for
+            # each (to find its job within its minimum interval) would cost more than it saves.
+            if self._stopping.wait(max(rest, ON_STEPS_COALESCE_S)):
+                return
+
     def _remediate(self) -> None:
         try:
             self.remediator.step(self.evaluator.findings())
@@ -209,6 +233,9 @@ class RulesService:
 
     def stop(self) -> None:
         """Stop the schedule, the alert sinks and the telemetry source."""
+        self._stopping.set()
+        if self._on_steps is not None:
+            self._on_steps.join()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
         self.remediator.close()

@@ -106,6 +106,11 @@ class RankStore:
         # Jobs whose every rank said it ended, released since the evaluator last asked (take_ended()).
         self._ended: set[str] = set()
         self.ended_total = 0
+        # Jobs that got new steps since the evaluator last asked (take_fresh()), with when the first of them
+        # landed: a job is judged when its steps arrive, not on a global tick. Set on every such push, so a
+        # waiting judge wakes at once (pushes in between coalesce into one wake).
+        self._landed: dict[str, float] = {}
+        self._arrived = threading.Event()
 
     @classmethod
     def from_config(cls, config: RulesConfig) -> RankStore:
@@ -179,6 +184,9 @@ class RankStore:
                 rank.last_beat = now
             rank.ended = final  # a push without it after one with it: the rank was restarted
             rank.view = None
+            if kept:
+                self._landed.setdefault(info.job, now)
+                self._arrived.set()
             if final and all(r.ended for r in job.values()):
                 self._release(info.job)
             return Stored(kept, past_window, no_room, duplicate, stale, restarted)
@@ -329,13 +337,30 @@ class RankStore:
             return self._counts()
 
     # ----- reading ---------------------------------------------------------------------------------
-    def jobs(self, now: float) -> Mapping[str, Mapping[int, RankWindow]]:
-        """An immutable snapshot: job -> rank -> RankWindow, steps within the window, oldest first."""
+    def take_fresh(self) -> dict[str, float]:
+        """The jobs that got new steps since the last call, each with when its first new steps landed; cleared."""
+        with self._lock:
+            fresh, self._landed = self._landed, {}
+            self._arrived.clear()
+            return fresh
+
+    def wait_fresh(self, timeout: float) -> bool:
+        """Block until some job has new steps not yet taken (True) or `timeout` seconds pass (False)."""
+        return self._arrived.wait(timeout)
+
+    def job_names(self) -> frozenset[str]:
+        """The jobs held now."""
+        with self._lock:
+            return frozenset(self._jobs)
+
+    def jobs(self, now: float, names: Iterable[str] | None = None) -> Mapping[str, Mapping[int, RankWindow]]:
+        """An immutable snapshot: job -> rank -> RankWindow, steps within the window, oldest first (of every
+        job held, or of those of `names` still held)."""
         # Each job is copied whole under the lock, one job at a time: pushes wait for at most one
         # job's copy, never the whole store, and detectors compare ranks within a job only.
         cutoff = now - self.window_s
         with self._lock:
-            names = list(self._jobs)
+            names = list(self._jobs) if names is None else [n for n in names if n in self._jobs]
         out: dict[str, Mapping[int, RankWindow]] = {}
         for name in names:
             with self._lock:

@@ -71,3 +71,58 @@ def test_a_job_gone_from_the_store_is_forgotten():
     state, _ = evaluate(inputs, DetectorState(), CFG)
     state, out = evaluate(replace(inputs, jobs={}), state, CFG)
     assert out == [] and state.judged == {}
+
+
+def test_a_held_job_not_judged_now_keeps_its_state_and_candidates_while_another_is_judged():
+    # A judgement on arrival passes only the jobs whose steps landed; the others are held, not gone.
+    a, b = starved(), build()
+    both = replace(a, jobs={"job-a": a.jobs["job-a"], "job-b": b.jobs["job-a"]},
+                   gpu_windows={**a.gpu_windows, **b.gpu_windows})
+    state, first = evaluate(both, DetectorState(), CFG)
+    assert [(c.job, c.rank) for c in first] == [("job-a", 5)]
+    only_b = replace(both, now=both.now + 1, jobs={"job-b": both.jobs["job-b"]})
+    fns = FeatureFns(ranks=Counting())
+    held, out = evaluate(only_b, state, CFG, fns, held={"job-a"})
+    assert out == first and held.judged["job-a"] == state.judged["job-a"]
+    assert held.rank_features["job-a"] == state.rank_features["job-a"] and fns.ranks.calls == 0
+    gone, out = evaluate(only_b, state, CFG)
+    assert out == [] and "job-a" not in gone.judged and "job-a" not in gone.rank_features
+
+
+def later(inputs, dt):
+    """The same job `dt` seconds later, with a push from rank 0 (something new: it is judged)."""
+    ranks = inputs.jobs["job-a"]
+    pushed = {**ranks, 0: replace(ranks[0], last_push=ranks[0].last_push + dt)}
+    return replace(inputs, now=inputs.now + dt, jobs={"job-a": pushed})
+
+
+def test_a_judgement_on_arrival_takes_what_fires_at_once_and_leaves_the_rest_to_the_periodic_evaluation():
+    healthy, slow = build(), build(gpu={3: {"sm_clock_hz": 1.4e9}})  # a low clock: a windowed finding
+    state, out = evaluate(slow, DetectorState(), CFG)
+    flagged = [c for c in out if c.kind == "straggler" and c.rank == 3]
+    assert flagged and not (flagged[0].sustained or flagged[0].corroborated)
+    # judged on arrival with the clock back: the periodic evaluation's flag stands until the next one
+    state, out = evaluate(later(healthy, 1), state, CFG, arrivals=True)
+    assert out == flagged and state.judged["job-a"].arrival
+    state, out = evaluate(later(healthy, 5), state, CFG)
+    assert out == []
+    # and the other way: slow on arrival is not flagged until a periodic evaluation sees it
+    state, out = evaluate(later(slow, 6), state, CFG, arrivals=True)
+    assert out == []
+    # a periodic evaluation judges again after a judgement on arrival, though nothing is new since
+    state, out = evaluate(replace(later(slow, 6), now=slow.now + 10), state, CFG)
+    assert [c.key for c in out] == [c.key for c in flagged]
+    # what fires at once is taken on arrival
+    _, out = evaluate(starved(), DetectorState(), CFG, arrivals=True)
+    assert [(c.kind, c.rank, c.sustained) for c in out] == [("io_starved_rank", 5, True)]
+
+
+def test_the_job_baseline_follows_drift_at_most_every_accumulate_every_s_however_often_it_is_judged():
+    from gpumond.rules.detectors.job import JobBaseline, job_slowdown
+
+    base = JobBaseline(1.0, 100, at=1000.0)
+    drifting = [1.02] * 20  # within half the slowdown ratio: drift to follow
+    kept, _ = job_slowdown("j", drifting, base, CFG, now=1000.0 + CFG.accumulate_every_s / 5)
+    assert kept == base  # judged a second later: no step of drift
+    followed, _ = job_slowdown("j", drifting, base, CFG, now=1000.0 + CFG.accumulate_every_s)
+    assert followed.step_time_s > 1.0 and followed.at == 1000.0 + CFG.accumulate_every_s

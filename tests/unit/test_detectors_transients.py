@@ -151,4 +151,6 @@ def test_the_long_look_spans_minutes_of_wall_time_at_any_evaluation_interval():
     # telemetry) keeps its judgement (incremental evaluation), so fewer than 150 — and a count of 30 would be
     # a minute or two
     assert 290.0 <= times[-1] - times[0] < 300.0 and 30 < len(times) < 150
+    # …and a window joins it at most every accumulate_every_s: judged every 2 s, it holds what 5 s gave
+    assert min(b - a for a, b in zip(times, times[1:])) >= 0.98 * CFG.accumulate_every_s
     assert len(state.shares["job-a"][13]) == len(times)

@@ -329,3 +329,25 @@ def test_silent_gpus_and_nodes_expire() -> None:
     c = g.expire(NOW + 200)
     assert c.gpus == 1 and g.window(uuid(1), NOW + 200 - 60) == ()
     assert g.expire(NOW + 221).gpus == 0
+
+
+def test_jobs_with_new_steps_are_taken_once_with_when_their_first_new_steps_landed() -> None:
+    s = store()
+    assert not s.wait_fresh(0.0) and s.take_fresh() == {}
+    s.add(info("a"), steps(0, 3, NOW - 2), NOW - 2)
+    s.add(info("a", 1, gpu=1), steps(0, 3, NOW - 1), NOW - 1)
+    s.add(info("b"), [], NOW)  # a heartbeat: nothing to judge
+    s.add(info("a"), steps(0, 3, NOW - 2), NOW)  # duplicates: nothing new
+    assert s.wait_fresh(0.0) and s.take_fresh() == {"a": NOW - 2}
+    assert not s.wait_fresh(0.0) and s.take_fresh() == {}
+    assert s.job_names() == {"a", "b"} and list(s.jobs(NOW, ["b", "gone"])) == ["b"]
+
+
+def test_a_waiting_judge_wakes_when_steps_land() -> None:
+    s = store()
+    woke = []
+    t = threading.Thread(target=lambda: woke.append(s.wait_fresh(10.0)))
+    t.start()
+    s.add(info("a"), steps(0, 1), NOW)
+    t.join(10.0)
+    assert woke == [True]

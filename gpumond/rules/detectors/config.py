@@ -35,6 +35,11 @@ class DetectorConfig:
     share_trim: float = 0.1  # …the long look averages each evaluation's mean with this share trimmed off each end…
     share_long_s: float = 300.0  # …over the evaluations of this much wall time, once it has min_steps of them…
     share_long_min_s: float = 120.0  # …spanning this: two recent windows, so one transient sits in half at most
+    # What accumulates across judgements — a window into the long look, a step of the job baseline's drift —
+    # does so at most this often: their constants were validated at one evaluation per 5 s, and a job judged as
+    # its steps land (every second) would otherwise add five windows holding the same steps for each one (and
+    # keep five times as many), and let its baseline drift five times as fast.
+    accumulate_every_s: float = 5.0
     # Sequential evidence on compute share (detectors/sequential.py): per step a rank's log compute
     # factor over its group's median rank, in noise units (the window's MAD, at least seq_floor); each step adds
     # min(z, seq_cap) − seq_ref, and seq_h of it over a run of ≥ seq_min_steps steps, seq_frac of them past

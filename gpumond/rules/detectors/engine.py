@@ -6,7 +6,7 @@ instead of being judged again, up to `rejudge_s` of wall time (stall and livenes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from operator import attrgetter
@@ -20,7 +20,7 @@ from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, HostFeatures, RankFeatures, host_features
 from gpumond.rules.detectors.gpu_batch import gpu_features_many
 from gpumond.rules.detectors.io_starvation import detect_io_starvation
-from gpumond.rules.detectors.job import JobBaseline, job_slowdown, job_stall
+from gpumond.rules.detectors.job import JobBaseline, due_again, job_slowdown, job_stall
 from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.sequential import step_shares
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
@@ -66,6 +66,10 @@ class Judged:
     key: tuple[float, ...]
     at: float
     candidates: tuple[Candidate, ...]
+    # The candidates of its last periodic judgement that wait on persistence (neither sustained nor corroborated):
+    # what a judgement on arrival keeps of them (see `evaluate`).
+    windowed: tuple[Candidate, ...] = ()
+    arrival: bool = False  # a judgement on arrival: a periodic evaluation judges the job again, new data or not
 
 
 _PUSH, _BEAT, _COLS, _INFO = attrgetter("last_push"), attrgetter("last_beat"), attrgetter("columns"), attrgetter("info")
@@ -75,12 +79,10 @@ def _is_not_none(x: object) -> bool:
     return x is not None
 
 
-def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequence[GpuSample]],
-               absent_nodes: frozenset[str]) -> tuple[float, ...]:
-    """What changes when a job has anything new: its ranks' newest push, heartbeat and held steps (how many,
-    and the sum of each rank's newest end), its GPUs' newest telemetry sample, and how many of its ranks sit
-    on absent nodes. Read for every job at every evaluation, judged or not: one pass per field over the ranks
-    (C-level getters), not one Python loop body per rank, at about a third of the cost."""
+def steps_key(ranks: Mapping[int, RankWindow]) -> tuple[float, ...]:
+    """What changes when a job's ranks push: their newest push and heartbeat, and their held steps (how many,
+    and the sum of each rank's newest end). One pass per field over the ranks (C-level getters), not one Python
+    loop body per rank, at about a third of the cost."""
     ws = list(ranks.values())
     push = max(chain((-1.0,), map(_PUSH, ws)))
     beat = max(chain((-1.0,), filter(_is_not_none, map(_BEAT, ws))))
@@ -96,10 +98,17 @@ def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequen
         for w, k in zip(ws, counts):
             if k:
                 ends += w.steps[-1].end
-    infos = list(map(_INFO, ws))
+    return (push, beat, float(sum(counts)), ends)
+
+
+def inputs_key(ranks: Mapping[int, RankWindow], gpu_windows: Mapping[str, Sequence[GpuSample]],
+               absent_nodes: frozenset[str]) -> tuple[float, ...]:
+    """What changes when a job has anything new: its steps_key, its GPUs' newest telemetry sample, and how
+    many of its ranks sit on absent nodes. Read for every job at every periodic evaluation, judged or not."""
+    infos = list(map(_INFO, ranks.values()))
     absent = sum(i.node in absent_nodes for i in infos) if absent_nodes else 0
     newest = max(chain((-1.0,), (g[-1].t for i in infos if (g := gpu_windows.get(i.gpu_uuid)))))
-    return (push, beat, float(sum(counts)), ends, newest, float(absent))
+    return steps_key(ranks) + (newest, float(absent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +120,21 @@ class FeatureFns:
 
 
 def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
-             fns: FeatureFns = FeatureFns()) -> tuple[DetectorState, list[Candidate]]:
+             fns: FeatureFns = FeatureFns(), held: Collection[str] = (),
+             arrivals: bool = False) -> tuple[DetectorState, list[Candidate]]:
     """Run every detector on every job with something new (every job, at least each `rejudge_s`); a job with
-    nothing new keeps its last candidates. Returns the new state and this evaluation's candidates."""
+    nothing new keeps its last candidates. Returns the new state and this evaluation's candidates.
+
+    `held`: jobs not in these inputs that are still held and not judged now (a judgement of the jobs whose
+    steps just landed): they keep their state and their last candidates, which are returned with the others.
+    Any other job missing from the inputs has expired and is forgotten.
+
+    `arrivals`: a judgement of jobs whose steps landed, between the periodic evaluations. Of its candidates only
+    those that fire at once (sequential evidence, corroborated) are taken; those that wait on persistence (the
+    median looks, stalls, job-level findings) stay as the last periodic evaluation left them. Their thresholds
+    and the findings' minimum duration were validated at one evaluation per 5 s: sampled every second, a
+    median look's excursion is seen from its first second rather than from the next 5 s tick, and one of
+    ~23 s then outlasted the 20 s minimum (the uneven-sequence control fired on it)."""
     since = inputs.now - cfg.recent_s
     baselines = dict(state.baselines)
     share_state = dict(state.shares)
@@ -128,15 +149,25 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         key = inputs_key(ranks, inputs.gpu_windows, inputs.absent_nodes)
         last = judged.get(job)
         if last is not None and last.key == key and inputs.now - last.at < cfg.rejudge_s \
-                and job in state.rank_features:
+                and job in state.rank_features and (arrivals or not last.arrival):
             out.extend(last.candidates)
             rank_features[job] = state.rank_features[job]
             continue
         _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
                    shares_since, share_times, out)
-        judged[job] = Judged(key, inputs.now, tuple(out[job_start:]))
+        if arrivals:
+            windowed = last.windowed if last is not None else ()
+            out[job_start:] = _on_arrival(out[job_start:], windowed)
+        else:
+            windowed = tuple(c for c in out[job_start:] if not _immediate(c))
+        judged[job] = Judged(key, inputs.now, tuple(out[job_start:]), windowed, arrivals)
+    for job in held:
+        last = judged.get(job)
+        if job not in inputs.jobs and last is not None and job in state.rank_features:
+            out.extend(last.candidates)
+            rank_features[job] = state.rank_features[job]
     for kept in (baselines, share_state, structure, shares_since, share_times, judged):
-        for job in [j for j in kept if j not in inputs.jobs]:
+        for job in [j for j in kept if j not in inputs.jobs and j not in held]:
             del kept[job]  # the job expired from the store: forget it
     return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
                          rank_features=rank_features, judged=judged), out
@@ -158,6 +189,8 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     # The long look averages full windows only: a young job's windows all hold its first seconds.
     full = inputs.now - shares_since.get(job, inputs.now) >= cfg.recent_s
     times = tuple(t for t in share_times.get(job, ()) if t > inputs.now - cfg.share_long_s)
+    # A window joins the long look at most every accumulate_every_s (a judgement between keeps its history).
+    full = full and (not times or due_again(times[-1], inputs.now, cfg))
     if full:
         times += (inputs.now,)
     share_times[job] = times
@@ -176,7 +209,8 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
         if hs:
             hosts[node] = host_features(node, hs)
     first = _oldest_end(read, inputs.now)
-    baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg, span_s=inputs.now - first)
+    baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg, span_s=inputs.now - first,
+                                  now=inputs.now)
     if baseline is not None:
         baselines[job] = baseline
     last = max((r.last_end for r in feats if r.last_end is not None), default=None)
@@ -209,6 +243,19 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
     job_gpus = {r.gpu_uuid: r.node for r in reporting}
     out[job_start:] = with_activity_many(out[job_start:], inputs.gpu_windows, job_gpus, since)
+
+
+def _immediate(c: Candidate) -> bool:
+    """Fires at once, without waiting on persistence: its detector's own test required the evidence to last."""
+    return c.sustained or c.corroborated
+
+
+def _on_arrival(new: list[Candidate], windowed: tuple[Candidate, ...]) -> list[Candidate]:
+    """A job's candidates after a judgement on arrival: its new ones that fire at once, then the last periodic
+    judgement's that wait on persistence (but for an entity now flagged at once)."""
+    now = [c for c in new if _immediate(c)]
+    keys = {c.key for c in now}
+    return now + [c for c in windowed if c.key not in keys]
 
 
 def _activity(active: Sequence[RankFeatures], shares: Mapping[int, object], reporting: Sequence[RankFeatures],

@@ -18,29 +18,38 @@ class JobBaseline:
 
     step_time_s: float
     steps_seen: int
+    at: float = -float("inf")  # when it was learnt or last followed the job's drift
+
+
+def due_again(last: float, now: float, cfg: DetectorConfig) -> bool:
+    """Whether what accumulates across judgements (last added at `last`) takes this one: accumulate_every_s
+    later, with 2 % slack (a schedule's evaluations arrive a few ms early or late)."""
+    return now - last >= 0.98 * cfg.accumulate_every_s
 
 
 def job_slowdown(job: str, step_times: Sequence[float], baseline: JobBaseline | None,
-                 cfg: DetectorConfig, span_s: float = float("inf")) -> tuple[JobBaseline | None, list[Candidate]]:
+                 cfg: DetectorConfig, span_s: float = float("inf"),
+                 now: float = float("inf")) -> tuple[JobBaseline | None, list[Candidate]]:
     """Compare the recent median job step time with the baseline; learn the baseline only while healthy, and
-    only once the job's steps span `cfg.baseline_min_s` (`span_s`: from its oldest held step to now)."""
+    only once the job's steps span `cfg.baseline_min_s` (`span_s`: from its oldest held step to `now`); it
+    follows drift at most every accumulate_every_s (judged more often, it would drift faster)."""
     if len(step_times) < 3:
         return baseline, []
     recent = median(step_times)
     if baseline is None:
         if len(step_times) >= cfg.baseline_min_steps and span_s >= cfg.baseline_min_s:
-            return JobBaseline(recent, len(step_times)), []
+            return JobBaseline(recent, len(step_times), now), []
         return None, []
     ratio = recent / baseline.step_time_s if baseline.step_time_s > 0 else 1.0
     if ratio >= cfg.slowdown_ratio:
         return baseline, [Candidate("job_slowdown", job, None, None, None, round(ratio, 3), {
             "step_time_s": round(recent, 4), "baseline_step_time_s": round(baseline.step_time_s, 4),
             "slowdown": round(ratio, 3)})]
-    if abs(ratio - 1.0) < (cfg.slowdown_ratio - 1.0) / 2:
+    if abs(ratio - 1.0) < (cfg.slowdown_ratio - 1.0) / 2 and due_again(baseline.at, now, cfg):
         # Follow slow drift (longer sequences, a new data shard) but never learn a slowdown as normal.
         a = cfg.baseline_alpha
         return replace(baseline, step_time_s=(1 - a) * baseline.step_time_s + a * recent,
-                       steps_seen=baseline.steps_seen + len(step_times)), []
+                       steps_seen=baseline.steps_seen + len(step_times), at=now), []
     return baseline, []
 
 
