@@ -200,14 +200,6 @@ def report(name: str, title: str, facts: dict[str, str], *sections: str, quick: 
 
 
 # ----- processes ---------------------------------------------------------------------------------
-def use_test_helpers() -> None:
-    """The repository appended to sys.path, so `tests/…` imports. Only eval_cycle.py still needs it (for
-    tests/push_bodies.py); the other scripts take what they need from gpumond itself (rules_store.py encodes with
-    the job SDK's encoders): remove this with that last use."""
-    if str(REPO) not in sys.path:
-        sys.path.append(str(REPO))
-
-
 def free_port() -> int:
     """A free loopback TCP port: the demo's, the one definition outside the tests."""
     from gpumond.demo.cluster import free_port as demo_free_port

@@ -29,12 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench  # noqa: E402
-
-_bench.use_test_helpers()
+import yaml  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from gpumond.demo.job import ClockFactors, SimulatedJob  # noqa: E402
+from gpumond.demo.watch import clock_factors  # noqa: E402
 from gpumond.nvml.sim.gpu import gpu_uuid  # noqa: E402
-from tests.integration import helpers  # noqa: E402
 
 NAME = "energy_daemons"
 NODE = "slack-node"
@@ -55,34 +55,58 @@ def series(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
+def write_yaml(path: Path, data: object) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def metrics(url: str) -> dict[str, list]:
+    """A daemon's /metrics as family name → samples."""
+    return {f.name: f.samples for f in text_string_to_metric_families(get(url + "/metrics"))}
+
+
+def follow_clocks(node: str, agent_url: str, factors: ClockFactors, stop: threading.Event) -> None:
+    """A thread that slows each simulated rank by its GPU's clock, as the demo does (gpumond.demo.watch)."""
+
+    def run() -> None:
+        while not stop.wait(0.5):
+            try:
+                clock_factors(node, metrics(agent_url), factors)
+            except OSError:  # a lost scrape only delays the next update
+                continue
+
+    threading.Thread(target=run, name="clocks", daemon=True).start()
+
+
 def main() -> int:
     args = _bench.parser(__doc__ or "", "the first step only").parse_args()
     seconds = 100 if args.quick else 480
     work = Path(tempfile.mkdtemp(prefix="gpumond-energy-daemons-"))
     rport, aport = _bench.free_port(), _bench.free_port()
-    rules_cfg = helpers.write_yaml(work / "rules.yaml", {
+    rules_cfg = write_yaml(work / "rules.yaml", {
         "listen": f"127.0.0.1:{rport}", "tokens": [TOKEN], "evaluation_interval_s": 1, "state_dir": str(work / "r"),
         "telemetry": {"scrape": {"targets": [f"127.0.0.1:{aport}"], "interval_s": 1}},
         "power_slack": {"margin": 0.04}})
-    agent_cfg = helpers.write_yaml(work / "agent.yaml", {
+    agent_cfg = write_yaml(work / "agent.yaml", {
         "state_dir": str(work / "a"), "node_name": NODE, "sampling": {"fast_interval_s": 1, "slow_interval_s": 5},
         "policy": {"mode": "enforce", "thermal": {"enabled": False},
                    "power_slack": {"mode": "enforce", "rules_url": f"http://127.0.0.1:{rport}", "interval_s": 2,
                                    "lease_s": 10, "max_gpus_per_interval": 4, "max_step_w": 50}}})
-    scenario = helpers.write_yaml(work / "slow.yaml", {"faults": [{"gpu": 3, "kind": "slow", "factor": 0.8,
+    scenario = write_yaml(work / "slow.yaml", {"faults": [{"gpu": 3, "kind": "slow", "factor": 0.8,
                                                                     "at_s": 0}]})
-    agent = helpers.AgentProcess(["--sim", "4", "--config", agent_cfg, "--sim-scenario", scenario], work / "agent",
-                                 port=aport)
+    agent = _bench.Proc("agent", [sys.executable, "-m", "gpumond.cli", "agent", "--sim", "4", "--config", agent_cfg,
+                                  "--sim-scenario", scenario, "--listen", f"127.0.0.1:{aport}"], work / "agent.log")
+    agent_url = f"http://127.0.0.1:{aport}"
     rules = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", str(rules_cfg)],
                         work / "rules.log", env={**os.environ, "PYTHONPATH": _bench.pythonpath()})
     rows = []
     stop = threading.Event()
     job = None
     try:
-        agent.start()
+        agent.start().wait_http(agent_url + "/healthz")
         rules.start().wait_http(f"http://127.0.0.1:{rport}/readyz")
         factors = ClockFactors()
-        helpers.follow_clocks({NODE: agent}, factors, stop, "clocks")
+        follow_clocks(NODE, agent_url, factors, stop)
         job = SimulatedJob(job="slack", ranks=[(NODE, i, gpu_uuid(NODE, i)) for i in range(4)],
                            endpoint=f"http://127.0.0.1:{rport}", token=TOKEN, step_s=STEP_S, clock_factors=factors,
                            data_wait=lambda rank: 0.0)
@@ -90,8 +114,8 @@ def main() -> int:
         start = time.monotonic()
         while time.monotonic() - start < seconds:
             time.sleep(10)
-            fams = agent.metrics()
-            limits = [helpers.value(fams, "gpumond_gpu_power_limit_watts", gpu=str(i)) for i in range(4)]
+            agent_text = get(agent_url + "/metrics")
+            limits = [series(agent_text, "gpumond_gpu_power_limit_watts", gpu=str(i)) for i in range(4)]
             offers = json.loads(get(f"http://127.0.0.1:{rport}/api/v1/power/offers?node={NODE}"))["offers"]
             text = get(f"http://127.0.0.1:{rport}/metrics")
             step = series(text, "gpumond_job_rank_step_seconds", rank="0")
@@ -107,7 +131,7 @@ def main() -> int:
         if job is not None:
             job.stop()
         rules.terminate()
-        agent.stop()
+        agent.terminate()  # SIGTERM: the agent restores the limits it set
         shutil.rmtree(work, ignore_errors=True)
     table = _bench.md_table(("s", "GPU 0 W", "GPU 1 W", "GPU 2 W", "GPU 3 (degraded) W", "offers", "step ms (rank 0)",
                              "rank 0 compute share", "back-offs"), rows)

@@ -150,11 +150,9 @@ class Pushes:
     def __init__(self, rate: float) -> None:
         self._rate = rate
         from gpumond.config.rules import LimitsConfig
+        from gpumond.job.payload import encode_head, encoder
         from gpumond.rules.ingest.payload import columns_model
         from gpumond.rules.store import RankStore
-
-        _bench.use_test_helpers()
-        from tests.push_bodies import encode
 
         limits = LimitsConfig()
         self._model = columns_model(limits.max_string_len, limits.max_steps_per_push)
@@ -162,12 +160,13 @@ class Pushes:
                                 max_gpus=1 << 16, max_steps_per_rank=256, max_steps_held=1 << 24)
         self._bodies = []
         now = time.time()
+        encode = encoder("columns")
         for r in range(256):
-            body = {"job": "ingest", "rank": r, "world_size": 256, "node": f"in-{r // 8}",
-                    "gpu_uuid": f"GPU-{r:08x}-0000-4000-8000-000000000000",
-                    "steps": [{"step": i, "end": now - (64 - i) * 0.5, "duration_s": 0.84, "data_wait_s": 0.02,
-                               "comm_wait_s": 0.11} for i in range(64)]}
-            self._bodies.append(encode(body, "columns"))
+            head = {"job": "ingest", "rank": r, "world_size": 256, "node": f"in-{r // 8}",
+                    "gpu_uuid": f"GPU-{r:08x}-0000-4000-8000-000000000000"}
+            # The SDK's own encoder: (step, end, duration, data wait, samples, comm wait), ends on the unix clock.
+            records = [(i, now - (64 - i) * 0.5, 0.84, 0.02, None, 0.11) for i in range(64)]
+            self._bodies.append(encode(encode_head(head, "columns"), records, 0.0, 0.0))
         self._stop = threading.Event()
         self.records = 0
         self.cpu_s = self.elapsed_s = 0.0
