@@ -14,6 +14,7 @@ COMMAND = "jobs"
 RULES_URL = "http://127.0.0.1:9481"
 
 COLUMNS = ("JOB", "STATE", "ENERGY", "MEAN POWER", "MEASURED", "STEPS", "PER STEP")
+PER_SAMPLE = "PER SAMPLE"  # shown only when some job reports samples (the SDK's step_end(samples=…))
 DAEMON = "the rules service (`gpumond rules`)"
 
 
@@ -22,7 +23,8 @@ def add_parser(sub: Any) -> None:
     jb = sub.add_parser(
         COMMAND, help="print what each job has used in energy (from the rules service)",
         description=("Ask a rules service (GET /api/v1/jobs) what each job has used: energy, mean power, time\n"
-                     "measured, steps completed and energy per step. Running jobs first (most energy first),\n"
+                     "measured, steps completed and energy per step, and per sample for jobs whose SDK is\n"
+                     "told each step's samples (or tokens). Running jobs first (most energy first),\n"
                      "then the jobs that ended lately. Energy is counted from the agents' GPU energy counters\n"
                      "while the service saw the job's ranks on those GPUs (docs/rules-api.md)."),
         epilog=("examples:\n"
@@ -71,6 +73,12 @@ def joules(value: Any) -> str:
     return f"{j:.0f} J"
 
 
+def _per_sample(value: Any) -> str:
+    """Energy per sample: often under a joule, so in mJ there (three figures)."""
+    j = _num(value)
+    return f"{j * 1e3:.3g} mJ" if j is not None and j < 1 else joules(j)
+
+
 def _watts(value: Any) -> str:
     w = _num(value)
     return "-" if w is None else (f"{w / 1e3:.2f} kW" if w >= 1e3 else f"{w:.0f} W")
@@ -90,5 +98,9 @@ def table(jobs: Sequence[Mapping[str, Any]]) -> str:
     rows = [(str(j.get("job")), str(j.get("state") or "running"), joules(j.get("energy_joules")),
              _watts(j.get("mean_power_watts")), _duration(j.get("measured_seconds")),
              str(j.get("steps") or "-"), joules(j.get("joules_per_step"))) for j in running + ended]
-    return render(COLUMNS, rows, "no jobs: the rules service has measured no job's energy yet (it needs the "
+    columns = COLUMNS
+    if any(_num(j.get("joules_per_sample")) is not None for j in jobs):
+        columns += (PER_SAMPLE,)
+        rows = [row + (_per_sample(j.get("joules_per_sample")),) for row, j in zip(rows, running + ended)]
+    return render(columns, rows, "no jobs: the rules service has measured no job's energy yet (it needs the "
                                  "job's pushes and GPU telemetry from its nodes' agents)")

@@ -31,6 +31,11 @@ def step_rows(steps: Sequence[StepRecord]) -> tuple[np.ndarray, np.ndarray]:
     return numbers, values.reshape(-1, 4).T
 
 
+def step_samples(steps: Sequence[StepRecord]) -> np.ndarray:
+    """Each step's samples as int64, -1 where not reported."""
+    return np.array([-1 if s.samples is None else s.samples for s in steps], dtype=np.int64)
+
+
 def step_columns(steps: Sequence[StepRecord]) -> StepColumns | None:
     """Read-only columns of `steps` (None when a step number does not fit int64)."""
     try:

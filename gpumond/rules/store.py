@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumond.rules.columns import SampleBuffer, StepBuffer, StepView, sample_matrix, step_rows, trailing_run
+from gpumond.rules.columns import (SampleBuffer, StepBuffer, StepView, sample_matrix, step_rows, step_samples,
+                                    trailing_run)
 from gpumond.wire.identity import legacy_mig_uuid
 from gpumond.rules.types import (GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord,
                                  TelemetryBatch)
@@ -72,7 +73,7 @@ class Stored:
 class _Rank:
     """One (job, rank): its latest RankInfo and its steps in arrival order, as columns (no object per step)."""
 
-    __slots__ = ("info", "incarnation", "cols", "last_push", "last_step", "view", "last_beat", "ended")
+    __slots__ = ("info", "incarnation", "cols", "last_push", "last_step", "view", "last_beat", "ended", "samples")
 
     def __init__(self, info: RankInfo, incarnation: str | None = None) -> None:
         self.info = info
@@ -83,6 +84,15 @@ class _Rank:
         self.view: RankWindow | None = None  # the last snapshot, reused until something changes
         self.last_beat: float | None = None  # the last push without steps (the SDK's heartbeat)
         self.ended = False  # the rank's last push said `final`: its process is ending
+        self.samples = 0  # samples its new steps reported in total, kept across restarts (steps redone count again)
+
+
+def _samples(per_step: np.ndarray | None) -> int:
+    """The samples of a push's steps in total (-1, not reported, counts none); summed as float64 so that
+    absurd values cannot wrap int64 into a negative total."""
+    if per_step is None or not len(per_step):
+        return 0
+    return int(np.maximum(per_step, 0).sum(dtype=np.float64))
 
 
 class RankStore:
@@ -141,7 +151,7 @@ class RankStore:
         released at once (its steps, ranks and GPUs) and reported by take_ended(), so that its findings
         resolve now rather than after expire_after_s."""
         cutoff = now - self.window_s
-        batch = steps if isinstance(steps, StepColumns) else StepColumns(*step_rows(steps))
+        batch = steps if isinstance(steps, StepColumns) else StepColumns(*step_rows(steps), step_samples(steps))
         with self._lock:
             job = self._jobs.get(info.job)
             rank = job.get(info.rank) if job is not None else None
@@ -162,7 +172,8 @@ class RankStore:
             if incarnation is not None:
                 rank.incarnation = incarnation
             duplicate, stale = self._duplicate, self._stale
-            numbers, values, highest = self._fresh(rank, batch, cutoff)
+            numbers, values, highest, samples = self._fresh(rank, batch, cutoff)
+            rank.samples += samples
             duplicate, stale = self._duplicate - duplicate, self._stale - stale
             self._trim(rank, cutoff)
             past_window = max(0, len(numbers) - self._per_rank)
@@ -251,19 +262,20 @@ class RankStore:
         else:
             del self._gpus[uuid]
 
-    def _fresh(self, rank: _Rank, batch: StepColumns, cutoff: float) -> tuple[np.ndarray, np.ndarray, int]:
+    def _fresh(self, rank: _Rank, batch: StepColumns, cutoff: float) -> tuple[np.ndarray, np.ndarray, int, int]:
         """The steps of a push neither already held (retries) nor older than the window, in push order, as
-        (numbers, values), and their highest number (-1 for none)."""
+        (numbers, values), their highest number (-1 for none) and the samples they reported (a step the
+        window or a cap then leaves out was still computed: its samples count)."""
         numbers, values = batch.step, batch.values
         n = len(numbers)
         if not n:
-            return numbers, values, -1
+            return numbers, values, -1, 0
         ends = values[0]
         # The SDK's usual push: new steps in increasing order, all inside the window. One vectorised check,
         # because it is most of the work of a push.
         if numbers[0] > rank.last_step and ends.min() >= cutoff \
                 and (n == 1 or bool((numbers[1:] > numbers[:-1]).all())):
-            return numbers, values, int(numbers[-1])
+            return numbers, values, int(numbers[-1]), _samples(batch.samples)
         live = np.flatnonzero(ends >= cutoff)
         self._stale += n - len(live)
         # Of the steps inside the window, the first of each number is new unless held; any later copy is a duplicate.
@@ -274,7 +286,8 @@ class RankStore:
             keep[maybe_held] = ~np.isin(numbers[maybe_held], rank.cols.numbers())
         self._duplicate += len(live) - int(keep.sum())
         fresh = numbers[keep]
-        return fresh, values[:, keep], int(fresh.max()) if len(fresh) else -1
+        samples = None if batch.samples is None else batch.samples[keep]
+        return fresh, values[:, keep], int(fresh.max()) if len(fresh) else -1, _samples(samples)
 
     def _fit(self, rank: _Rank, k: int) -> int:
         """Make room for `k` new steps under the per-rank cap and the global cap (rolling the rank's oldest
@@ -374,7 +387,7 @@ class RankStore:
                     if rank.view is None:
                         cols = rank.cols.columns()
                         rank.view = RankWindow(rank.info, StepView(cols), rank.last_push, cols, rank.last_beat,
-                                               rank.ended)
+                                               rank.ended, rank.samples)
                     views[number] = rank.view
             out[name] = MappingProxyType(views)
         return MappingProxyType(out)

@@ -50,6 +50,9 @@ class StepColumns:
     # eq=False: equal content is not identity, and numpy's elementwise == has no truth value.
     step: np.ndarray  # int64, (n,)
     values: np.ndarray  # float64, (4, n): end, duration_s, data_wait_s, comm_wait_s
+    # int64, (n,): samples of each step, -1 where not reported. Only a decoded push carries it: the store
+    # adds the new steps' samples to its rank's total and holds no row for them (8 B per held step saved).
+    samples: np.ndarray | None = None
 
     FIELDS = ("end", "duration_s", "data_wait_s", "comm_wait_s")
 
@@ -90,6 +93,9 @@ class RankWindow:
     last_beat: float | None = None
     # The rank said it is ending (`"final": true`, sent by the SDK's close(), at exit and on SIGTERM).
     ended: bool = False
+    # Samples (or tokens) the rank's new steps reported in total since the store first held it (0: none
+    # reported): only grows, so the energy ledger counts the job's progress from its increase.
+    samples: int = 0
 
 
 # ----- from GPU telemetry (agents or Prometheus) --------------------------------------------------

@@ -75,7 +75,8 @@ def test_a_job_is_credited_while_it_runs_and_logged_with_its_total_when_it_ends(
     assert (line.job, line.energy_joules, line.steps) == ("llama", 100_000.0, 10)
     assert tracker.jobs() == {} and tracker.view()["jobs"] == [{
         "job": "llama", "state": "ended", "energy_joules": 100_000.0, "mean_power_watts": 5000.0,
-        "measured_seconds": 20.0, "steps": 10, "joules_per_step": 10_000.0}]
+        "measured_seconds": 20.0, "steps": 10, "joules_per_step": 10_000.0, "samples": 0,
+        "joules_per_sample": None}]
 
 
 def test_a_sharded_replica_counts_only_the_jobs_it_owns() -> None:

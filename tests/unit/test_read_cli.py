@@ -404,3 +404,14 @@ def test_jobs_from_a_service_that_does_not_serve_them_is_one_line_and_exit_1(cap
         assert main(["jobs", "--url", url]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "HTTP 404" in err and "serves /api/v1/jobs" in err
+
+
+def test_jobs_shows_energy_per_sample_only_when_some_job_reports_samples() -> None:
+    from gpumond.cli.jobs import table
+
+    base = {"state": "running", "energy_joules": 9000.0, "steps": 3, "joules_per_step": 3000.0}
+    lines = table([{**base, "job": "llama", "joules_per_sample": 0.0421}, {**base, "job": "bert",
+                   "joules_per_sample": None}, {**base, "job": "vit", "joules_per_sample": 12.0}]).splitlines()
+    assert lines[0].split()[-2:] == ["PER", "SAMPLE"]
+    assert [line.split()[-2:] for line in lines[1:]] == [["42.1", "mJ"], ["kJ", "-"], ["12", "J"]]
+    assert "PER SAMPLE" not in table([{**base, "job": "bert", "joules_per_sample": None}])

@@ -58,13 +58,14 @@ def holders(jobs: Mapping[str, Mapping[int, RankWindow]], samples: Iterable[GpuS
 
 
 def progress(jobs: Mapping[str, Mapping[int, RankWindow]]) -> dict[str, Progress]:
-    """Each job's highest step number among its ranks' held steps (jobs with none held are left out)."""
+    """Each job's highest step number among its ranks' held steps, and the samples its ranks reported in
+    total (each rank's `samples=`: its own share of the step), jobs with no step held left out."""
     out: dict[str, Progress] = {}
     for job, ranks in jobs.items():
         last = [_last_step(w) for w in ranks.values()]
         known = [s for s in last if s is not None]
         if known:
-            out[job] = Progress(max(known))
+            out[job] = Progress(max(known), sum(w.samples for w in ranks.values()))
     return out
 
 

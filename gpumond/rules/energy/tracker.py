@@ -22,6 +22,8 @@ ENERGY_METRICS = {
                                                    "on them (MIG slices: their share of the board)."),
     "gpumond_job_power_watts": ("gauge", "The job's mean power over that time: its energy over the time measured."),
     "gpumond_job_energy_per_step_joules": ("gauge", "The job's energy over the steps it completed in that time."),
+    "gpumond_job_energy_per_sample_joules": ("gauge", "The job's energy over the samples (or tokens) its ranks "
+                                                      "reported for those steps; only jobs that report them."),
 }
 
 Jobs = Mapping[str, Mapping[int, RankWindow]]
@@ -32,7 +34,8 @@ def record(job: str, e: JobEnergy) -> dict[str, object]:
     def r(v: float | None, digits: int) -> float | None:
         return None if v is None else round(v, digits)
     return {"job": job, "energy_joules": round(e.joules, 1), "mean_power_watts": r(e.mean_power_w, 1),
-            "measured_seconds": round(e.seconds, 1), "steps": e.steps, "joules_per_step": r(e.joules_per_step, 3)}
+            "measured_seconds": round(e.seconds, 1), "steps": e.steps, "joules_per_step": r(e.joules_per_step, 3),
+            "samples": e.samples, "joules_per_sample": r(e.joules_per_sample, 6)}
 
 
 class EnergyTracker:
@@ -70,13 +73,14 @@ class EnergyTracker:
             return {"jobs": running + [{**r, "state": "ended"} for r in self._ended]}
 
     def series(self) -> list[Series]:
-        """Per running job: energy, mean power, energy per step (values not yet known left out)."""
+        """Per running job: energy, mean power, energy per step and per sample (values not yet known left out)."""
         out = []
         for job, e in sorted(self._ledger.jobs.items()):
             labels = (("job", job),)
             out.append(Series("gpumond_job_energy_joules_total", labels, e.joules))
             for name, v in (("gpumond_job_power_watts", e.mean_power_w),
-                            ("gpumond_job_energy_per_step_joules", e.joules_per_step)):
+                            ("gpumond_job_energy_per_step_joules", e.joules_per_step),
+                            ("gpumond_job_energy_per_sample_joules", e.joules_per_sample)):
                 if v is not None:
                     out.append(Series(name, labels, v))
         return out

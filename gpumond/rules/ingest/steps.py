@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpumond.rules.columns import step_rows
+from gpumond.rules.columns import step_rows, step_samples
 from gpumond.rules.types import StepColumns, StepRecord
 from gpumond.wire.media import COLUMN_FIELDS, FLOAT_FIELDS
 
@@ -32,7 +32,7 @@ class StepsError(ValueError):
 def from_records(steps: Sequence[StepRecord]) -> StepColumns:
     """The JSON encoding's validated records as columns (step numbers are within int64 by then)."""
     numbers, values = step_rows(steps)
-    return StepColumns(numbers, np.ascontiguousarray(values))
+    return StepColumns(numbers, np.ascontiguousarray(values), step_samples(steps))
 
 
 def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
@@ -66,9 +66,9 @@ def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
     values = np.frombuffer(b"".join((raw["end"], raw["duration_s"], raw["data_wait_s"], comm or _nans(n))),
                            dtype=_LE_F8)
     values = values.astype(np.float64, copy=False).reshape(4, n)
-    cols = StepColumns(ints[0], values)
+    cols = StepColumns(ints[0], values, ints[1] if samples is not None else None)
     if n and not _plainly_valid(ints, values, comm is not None):
-        _name_the_first_problem(cols, ints[1] if samples is not None else None)
+        _name_the_first_problem(cols, cols.samples)
     return cols
 
 
