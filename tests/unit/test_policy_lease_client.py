@@ -52,3 +52,24 @@ def test_offers_renew_leases_and_a_failing_service_lets_them_run_out(caplog) -> 
         puller.poll()
         assert puller.leases().held == {}  # withdrawn: at once
         puller.close()
+
+
+def test_a_hostile_answer_is_read_bounded_and_renews_nothing() -> None:
+    """A broken or hostile rules service cannot make the agent hold a huge body or raise out of poll(): an
+    answer over the cap, or nested past what the JSON parser recurses into, is a failure that renews nothing."""
+    clock = Clock()
+    good = json.dumps({"offers": [{"gpu_uuid": A, "limit_w": 600, "job": "llama"}]}).encode()
+    huge = json.dumps({"offers": [{"gpu_uuid": A, "limit_w": 600, "job": "x" * 100}] * 40_000}).encode()
+    routes = {"/api/v1/power/offers": (200, JSON, good)}
+    with serving(routes) as (url, _):
+        puller = LeasePuller(url, "node-1", lease_s=60, guard=Guard(2, 50), clock=clock,
+                             applied=lambda: {A: 700.0})
+        puller.poll()
+        assert puller.answers == 1
+        for body in (huge, b"[" * 200_000 + b"]" * 200_000):
+            routes["/api/v1/power/offers"] = (200, JSON, body)
+            puller.poll()  # never raises
+        assert puller.failures == 2 and puller.answers == 1
+        clock.t += 60
+        assert puller.leases().held == {}  # nothing renewed them
+        puller.close()

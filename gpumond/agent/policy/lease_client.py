@@ -8,6 +8,7 @@ have. Leases live in memory only: a restarted agent holds none.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -15,11 +16,14 @@ from collections.abc import Callable, Mapping
 import httpx
 
 from gpumond.agent.policy.lease import Guard, Leases, OfferError, expire, parse_offers, renew
+from gpumond.web.bounded import FetchError, get_bounded
 from gpumond.web.client import Access, AccessError, http_client
 
 log = logging.getLogger("gpumond.policy")
 
 OFFERS_PATH = "/api/v1/power/offers"
+# A node's offers are a few hundred bytes a GPU: an answer larger than this is broken (or hostile) and is not held.
+MAX_OFFERS_BYTES = 1 << 20
 
 
 class LeasePuller:
@@ -35,6 +39,7 @@ class LeasePuller:
         self._clock = clock
         self._applied = applied
         self._access = access if access is not None else Access()
+        self._timeout_s = timeout_s
         self._client = client if client is not None else http_client(self._access, timeout=timeout_s)
         self._lock = threading.Lock()
         self._leases = Leases()
@@ -48,11 +53,14 @@ class LeasePuller:
             if (problem := self._access.refresh()) is not None:
                 log.warning("power-slack client certificate files unusable: the previous ones stay",
                             extra={"error": problem})
-            r = self._client.get(self._url, params={"node": self._node}, headers=self._access.headers())
-            if r.status_code != 200:
-                raise OfferError(f"HTTP {r.status_code}: {r.text[:200]}")
-            offers = parse_offers(r.json())
-        except (httpx.HTTPError, OfferError, AccessError, ValueError) as e:
+            status, body = get_bounded(self._client, self._url, params={"node": self._node},
+                                       headers=self._access.headers(), timeout_s=self._timeout_s,
+                                       max_bytes=MAX_OFFERS_BYTES)
+            if status != 200:
+                raise OfferError(f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
+            offers = parse_offers(json.loads(body))
+        # RecursionError: JSON nested deeper than the parser recurses (a few kilobytes of "[[[…").
+        except (FetchError, OfferError, AccessError, ValueError, RecursionError) as e:
             self.failures += 1
             problem = f"{type(e).__name__}: {e}"[:300]
             if self._failing is None:

@@ -13,7 +13,7 @@ import httpx
 from gpumond import __version__
 from gpumond.rules.telemetry import signals
 from gpumond.web.client import Access, AccessError, http_client
-from gpumond.rules.telemetry.httpget import FetchError, get_bounded
+from gpumond.web.bounded import FetchError, get_bounded
 from gpumond.rules.telemetry.promql_join import IDENTITY, TARGETS, Row, agent_alerts, join
 from gpumond.rules.telemetry import promql_need as need_of
 from gpumond.rules.telemetry.promql_need import Cadence

@@ -14,7 +14,7 @@ from gpumond import __version__
 from gpumond.rules.telemetry import signals
 from gpumond.web.client import Access, AccessError, http_client
 from gpumond.rules.telemetry.file_sd import FileSD
-from gpumond.rules.telemetry.httpget import FetchError, get_bounded
+from gpumond.web.bounded import FetchError, get_bounded
 from gpumond.rules.telemetry.mapping import AgentReading, read_agent
 from gpumond.rules.telemetry.targets import Target, parse_target
 from gpumond.rules.types import AgentAlert, GpuSample, HostSample, TelemetryBatch, TelemetryNeed

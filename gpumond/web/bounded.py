@@ -1,4 +1,5 @@
-"""One bounded HTTP GET: a whole-response deadline and a size cap on top of httpx's per-read timeouts."""
+"""One bounded HTTP GET: a whole-response deadline and a size cap on top of httpx's per-read timeouts (the telemetry
+sources' fetches, the agent's power-slack offers: what a broken or hostile server sends is never held whole)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gpumond.wire.tlsclient import explain
 
 
 class FetchError(Exception):
-    """A GET that produced no usable body; the message is one line for TelemetryBatch.errors."""
+    """A GET that produced no usable body; the message is one line (a telemetry batch's errors, a log line)."""
 
 
 def get_bounded(client: httpx.Client, url: str, *, timeout_s: float, max_bytes: int,
