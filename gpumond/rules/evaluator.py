@@ -64,7 +64,8 @@ class Evaluator:
                  timer: Callable[[], float] = time.perf_counter,
                  on_batch: Callable[[TelemetryBatch], None] | None = None,
                  extra_conditions: Callable[[], list[Condition]] = list,
-                 dead_after_s: float = EVALUATION_DEAD_AFTER_S, cadence: OnStepsConfig = OnStepsConfig()) -> None:
+                 dead_after_s: float = EVALUATION_DEAD_AFTER_S, cadence: OnStepsConfig = OnStepsConfig(),
+                 steered: Callable[[], Collection[str]] = frozenset) -> None:
         self._ranks = ranks
         self._gpus = gpus
         self._source = source
@@ -78,6 +79,8 @@ class Evaluator:
         # Other consumers of what telemetry and the lifecycle carry (fleet remediation): fed, never consulted.
         self._on_batch = on_batch
         self._extra_conditions = extra_conditions
+        # GPUs whose limit is steered on their measurements (power-slack offers): read every fetch, as suspects are.
+        self._steered = steered
         self._lock = threading.Lock()
         # Periodic evaluations and judgements on arrival run on different threads: one at a time, with the failure
         # bookkeeping around them (re-entrant: _guarded holds it around evaluate and judge_arrivals).
@@ -218,6 +221,7 @@ class Evaluator:
                             gpu_windows=self._gpus.windows(uuids, since),
                             host_windows={n: self._gpus.hosts(n, since) for n in nodes},
                             absent_nodes=self._gpus.absent_nodes())
+        steered = frozenset(self._steered()) if not arrivals else frozenset()  # before our lock: it takes its own
         with self._lock:
             self._state, candidates = evaluate(inputs, self._state, self._cfg, held=held,
                                                   arrivals=arrivals)
@@ -227,7 +231,8 @@ class Evaluator:
             self._findings = tuple(findings_of(self.alerts.entries()))
             if not arrivals:  # every owned job was judged: what the next fetch needs (rules/telemetry/promql_need)
                 self._need = TelemetryNeed(gpus=frozenset(uuids),
-                                           suspects=frozenset(f.gpu_uuid for f in self._findings if f.gpu_uuid))
+                                           suspects=frozenset(f.gpu_uuid for f in self._findings if f.gpu_uuid)
+                                           | steered)
             self.resolved_total += sum(1 for t in transitions if t.new == "resolved" and t.alert.alertname != "Watchdog")
         self._judged_at = {j: self._judged_at[j] for j in held if j in self._judged_at} | dict.fromkeys(jobs, now)
 

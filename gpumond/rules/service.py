@@ -138,7 +138,7 @@ class RulesService:
                                    shard=shard, clock=clock, on_batch=self._observe,
                                    extra_conditions=self.remediator.conditions,
                                    dead_after_s=max(EVALUATION_DEAD_AFTER_S, 3 * config.evaluation_interval_s),
-                                   cadence=config.judge_on_steps)
+                                   cadence=config.judge_on_steps, steered=lambda: self.slack.steered())
         self.slack = SlackPlanner(config.power_slack, self.evaluator.rank_features, self.gpus.window, clock,
                                   detectors.recent_s)
         self.stats = IngestStats(self.ranks, self.gpus)

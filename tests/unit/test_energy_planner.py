@@ -11,7 +11,7 @@ from gpumond.config.rules import PowerSlackRulesConfig, RulesConfig
 from gpumond.rules.detectors.features import RankFeatures
 from gpumond.rules.energy.planner import SlackPlanner
 from gpumond.rules.service import RulesService
-from gpumond.rules.types import GpuSample
+from gpumond.rules.types import GpuSample, TelemetryBatch, TelemetryNeed
 
 UUIDS = [f"GPU-5b0c3b0a-0000-4000-8000-00000000000{i}" for i in range(4)]
 
@@ -131,5 +131,51 @@ def test_the_service_serves_offers_per_node_and_wants_the_node(tmp_path) -> None
         assert ok.status_code == 200 and ok.json() == {"offers": []}
         bad = asyncio.run(get("/api/v1/power/offers"))
         assert bad.status_code == 400 and "node: required" in bad.text
+    finally:
+        service.stop()
+
+
+def test_the_gpus_offered_a_limit_are_steered() -> None:
+    world = World()
+    p = planner(world)
+    plan(p, world, SETTLED - 1)
+    assert p.steered() == frozenset()
+    plan(p, world, 1)
+    assert p.steered() == frozenset(UUIDS[:3])
+    world.step_s = 1.02  # withdrawn: no longer steered
+    plan(p, world, 1)
+    assert p.steered() == frozenset()
+
+
+class Needs:
+    """A telemetry source that says what each fetch was asked for (its answers: no GPU)."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.asked: list[TelemetryNeed | None] = []
+
+    def fetch(self, need: TelemetryNeed | None = None) -> TelemetryBatch:
+        self.asked.append(need)
+        return TelemetryBatch(0.0, ())
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_gpus_offered_a_limit_are_fetched_every_fetch_as_suspects_are(tmp_path) -> None:
+    """With telemetry.prometheus.detail_s, a GPU that is no suspect is read only every detail_s: an offered GPU
+    must be read every fetch, or its recent window runs empty between detail fetches, its offer is withdrawn
+    and its lease ends (then steps down again from the top)."""
+    source = Needs()
+    service = RulesService(RulesConfig.model_validate({"tokens": ["t" * 32], "state_dir": str(tmp_path)}),
+                           source=source)
+    try:
+        world = World()
+        service.slack = planner(world)  # the service reads the planner it holds at each evaluation
+        plan(service.slack, world, SETTLED)
+        service.evaluator.evaluate()
+        service.evaluator.poll_telemetry()
+        assert source.asked[-1] is not None and source.asked[-1].suspects == frozenset(UUIDS[:3])
     finally:
         service.stop()

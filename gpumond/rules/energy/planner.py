@@ -145,6 +145,13 @@ class SlackPlanner:
         self._points[uuid] = (job, known)
         return known
 
+    def steered(self) -> frozenset[str]:
+        """The GPUs offered a limit now: each fetch must read them (telemetry.prometheus.detail_s otherwise reads
+        them only every detail_s), or their recent window runs empty between detail fetches, their offer is
+        withdrawn and their lease ends, to be stepped down again from the top at the next one."""
+        with self._lock:
+            return frozenset(r.gpu_uuid for recs in self._offers.values() for _, r in recs)
+
     def offers(self, node: str) -> list[dict[str, object]]:
         """This node's offers, as GET /api/v1/power/offers answers them."""
         with self._lock:
