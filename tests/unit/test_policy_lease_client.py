@@ -5,6 +5,8 @@ line when it starts failing), so leases run out."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import logging
 
 from gpumond.agent.policy.lease import Guard
@@ -73,3 +75,38 @@ def test_a_hostile_answer_is_read_bounded_and_renews_nothing() -> None:
         clock.t += 60
         assert puller.leases().held == {}  # nothing renewed them
         puller.close()
+
+
+def test_a_service_that_trickles_its_answer_is_cut_off_at_the_deadline() -> None:
+    """httpx's timeout is per read: a server sending a byte at a time would hold the poll (and the agent's
+    SIGTERM, which waits for it before restoring limits) for as long as it likes. The whole answer has a deadline."""
+    body = json.dumps({"offers": [{"gpu_uuid": A, "limit_w": 600, "job": "llama"}]}).encode()
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body))
+            for b in body:  # bounded: the body's length, and stopped when the test ends
+                if stop.wait(0.1):
+                    return
+                try:
+                    conn.sendall(bytes([b]))
+                except OSError:
+                    return
+
+    server = threading.Thread(target=trickle, daemon=True)
+    server.start()
+    try:
+        puller = LeasePuller(f"http://127.0.0.1:{listener.getsockname()[1]}", "node-1", lease_s=60,
+                             guard=Guard(2, 50), clock=Clock(), applied=lambda: {A: 700.0}, timeout_s=0.5)
+        puller.poll()
+        assert puller.failures == 1 and puller.answers == 0
+        puller.close()
+    finally:
+        stop.set()
+        server.join(timeout=5)
+        listener.close()
