@@ -208,7 +208,7 @@ class RulesService:
     def _plan_slack(self) -> None:
         try:
             self.slack.plan()
-        except Exception:  # a planning bug must not kill the schedule; offers stay as they were, leases run out
+        except Exception:  # a planning bug must not kill the schedule; the planner withdrew every offer, leases end
             log.exception("power-slack planning failed")
 
     def _judge_on_steps(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from gpumond.config.rules import PowerSlackRulesConfig, RulesConfig
 from gpumond.rules.detectors.features import RankFeatures
@@ -179,3 +180,23 @@ def test_the_gpus_offered_a_limit_are_fetched_every_fetch_as_suspects_are(tmp_pa
         assert source.asked[-1] is not None and source.asked[-1].suspects == frozenset(UUIDS[:3])
     finally:
         service.stop()
+
+
+def test_a_plan_that_fails_withdraws_every_offer() -> None:
+    """Offers left standing by a failing plan would be renewed by the agents for as long as it fails: the leases
+    would never run out, even after the job ended."""
+    world = World()
+    failing = False
+
+    def features() -> dict:
+        if failing:
+            raise RuntimeError("a planning bug")
+        return world.features()
+
+    p = SlackPlanner(PowerSlackRulesConfig(), features, world.window, world.clock, 60.0)
+    plan(p, world, SETTLED)
+    assert p.offers("node-1")
+    failing = True
+    with pytest.raises(RuntimeError):
+        p.plan()
+    assert p.offers("node-1") == [] and p.steered() == frozenset()

@@ -67,6 +67,16 @@ class SlackPlanner:
         self._since: dict[str, tuple[float, float]] = {}  # uuid → (its limit, since when it has had it)
 
     def plan(self) -> None:
+        """Plan every job's offers. A plan that raises withdraws every offer (and raises): offers left standing
+        would be renewed by the agents for as long as planning fails, even after their job ended."""
+        try:
+            self._plan()
+        except BaseException:
+            with self._lock:
+                self._offers = {}
+            raise
+
+    def _plan(self) -> None:
         now = self._clock()
         loops: dict[str, JobLoop] = {}
         offers: dict[str, list[tuple[str, Recommendation]]] = {}
