@@ -118,7 +118,7 @@ def get_json(base: str, path: str, key: str, *, daemon: str, query: Mapping[str,
                          "with the filter flags")
     try:
         body = json.loads(raw)
-    except ValueError:  # JSONDecodeError, or bytes that are not text
+    except (ValueError, RecursionError):  # JSONDecodeError, bytes that are not text, nesting past the parser's depth
         raise FetchError(f"{full}: the answer is not JSON (is {daemon} serving at {base}?)") from None
     items = body.get(key) if isinstance(body, dict) else None
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):

@@ -232,6 +232,7 @@ def test_findings_are_fetched_with_filters_and_printed_firing_first(capsys) -> N
 @pytest.mark.parametrize("body, fragment", [
     (b"[1, 2]", "the answer has no 'findings' list of objects"),
     (b"\xff\xfe not text", "the answer is not JSON"),
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, "the answer is not JSON", id="nested-past-the-parser"),
 ])
 def test_an_answer_of_the_wrong_shape_is_one_line_exit_1(body: bytes, fragment: str, capsys) -> None:
     with serving({"/api/v1/findings": (200, JSON, body)}) as (url, _):
