@@ -231,8 +231,9 @@ class TelemetryBatch:
 
 @dataclass(frozen=True, slots=True)
 class TelemetryNeed:
-    """What the detectors read from the next fetch: the GPUs of this replica's jobs and those under suspicion
-    (in a finding, pending or firing). A source may ask less than the whole fleet for it; None asks everything."""
+    """What the detectors read from the next fetch: the GPUs of this replica's jobs and those read every fetch
+    (`suspects`: in a finding, pending or firing, or offered a power-slack limit). A source may ask less than the
+    whole fleet for it; None asks everything."""
 
     gpus: frozenset[str] = frozenset()
     suspects: frozenset[str] = frozenset()
