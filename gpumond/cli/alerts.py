@@ -10,12 +10,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gpumond.cli.read import ANONYMOUS, Access, FetchError, access_of, add_access_flags, ago, get_json, render, \
+from gpumond.cli.read import AGENT_URL, ANONYMOUS, Access, FetchError, access_of, add_access_flags, ago, get_json, render, \
     short, url_type
 
 COMMAND = "alerts"
 COLUMNS = ("ALERTNAME", "SEVERITY", "STATE", "NODE", "GPU", "JOB", "RANK", "SINCE", "SUMMARY")
-AGENT_URL = "http://127.0.0.1:9480"
 STATES = ("firing", "pending", "resolved")
 _SEVERITIES = ("critical", "error", "warning", "info")
 DAEMON = "a gpumond agent (:9480) or rules service (:9481)"

@@ -12,14 +12,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpumond.alerts.catalogue import FINDING_KINDS
-from gpumond.cli.read import (ANONYMOUS, MAX_ANSWER_BYTES, Access, FetchError, access_of, add_access_flags, ago,
-                              get_json, render, short, url_type)
+from gpumond.cli.read import (ANONYMOUS, MAX_ANSWER_BYTES, RULES_URL, Access, FetchError, access_of, add_access_flags,
+                              ago, get_json, number, render, short, url_type)
 
 COMMAND = "findings"
 # MEASURE: what made the finding, with its unit: each kind's `score` is a different quantity (a z-score
 # against peers, a share of the step, a ratio to the job's baseline), so a bare number would not compare.
 COLUMNS = ("KIND", "STATE", "JOB", "NODE", "RANK", "GPU", "MEASURE", "SINCE", "EVIDENCE")
-RULES_URL = "http://127.0.0.1:9481"
 
 
 def add_parser(sub: Any) -> None:
@@ -75,27 +74,23 @@ def fetch(url: str, filters: Mapping[str, str | None], timeout_s: float = 5.0,
                     query=filters, timeout_s=timeout_s, access=access)
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _pct(value: Any) -> str:
-    v = _num(value)
+    v = number(value)
     return "?" if v is None else f"{v * 100:.0f}%"
 
 
 def measure(finding: Mapping[str, Any]) -> str:
     """The finding's score in words with its unit, from the score and the evidence its kind carries."""
     kind, ev = finding.get("kind"), finding.get("evidence") or {}
-    score = _num(finding.get("score"))
+    score = number(finding.get("score"))
     shown = "?" if score is None else f"{score:.1f}"
     signals = ev.get("signals") if isinstance(ev.get("signals"), Mapping) else {}
     seq = signals.get("sequential") if kind == "straggler" and set(signals) == {"sequential"} else None
-    if isinstance(seq, Mapping) and _num(seq.get("value")) is not None and _num(seq.get("span_s")) is not None:
+    if isinstance(seq, Mapping) and number(seq.get("value")) is not None and number(seq.get("span_s")) is not None:
         # Flagged on sequential evidence alone: its z is per step, not the group threshold's (detectors.md).
-        return f"compute ×{_num(seq.get('value')):.2f} of peers for {_num(seq.get('span_s')):.0f} s"
+        return f"compute ×{number(seq.get('value')):.2f} of peers for {number(seq.get('span_s')):.0f} s"
     if kind in ("straggler", "straggler_node"):
-        threshold = _num(ev.get("threshold_z"))
+        threshold = number(ev.get("threshold_z"))
         text = f"z {shown} vs peers" + (f" (flags at {threshold:.1f})" if threshold is not None else "")
         if kind == "straggler_node" and "gpus_flagged" in ev:
             text += f", {ev.get('gpus_flagged')}/{ev.get('gpus_on_node', '?')} GPUs"
@@ -106,9 +101,9 @@ def measure(finding: Mapping[str, Any]) -> str:
         ranks = f", {ev.get('ranks_starved')}/{ev.get('ranks')} ranks" if "ranks_starved" in ev else ""
         return f"data wait {_pct(ev.get('median_data_wait_frac', score))} of step (median){ranks}"
     if kind == "job_slowdown":
-        return f"step time ×{_num(ev.get('slowdown')) or score or 0:.2f} of baseline"
+        return f"step time ×{number(ev.get('slowdown')) or score or 0:.2f} of baseline"
     if kind == "hung_rank":
-        stalled, limit = _num(ev.get("stalled_for_s")), _num(ev.get("limit_s"))
+        stalled, limit = number(ev.get("stalled_for_s")), number(ev.get("limit_s"))
         if stalled is not None:
             return f"no step for {stalled:.0f} s" + (f" (limit {limit:.0f} s)" if limit is not None else "")
         return f"stalled ×{shown} of its limit"
@@ -139,7 +134,7 @@ def table(findings: Sequence[Mapping[str, Any]], now: float | None = None, empty
     now = time.time() if now is None else now
     rows = []
     for f in sorted(findings, key=lambda f: (f.get("state") != "firing", str(f.get("kind")),
-                                             -(_num(f.get("score")) or 0.0))):
+                                             -(number(f.get("score")) or 0.0))):
         rows.append((str(f.get("kind")), str(f.get("state")), str(f.get("job")), f.get("node") or "-",
                      "-" if f.get("rank") is None else str(f.get("rank")), short(f.get("gpu_uuid") or "-", 16),
                      measure(f), ago(f.get("since"), now), _evidence(f.get("evidence") or {})))

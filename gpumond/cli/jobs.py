@@ -8,10 +8,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpumond.cli.read import ANONYMOUS, Access, FetchError, access_of, add_access_flags, get_json, render, url_type
+from gpumond.cli.read import (ANONYMOUS, RULES_URL, Access, FetchError, access_of, add_access_flags, get_json, number,
+                              render, url_type)
 
 COMMAND = "jobs"
-RULES_URL = "http://127.0.0.1:9481"
 
 COLUMNS = ("JOB", "STATE", "ENERGY", "MEAN POWER", "MEASURED", "STEPS", "PER STEP")
 PER_SAMPLE = "PER SAMPLE"  # shown only when some job reports samples (the SDK's step_end(samples=…))
@@ -56,13 +56,9 @@ def fetch(url: str, timeout_s: float = 5.0, access: Access = ANONYMOUS) -> list[
     return get_json(url, "/api/v1/jobs", "jobs", daemon=DAEMON, timeout_s=timeout_s, access=access)
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def joules(value: Any) -> str:
     """Energy in the unit a person reads: J, kJ, MJ, or kWh from 3.6 MJ on (what a power bill says)."""
-    j = _num(value)
+    j = number(value)
     if j is None:
         return "-"
     if j >= 3.6e6:
@@ -75,17 +71,17 @@ def joules(value: Any) -> str:
 
 def _per_sample(value: Any) -> str:
     """Energy per sample: often under a joule, so in mJ there (three figures)."""
-    j = _num(value)
+    j = number(value)
     return f"{j * 1e3:.3g} mJ" if j is not None and j < 1 else joules(j)
 
 
 def _watts(value: Any) -> str:
-    w = _num(value)
+    w = number(value)
     return "-" if w is None else (f"{w / 1e3:.2f} kW" if w >= 1e3 else f"{w:.0f} W")
 
 
 def _duration(value: Any) -> str:
-    s = _num(value)
+    s = number(value)
     if s is None:
         return "-"
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
@@ -93,13 +89,13 @@ def _duration(value: Any) -> str:
 
 def table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """Running jobs, most energy first, then the ended ones the service still shows, newest first."""
-    running = sorted((j for j in jobs if j.get("state") != "ended"), key=lambda j: -(_num(j.get("energy_joules")) or 0))
+    running = sorted((j for j in jobs if j.get("state") != "ended"), key=lambda j: -(number(j.get("energy_joules")) or 0))
     ended = [j for j in jobs if j.get("state") == "ended"][::-1]
     rows = [(str(j.get("job")), str(j.get("state") or "running"), joules(j.get("energy_joules")),
              _watts(j.get("mean_power_watts")), _duration(j.get("measured_seconds")),
              str(j.get("steps") or "-"), joules(j.get("joules_per_step"))) for j in running + ended]
     columns = COLUMNS
-    if any(_num(j.get("joules_per_sample")) is not None for j in jobs):
+    if any(number(j.get("joules_per_sample")) is not None for j in jobs):
         columns += (PER_SAMPLE,)
         rows = [row + (_per_sample(j.get("joules_per_sample")),) for row, j in zip(rows, running + ended)]
     return render(columns, rows, "no jobs: the rules service has measured no job's energy yet (it needs the "

@@ -27,6 +27,9 @@ from gpumond.wire.safetext import escape_unsafe
 
 # An answer bigger than this is not a findings or alerts list a terminal can use.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+# Where each daemon listens by default on this machine: the read commands' default --url.
+AGENT_URL = "http://127.0.0.1:9480"
+RULES_URL = "http://127.0.0.1:9481"
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,11 @@ def _error_detail(err: urllib.error.HTTPError) -> str:
         return ""
     message = body.get("error") if isinstance(body, dict) else None
     return f": {message[:200]}" if isinstance(message, str) and message else ""
+
+
+def number(value: Any) -> float | None:
+    """A JSON number as a float; None for anything else (a bool is not a number here)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def render(columns: Sequence[str], rows: Sequence[Sequence[str]], empty: str) -> str:
