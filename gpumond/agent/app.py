@@ -140,7 +140,7 @@ class Agent:
                 raise AgentStartError(f"policy.power_slack.{e}") from None
             self.leases = LeasePuller(str(slack.rules_url), config.node_name, lease_s=slack.lease_s,
                                       guard=Guard(slack.max_gpus_per_interval, slack.max_step_w),
-                                      clock=backend.clock, applied=lambda: self.policy.limits(), access=access)
+                                      clock=backend.clock, applied=lambda: self.policy.lease_bases(), access=access)
         self.policy = PolicyEngine(config.policy, self.session, node=config.node_name,
                                    state_file=StateFile(state_dir / "policy-state.json"), audit=audit,
                                    clock=backend.clock, alerts=self.alerts,

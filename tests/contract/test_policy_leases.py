@@ -110,3 +110,23 @@ def test_an_agent_restarted_holds_no_lease_and_puts_the_limit_back(tmp_path, rig
     assert r.sim.gpus[0].power_limit_w == 700.0
     assert "restoring the original limit" in again.audit()[-1]["reason"]
     again.session.close()
+
+
+def test_a_lease_steps_from_what_is_set_or_in_dry_run_from_what_would_be(tmp_path, rigs) -> None:
+    r, book = rig(rigs, tmp_path, ENFORCE_SLACK)
+    uuid = r.sim.gpus[0].uuid
+    r.run(2)
+    assert r.engine.lease_bases() == {g.uuid: 700.0 for g in r.sim.gpus}
+    book.offer({uuid: 450.0})
+    assert r.engine.lease_bases()[uuid] == 700.0  # held, not yet taken up: the GPU is still at 700 W
+    r.run(1)
+    assert r.engine.lease_bases()[uuid] == 450.0 == r.sim.gpus[0].power_limit_w
+
+
+def test_in_dry_run_a_lease_steps_from_the_lease_that_would_be(tmp_path, rigs) -> None:
+    r, book = rig(rigs, tmp_path, {"thermal": {"enabled": False}})  # power_slack.mode defaults to dry_run
+    r.run(2)
+    book.offer({r.sim.gpus[0].uuid: 450.0})
+    r.run(1)
+    assert r.engine.lease_bases()[r.sim.gpus[0].uuid] == 450.0  # nothing set: the lease that would be
+    assert r.sim.gpus[0].power_limit_w == 700.0

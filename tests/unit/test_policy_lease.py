@@ -24,6 +24,19 @@ def test_a_lowering_steps_down_under_the_guard_and_raising_is_at_once() -> None:
     assert {u: l.limit_w for u, l in leases.held.items()} == {A: 690, C: 550}  # B withdrawn, A given back
 
 
+def test_answers_faster_than_policy_cycles_still_lower_one_step_at_a_time() -> None:
+    guard = Guard(max_gpus=2, max_step_w=100)
+    leases = renew(Leases(), [Offer(A, 450, "j")], APPLIED, 0, 60, guard)
+    assert leases.held[A].limit_w == 600
+    for t in (1, 2, 3):  # the policy has not taken the lease up yet: the GPU is still at 700 W
+        leases = renew(leases, [Offer(A, 450, "j")], APPLIED, t, 60, guard)
+        assert leases.held[A].limit_w == 600
+    leases = renew(leases, [Offer(A, 450, "j")], {A: 600.0}, 4, 60, guard)  # taken up: the next step
+    assert leases.held[A].limit_w == 500
+    leases = renew(leases, [Offer(A, 550, "j")], APPLIED, 5, 60, guard)  # a smaller cut is taken, not stepped
+    assert leases.held[A].limit_w == 550
+
+
 def test_leases_run_out_without_an_answer_and_an_empty_answer_withdraws_them() -> None:
     leases = renew(Leases(), [Offer(A, 650, "j")], APPLIED, 0, 60, Guard())
     assert leases.limit(A, 59.9) is not None and leases.limit(A, 60) is None

@@ -90,7 +90,7 @@ class PolicyEngine:
         self._index: dict[str, int] = {}
         # The power-slack leases the agent holds (lease_client.LeasePuller.leases), None without a rules_url.
         self._leases = leases
-        self._limits: dict[str, float] = {}  # each GPU's limit at its last cycle: what a lease steps down from
+        self._limits: dict[str, float] = {}  # each GPU's limit as last read or set: what a lease steps down from
         self._book: Leases | None = None  # the leases as this cycle read them
 
     # ----- start-up checks ---------------------------------------------------------------------
@@ -177,10 +177,18 @@ class PolicyEngine:
             return
         self._set(v, g, record, current, wanted, action, reason, now)
 
-    def limits(self) -> dict[str, float]:
-        """Each GPU's power limit at its last cycle, by uuid."""
+    def lease_bases(self) -> dict[str, float]:
+        """What a power-slack lease steps down from, by uuid: each GPU's limit as last read or set, or, where
+        nothing is set (any dry run), the lease that would be in effect. Never a lease not yet taken up: two
+        answers between two cycles must not add up to two steps at once."""
+        dry = self.cfg.mode == "dry_run" or self.cfg.power_slack.mode == "dry_run"
         with self._lock:
-            return dict(self._limits)
+            out = dict(self._limits)
+            for uuid, limit in out.items():
+                g = self._gpus.get(uuid)
+                if g is not None and g.lease_w is not None and (dry or g.fallback_dry_run):
+                    out[uuid] = min(limit, g.lease_w)
+            return out
 
     def _lease(self, v: GpuView, g: _Gpu, base: float, now: float) -> tuple[float, str] | None:
         """The GPU's power-slack lease as (limit, reason) when it applies: it lowers `base` (what the policy
@@ -246,6 +254,7 @@ class PolicyEngine:
                 log.warning("power limit not applied", extra={"gpu": v.index, "error": str(e)})
             return
         self._records[v.uuid] = LimitRecord(record.original_w, back, record.restore_pending)
+        self._limits[v.uuid] = back  # what the GPU has now, before the next cycle reads it
         self._save("set")  # the record written before the set already says ~back; this makes it exact
         self._count(action)
         self._audit_write(action, gpu=v.index, uuid=v.uuid, before_w=current, after_w=back, reason=reason,

@@ -88,9 +88,11 @@ def renew(leases: Leases, offers: Sequence[Offer], applied: Mapping[str, float],
     """The leases after one answer. `applied`: each GPU's limit now (what a lowering steps down from).
 
     A GPU not offered loses its lease; a `hold` offer renews the lease as it is (and makes none). An offer above
-    the lease it has is taken at once (giving power back is
-    never held). A lower one steps down from the GPU's limit by at most `max_step_w`, for at most `max_gpus`
-    GPUs (the largest cuts first); the others keep their lease, renewed, and step down at a later answer."""
+    the lease it has is taken at once (giving power back is never held). A lower one steps down from the GPU's
+    limit by at most `max_step_w`, for at most `max_gpus` GPUs (the largest cuts first); the others keep their
+    lease, renewed, and step down at a later answer. A step is taken from `applied`, never from a lease the
+    policy has not taken up yet: answers that come faster than policy cycles still lower a GPU one step at a
+    time."""
     until = now + lease_s
     held: dict[str, Lease] = {}
     lowering = []
@@ -108,11 +110,12 @@ def renew(leases: Leases, offers: Sequence[Offer], applied: Mapping[str, float],
             raise_ = o.limit_w - current > guard.deadband_w or old is None
             held[o.uuid] = Lease(o.uuid, o.limit_w if raise_ else current, o.job, until)
         else:
-            lowering.append((current - o.limit_w, o, current, old))
+            lowering.append((current - o.limit_w, o, base, old))
     lowering.sort(key=lambda x: -x[0])
-    for n, (_, o, current, old) in enumerate(lowering):
+    for n, (_, o, base, old) in enumerate(lowering):
         if n < guard.max_gpus:
-            held[o.uuid] = Lease(o.uuid, max(o.limit_w, current - guard.max_step_w), o.job, until)
+            step = max(o.limit_w, base - guard.max_step_w)
+            held[o.uuid] = Lease(o.uuid, min(step, old.limit_w) if old is not None else step, o.job, until)
         elif old is not None:
             held[o.uuid] = Lease(o.uuid, old.limit_w, o.job, until)
     return Leases(MappingProxyType(held))
