@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.auth import TokenAuth
-from gpumond.rules.ingest.body import declared_too_large
+from gpumond.web.body import declared_too_large
 from gpumond.rules.ingest.payload import PayloadError, columns_model, parse, push_model
 from gpumond.rules.ingest.ratelimit import RateLimiter, retry_after
 from gpumond.rules.ingest.stats import IngestStats
