@@ -84,18 +84,13 @@ def main() -> None:
     if args.quick:
         args.warm, args.span, args.repeats = 10.0, 15.0, 1
     work = Path(tempfile.mkdtemp(prefix="relay-agent-"))
-    port = _bench.free_port()
-    (work / "rules.yaml").write_text(json.dumps({"listen": f"127.0.0.1:{port}", "tokens": [TOKEN],
-                                                 "state_dir": str(work / "rules-state")}))
-    rules = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", str(work / "rules.yaml")],
-                        work / "rules.log").start()
+    rules, base = _bench.start_rules(work, [TOKEN])
     out: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     try:
-        _bench.wait_http(f"http://127.0.0.1:{port}/healthz", 60, rules.proc)
         for i in range(args.repeats):
             for relay in (False, True):
-                out[relay].append(run_phase(work / f"{'relay' if relay else 'direct'}-{i}",
-                                            f"http://127.0.0.1:{port}", relay, args.warm, args.span))
+                out[relay].append(run_phase(work / f"{'relay' if relay else 'direct'}-{i}", base, relay,
+                                            args.warm, args.span))
     finally:
         rules.terminate()
     rows = []

@@ -74,16 +74,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.nodes, args.rounds, args.repeats = 2, 20, 1
-    work = Path(tempfile.mkdtemp(prefix="relay-batch-"))
-    port = _bench.free_port()
-    (work / "rules.yaml").write_text(json.dumps({"listen": f"127.0.0.1:{port}", "tokens": [TOKEN],
-                                                 "state_dir": str(work / "state"), "window_s": 3600}))
-    rules = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", str(work / "rules.yaml")],
-                        work / "rules.log").start()
+    rules, base = _bench.start_rules(Path(tempfile.mkdtemp(prefix="relay-batch-")), [TOKEN])
     results: dict[bool, list[tuple[float, int, int]]] = {False: [], True: []}
     try:
-        _bench.wait_http(f"http://127.0.0.1:{port}/healthz", 60, rules.proc)
-        url = f"http://127.0.0.1:{port}/api/v1/push"
+        url = f"{base}/api/v1/push"
         with httpx.Client(timeout=30) as client:
             first = 0
             phase(client, url, rules, args.nodes, 5, first, False)  # warm-up: every rank held once
@@ -109,8 +103,7 @@ def main() -> None:
         "relay_batch_cost", "# The rules service's CPU per step: pushes per rank against the relay's batches",
         {"command": " ".join(sys.argv), "setup": f"{args.nodes} nodes × {RANKS_PER_NODE} ranks, {STEPS_PER_PUSH} "
          f"steps a push (2 s at 2 steps/s), {args.rounds} intervals per phase, phases alternating {args.repeats}×; "
-         "one kept-alive connection from this process to the `gpumond rules` daemon (default config, window_s "
-         "3600)"},
+         "one kept-alive connection from this process to the `gpumond rules` daemon (default config)"},
         _bench.md_table(("path", "requests", "steps stored", "service CPU s", "CPU per step", "CPU per request"), rows),
         f"**The batch costs the service {ratio:.1f}× less CPU per step** (same pushes, every step stored both ways). "
         "A batch line is judged by the code that judges a single push (its head validated, its columns decoded and "

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
