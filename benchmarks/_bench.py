@@ -246,15 +246,15 @@ def fetch(url: str, gzip_ok: bool = False, timeout_s: float = 10.0) -> bytes:
         return r.read()
 
 
-def start_rules(work: Path, tokens: Sequence[str]) -> tuple[Proc, str]:
-    """A `gpumond rules` daemon (default config, these push tokens) on a free loopback port, started and answering;
-    (its process, its base URL)."""
+def start_rules(work: Path, tokens: Sequence[str], **config: object) -> tuple[Proc, str]:
+    """A `gpumond rules` daemon (default config but `config`'s keys, these push tokens) on a free loopback port,
+    started and answering; (its process, its base URL)."""
     port = free_port()
-    config = work / "rules.yaml"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "tokens": list(tokens),
-                                  "state_dir": str(work / "rules-state")}))
-    rules = Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", str(config)],
+    path = work / "rules.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "tokens": list(tokens),
+                                "state_dir": str(work / "rules-state"), **config}))
+    rules = Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", str(path)],
                  work / "rules.log").start()
     wait_http(f"http://127.0.0.1:{port}/healthz", 60, rules.proc)
     return rules, f"http://127.0.0.1:{port}"
