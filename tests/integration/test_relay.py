@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "relay-test-token-0123456789"
 RANKS = 8
-RUN_S = 14.0
+RUN_S = 11.0
 RATE = 4.0  # steps per second per rank
 HERE = Path(__file__).parent
 
@@ -59,7 +59,7 @@ def test_no_step_is_lost_across_a_rules_restart_and_a_relay_restart(tmp_path: Pa
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(RANKS)]
     second_rules = second_agent = None
     try:
-        time.sleep(3.0)
+        time.sleep(2.5)
         # The rules service restarts. The relay is frozen while the first service's count is read, so that no batch
         # lands between the reading and the stop; its ranks meanwhile hold their steps (no direct endpoint is set).
         first_agent.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
@@ -70,7 +70,7 @@ def test_no_step_is_lost_across_a_rules_restart_and_a_relay_restart(tmp_path: Pa
         assert before_restart > 0
         time.sleep(1.0)  # an outage the relay rides out, holding what its ranks hand over
         second_rules = rules(tmp_path / "rules-2", rules_port).start()
-        time.sleep(2.0)
+        time.sleep(1.5)
         # The relay restarts: it delivers what it holds as it stops; its ranks keep theirs until it answers again.
         assert first_agent.stop() == 0
         second_agent = agent(tmp_path / "agent-2", agent_port, relay_port, rules_port).start()
