@@ -29,7 +29,8 @@ from gpumond.agent.policy.lease import Guard
 from gpumond.agent.policy.lease_client import LeasePuller
 from gpumond.agent.policy.state_file import StateFile
 from gpumond.agent.policy.view import build_views
-from gpumond.agent.relay import Relay, session_devices
+from gpumond.agent.relay import HeldFile, Relay, session_devices
+from gpumond.agent.relay.held_file import FILE_NAME as RELAY_HELD_FILE
 from gpumond.agent.sampler import Sampler
 from gpumond.agent.server import AgentApp
 from gpumond.agent.sources.parts import NodeParts
@@ -142,7 +143,8 @@ class Agent:
                 self._lock.release()
                 raise AgentStartError(f"relay.{e}") from None
             self.relay = Relay(config.relay, node=config.node_name, devices=session_devices(self.session),
-                               access=relay_access, jobs_of=jobs.jobs_for if jobs is not None else None)
+                               access=relay_access, jobs_of=jobs.jobs_for if jobs is not None else None,
+                               held=HeldFile(state_dir / RELAY_HELD_FILE, time.monotonic))
         slack = config.policy.power_slack
         self.leases: LeasePuller | None = None
         if slack.rules_url is not None and slack.mode != "off" and config.policy.mode != "off":
@@ -209,6 +211,7 @@ class Agent:
                 seconds=self.wall_interval(self.config.policy.power_slack.interval_s)), id="power_slack",
                 name="power-slack offers", max_instances=1, coalesce=True, next_run_time=now)
         if self.relay is not None:
+            self.relay.start()
             # Wall seconds, not simulated ones: ranks push on the wall clock whatever --sim-speed says.
             self._scheduler.add_job(self.relay.flush, IntervalTrigger(seconds=self.config.relay.interval_s),
                                     id="relay", name="relay batches", max_instances=1, coalesce=True,

@@ -37,7 +37,8 @@ def accepted(rules: RulesDaemon) -> float:
 def agent(workdir: Path, port: int, relay_port: int, rules_port: int) -> AgentProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "agent.json"
-    config.write_text(json.dumps({"policy": {"mode": "off"}, "state_dir": str(workdir / "state"),
+    # One state directory for both runs, as on a node: what a stopping relay could not deliver waits there.
+    config.write_text(json.dumps({"policy": {"mode": "off"}, "state_dir": str(workdir.parent / "agent-state"),
                                   "relay": {"upstream": f"http://{LOOPBACK}:{rules_port}", "interval_s": 2.0}}))
     return AgentProcess(["--sim", "2", "--config", config, "--relay-listen", f"{LOOPBACK}:{relay_port}"],
                         workdir, port=port)

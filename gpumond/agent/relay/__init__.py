@@ -14,6 +14,7 @@ import httpx
 from gpumond.agent.relay.buffer import Buffer
 from gpumond.agent.relay.endpoint import RelayEndpoint
 from gpumond.agent.relay.fill import Filler
+from gpumond.agent.relay.held_file import HeldFile
 from gpumond.agent.relay.intake import Intake
 from gpumond.agent.relay.processes import ProcessDevices
 from gpumond.agent.relay.stats import RELAY_METRICS, RelayStats
@@ -22,7 +23,7 @@ from gpumond.config.agent import RelayConfig
 from gpumond.types import Series
 from gpumond.web.client import Access, http_client
 
-__all__ = ["RELAY_METRICS", "Relay", "session_devices"]
+__all__ = ["RELAY_METRICS", "HeldFile", "Relay", "session_devices"]
 
 log = logging.getLogger("gpumond.agent.relay")
 
@@ -35,7 +36,8 @@ class Relay:
 
     def __init__(self, config: RelayConfig, *, node: str, devices: Callable[[], Mapping[str, Iterable[int]]],
                  access: Access, jobs_of: Callable[[Iterable[int]], tuple[str, ...]] | None = None,
-                 clock: Callable[[], float] = time.monotonic, client: httpx.Client | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, client: httpx.Client | None = None,
+                 held: HeldFile | None = None) -> None:
         assert config.upstream is not None, "the relay runs only with an upstream"
         self.config = config
         self.stats = RelayStats(clock)
@@ -48,6 +50,16 @@ class Relay:
         self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal)
         self._access = access
         self._tls_problem: str | None = None
+        self._held = held
+
+    def start(self) -> None:
+        """Take back what the last run could not deliver before it stopped: it goes first."""
+        kept = self._held.load() if self._held is not None else []
+        for entry in kept:
+            for old in self.buffer.add(entry):
+                self.stats.lost(old.rank, old.steps, "buffer_full")
+        if kept:
+            log.info("relay took back the pushes it held at its last stop", extra={"pushes": len(kept)})
 
     def flush(self) -> None:
         """One sending round (the agent's scheduler runs it every relay.interval_s)."""
@@ -63,13 +75,19 @@ class Relay:
         return self.stats.series(self.buffer.bytes, self.buffer.oldest_age(), self.filler.conflicts)
 
     def stop(self, grace_s: float) -> None:
-        """Deliver what is held, for at most `grace_s`; what is left is dropped, counted and logged."""
+        """Deliver what is held, for at most `grace_s`; what is left is kept for the next start (the state
+        directory's relay-held.json), or, when it cannot be, dropped and logged."""
         self.sender.flush_until(time.monotonic() + grace_s)
-        left = self.buffer.count
         self._client.close()
-        if left:
+        left = self.buffer.held()
+        if not left:
+            return
+        if self._held is not None and self._held.save(left):
+            log.info("relay stopping with pushes not delivered; kept for the next start",
+                     extra={"pushes": len(left), "path": str(self._held.path)})
+        else:
             log.warning("relay stopping with pushes not delivered; they are lost (their ranks were answered)",
-                        extra={"pushes": left, "bytes": self.buffer.bytes})
+                        extra={"pushes": len(left), "bytes": self.buffer.bytes})
 
 
 def session_devices(session: Any) -> Callable[[], dict[str, tuple[int, ...]]]:

@@ -96,6 +96,11 @@ class Buffer:
                 self.bytes -= len(entry.line)
                 self.count -= 1
 
+    def held(self) -> list[Entry]:
+        """Every held entry, oldest first."""
+        with self._lock:
+            return [e for e in self._order if not e.gone]
+
     def oldest_age(self) -> float:
         """Seconds the oldest held entry has waited (0 when empty)."""
         with self._lock:
