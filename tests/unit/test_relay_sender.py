@@ -55,7 +55,7 @@ def make(handler: Callable[[httpx.Request], httpx.Response], *, shards: int | No
     stats = RelayStats(clock)
     client = httpx.Client(transport=httpx.MockTransport(handler))
     sender = Sender(buffer=buffer, stats=stats, upstream=upstream, shards=shards, access=Access(), client=client,
-                    clock=clock, backoff=Backoff(1.0, 8.0, jitter=0))
+                    clock=clock, backoff=lambda: Backoff(1.0, 8.0, jitter=0))
     return sender, buffer, stats, clock
 
 
@@ -110,10 +110,11 @@ def test_no_answer_backs_off_and_counts() -> None:
 
     sender, buffer, stats, clock = make(down)
     hold(buffer, clock, "a", 0, line("a", 0))
-    assert sender.flush() is False and sender.paused_until == clock() + 1.0
+    url = "http://rules:9481/api/v1/push"
+    assert sender.flush() is False and sender.paused_until(url) == clock() + 1.0
     clock.advance(1.0)
     sender.flush()
-    assert sender.paused_until == clock() + 2.0 and stats.errors["connect"] == 2 and buffer.count == 1
+    assert sender.paused_until(url) == clock() + 2.0 and stats.errors["connect"] == 2 and buffer.count == 1
 
 
 def test_a_refused_push_is_dropped_and_owed_to_its_rank_the_others_delivered() -> None:
@@ -156,3 +157,20 @@ def test_a_202_without_results_is_sent_again() -> None:
     sender, buffer, stats, clock = make(lambda r: httpx.Response(202, content=b'{"accepted": 2}'))
     hold(buffer, clock, "a", 0, line("a", 0))
     assert sender.flush() is False and stats.errors["bad_answer"] == 1 and buffer.count == 1
+
+
+def test_a_shard_that_is_down_holds_only_its_own_jobs() -> None:
+    ingest, handle = service()
+    down = f"rules-{shard_of('a', 2)}"
+
+    def partly(request: httpx.Request) -> httpx.Response:
+        if request.url.host == down:
+            raise httpx.ConnectError("connection refused")
+        return handle(request)
+
+    other = next(j for j in (f"job-{i}" for i in range(50)) if shard_of(j, 2) != shard_of("a", 2))
+    sender, buffer, stats, clock = make(partly, shards=2, upstream="http://rules-{shard}:9481")
+    hold(buffer, clock, "a", 0, line("a", 0))
+    hold(buffer, clock, other, 0, line(other, 0))
+    assert sender.flush() is False
+    assert stats.forwarded == 2 and [e.rank for e in buffer.held()] == [("a", 0)]

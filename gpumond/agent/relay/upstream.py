@@ -37,6 +37,15 @@ REFUSAL_HOLD_S = 60.0
 _MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
+@dataclass(slots=True)
+class _Target:
+    """One upstream address (a shard): its own backoff, so a shard that is down holds only its own jobs."""
+
+    url: str
+    backoff: Backoff
+    paused_until: float = float("-inf")
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """What the service answered a credential: a rank pushing with it gets the same."""
@@ -50,7 +59,8 @@ class Sender:
     """Forwards the buffer upstream; `flush` is one round (the agent's scheduler calls it every relay.interval_s)."""
 
     def __init__(self, *, buffer: Buffer, stats: RelayStats, upstream: str, shards: int | None, access: Access,
-                 client: httpx.Client, clock: Callable[[], float], backoff: Backoff | None = None) -> None:
+                 client: httpx.Client, clock: Callable[[], float],
+                 backoff: Callable[[], Backoff] = lambda: Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)) -> None:
         self._buffer = buffer
         self._stats = stats
         self._upstream = upstream
@@ -58,8 +68,8 @@ class Sender:
         self._access = access
         self._client = client
         self._clock = clock
-        self.backoff = backoff or Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)
-        self.paused_until = float("-inf")
+        self._new_backoff = backoff
+        self._targets: dict[str, _Target] = {}
         self.max_batch_bytes = MAX_BATCH_BYTES
         self._refusals: dict[str | None, Refusal] = {}
         self._warned: set[object] = set()
@@ -73,22 +83,30 @@ class Sender:
             return None
         return found
 
+    def paused_until(self, url: str) -> float:
+        """When the relay sends to this upstream address (a shard's) again (-inf: now)."""
+        target = self._targets.get(url)
+        return target.paused_until if target is not None else float("-inf")
+
     def flush(self) -> bool:
-        """One round: drop what is too old, then send each key's held pushes; True when nothing is left held."""
+        """One round: drop what is too old, then send each key's held pushes to its job's shard, except to a shard
+        that asked for a pause or does not answer; True when nothing is left held."""
         with self._round:
             for entry in self._buffer.expire():
                 self._stats.lost(entry.rank, entry.steps, "too_old")
-            if self._clock() < self.paused_until:
-                return False
             started = self._clock()
             for key in self._buffer.keys():
+                url = shard_endpoint(self._upstream, key[0], self._shards) + PUSH_PATH
+                target = self._targets.get(url) or self._targets.setdefault(url, _Target(url, self._new_backoff()))
                 front = None
-                while (entries := self._buffer.take(key, self.max_batch_bytes)) and entries[0].received <= started:
+                # The batch's head line and newlines stay within the service's body limit too.
+                while ((entries := self._buffer.take(key, self.max_batch_bytes - 1024))
+                       and entries[0].received <= started and started >= target.paused_until):
                     if entries[0] is front:
                         break  # held by the service's answer (a cap's 429): sent again next round
                     front = entries[0]
-                    if not self._send(key, entries):
-                        return False  # the service asked for a pause (or is not answering): every key waits
+                    if not self._send(key, entries, url, target):
+                        break  # that shard asked for a pause (or is not answering): its jobs wait, others go on
             return self._buffer.count == 0
 
     def flush_until(self, deadline: float) -> None:
@@ -98,8 +116,8 @@ class Sender:
                 return
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
-    def _send(self, key: BatchKey, entries: list[Entry]) -> bool:
-        """One batch; False when the round must stop (the service is down or asked for a pause)."""
+    def _send(self, key: BatchKey, entries: list[Entry], url: str, target: _Target) -> bool:
+        """One batch; False when this shard must wait (it is down or asked for a pause)."""
         job, authorization = key
         headers = {"Content-Type": BATCH_TYPE, "User-Agent": f"gpumond-agent-relay/{__version__}"}
         try:
@@ -107,24 +125,23 @@ class Sender:
             # Ranks without one push under the relay's configured credential (a node-local secret), if any.
             headers.update({"Authorization": authorization} if authorization else self._access.headers())
         except Exception as e:  # a credentials file that became unreadable: counted, tried again next round
-            return self._failed("bad_answer", f"relay credentials: {e}", None, entries)
-        url = shard_endpoint(self._upstream, job, self._shards) + PUSH_PATH
+            return self._failed(target, "bad_answer", f"relay credentials: {e}", None, entries)
         body = encode_batch(job, [e.line for e in entries])
         try:
             response = self._client.post(url, content=body, headers=headers)
             answer = response.content[:_MAX_ANSWER_BYTES]
         except httpx.TimeoutException as e:
-            return self._failed("timeout", f"{type(e).__name__}: {e}", None, entries)
+            return self._failed(target, "timeout", f"{type(e).__name__}: {e}", None, entries)
         except httpx.TransportError as e:
             kind = "tls" if isinstance(e.__context__ or e.__cause__, ssl.SSLError) else "connect"
-            return self._failed(kind, f"{type(e).__name__}: {e}", None, entries)
+            return self._failed(target, kind, f"{type(e).__name__}: {e}", None, entries)
         status = response.status_code
         if status == 202:
-            return self._delivered(entries, answer)
+            return self._delivered(target, entries, answer)
         message = _message(answer)
         if retryable(status):
             after = parse_retry_after(response.headers.get("Retry-After"), time.time())
-            return self._failed("http_429" if status == 429 else "http_5xx", f"HTTP {status}: {message}", after,
+            return self._failed(target, "http_429" if status == 429 else "http_5xx", f"HTTP {status}: {message}", after,
                                 entries)
         self._stats.error("http_4xx")
         if status == 413 and len(entries) > 1:
@@ -139,19 +156,19 @@ class Sender:
         self._buffer.done(entries)
         return True
 
-    def _delivered(self, entries: list[Entry], answer: bytes) -> bool:
+    def _delivered(self, target: _Target, entries: list[Entry], answer: bytes) -> bool:
         try:
             results = json.loads(answer)["results"]
             if not isinstance(results, list) or len(results) != len(entries):
                 raise ValueError("one result per push")
         except (ValueError, KeyError, TypeError) as e:
             # Stored or not, we cannot tell: sending again is safe (the service drops duplicates by step number).
-            return self._failed("bad_answer", f"202 without a usable results list: {e}", None, entries)
+            return self._failed(target, "bad_answer", f"202 without a usable results list: {e}", None, entries)
         self._finish(entries, results)
         self._refusals.pop(entries[0].key[1], None)
-        if self.backoff.failures:
-            log.info("the rules service takes the relay's batches again", extra={"failures": self.backoff.failures})
-        self.backoff.reset()
+        if target.backoff.failures:
+            log.info("the rules service takes the relay's batches again", extra={"failures": target.backoff.failures})
+        target.backoff.reset()
         return True
 
     def _finish(self, entries: list[Entry], results: list[object]) -> None:
@@ -179,16 +196,17 @@ class Sender:
             finished.append(entry)
         self._buffer.done(finished)
 
-    def _failed(self, kind: str, error: str, retry_after_s: float | None, entries: list[Entry]) -> bool:
+    def _failed(self, target: _Target, kind: str, error: str, retry_after_s: float | None,
+                entries: list[Entry]) -> bool:
         self._stats.error(kind)
         for entry in entries:
             entry.attempts += 1
-        delay = self.backoff.after_failure(retry_after_s)
-        self.paused_until = self._clock() + delay
-        if self.backoff.failures == 1:
+        delay = target.backoff.after_failure(retry_after_s)
+        target.paused_until = self._clock() + delay
+        if target.backoff.failures == 1:
             log.warning("the rules service does not take the relay's batches; holding them and retrying with "
-                        "backoff", extra={"error": one_line(error), "retry_in_s": round(delay, 2),
-                                          "buffer_bytes": self._buffer.bytes})
+                        "backoff", extra={"upstream": target.url, "error": one_line(error),
+                                          "retry_in_s": round(delay, 2), "buffer_bytes": self._buffer.bytes})
         return False
 
     def _warn(self, key: object, message: str, **fields: object) -> None:
