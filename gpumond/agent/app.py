@@ -304,6 +304,10 @@ def serve(agent: Agent) -> None:
     """Run the agent until SIGTERM/SIGINT, then stop it cleanly (restoring limits; exit status 0)."""
     relay = agent.relay
     socks = []
+    if relay is not None and _same_port(agent.config.listen, relay.config.listen):
+        agent.discard()
+        raise AgentStartError(f"relay.listen {relay.config.listen} takes the port of listen {agent.config.listen}: "
+                              "give the relay its own port (default 9482; --relay-listen)")
     try:
         socks.append(bind(agent.config.listen.host, agent.config.listen.port))
         if relay is not None:
@@ -329,6 +333,13 @@ def serve(agent: Agent) -> None:
         app = by_listener(socks[1], relay.app, app)
     run_until_signalled(app, socks[0], on_stop=agent.stop, limits=ConnectionLimits.of(agent.config.http),
                         stats=agent.http_stats, tls=web.tls, more_sockets=socks[1:])
+
+
+def _same_port(a: Any, b: Any) -> bool:
+    """Whether two listen addresses would take one socket (both sockets bind with SO_REUSEADDR, so the second
+    bind succeeds and only the listen() fails, later, with a traceback)."""
+    wildcard = ("0.0.0.0", "::", "")
+    return a.port == b.port and (a.host == b.host or a.host in wildcard or b.host in wildcard)
 
 
 def by_listener(relay_sock: Any, relay_app: Any, other: Any) -> Any:
