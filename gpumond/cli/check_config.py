@@ -66,7 +66,7 @@ def check_config(path: Path, kind: str | None, *, shape_only: bool = False) -> i
             return 0
         cfg = load_config(path, AgentConfig) if shape_only else load_agent_config(path)
         web = _served(cfg.web_config_file, shape_only)
-        _client_files(shape_only, alerting=cfg.alerting, power_slack=cfg.policy.power_slack)
+        _client_files(shape_only, alerting=cfg.alerting, power_slack=cfg.policy.power_slack, relay=cfg.relay)
     except AccessError as e:  # a client certificate or secret file the daemon could not use at start
         print(f"gpumond: {path}: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -91,10 +91,11 @@ def _served(path: Path | None, shape_only: bool) -> str:
     return f"; serves {served}" + (", read auth" if web.users or web.tokens else "")
 
 
-def _client_files(shape_only: bool, *, alerting: Any, telemetry: Any = None, power_slack: Any = None) -> None:
+def _client_files(shape_only: bool, *, alerting: Any, telemetry: Any = None, power_slack: Any = None,
+                  relay: Any = None) -> None:
     """A full check reads what the daemon's HTTP clients read at start (gpumond.web.client): every alert sink's,
-    the telemetry sources' and the agent's power-slack client's certificate and secret files; AccessError naming
-    the key."""
+    the telemetry sources', the agent's power-slack client's and its relay's certificate and secret files;
+    AccessError naming the key."""
     if shape_only:
         return
     from gpumond.web.client import build_access
@@ -104,6 +105,8 @@ def _client_files(shape_only: bool, *, alerting: Any, telemetry: Any = None, pow
         clients |= {"telemetry.scrape": telemetry.scrape, "telemetry.prometheus": telemetry.prometheus}
     if power_slack is not None and power_slack.rules_url is not None:
         clients["policy.power_slack"] = power_slack
+    if relay is not None and relay.upstream is not None:
+        clients["relay"] = relay
     for key, spec in clients.items():
         if spec is not None:
             build_access(spec, key)

@@ -26,6 +26,7 @@ def run(*args):
     (["agent", "--sim", "0"], "--sim: must be from 1 to 1024, got 0"),
     (["agent", "--sim-speed", "fast"], "--sim-speed: must be a number, got 'fast'"),
     (["agent", "--listen", "nohost"], "--listen: must be HOST:PORT"),
+    (["agent", "--sim", "1", "--relay-listen", "0.0.0.0:9482"], "--relay-listen: 0.0.0.0 listens on every network"),
     (["agent", "--bogus"], "gpumond agent: unrecognized arguments: --bogus (see: gpumond agent --help)"),
     (["remediation", "list", "--bogus"], "gpumond remediation list: unrecognized arguments: --bogus (see: gpumond "
                                          "remediation list --help)"),
@@ -79,9 +80,13 @@ def test_check_config_reads_the_http_clients_secret_files_as_the_daemon_does(tmp
                      f"{{credentials_file: {missing}}}}}\n")
     assert main(["check-config", str(slack)]) == 2
     assert f"policy.power_slack.authorization.credentials_file: cannot read {missing}" in capsys.readouterr().err
+    relay = tmp_path / "relay-agent.yaml"
+    relay.write_text(f"relay:\n  upstream: http://rules:9481\n  authorization: {{credentials_file: {missing}}}\n")
+    assert main(["check-config", str(relay)]) == 2
+    assert f"relay.authorization.credentials_file: cannot read {missing}" in capsys.readouterr().err
     missing.write_text("s3cret\n")
     assert main(["check-config", str(agent)]) == 0 and main(["check-config", str(rules)]) == 0
-    assert main(["check-config", str(slack)]) == 0
+    assert main(["check-config", str(slack)]) == 0 and main(["check-config", str(relay)]) == 0
     assert main(["check-config", "--shape-only", str(agent)]) == 0
 
 
@@ -324,3 +329,17 @@ def test_a_bad_config_is_refused_before_the_daemon_is_loaded(daemon, daemon_modu
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["2"], done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "listen" in done.stderr, done.stderr
+
+
+def test_a_relay_on_the_agents_own_port_is_one_line_exit_2(tmp_path):
+    from tests.ports import free_port
+
+    port = free_port()
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"relay: {{upstream: 'http://127.0.0.1:9', listen: '127.0.0.1:{port}'}}\n")
+    p = run("agent", "--config", str(config), "--sim", "1", "--listen", f"127.0.0.1:{port}",
+            "--state-dir", str(tmp_path / "state"))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (f"gpumond: relay.listen 127.0.0.1:{port} takes the port of listen "
+                                                 f"127.0.0.1:{port}: give the relay its own port (default 9482; "
+                                                 "--relay-listen)")
