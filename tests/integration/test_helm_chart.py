@@ -32,19 +32,20 @@ pytestmark = pytest.mark.integration
 VALUES_FILES = [None, *sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))]
 VALUE_IDS = ["defaults" if f is None else Path(f).stem for f in VALUES_FILES]
 
-# The objects each values file must render, by kind (the report quotes this table).
+# The objects each values file must render, by kind (the report quotes this table). Services: the agent's,
+# the relay's (agent.relay.expose: service), the rules service's (and its shards' headless one).
 EXPECTED_KINDS = {
-    "defaults": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
-    "readonly-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
-    "sharded-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "StatefulSet": 1, "Secret": 1},
-    "existing-secret-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1},
-    "monitors-values": {"ConfigMap": 5, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+    "defaults": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1},
+    "readonly-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1},
+    "sharded-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 4, "StatefulSet": 1, "Secret": 1},
+    "existing-secret-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1},
+    "monitors-values": {"ConfigMap": 5, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1,
                         "ServiceMonitor": 2, "PrometheusRule": 1},  # ConfigMaps: 2 configs + 3 dashboards
-    "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+    "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1,
                             "PodMonitor": 2},
-    "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
-    "tls-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1, "ServiceMonitor": 2},
-    "remediation-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+    "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1},
+    "tls-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1, "ServiceMonitor": 2},
+    "remediation-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1,
                            "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 }
 
@@ -367,8 +368,9 @@ def _run_rendered(objects: tuple[dict[str, Any], ...], component: str, tmp_path:
                   extra: list[str]) -> tuple[ManagedProcess, int, dict[str, Any]]:
     """The component's container as rendered (command, args, config, secrets), on loopback instead of 0.0.0.0.
 
-    The config's state_dir moves into tmp_path (it is a volume in the pod), and cluster URLs (Prometheus,
-    Alertmanager) to a closed loopback port, since tests talk to 127.0.0.1 only; the rest runs as written.
+    The config's state_dir moves into tmp_path (it is a volume in the pod), cluster URLs (Prometheus,
+    Alertmanager, the relay's upstream) to a closed loopback port and the relay's pod address to a free loopback
+    port, since tests talk to 127.0.0.1 only; the rest runs as written.
     """
     container = _container(objects, component)
     config = config_of(objects, component)
@@ -379,18 +381,23 @@ def _run_rendered(objects: tuple[dict[str, Any], ...], component: str, tmp_path:
         config["telemetry"]["prometheus"]["url"] = nowhere
     if ((config.get("alerting") or {}).get("alertmanager") or {}).get("urls"):
         config["alerting"]["alertmanager"]["urls"] = [nowhere]
+    if (config.get("relay") or {}).get("upstream"):
+        config["relay"] = {**config["relay"], "upstream": nowhere, "shards": None}
     (tmp_path / "state").mkdir()
     config_path = tmp_path / f"{component}.yaml"
     config_path.write_text(yaml.safe_dump(config))
     argv = expand_args(container, env)
     assert argv[:2] == ["gpumond", component] and f"--config=/etc/gpumond/{component}.yaml" in argv
-    argv = [sys.executable, "-m", "gpumond.cli", *[f"--config={config_path}" if a.startswith("--config=") else a
-                                                   for a in argv[1:]]]
+    # The pod's own address (the relay's) becomes a free loopback port: one machine runs many of these.
+    relay = f"{LOOPBACK}:{free_port()}"
+    moved = {"--config=": f"--config={config_path}", "--relay-listen=": f"--relay-listen={relay}"}
+    argv = [sys.executable, "-m", "gpumond.cli",
+            *[next((v for k, v in moved.items() if a.startswith(k)), a) for a in argv[1:]]]
     port = free_port()
     proc = ManagedProcess([*argv, *extra, "--listen", f"{LOOPBACK}:{port}"], tmp_path / "run",
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1",
                                **secret_env(objects, container), **env})
-    return proc, port, {"container": container, "listen_port": listen_port}
+    return proc, port, {"container": container, "listen_port": listen_port, "relay": relay}
 
 
 def _probe_paths(container: dict[str, Any]) -> dict[str, str]:
@@ -403,7 +410,7 @@ def test_agent_container_serves_its_probes(tmp_path: Path) -> None:
     objects = rendered(None)
     proc, port, info = _run_rendered(objects, "agent", tmp_path, {"NODE_NAME": "gpu-node-7"}, ["--sim", "2"])
     container = info["container"]
-    assert container["ports"] == [{"name": "metrics", "containerPort": info["listen_port"], "protocol": "TCP"}]
+    assert container["ports"][0] == {"name": "metrics", "containerPort": info["listen_port"], "protocol": "TCP"}
     service = one(objects, "Service", f"{RELEASE}-gpumond-agent")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     probes = _probe_paths(container)

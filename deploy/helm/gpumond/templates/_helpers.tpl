@@ -24,6 +24,9 @@
 {{- define "gpumond.rulesName" -}}
 {{- printf "%s-rules" (include "gpumond.fullname" . | trunc 57 | trimSuffix "-") -}}
 {{- end -}}
+{{- define "gpumond.relayName" -}}
+{{- printf "%s-relay" (include "gpumond.fullname" . | trunc 57 | trimSuffix "-") -}}
+{{- end -}}
 
 {{- define "gpumond.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "gpumond.name" .root }}
@@ -102,9 +105,53 @@ app.kubernetes.io/part-of: gpumond
 {{- if not $policy.mode -}}{{- $_ := set $policy "mode" "dry_run" -}}{{- end -}}
 {{- $_ := set $cfg "policy" $policy -}}
 {{- include "gpumond.tlsOwnsWebConfig" (dict "cfg" $cfg "component" "agent" "root" .) -}}
+{{- include "gpumond.relayConfig" (dict "cfg" $cfg "root" .) -}}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.agent.port)) -}}
 {{- $_ := set $cfg "state_dir" "/var/lib/gpumond" -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* agent.yaml's relay section: the operator's agent.config.relay, its upstream defaulting to this release's rules
+     service (the shard template and count when sharded, https and the mounted CA with tls.enabled). Its listen
+     address is the pod's own, given by --relay-listen (the DaemonSet), so it is refused here. */}}
+{{- define "gpumond.relayConfig" -}}
+{{- $root := .root -}}
+{{- $r := $root.Values.agent.relay -}}
+{{- if not $r.enabled -}}
+{{- if hasKey .cfg "relay" -}}
+{{- fail "agent.config.relay: agent.relay.enabled is false, so no pod could reach the relay; set agent.relay.enabled: true or remove agent.config.relay" -}}
+{{- end -}}
+{{- else -}}
+{{- $relay := deepCopy (default dict .cfg.relay) -}}
+{{- if hasKey $relay "listen" -}}
+{{- fail (printf "agent.config.relay.listen: set by the chart (the pod's address, port agent.relay.port %d); remove it from agent.config.relay" (int $r.port)) -}}
+{{- end -}}
+{{- if not $relay.upstream -}}
+{{- if not $root.Values.rules.enabled -}}
+{{- fail "agent.config.relay.upstream: rules.enabled is false, so the relay has no rules service to default to; give its URL, or set agent.relay.enabled: false" -}}
+{{- end -}}
+{{- $t := $root.Values.tls -}}
+{{- $scheme := ternary "https" "http" $t.enabled -}}
+{{- $name := include "gpumond.rulesName" $root -}}
+{{- if $root.Values.rules.sharded -}}
+{{- $_ := set $relay "upstream" (printf "%s://%s-{shard}.%s-shards.%s.svc:%d" $scheme $name $name $root.Release.Namespace (int $root.Values.rules.port)) -}}
+{{- $_ := set $relay "shards" (int $root.Values.rules.replicas) -}}
+{{- else -}}
+{{- $_ := set $relay "upstream" (printf "%s://%s.%s.svc:%d" $scheme $name $root.Release.Namespace (int $root.Values.rules.port)) -}}
+{{- end -}}
+{{- /* The chart's rules service: trust the CA of the mounted Secret (one cert-manager issuer for both), and
+       present the agent's certificate where the service asks for one. */ -}}
+{{- if and $t.enabled (not $relay.tls_config) -}}
+{{- $tlsConfig := dict "ca_file" "/etc/gpumond-tls/ca.crt" -}}
+{{- if ne $t.clientAuthType "NoClientCert" -}}
+{{- $_ := set $tlsConfig "cert_file" "/etc/gpumond-tls/tls.crt" -}}
+{{- $_ := set $tlsConfig "key_file" "/etc/gpumond-tls/tls.key" -}}
+{{- end -}}
+{{- $_ := set $relay "tls_config" $tlsConfig -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set .cfg "relay" $relay -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The rules service's rules.yaml, likewise. */}}
