@@ -59,6 +59,9 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--config", metavar="FILE", type=Path, help="agent YAML config (every key optional)")
     a.add_argument("--listen", metavar="HOST:PORT", help="override `listen` (default 0.0.0.0:9480)")
+    a.add_argument("--relay-listen", metavar="HOST:PORT",
+                   help="override `relay.listen`, where this node's ranks push (default 127.0.0.1:9482; loopback "
+                        "or the node's own address, never a wildcard); the relay runs when `relay.upstream` is set")
     a.add_argument("--node-name", metavar="NAME", help="override `node_name` (default: hostname)")
     a.add_argument("--state-dir", metavar="DIR", help="override `state_dir` (default /var/lib/gpumond; with --sim, a "
                                                       "directory of the run's own); one live agent per directory")
@@ -92,8 +95,20 @@ def _overrides(args: argparse.Namespace) -> list[Override]:
     from gpumond.config import ListenAddress
 
     return [("--listen", args.listen, ListenAddress.parse, "listen"),
+            ("--relay-listen", args.relay_listen, _relay_listen, "relay.listen"),
             ("--node-name", args.node_name, _node_name, "node_name"),
             ("--state-dir", args.state_dir, directory, "state_dir")]
+
+
+def _relay_listen(text: str) -> Any:
+    from gpumond.config import ListenAddress
+    from gpumond.config.agent import relay_listen_problem
+
+    address = ListenAddress.parse(text)
+    problem = relay_listen_problem(address)
+    if problem is not None:
+        raise ValueError(problem)
+    return address
 
 
 def _node_name(text: str) -> str:

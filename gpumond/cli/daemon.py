@@ -94,7 +94,17 @@ def with_flags(cfg: Any, command: str, args: argparse.Namespace, overrides: Sequ
     log_update = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
     if log_update:
         update["log"] = cfg.log.model_copy(update=log_update)
-    return cfg.model_copy(update=update)  # every value above is already validated
+    return _updated(cfg, update)  # every value above is already validated
+
+
+def _updated(model: Any, update: dict[str, object]) -> Any:
+    """`model` with `update` applied, where a key "section.key" replaces one key of a section (--relay-listen)."""
+    top = {k: v for k, v in update.items() if "." not in k}
+    for key, value in update.items():
+        if "." in key:
+            section, _, rest = key.partition(".")
+            top[section] = _updated(top.get(section, getattr(model, section)), {rest: value})
+    return model.model_copy(update=top)
 
 
 def misfiled(daemon: str, path: Path | None) -> str | None:

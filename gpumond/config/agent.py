@@ -11,7 +11,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PlainValidator, GetCoreSchemaHandler, ValidationInfo, field_validator
+from pydantic import (BeforeValidator, Field, GetCoreSchemaHandler, PlainValidator, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_core import core_schema
 
 from gpumond.config.alerting import AlertingConfig
@@ -19,6 +20,7 @@ from gpumond.config.http import HttpConfig
 from gpumond.config.http_client import HttpClientConfig
 from gpumond.config.types import AbsolutePath, ConfigModel, HttpUrl, ListenAddress
 from gpumond.wire.identity import GPU_UUID, JOB_ENV_VARS
+from gpumond.wire.routing import MAX_SHARDS, PLACEHOLDER
 
 # 9480 stays clear of dcgm-exporter (9400) and nvidia_gpu_exporter (9835) on shared nodes.
 DEFAULT_LISTEN = ListenAddress("0.0.0.0", 9480)
@@ -306,6 +308,62 @@ class PowerSlackConfig(HttpClientConfig):
         return value
 
 
+# 9482: next to the agent's 9480 and the rules service's 9481. Loopback by default: a rank on this node reaches it
+# without any network exposure; the chart binds the node's own address so pods on the node reach it too.
+DEFAULT_RELAY_LISTEN = ListenAddress("127.0.0.1", 9482)
+
+
+def relay_listen_problem(address: ListenAddress) -> str | None:
+    """Why the relay must not bind this address (None: it may). A wildcard would offer every network the node
+    is on a way to push steps under the node's name; the relay is for the ranks on this node only."""
+    if address.host in ("0.0.0.0", "::", ""):
+        return (f"{address.host or '*'} listens on every network of the node; the relay serves this node's ranks "
+                "only: give 127.0.0.1 or the node's own address (the chart passes the pod's status.hostIP)")
+    return None
+
+
+class RelayConfig(HttpClientConfig):
+    """The node-local relay: this node's ranks push to the agent, which batches them per job and pushes upstream."""
+
+    # The rules service (may hold {shard}, routed by job as the SDK routes); None: the relay is off.
+    upstream: HttpUrl | None = None
+    shards: int | None = Field(None, ge=1, le=MAX_SHARDS)
+    listen: ListenAddress = DEFAULT_RELAY_LISTEN
+    # One batched push per job per interval: 2 s keeps detection latency well under the SDK's own 5 s.
+    interval_s: float = Field(2.0, gt=0, le=60)
+    # Held through an outage of the rules service: 64 MiB is ~10 minutes of a busy node (8 ranks × 2 steps/s
+    # at ~100 B a step is ~1.6 KiB/s); the oldest go first when either bound is reached.
+    buffer_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024, le=4 * 1024**3)
+    buffer_max_age_s: float = Field(600.0, ge=10, le=86400)
+    # tls_config / basic_auth / authorization (HttpClientConfig): how the relay reaches a rules service behind TLS
+    # or auth. The ranks' own push tokens pass through unchanged (docs/job-sdk.md).
+
+    @field_validator("listen")
+    @classmethod
+    def _node_only(cls, value: ListenAddress) -> ListenAddress:
+        problem = relay_listen_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _shards_match_template(self) -> RelayConfig:
+        # Either half without the other would send every job's batch to one shard, most to the wrong one.
+        has_placeholder = self.upstream is not None and PLACEHOLDER in self.upstream
+        if self.shards is not None and not has_placeholder:
+            raise ValueError(f"shards is {self.shards} but upstream has no {PLACEHOLDER} to put the shard number in "
+                             f"(e.g. http://gpumond-rules-{PLACEHOLDER}.gpumond-rules-shards:9481)")
+        if has_placeholder and self.shards is None:
+            raise ValueError(f"upstream has {PLACEHOLDER}: set shards to the number of rules replicas (N of "
+                             "--shard I/N)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the agent runs the relay (an upstream is configured)."""
+        return self.upstream is not None
+
+
 class PolicyConfig(ConfigModel):
     """What the agent may do to the GPUs: persistent limits, thermal capping, local alerts."""
 
@@ -336,6 +394,7 @@ class AgentConfig(ConfigModel):
     web_config_file: AbsolutePath | None = None
     policy: PolicyConfig = PolicyConfig()
     alerting: AlertingConfig = AlertingConfig()
+    relay: RelayConfig = RelayConfig()
 
     @field_validator("node_name", mode="before")
     @classmethod

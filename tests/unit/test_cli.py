@@ -26,6 +26,7 @@ def run(*args):
     (["agent", "--sim", "0"], "--sim: must be from 1 to 1024, got 0"),
     (["agent", "--sim-speed", "fast"], "--sim-speed: must be a number, got 'fast'"),
     (["agent", "--listen", "nohost"], "--listen: must be HOST:PORT"),
+    (["agent", "--sim", "1", "--relay-listen", "0.0.0.0:9482"], "--relay-listen: 0.0.0.0 listens on every network"),
     (["agent", "--bogus"], "gpumond agent: unrecognized arguments: --bogus (see: gpumond agent --help)"),
     (["remediation", "list", "--bogus"], "gpumond remediation list: unrecognized arguments: --bogus (see: gpumond "
                                          "remediation list --help)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,41 @@ def test_top_level_rejects(data: dict) -> None:
 def test_unknown_keys_are_errors(data: dict) -> None:
     with pytest.raises(ValidationError):
         validate(data)
+
+
+def test_relay_is_off_by_default_and_listens_on_loopback() -> None:
+    relay = AgentConfig.default().relay
+    assert not relay.enabled and str(relay.listen) == "127.0.0.1:9482"
+    assert (relay.interval_s, relay.buffer_max_bytes, relay.buffer_max_age_s) == (2.0, 64 * 1024 * 1024, 600.0)
+
+
+def test_relay_takes_a_sharded_upstream_with_its_count() -> None:
+    relay = AgentConfig.model_validate({"relay": {"upstream": "http://rules-{shard}.rules:9481", "shards": 4,
+                                                  "listen": "10.0.0.7:9482"}}).relay
+    assert relay.enabled and relay.shards == 4 and relay.listen == ListenAddress("10.0.0.7", 9482)
+
+
+@pytest.mark.parametrize("relay, fragment", [
+    ({"listen": "0.0.0.0:9482"}, "every network of the node"),
+    ({"listen": "[::]:9482"}, "every network of the node"),
+    ({"upstream": "http://rules-{shard}:9481"}, "set shards"),
+    ({"upstream": "http://rules:9481", "shards": 2}, "has no {shard}"),
+    ({"upstream": "ftp://rules:9481"}, "http:// or https://"),
+    ({"interval_s": 0}, "greater than 0"),
+    ({"buffer_max_bytes": 1000}, "greater than or equal to 65536"),
+])
+def test_relay_rejects(relay: dict, fragment: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(fragment)):
+        AgentConfig.model_validate({"relay": relay})
+
+
+def test_relay_listen_flag_replaces_only_that_key() -> None:
+    import argparse
+
+    from gpumond.cli.daemon import with_flags
+
+    cfg = AgentConfig.model_validate({"relay": {"upstream": "http://rules:9481", "interval_s": 1}})
+    args = argparse.Namespace(log_level=None, log_format=None)
+    out = with_flags(cfg, "agent", args, [("--relay-listen", "10.1.2.3:9482", ListenAddress.parse, "relay.listen")])
+    assert out.relay.listen == ListenAddress("10.1.2.3", 9482)
+    assert out.relay.upstream == "http://rules:9481" and out.relay.interval_s == 1 and out.listen == cfg.listen
