@@ -122,6 +122,9 @@ app.kubernetes.io/part-of: gpumond
 {{- fail "agent.config.relay: agent.relay.enabled is false, so no pod could reach the relay; set agent.relay.enabled: true or remove agent.config.relay" -}}
 {{- end -}}
 {{- else -}}
+{{- if eq (int $r.port) (int $root.Values.agent.port) -}}
+{{- fail (printf "agent.relay.port: %d is agent.port as well (the metrics listener); give the relay its own port, e.g. 9482" (int $r.port)) -}}
+{{- end -}}
 {{- $relay := deepCopy (default dict .cfg.relay) -}}
 {{- if hasKey $relay "listen" -}}
 {{- fail (printf "agent.config.relay.listen: set by the chart (the pod's address, port agent.relay.port %d); remove it from agent.config.relay" (int $r.port)) -}}
