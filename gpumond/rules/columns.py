@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpumond.push.steps import step_rows, step_samples  # shared with the relay
 from gpumond.rules.types import GPU_SIGNALS, SAMPLE_ROWS, GpuColumns, GpuSample, StepColumns, StepRecord
 
 _MIN_CAP = 16
@@ -21,19 +22,6 @@ _MIN_CAP = 16
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
-
-
-def step_rows(steps: Sequence[StepRecord]) -> tuple[np.ndarray, np.ndarray]:
-    """(step numbers as int64, (4, n) float64 of end, duration_s, data_wait_s, comm_wait_s with NaN for None).
-    Raises OverflowError for a step number outside int64."""
-    numbers = np.array([s.step for s in steps], dtype=np.int64)
-    values = np.array([(s.end, s.duration_s, s.data_wait_s, s.comm_wait_s) for s in steps], dtype=float)
-    return numbers, values.reshape(-1, 4).T
-
-
-def step_samples(steps: Sequence[StepRecord]) -> np.ndarray:
-    """Each step's samples as int64, -1 where not reported."""
-    return np.array([-1 if s.samples is None else s.samples for s in steps], dtype=np.int64)
 
 
 def step_columns(steps: Sequence[StepRecord]) -> StepColumns | None:

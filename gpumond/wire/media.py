@@ -17,3 +17,8 @@ ENCODINGS = tuple(CONTENT_TYPES)
 INT_FIELDS = (("step", True), ("samples", False))
 FLOAT_FIELDS = (("end", True), ("duration_s", True), ("data_wait_s", True), ("comm_wait_s", False))
 COLUMN_FIELDS = (*INT_FIELDS, *FLOAT_FIELDS)
+
+# The batched push (docs/rules-api.md, "Batched pushes"): what the agent's node relay sends, many pushes of one job
+# in one request. Lines separated by "\n": first the batch's head {"job": …, "pushes": N}, then N columnar push
+# bodies (COLUMNS_TYPE's shape, each of that job), each judged by the service as if it had been pushed alone.
+BATCH_TYPE = "application/vnd.gpumond.batch+jsonl"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("gpumond.types", "gpumond.logs", "gpumond.textformat", "gpumond.wire", "gpumond.state"),
     ("gpumond.config",),
-    ("gpumond.web", "gpumond.nvml"),
+    ("gpumond.web", "gpumond.nvml", "gpumond.push"),
     ("gpumond.alerts",),
     ("gpumond.agent", "gpumond.rules", "gpumond.job"),
     ("gpumond.cli", "gpumond.demo"),

@@ -77,8 +77,9 @@ def test_a_valid_push_is_stored_and_counted() -> None:
          ("WWW-Authenticate", 'Bearer realm="gpumond"')),
         ({"authorization": "Bearer wrong-token-0123456789"}, 401, "invalid bearer token",
          ("WWW-Authenticate", 'Bearer realm="gpumond", error="invalid_token"')),
-        ({"content_type": "text/plain"}, 415, "Content-Type must be application/json (steps as objects) or "
-         "application/vnd.gpumond.columns+json (steps as columns) (got 'text/plain')", None),
+        ({"content_type": "text/plain"}, 415, "Content-Type must be application/json (steps as objects), "
+         "application/vnd.gpumond.columns+json (steps as columns) or application/vnd.gpumond.batch+jsonl (a relay's "
+         "batch) (got 'text/plain')", None),
         ({"content_encoding": "gzip"}, 415, "Content-Encoding 'gzip' is not supported; send the JSON uncompressed",
          None),
         ({"content_length": str(1_048_577)}, 413, "body larger than limits.max_body_bytes (1048576 bytes)", None),

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.auth import TokenAuth
-from gpumond.rules.ingest.body import declared_too_large
+from gpumond.web.body import declared_too_large
 from gpumond.rules.ingest.payload import PayloadError, columns_model, parse, push_model
 from gpumond.rules.ingest.ratelimit import RateLimiter, retry_after
 from gpumond.rules.ingest.stats import IngestStats
 from gpumond.rules.store import CapExceeded, RankStore
-from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE
+from gpumond.wire.batch import BatchError, split_batch
+from gpumond.wire.media import BATCH_TYPE, COLUMNS_TYPE, JSON_TYPE
 from gpumond.wire.routing import shard_of
 
 log = logging.getLogger("gpumond.rules.ingest")
@@ -48,6 +49,7 @@ class Client:
     identity: str
     address: str
     columns: bool = False  # the body is in the columnar encoding (its Content-Type said so)
+    batch: bool = False  # the body is a batch of columnar pushes of one job (the node relay's)
 
 
 class Ingest:
@@ -85,27 +87,56 @@ class Ingest:
             return self._reply(429, f"rate limit: more than {self._rate_text} from this client; "
                                     f"retry after {after} s", ("Retry-After", after))
         media = JSON_TYPE if content_type is None else content_type.split(";")[0].strip().lower()
-        if media not in (JSON_TYPE, COLUMNS_TYPE):
-            return self._reply(415, f"Content-Type must be {JSON_TYPE} (steps as objects) or {COLUMNS_TYPE} "
-                                    f"(steps as columns) (got {content_type[:64]!r})")
+        if media not in (JSON_TYPE, COLUMNS_TYPE, BATCH_TYPE):
+            return self._reply(415, f"Content-Type must be {JSON_TYPE} (steps as objects), {COLUMNS_TYPE} "
+                                    f"(steps as columns) or {BATCH_TYPE} (a relay's batch) "
+                                    f"(got {content_type[:64]!r})")
         if content_encoding is not None and content_encoding.strip().lower() not in ("", "identity"):
             return self._reply(415, f"Content-Encoding {content_encoding[:32]!r} is not supported; send the JSON "
                                     "uncompressed")
         if declared_too_large(content_length, self.max_body_bytes):
             return self.too_large()
-        return Client(auth.identity, address, media == COLUMNS_TYPE)
+        return Client(auth.identity, address, media == COLUMNS_TYPE, media == BATCH_TYPE)
 
     def too_large(self) -> Reply:
         """The answer to a body over limits.max_body_bytes."""
         return self._reply(413, f"body larger than limits.max_body_bytes ({self.max_body_bytes} bytes)")
 
     def accept(self, client: Client, body: bytes) -> Reply:
-        """Validate and store one push body from an admitted client."""
+        """Validate and store one push body (or, from a relay, a batch of them) from an admitted client."""
+        if client.batch:
+            return self._accept_batch(client, body)
+        return self._judge(self.columns_model if client.columns else self.model, body, client)
+
+    def _accept_batch(self, client: Client, body: bytes) -> Reply:
+        """Each push of a batch judged as if it had come alone; one answer listing each one's outcome in order.
+        The batch itself is refused whole only for what concerns it whole: its framing or its job's shard."""
         try:
-            push = parse(self.columns_model if client.columns else self.model, body)
+            job, pushes = split_batch(body)
+        except BatchError as err:
+            return self._reply(400, f"batch: {err}")
+        if self._shard is not None and (owner := shard_of(job, self._shard.count)) != self._shard.index:
+            return self._misrouted(job, owner, client)
+        results: list[dict[str, object]] = []
+        for line in pushes:
+            reply = self._judge(self.columns_model, line, client, job=job)
+            if reply.status == 202:
+                results.append(reply.body)
+            else:  # the status it would have had alone, and its Retry-After (a cap) as a number
+                after = {"retry_after_s": int(v) for k, v in reply.headers if k == "Retry-After"}
+                results.append({"status": reply.status, **reply.body, **after})
+        return Reply(202, {"results": results})
+
+    def _judge(self, model: type, body: bytes, client: Client, *, job: str | None = None) -> Reply:
+        """Validate and store one push; `job`: the batch's, which the push must name."""
+        try:
+            push = parse(model, body)
         except PayloadError as err:
             return self._reply(err.status, err.message)
-        if self._shard is not None and (owner := shard_of(push.job, self._shard.count)) != self._shard.index:
+        if job is not None and push.job != job:
+            return self._reply(422, f"job: must be the batch's job {job!r} (got {push.job!r})")
+        if (job is None and self._shard is not None
+                and (owner := shard_of(push.job, self._shard.count)) != self._shard.index):
             return self._misrouted(push.job, owner, client)
         now = self._clock()
         steps = push.step_columns()

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from gpumond.rules.ingest.accept import Ingest, Reply
-from gpumond.rules.ingest.body import Disconnected, read_body
+from gpumond.web.body import Disconnected, read_body
 
 log = logging.getLogger("gpumond.rules.http")
 

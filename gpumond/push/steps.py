@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpumond.rules.columns import step_rows, step_samples
-from gpumond.rules.types import StepColumns, StepRecord
+from gpumond.push.values import StepColumns, StepRecord
 from gpumond.wire.media import COLUMN_FIELDS, FLOAT_FIELDS
 
 MAX_STEP_DURATION_S = 86_400.0  # a step longer than a day is a unit mistake, not a slow step
@@ -27,6 +26,20 @@ _LE_F8 = np.dtype("<f8")
 
 class StepsError(ValueError):
     """A push's steps break a rule; the message is one line naming the step and field."""
+
+
+def step_rows(steps: Sequence[StepRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """(step numbers as int64, (4, n) float64 of end, duration_s, data_wait_s, comm_wait_s with NaN for None).
+    Raises OverflowError for a step number outside int64."""
+    numbers = np.array([s.step for s in steps], dtype=np.int64)
+    values = np.array([(s.end, s.duration_s, s.data_wait_s, s.comm_wait_s) for s in steps], dtype=float)
+    return numbers, values.reshape(-1, 4).T
+
+
+def step_samples(steps: Sequence[StepRecord]) -> np.ndarray:
+    """Each step's samples as int64, -1 where not reported."""
+    return np.array([-1 if s.samples is None else s.samples for s in steps], dtype=np.int64)
+
 
 
 def from_records(steps: Sequence[StepRecord]) -> StepColumns:
