@@ -29,6 +29,7 @@ from gpumond.agent.policy.lease import Guard
 from gpumond.agent.policy.lease_client import LeasePuller
 from gpumond.agent.policy.state_file import StateFile
 from gpumond.agent.policy.view import build_views
+from gpumond.agent.relay import Relay, session_devices
 from gpumond.agent.sampler import Sampler
 from gpumond.agent.server import AgentApp
 from gpumond.agent.sources.parts import NodeParts
@@ -54,6 +55,9 @@ __all__ = ["Agent", "AgentStartError", "Backend", "serve"]
 
 log = logging.getLogger("gpumond.agent")
 
+# At stop, the relay delivers what it holds for at most this long: inside systemd's TimeoutStopSec=30s and
+# Kubernetes' 30 s grace, after the policy's restore.
+RELAY_STOP_GRACE_S = 10.0
 # Below this the scheduler's own overhead dominates; --sim-speed intervals are clamped to it.
 _MIN_WALL_INTERVAL_S = 0.01
 
@@ -130,6 +134,15 @@ class Agent:
         except AccessError as e:
             self._lock.release()
             raise AgentStartError(str(e)) from None
+        self.relay: Relay | None = None
+        if config.relay.enabled:
+            try:
+                relay_access = build_access(config.relay)
+            except AccessError as e:
+                self._lock.release()
+                raise AgentStartError(f"relay.{e}") from None
+            self.relay = Relay(config.relay, node=config.node_name, devices=session_devices(self.session),
+                               access=relay_access, jobs_of=jobs.jobs_for if jobs is not None else None)
         slack = config.policy.power_slack
         self.leases: LeasePuller | None = None
         if slack.rules_url is not None and slack.mode != "off" and config.policy.mode != "off":
@@ -158,7 +171,8 @@ class Agent:
                           identities=self._identities.save, xid=self.xid, jobs=jobs, pods=self.pods,
                           host=HostEvidence() if config.host.enabled else None, policy=self.policy, dcgm=dcgm)
         self.sampler = Sampler(self.session, build_sources(parts), renderer=renderer,
-                               server=lambda: [*self.http_stats.series(), *self.web.series()])
+                               server=lambda: [*self.http_stats.series(), *self.web.series(),
+                                               *(self.relay.series() if self.relay is not None else ())])
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
 
     def wall_interval(self, simulated_s: float) -> float:
@@ -194,6 +208,11 @@ class Agent:
             self._scheduler.add_job(self.leases.poll, IntervalTrigger(
                 seconds=self.wall_interval(self.config.policy.power_slack.interval_s)), id="power_slack",
                 name="power-slack offers", max_instances=1, coalesce=True, next_run_time=now)
+        if self.relay is not None:
+            # Wall seconds, not simulated ones: ranks push on the wall clock whatever --sim-speed says.
+            self._scheduler.add_job(self.relay.flush, IntervalTrigger(seconds=self.config.relay.interval_s),
+                                    id="relay", name="relay batches", max_instances=1, coalesce=True,
+                                    next_run_time=now)
         self._scheduler.start()
 
     def stop(self) -> None:
@@ -203,7 +222,10 @@ class Agent:
         # The restore comes first (while NVML is open), and no later step's failure (a full disk under the
         # alert state file, a stuck thread) can skip it or another step.
         steps: list[tuple[str, Callable[[], object] | None]] = [
-            ("policy restore", self.policy.stop), ("xid watcher", self.xid.stop if self.xid else None),
+            ("policy restore", self.policy.stop),
+            # What the ranks handed over goes upstream before the agent exits, within the shutdown grace.
+            ("relay flush", (lambda: self.relay.stop(RELAY_STOP_GRACE_S)) if self.relay else None),
+            ("xid watcher", self.xid.stop if self.xid else None),
             ("pod-resources client", self.pods.stop if self.pods else None), ("alerts", self.alerts.stop),
             ("power-slack client", self.leases.close if self.leases else None),
             ("audit log", self._audit.close), ("nvml", self.session.close), ("backend", self.backend.uninstall),
@@ -277,10 +299,19 @@ def _alert_pipeline(config: AgentConfig, state_dir: Path, scheme: str = "http") 
 
 def serve(agent: Agent) -> None:
     """Run the agent until SIGTERM/SIGINT, then stop it cleanly (restoring limits; exit status 0)."""
+    relay = agent.relay
+    socks = []
     try:
-        sock = bind(agent.config.listen.host, agent.config.listen.port)
-    except ListenError:
+        socks.append(bind(agent.config.listen.host, agent.config.listen.port))
+        if relay is not None:
+            socks.append(bind(relay.config.listen.host, relay.config.listen.port))
+    except ListenError as e:
+        for sock in socks:
+            sock.close()
         agent.discard()  # e.g. a --sim run's own state directory, which would otherwise stay in /tmp
+        if relay is not None and len(socks) == 1:
+            raise ListenError(f"relay.listen: {e} (another agent's relay? choose another port with "
+                              f"--relay-listen)") from None
         raise
     agent.start()
     web = agent.web
@@ -288,5 +319,24 @@ def serve(agent: Agent) -> None:
                                "client_auth": web.tls.settings.client_auth_type if web.tls else None,
                                "read_auth": bool(web.users or web.tokens)})
     app = web.wrap(agent.app(), open_paths=("/healthz", "/readyz", "/"))  # probes carry no credentials
-    run_until_signalled(app, sock, on_stop=agent.stop, limits=ConnectionLimits.of(agent.config.http),
-                        stats=agent.http_stats, tls=web.tls)
+    if relay is not None:
+        log.info("relaying", extra={"url": f"{web.scheme}://{relay.config.listen}/api/v1/push",
+                                    "upstream": relay.config.upstream, "interval_s": relay.config.interval_s})
+        # The ranks' pushes carry push tokens for the rules service, not the web config's read credentials.
+        app = by_listener(socks[1], relay.app, app)
+    run_until_signalled(app, socks[0], on_stop=agent.stop, limits=ConnectionLimits.of(agent.config.http),
+                        stats=agent.http_stats, tls=web.tls, more_sockets=socks[1:])
+
+
+def by_listener(relay_sock: Any, relay_app: Any, other: Any) -> Any:
+    """One ASGI app for both listeners: a connection to the relay's socket reaches the relay, any other `other`."""
+    host, port = relay_sock.getsockname()[:2]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        server = scope.get("server")
+        if server is not None and server[1] == port and server[0] == host:
+            await relay_app(scope, receive, send)
+        else:
+            await other(scope, receive, send)
+
+    return app

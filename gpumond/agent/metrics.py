@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpumond.agent.relay.stats import RELAY_METRICS
 from gpumond.alerts.pipeline import ALERT_METRICS
 from gpumond.alerts.sinks import SINK_METRICS
 from gpumond.web.connections import CONNECTION_METRICS
@@ -50,6 +51,7 @@ AGENT_METRICS: Mapping[str, tuple[str, str]] = {
     "gpumond_policy_dry_run_fallback": ("gauge", "1 when the GPU fell back to dry_run (NoPermission on a set)."),
     "gpumond_policy_power_slack_lease_watts": ("gauge", "The power-slack lease's limit on the GPU (dry_run=\"true\": "
                                                         "what it would be; nothing set); absent without a lease."),
+    **RELAY_METRICS,
     **CONNECTION_METRICS,
     **TLS_METRICS,
     **ALERT_METRICS,

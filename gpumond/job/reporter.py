@@ -27,12 +27,11 @@ from gpumond.job.early import DEFAULT as EARLY_PUSH
 from gpumond.job.early import push_early as _push_early
 from gpumond.job.payload import Record
 from gpumond.job.pusher import Pusher
-from gpumond.job.settings import (ConfigError, Identity, resolve_encoding, resolve_endpoint, resolve_identity,
-                                  resolve_shards, resolve_tls, resolve_token)
+from gpumond.job.route import Route, resolve_route
+from gpumond.job.settings import ConfigError, Identity, resolve_encoding, resolve_identity
 from gpumond.job.stats import Stats
-from gpumond.job.transport import HttpTransport, Transport
+from gpumond.job.transport import Transport
 from gpumond.wire.media import CONTENT_TYPES
-from gpumond.wire.routing import shard_endpoint
 
 log = logging.getLogger("gpumond.job")
 T = TypeVar("T")
@@ -55,7 +54,7 @@ class Reporter:
                  max_queue: int = 10_000, max_steps_per_push: int = 512, timeout_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  transport: Transport | None = None, handle_sigterm: bool = True,
-                 encoding: str | None = None, push_early: bool = True) -> None:
+                 encoding: str | None = None, push_early: bool = True, relay: str | None = None) -> None:
         # Hot-path state comes first, so a reporter whose setup fails below is still safe to call.
         self._off = True
         self._closed = False
@@ -84,22 +83,17 @@ class Reporter:
         self._reason: str | None = None
         try:
             _check_numbers(push_interval_s, max_queue, max_steps_per_push, timeout_s)
-            route: tuple[str, str, int | None] | None = None
-            tls = None
+            route: Route | None = None
             form = resolve_encoding(encoding, os.environ)
             if transport is None:
                 # Before the GPU lookup: without a place to send to there is no point running nvidia-smi.
-                url = resolve_endpoint(endpoint, os.environ)
-                route = (url, resolve_token(token, os.environ), resolve_shards(shards, url, os.environ))
-                tls = resolve_tls(ca_file, cert_file, key_file, os.environ)
+                route = resolve_route(endpoint, token, shards, relay, (ca_file, cert_file, key_file))
             self._identity = resolve_identity(job=job, rank=rank, world_size=world_size, node=node,
                                               gpu_uuid=gpu_uuid, group=group, environ=os.environ,
-                                              find_gpu=local_gpu_uuid)
+                                              find_gpu=local_gpu_uuid,
+                                              gpu_optional=route is not None and route.relay is not None)
             if route is not None:
-                # A job's shard is fixed for its run, so its address is chosen once, here.
-                url, secret, count = route
-                transport = HttpTransport(shard_endpoint(url, self._identity.job, count), secret, tls,
-                                          CONTENT_TYPES[form])
+                transport = route.transport(self._identity, CONTENT_TYPES[form], clock)
             assert transport is not None  # route is set exactly when no transport was given
             self._q = deque(maxlen=max_queue)
             self._max_queue = max_queue
@@ -108,6 +102,8 @@ class Reporter:
             # for duplicates. Optional in the contract: an older service ignores it.
             self.incarnation = f"{self._pid:x}-{secrets.token_hex(6)}"
             head = {**self._identity.head(), "incarnation": self.incarnation}
+            if route is not None and route.relay is not None:
+                head["pid"] = self._pid  # how the node relay finds this rank's GPU (the service ignores it)
             self._pusher = Pusher(self._q, head, transport, interval_s=push_interval_s,
                                   max_steps=max_steps_per_push, timeout_s=timeout_s, clock=clock, wall=wall,
                                   encoding=form, early=EARLY_PUSH if push_early else None)

@@ -35,15 +35,19 @@ class Identity:
     group: str | None
 
     def head(self) -> dict[str, object]:
-        """The payload's fixed part, in contract order."""
-        return {"job": self.job, "rank": self.rank, "world_size": self.world_size, "node": self.node,
-                "gpu_uuid": self.gpu_uuid, "group": self.group}
+        """The payload's fixed part, in contract order (an unknown GPU, left to the node relay, left out)."""
+        head: dict[str, object] = {"job": self.job, "rank": self.rank, "world_size": self.world_size,
+                                   "node": self.node, "gpu_uuid": self.gpu_uuid, "group": self.group}
+        if not self.gpu_uuid:
+            del head["gpu_uuid"]
+        return head
 
 
 def resolve_identity(*, job: str | None, rank: int | None, world_size: int | None, node: str | None,
                      gpu_uuid: str | None, group: str | None, environ: Mapping[str, str],
-                     find_gpu: Callable[[Mapping[str, str]], str | None]) -> Identity:
-    """Fill every identity field from its argument, else the environment; ConfigError names what is missing."""
+                     find_gpu: Callable[[Mapping[str, str]], str | None], gpu_optional: bool = False) -> Identity:
+    """Fill every identity field from its argument, else the environment; ConfigError names what is missing.
+    `gpu_optional`: pushing through a node relay, which finds the GPU itself (gpu_uuid is then "" when unknown)."""
     job_value = clean_label(job)
     if job_value is None:
         found = first_env(environ, JOB_ENV_VARS)
@@ -63,6 +67,8 @@ def resolve_identity(*, job: str | None, rank: int | None, world_size: int | Non
         uuid, source = clean_label(environ.get("GPUMOND_GPU_UUID")), "GPUMOND_GPU_UUID"
     if uuid is None:
         uuid, source = clean_label(find_gpu(environ)), "the local device"
+    if uuid is None and gpu_optional:
+        return Identity(job_value, rank_value, world_value, node_value, "", _group(group, environ))
     if uuid is None:
         raise ConfigError("could not find this rank's GPU UUID: pass gpu_uuid= or set GPUMOND_GPU_UUID")
     # NVML's forms, which the agent exports and the rules service joins on; anything else would be refused
@@ -70,8 +76,11 @@ def resolve_identity(*, job: str | None, rank: int | None, world_size: int | Non
     if not DEVICE_UUID.fullmatch(uuid):
         raise ConfigError(f"{source} must be an NVML GPU UUID, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, or a "
                           f"MIG device's, MIG-xxxxxxxx-… (got {uuid!r})")
-    group_value = clean_label(group) if group is not None else clean_label(environ.get("GPUMOND_GROUP"))
-    return Identity(job_value, rank_value, world_value, node_value, uuid, group_value)
+    return Identity(job_value, rank_value, world_value, node_value, uuid, _group(group, environ))
+
+
+def _group(group: str | None, environ: Mapping[str, str]) -> str | None:
+    return clean_label(group) if group is not None else clean_label(environ.get("GPUMOND_GROUP"))
 
 
 def _int_setting(field: str, explicit: int | None, environ: Mapping[str, str], names: tuple[str, ...],
@@ -95,12 +104,31 @@ def _int_setting(field: str, explicit: int | None, environ: Mapping[str, str], n
     return value
 
 
-def resolve_endpoint(endpoint: str | None, environ: Mapping[str, str]) -> str:
-    """The rules service's base URL from the argument or GPUMOND_ENDPOINT."""
+def resolve_endpoint(endpoint: str | None, environ: Mapping[str, str], *, optional: bool = False) -> str | None:
+    """The rules service's base URL from the argument or GPUMOND_ENDPOINT; None only when `optional` (a node relay
+    was named, which knows the rules service)."""
     value = clean_label(endpoint) or clean_label(environ.get("GPUMOND_ENDPOINT"))
-    if value is None:
-        raise ConfigError("no endpoint: pass endpoint= or set GPUMOND_ENDPOINT (e.g. http://rules:9481)")
+    if value is None and not optional:
+        raise ConfigError("no endpoint: pass endpoint= or set GPUMOND_ENDPOINT (e.g. http://rules:9481), or set "
+                          "GPUMOND_RELAY to this node's gpumond agent (docs/job-sdk.md)")
     return value
+
+
+# The agent's relay listens here by default (its relay.listen): a rank on a node with an agent reaches it without
+# being told. GPUMOND_RELAY names another address (the chart: the node's own), or `off`.
+DEFAULT_RELAY = "http://127.0.0.1:9482"
+RELAY_OFF = "off"
+
+
+def resolve_relay(relay: str | None, environ: Mapping[str, str]) -> tuple[str | None, bool]:
+    """(the node relay's URL or None when off, whether it was named explicitly) from the argument or GPUMOND_RELAY;
+    unset: the loopback default, tried first and left for GPUMOND_ENDPOINT while it does not answer."""
+    value = clean_label(relay) or clean_label(environ.get("GPUMOND_RELAY"))
+    if value is None:
+        return DEFAULT_RELAY, False
+    if value.lower() == RELAY_OFF:
+        return None, True
+    return value, True
 
 
 def resolve_encoding(encoding: str | None, environ: Mapping[str, str]) -> str:
@@ -147,8 +175,9 @@ def resolve_tls(ca_file: str | None, cert_file: str | None, key_file: str | None
         raise ConfigError(str(e)) from None
 
 
-def resolve_token(token: str | None, environ: Mapping[str, str]) -> str:
-    """The bearer token from the argument, GPUMOND_TOKEN, or the file GPUMOND_TOKEN_FILE names."""
+def resolve_token(token: str | None, environ: Mapping[str, str], *, optional: bool = False) -> str | None:
+    """The bearer token from the argument, GPUMOND_TOKEN, or the file GPUMOND_TOKEN_FILE names; None only when
+    `optional` (a named node relay may push under its own node credential)."""
     value = (token or environ.get("GPUMOND_TOKEN") or "").strip()
     if not value and environ.get("GPUMOND_TOKEN_FILE"):
         path = Path(environ["GPUMOND_TOKEN_FILE"])
@@ -157,6 +186,8 @@ def resolve_token(token: str | None, environ: Mapping[str, str]) -> str:
         except OSError as exc:
             # The path is not secret; the content would be, so it never appears in a message.
             raise ConfigError(f"cannot read GPUMOND_TOKEN_FILE {str(path)!r}: {exc.strerror or exc}") from None
+    if not value and optional:
+        return None
     if not value:
         raise ConfigError("no token: pass token= or set GPUMOND_TOKEN or GPUMOND_TOKEN_FILE")
     if any(c.isspace() for c in value) or UNSAFE.search(value):

@@ -9,6 +9,7 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from gpumond import __version__
@@ -53,7 +54,7 @@ class HttpTransport:
 
     Over https the server is verified with `tls` (the system CA bundle when None)."""
 
-    def __init__(self, endpoint: str, token: str, tls: ClientTLS | None = None,
+    def __init__(self, endpoint: str, token: str | None, tls: ClientTLS | None = None,
                  content_type: str = JSON_TYPE) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -74,10 +75,11 @@ class HttpTransport:
         self._endpoint = endpoint
         self.path = url.path.rstrip("/") + PUSH_PATH
         self._headers = {
-            "Authorization": f"Bearer {token}",
             "Content-Type": content_type,  # the push encoding's (gpumond.wire.media.CONTENT_TYPES)
             "User-Agent": f"gpumond-job/{__version__}",
         }
+        if token is not None:  # None: to a node relay that pushes under its own node credential
+            self._headers["Authorization"] = f"Bearer {token}"
         self._conn: http.client.HTTPConnection | None = None
         self.connections = 0  # opened so far; keep-alive keeps this at 1 on a healthy link
 
@@ -173,3 +175,57 @@ def _message(body: bytes) -> str:
             if isinstance(parsed.get(key), str):
                 return parsed[key][:200]
     return body[:200].decode("utf-8", "replace")
+
+
+# While the node relay does not answer, pushes go to the rules service directly; the relay is tried again after
+# this long (on loopback a refused connection costs microseconds; the chart's host address at most one timeout).
+RELAY_RETRY_S = 30.0
+
+
+class RelayTransport:
+    """Pushes to the node relay; while no relay answers, to the rules service directly (when there is one to
+    reach and the push is complete without the relay), and back to the relay once it answers again."""
+
+    def __init__(self, relay: Transport, direct: Transport | None, clock: Callable[[], float], *,
+                 relay_url: str, direct_url: str | None, direct_problem: str | None = None,
+                 named: bool = True) -> None:
+        self._relay = relay
+        self._direct = direct if direct_problem is None else None
+        self._clock = clock
+        self._relay_url, self._direct_url = relay_url, direct_url
+        self._problem = direct_problem
+        self._retry_relay_at = float("-inf")
+        self.via_relay = True  # where the last push went (the reporter's stats show it)
+        # The loopback default on a node without an agent is the usual direct setup: said at info, not as a problem.
+        self._level = logging.WARNING if named else logging.INFO
+
+    def post(self, body: bytes, timeout_s: float) -> Reply:
+        """Send one body to the relay, else directly; raises as HttpTransport does when neither answers."""
+        if self._direct is None or self._clock() >= self._retry_relay_at:
+            try:
+                reply = self._relay.post(body, timeout_s)
+            except (OSError, http.client.HTTPException) as exc:
+                if isinstance(exc, TLSError) or self._direct is None:
+                    if self.via_relay and self._direct is None:
+                        log.warning("gpumond: no node relay answers at %s (%s) and %s; retrying the relay with backoff",
+                                    self._relay_url, exc, self._problem or "no GPUMOND_ENDPOINT is set")
+                    self.via_relay = False
+                    raise
+                self._retry_relay_at = self._clock() + RELAY_RETRY_S
+                if self.via_relay:
+                    log.log(self._level, "gpumond: no node relay answers at %s (%s); pushing to %s directly, and "
+                            "trying the relay again every %g s", self._relay_url, exc, self._direct_url, RELAY_RETRY_S)
+                self.via_relay = False
+            else:
+                if not self.via_relay:
+                    log.info("gpumond: the node relay at %s answers again; pushing through it", self._relay_url)
+                self.via_relay = True
+                return reply
+        assert self._direct is not None
+        return self._direct.post(body, timeout_s)
+
+    def close(self) -> None:
+        """Drop both connections."""
+        self._relay.close()
+        if self._direct is not None:
+            self._direct.close()

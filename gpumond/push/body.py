@@ -132,9 +132,11 @@ class Columns(BaseModel):
     samples: str | None = Field(None, description="int64 samples of each step, -1 for none (optional)")
 
 
-def _head(max_string_len: int) -> type[PushBody]:
+def _head(max_string_len: int, relayed: bool = False) -> type[PushBody]:
     text = Annotated[str, Field(min_length=1, max_length=max_string_len, json_schema_extra={"pattern": _PRINTABLE}),
                      AfterValidator(_printable)]
+    uuid = Annotated[str, Field(max_length=56, json_schema_extra={"pattern": f"^(?:{DEVICE_UUID.pattern})$"}),
+                     AfterValidator(_gpu_uuid)]
 
     class Head(PushBody):
         job: text  # type: ignore[valid-type]
@@ -142,8 +144,7 @@ def _head(max_string_len: int) -> type[PushBody]:
         world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
         rank: int = Field(ge=0)
         node: text  # type: ignore[valid-type]
-        gpu_uuid: Annotated[str, Field(max_length=56, json_schema_extra={"pattern": f"^(?:{DEVICE_UUID.pattern})$"}),
-                            AfterValidator(_gpu_uuid)]
+        gpu_uuid: uuid  # type: ignore[valid-type]
         group: text | None = None  # type: ignore[valid-type]
         incarnation: text | None = Field(None, description="the pushing process's id, the same on all its pushes; "  # type: ignore[valid-type]
                                          "a new one for a known rank means a restart: its steps count afresh")
@@ -159,14 +160,26 @@ def _head(max_string_len: int) -> type[PushBody]:
                 raise ValueError(f"must be less than world_size ({world})")
             return value
 
-    return Head
+    if not relayed:
+        return Head
+
+    class RelayedHead(Head):  # type: ignore[misc,valid-type]
+        # What a rank may leave to the node relay, which fills it in (the node, the GPU its process runs on, the
+        # job the agent attributes that GPU to) before forwarding; the rest is judged as the service judges it.
+        job: text | None = None  # type: ignore[valid-type]
+        node: text | None = None  # type: ignore[valid-type]
+        gpu_uuid: uuid | None = None  # type: ignore[valid-type]
+        pid: int | None = Field(None, ge=1, le=2**31 - 1, description="the rank's process id, as it sees it")
+
+    return RelayedHead
 
 
 @functools.cache
-def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
-    """The JSON encoding's push with these limits built into its schema (so the OpenAPI document states them too)."""
+def push_model(max_string_len: int, max_steps: int, relayed: bool = False) -> type[PushBody]:
+    """The JSON encoding's push with these limits built into its schema (so the OpenAPI document states them too);
+    `relayed`: as the node relay takes it (see columns_model)."""
 
-    class Push(_head(max_string_len)):  # type: ignore[misc]
+    class Push(_head(max_string_len, relayed)):  # type: ignore[misc]
         steps: list[Step] = Field(max_length=max_steps)
 
     Push.__name__ = Push.__qualname__ = "Push"
@@ -174,12 +187,13 @@ def push_model(max_string_len: int, max_steps: int) -> type[PushBody]:
 
 
 @functools.cache
-def columns_model(max_string_len: int, max_steps: int) -> type[PushBody]:
-    """The columnar encoding's push (Content-Type application/vnd.gpumond.columns+json) with these limits."""
+def columns_model(max_string_len: int, max_steps: int, relayed: bool = False) -> type[PushBody]:
+    """The columnar encoding's push (Content-Type application/vnd.gpumond.columns+json) with these limits;
+    `relayed`: as the node relay takes it from a rank (job, node and gpu_uuid optional, the rank's pid)."""
     most = 4 * -(-8 * max_steps // 3)  # base64 length of max_steps 8-byte values
     max_steps_per_push = max_steps  # the class body cannot see a function argument of the same name
 
-    class ColumnsPush(_head(max_string_len)):  # type: ignore[misc]
+    class ColumnsPush(_head(max_string_len, relayed)):  # type: ignore[misc]
         max_steps: ClassVar[int] = max_steps_per_push
         columns: Columns = Field(description=f"the steps, one array per field (at most {max_steps} values, "
                                              f"{most} base64 characters, each)")

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpumond.config.types import ListenAddress
@@ -53,10 +53,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], None] = lambda: None,
                         limits: ConnectionLimits = ConnectionLimits(), stats: ConnectionStats | None = None,
-                        tls: ServerTLS | None = None) -> None:
+                        tls: ServerTLS | None = None, more_sockets: Sequence[socket.socket] = ()) -> None:
     """Serve `app` on `sock` until SIGTERM/SIGINT/SIGHUP; then `on_stop()`; the process exits normally (status 0).
 
-    `stats` receives the connection guard's counters (for the daemon's /metrics); `tls` serves HTTPS."""
+    `stats` receives the connection guard's counters (for the daemon's /metrics); `tls` serves HTTPS;
+    `more_sockets` are served by the same server, guard and TLS (the agent's relay listener)."""
     # Here, not at the top: a daemon's start-up imports this module (ListenError) before its config is known to
     # be good, and a refused config must not wait for uvicorn (~160 ms).
     import uvicorn
@@ -100,10 +101,11 @@ def run_until_signalled(app: Any, sock: socket.socket, *, on_stop: Callable[[], 
                          http=protocol, timeout_keep_alive=limits.keepalive_timeout_s,
                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     try:
-        _Server(cfg).run(sockets=[sock])
+        _Server(cfg).run(sockets=[sock, *more_sockets])
     finally:
         on_stop()
-        sock.close()
+        for s in (sock, *more_sockets):
+            s.close()
 
 
 def default_external_url(listen: ListenAddress, name: str, scheme: str = "http") -> str:

@@ -1,0 +1,82 @@
+"""The node relay: this node's training ranks push to the agent, which holds their steps, fills in what they do not
+know (node, GPU, job), and pushes each job's steps to its rules shard in one batch per interval (docs/job-sdk.md,
+"The node relay"). Built by the agent when `relay.upstream` is set; served on its own listener (`relay.listen`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import httpx
+
+from gpumond.agent.relay.buffer import Buffer
+from gpumond.agent.relay.endpoint import RelayEndpoint
+from gpumond.agent.relay.fill import Filler
+from gpumond.agent.relay.intake import Intake
+from gpumond.agent.relay.processes import ProcessDevices
+from gpumond.agent.relay.stats import RELAY_METRICS, RelayStats
+from gpumond.agent.relay.upstream import Sender
+from gpumond.config.agent import RelayConfig
+from gpumond.types import Series
+from gpumond.web.client import Access, http_client
+
+__all__ = ["RELAY_METRICS", "Relay", "session_devices"]
+
+log = logging.getLogger("gpumond.agent.relay")
+
+# One batch must be answered within this; a slower service is treated as not answering (held, backed off).
+UPSTREAM_TIMEOUT_S = 10.0
+
+
+class Relay:
+    """The relay's parts, wired: listener app, buffer, sender, counters."""
+
+    def __init__(self, config: RelayConfig, *, node: str, devices: Callable[[], Mapping[str, Iterable[int]]],
+                 access: Access, jobs_of: Callable[[Iterable[int]], tuple[str, ...]] | None = None,
+                 clock: Callable[[], float] = time.monotonic, client: httpx.Client | None = None) -> None:
+        assert config.upstream is not None, "the relay runs only with an upstream"
+        self.config = config
+        self.stats = RelayStats(clock)
+        self.buffer = Buffer(config.buffer_max_bytes, config.buffer_max_age_s, clock)
+        self.filler = Filler(node, ProcessDevices(devices, clock), jobs_of)
+        self._client = client or http_client(access, timeout=UPSTREAM_TIMEOUT_S,
+                                             limits=httpx.Limits(max_connections=8, max_keepalive_connections=8))
+        self.sender = Sender(buffer=self.buffer, stats=self.stats, upstream=config.upstream, shards=config.shards,
+                             access=access, client=self._client, clock=clock)
+        self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal)
+        self._access = access
+
+    def flush(self) -> None:
+        """One sending round (the agent's scheduler runs it every relay.interval_s)."""
+        if (problem := self._access.refresh()) is not None:
+            self.stats.error("tls")
+            raise RuntimeError(problem)
+        self.sender.flush()
+
+    def series(self) -> list[Series]:
+        """The relay's metrics for the agent's /metrics."""
+        return self.stats.series(self.buffer.bytes, self.buffer.oldest_age(), self.filler.conflicts)
+
+    def stop(self, grace_s: float) -> None:
+        """Deliver what is held, for at most `grace_s`; what is left is dropped, counted and logged."""
+        self.sender.flush_until(time.monotonic() + grace_s)
+        left = self.buffer.count
+        self._client.close()
+        if left:
+            log.warning("relay stopping with pushes not delivered; they are lost (their ranks were answered)",
+                        extra={"pushes": left, "bytes": self.buffer.bytes})
+
+
+def session_devices(session: Any) -> Callable[[], dict[str, tuple[int, ...]]]:
+    """Device UUID → host PIDs of its compute processes, GPUs and MIG devices, as the NVML session lists them now."""
+
+    def read() -> dict[str, tuple[int, ...]]:
+        by_index = {g.index: g.uuid for g in session.identities}
+        out = {by_index[i]: pids for i, pids in session.compute_pids().items() if i in by_index}
+        if session.mig_identities:
+            out.update(session.mig_compute_pids())
+        return out
+
+    return read
