@@ -23,9 +23,9 @@ NODES is 512 (one eighth) and the fleet figure is the measured rate × 4,096 / N
 less when pushes arrive more densely (results/push_cost_regimes.md), so the scaled figure errs high, for both
 ways alike. Passes alternate direct and relay so that a change in the machine's load touches both.
 
-    python benchmarks/relay_scale.py                   # 512 nodes, 2 passes of 30 s per way (~4 min)
+    python benchmarks/relay_scale.py                   # 512 nodes, 2 passes of 30 s per way, two 60 s outages (~9 min)
     python benchmarks/relay_scale.py --nodes 4096 --modes relay   # the whole fleet through relays
-    python benchmarks/relay_scale.py --quick           # 16 nodes, 4 s windows (smoke test)
+    python benchmarks/relay_scale.py --quick           # 16 nodes, 3 s windows, a 4 s outage (smoke test, ~45 s)
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def run_way(way: Way, nodes: int, clients: int, window_s: float, idle_s: float, 
         "sent": sum(r["sent"] for r in results), "accepted_answers": sum(r["accepted"] for r in results),
         "accepted_counter": _metric(metrics, "gpumond_rules_push_steps_total", 'result="accepted"'),
         "not_accepted": {res: _metric(metrics, "gpumond_rules_push_steps_total", f'result="{res}"')
-                         for res in ("duplicate", "dropped", "rejected", "stale")},
+                         for res in ("duplicate", "stale", "per_rank_window", "refused")},
         "failed": sum(r["failed_n"] for r in results), "failures": [f for r in results for f in r["failed"]][:3],
         "client_cpu_rate": sum(r["cpu_s"] for r in results) / (measure[1] - t0),
         "machine_busy": (busy_b[0] - busy_a[0]) / max(1, busy_b[1] - busy_a[1]) * (os.cpu_count() or 1),
@@ -284,24 +284,201 @@ def run_way(way: Way, nodes: int, clients: int, window_s: float, idle_s: float, 
     }
 
 
+# ----- the outage: one real relay (a `gpumond agent --sim`), eight real SDK ranks, the rules service away --------
+RANK_SCRIPT = """
+import json, os, sys, time
+import gpumond.job
+rep = gpumond.job.init()
+end = time.monotonic() + float(sys.argv[1])
+n = 0
+while time.monotonic() < end:
+    time.sleep(0.5)
+    gpumond.job.step_end(samples=32)
+    n += 1
+rep.close(timeout_s=float(sys.argv[2]))
+s = rep.stats
+print(json.dumps({"recorded": n, "pushed": s.pushed_steps, "dropped": s.dropped_steps, "failed": s.failed_pushes}))
+"""
+
+
+class Switch:
+    """A TCP forwarder in front of the rules service that can refuse like a stopped service: `down()` closes its
+    listener and every connection through it (a connect is then refused), `up()` listens on the same port again."""
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        self.port, self._target = _bench.free_port(), target_port
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+        threading.Thread(target=self._loop.run_forever, name="switch", daemon=True).start()
+        self.up()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
+        except OSError:
+            writer.close()
+            return
+        self._open.update((writer, up_writer))
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        self._open.difference_update((writer, up_writer))
+
+    def _call(self, coro) -> object:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    def up(self) -> None:
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self._server = self._call(start())  # type: ignore[assignment]
+
+    def down(self) -> None:
+        async def stop() -> None:
+            assert self._server is not None
+            self._server.close()
+            for w in list(self._open):
+                w.transport.abort()  # a reset, as from a process that is gone
+            self._open.clear()
+        self._call(stop())
+
+    def close(self) -> None:
+        self.down()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _relay_metrics(url: str) -> dict[str, float]:
+    text = _bench.fetch(url).decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("gpumond_relay_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def outage(kind: str, outage_s: float, before_s: float, after_s: float, tmp: Path) -> dict:
+    """Eight SDK ranks at 2 steps/s push to one real relay; the rules service goes away for `outage_s`:
+    refused (nothing listens: a stopped or restarting service) or hung (its process stopped: no answer)."""
+    rules_port, agent_port, relay_port = _bench.free_port(), _bench.free_port(), _bench.free_port()
+    rules = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", _rules_config(tmp, 1),
+                                  "--listen", f"127.0.0.1:{rules_port}"], tmp / f"outage-rules-{kind}.log").start()
+    switch = Switch(rules_port) if kind == "refused" else None
+    upstream = switch.port if switch else rules_port
+    agent_cfg = tmp / f"agent-{kind}.yaml"
+    agent_cfg.write_text(json.dumps({"relay": {"upstream": f"http://127.0.0.1:{upstream}"}}))
+    agent = _bench.Proc("agent", [sys.executable, "-m", "gpumond.cli", "agent", "--sim", "8", "--config", agent_cfg,
+                                  "--listen", f"127.0.0.1:{agent_port}", "--relay-listen", f"127.0.0.1:{relay_port}",
+                                  "--state-dir", tmp / f"agent-state-{kind}"], tmp / f"outage-agent-{kind}.log")
+    ranks: list[tuple[_bench.Proc, Path]] = []
+    samples: list[dict[str, float]] = []
+    try:
+        rules.wait_http(f"http://127.0.0.1:{rules_port}/healthz", 60)
+        agent.start().wait_http(f"http://127.0.0.1:{agent_port}/healthz", 60)
+        metrics_url = f"http://127.0.0.1:{agent_port}/metrics"
+        time.sleep(2.0)  # past the agent's first samples
+        a0, t_a0 = _bench.proc_cpu_s(agent.pid), time.monotonic()
+        time.sleep(before_s - 2.0)
+        agent_idle = (_bench.proc_cpu_s(agent.pid) - a0) / (time.monotonic() - t_a0)
+        rss_idle = _bench.proc_status_kib(agent.pid, "VmRSS")
+        run_s = before_s + outage_s + after_s
+        for r in range(RANKS_PER_NODE):
+            log = tmp / f"rank-{kind}-{r}.log"
+            env = {"GPUMOND_ENDPOINT": f"http://127.0.0.1:{relay_port}", "GPUMOND_TOKEN": TOKEN,
+                   "GPUMOND_JOB_ID": f"outage-{kind}", "RANK": str(r), "WORLD_SIZE": str(RANKS_PER_NODE),
+                   "GPUMOND_NODE": "sim-node", "GPUMOND_GPU_UUID": _uuid(0, r), "GPUMOND_PUSH_ENCODING": "columns"}
+            ranks.append((_bench.Proc(f"rank {r}", [sys.executable, "-c", RANK_SCRIPT, str(run_s), "30"], log,
+                                      env=env).start(), log))
+        t0 = time.monotonic()
+        time.sleep(2.0)  # the ranks' start: imports, first push
+        a1, t_a1 = _bench.proc_cpu_s(agent.pid), time.monotonic()
+        time.sleep(before_s - 2.0)
+        # What relaying added, steady before the outage: the agent's rate less its rate before the ranks.
+        agent_busy = (_bench.proc_cpu_s(agent.pid) - a1) / (time.monotonic() - t_a1) - agent_idle
+        if switch:
+            switch.down()
+        else:
+            os.kill(rules.pid, 19)  # SIGSTOP
+        t_down = time.monotonic()
+        while time.monotonic() < t_down + outage_s:
+            samples.append(_relay_metrics(metrics_url))
+            time.sleep(1.0)
+        if switch:
+            switch.up()
+        else:
+            os.kill(rules.pid, 18)  # SIGCONT
+        t_up = time.monotonic()
+        drained = None
+        deadline = t0 + run_s + 120
+        while time.monotonic() < deadline:
+            m = _relay_metrics(metrics_url)
+            samples.append(m)
+            if m.get("gpumond_relay_buffer_bytes", 1) == 0 and drained is None:
+                drained = time.monotonic() - t_up
+            if drained is not None and all(p.returncode is not None for p, _ in ranks):
+                break
+            time.sleep(1.0)
+        reported = []
+        for p, log in ranks:
+            p.proc.wait(60)  # type: ignore[union-attr]
+            reported.append(json.loads(log.read_text().strip().splitlines()[-1]))
+        time.sleep(3.0)  # the relay's last interval
+        final = _relay_metrics(metrics_url)
+        counter = _metric(_bench.fetch(f"http://127.0.0.1:{rules_port}/metrics").decode(),
+                          "gpumond_rules_push_steps_total", 'result="accepted"')
+        duplicates = _metric(_bench.fetch(f"http://127.0.0.1:{rules_port}/metrics").decode(),
+                             "gpumond_rules_push_steps_total", 'result="duplicate"')
+        rss_busy = _bench.proc_status_kib(agent.pid, "VmHWM")
+    finally:
+        for p, _ in ranks:
+            p.kill()
+        if not switch and rules.alive:
+            os.kill(rules.pid, 18)
+        agent.terminate()
+        rules.terminate()
+        if switch:
+            switch.close()
+    return {"kind": kind, "outage_s": outage_s, "recorded": sum(r["recorded"] for r in reported),
+            "pushed": sum(r["pushed"] for r in reported), "sdk_dropped": sum(r["dropped"] for r in reported),
+            "accepted": counter, "duplicates": duplicates, "final": final, "drained_s": drained,
+            "peak_bytes": max(s.get("gpumond_relay_buffer_bytes", 0) for s in samples),
+            "peak_age": max(s.get("gpumond_relay_buffer_oldest_age_seconds", 0) for s in samples),
+            "agent_cpu": agent_busy, "agent_rss_mib": (rss_busy - rss_idle) / 1024}
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _bench.parser(__doc__, "16 nodes, 4 s windows, one pass")
+    ap = _bench.parser(__doc__, "16 nodes, 3 s windows, one pass, a 4 s refused outage")
     ap.add_argument("--nodes", type=int, help=f"simulated nodes (default 512, quick 16); the fleet figure scales "
                                               f"to {FLEET_NODES:,}")
     ap.add_argument("--modes", nargs="+", choices=sorted(WAYS), default=["direct", "relay"])
     ap.add_argument("--passes", type=int, help="passes of each way, alternating (default 2, quick 1)")
-    ap.add_argument("--window-s", type=float, help="measuring window of a pass (default 30, quick 4)")
+    ap.add_argument("--window-s", type=float, help="measuring window of a pass (default 30, quick 3)")
     ap.add_argument("--idle-s", type=float, default=5.0, help="quiet window for the service's idle CPU (default 5)")
     ap.add_argument("--clients", type=int, default=2, help="load-generator processes (default 2)")
+    ap.add_argument("--outage-s", type=float, help="the rules service's outage through one real relay (default 60, "
+                                                   "quick 4; 0: none)")
+    ap.add_argument("--outage-kinds", nargs="+", choices=("refused", "hung"),
+                    help="refused: nothing listens; hung: the service's process stopped (default both, quick refused)")
     ap.add_argument("--name", default="relay_scale", help="result file name under benchmarks/results/")
     args = ap.parse_args(argv)
+    outage_s = args.outage_s if args.outage_s is not None else (4.0 if args.quick else 60.0)
     nodes = args.nodes or (16 if args.quick else 512)
     passes = args.passes or (1 if args.quick else 2)
-    window = args.window_s or (4.0 if args.quick else 30.0)
+    window = args.window_s or (3.0 if args.quick else 30.0)
     idle = 2.0 if args.quick else args.idle_s
     runs = []
     with tempfile.TemporaryDirectory(prefix="relay-scale-") as tmp:
@@ -309,6 +486,12 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes:
                 print(f"pass {p + 1}: {mode}, {nodes} nodes ...", file=sys.stderr, flush=True)
                 runs.append(run_way(WAYS[mode], nodes, args.clients, window, idle, Path(tmp)))
+        outages = []
+        kinds = args.outage_kinds or (["refused"] if args.quick else ["refused", "hung"])
+        for kind in kinds if outage_s > 0 else []:
+            print(f"outage: {kind}, {outage_s:g} s ...", file=sys.stderr, flush=True)
+            outages.append(outage(kind, outage_s, 4.0 if args.quick else 15.0, 2.0 if args.quick else 10.0,
+                                  Path(tmp)))
     scale = FLEET_NODES / nodes
     rows = []
     for i, r in enumerate(runs):
@@ -357,11 +540,43 @@ def main(argv: list[str] | None = None) -> int:
         "CPU's busy time over the window, in cores (the service, the load generators and whatever else ran). "
         "*Accepted (answers)*: the steps the service's answers said it accepted; *service's counter*: "
         "`gpumond_rules_push_steps_total{result=\"accepted\"}` read after the pass.")
-    _bench.report(args.name, "# Relayed against direct pushes: one rules shard's ingest", facts,
-                  "## Ingest CPU and push latency\n\n" + table, "\n".join(lines), notes_text,
-                  "## Records\n\n" + records, quick=args.quick)
+    sections = ["## Ingest CPU and push latency\n\n" + table, "\n".join(lines), notes_text, "## Records\n\n" + records]
+    if outages:
+        sections.append(_outage_section(outages))
+    _bench.report(args.name, "# Relayed against direct pushes: one rules shard's ingest", facts, *sections,
+                  quick=args.quick)
     lost = [r for r in runs if r["sent"] != r["accepted_counter"] or r["failed"]]
+    lost += [o for o in outages if o["recorded"] != o["accepted"]]
     return 1 if lost else 0
+
+
+def _outage_section(outages: list[dict]) -> str:
+    def by_label(final: dict[str, float], name: str) -> str:
+        got = {k.split('"')[1]: v for k, v in final.items() if k.startswith(name + "{") and v}
+        return ", ".join(f"{k} {v:,.0f}" for k, v in sorted(got.items())) or "0"
+
+    rows = [[o["kind"], f"{o['outage_s']:g} s", f"{o['recorded']:,}", f"{o['pushed']:,}", f"{o['sdk_dropped']:,}",
+             f"{o['accepted']:,.0f}", f"{o['duplicates']:,.0f}", f"**{o['recorded'] - o['accepted']:,.0f}**",
+             by_label(o["final"], "gpumond_relay_steps_dropped_total"),
+             by_label(o["final"], "gpumond_relay_upstream_errors_total"), f"{o['peak_bytes'] / 1024:,.0f} KiB",
+             f"{o['peak_age']:.0f} s", "—" if o["drained_s"] is None else f"{o['drained_s']:.1f} s",
+             f"{o['agent_cpu'] * 100:.1f} %", f"{o['agent_rss_mib']:+.1f} MiB"] for o in outages]
+    table = _bench.md_table(["outage", "for", "steps the ranks made", "handed to the relay (SDK)", "dropped (SDK)",
+                             "accepted by the service", "duplicates (re-sent, not stored twice)",
+                             "**lost** (made − accepted)", "relay drops", "relay upstream errors", "buffer peak",
+                             "oldest held, peak", "drained after the outage", "agent CPU for relaying",
+                             "agent RSS, peak − before the ranks"], rows)
+    return ("## A rules-service outage through one real relay\n\n" + table + "\n\n"
+            "Eight real job-SDK processes (`gpumond.job`, columns) step twice a second and push to one real relay "
+            "(`gpumond agent --sim 8`, its default relay settings: 2 s interval, 64 MiB / 600 s buffer), which "
+            "pushes to the real `gpumond rules` daemon. *refused*: a forwarder in front of the service closes its "
+            "listener and resets its connections, as a stopped or restarting service does, then listens again; "
+            "*hung*: the service's process is stopped (SIGSTOP) and continued (SIGCONT): connections open but "
+            "nothing answers. The service keeps its store either way, so its counter "
+            "`gpumond_rules_push_steps_total{result=\"accepted\"}` counts every step it stored once; re-sent "
+            "batches show as duplicates. *Drained*: until the relay's buffer was empty after the service came "
+            "back. *Agent CPU for relaying*: the agent's CPU over the ranks' first seconds less its rate before "
+            "they started (sampling 8 simulated GPUs), as a share of one core.")
 
 
 if __name__ == "__main__":

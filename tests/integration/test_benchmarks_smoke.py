@@ -36,6 +36,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["benchmarks/rules_store.py", "--quick"], "RSS per held step"),
     (["benchmarks/eval_cycle.py", "--quick"], "pushes 65,536/s"),
     (["benchmarks/fleet_scale.py", "--quick"], "planted found"),
+    (["benchmarks/relay_scale.py", "--quick"], "ingest CPU relay ÷ direct"),
     (["benchmarks/fleet_scale.py", "--quick", "--fetch-only", "--cycles", "2"], "throttle bitmask `!= 0`"),
     pytest.param(["benchmarks/ddp_overhead.py", "--quick"], "gpumond vs plain", marks=TORCH),
     pytest.param(["benchmarks/ddp_signal.py", "--quick"], "rank 1 slowed", marks=TORCH),
