@@ -185,7 +185,7 @@ async def _run_senders(senders: list[_Sender], t0: float, measure: tuple[float, 
 def _client(way: Way, nodes: list[int], world: int, port: int, t0: float, measure: tuple[float, float],
             done: mp.Queue) -> None:
     """A load-generator process: its share of the senders, on one event loop; reports back on `done`."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # one descriptor per rank's connection
     senders = []
     for node in nodes:

@@ -12,7 +12,6 @@ import copy
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,10 @@ import yaml
 
 from gpumond import __version__
 from tests.integration.helm_helpers import (CHART, EXISTING_SECRET, NAMESPACE, RELEASE, check_config, config_of,
-                                            crd_problems, expand_args, kinds, notes, one, pod_security_violations,
-                                            render, render_chart, rendered, secret_env, validation_problems,
-                                            values_of)
-from tests.integration.helpers import LOOPBACK, REPO_ROOT, ManagedProcess, free_port, http_get, wait_until
+                                            container_of, crd_problems, kinds, notes, one, pod_security_violations,
+                                            render, render_chart, rendered, run_rendered, validation_problems,
+                                            values_of, workload)
+from tests.integration.helpers import LOOPBACK, REPO_ROOT, http_get, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -50,15 +49,6 @@ EXPECTED_KINDS = {
 }
 
 
-def _workload(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
-    return next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
-                and o["metadata"]["name"] == f"{RELEASE}-gpumond-{component}")
-
-
-def _container(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
-    return _workload(objects, component)["spec"]["template"]["spec"]["containers"][0]
-
-
 # ----- the chart's own files -----------------------------------------------------------------------
 def test_default_image_is_the_one_the_containerfile_builds() -> None:
     """`helm template` with default values names the image scripts/build-image.sh tags (test_container_image.py
@@ -67,11 +57,11 @@ def test_default_image_is_the_one_the_containerfile_builds() -> None:
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert app_version == __version__
     for component in ("agent", "rules"):
-        assert _container(objects, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}"
+        assert container_of(objects, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}"
     digest = "sha256:" + "0123456789abcdef" * 4
     pinned = render({"image": {"digest": digest}})
     for component in ("agent", "rules"):
-        assert _container(pinned, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}@{digest}"
+        assert container_of(pinned, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}@{digest}"
     with pytest.raises(helm_python.HelmValuesError) as err:  # a tag where the digest goes is refused
         render({"image": {"digest": __version__}})
     assert "at '/image/digest'" in str(err.value)
@@ -130,7 +120,7 @@ def test_monitors_select_real_ports_and_keep_labels() -> None:
                 target = one(objects, "Service", f"{RELEASE}-gpumond-{component}")
                 labels, ports = target["metadata"]["labels"], [p["name"] for p in target["spec"]["ports"]]
             else:
-                template = _workload(objects, component)["spec"]["template"]
+                template = workload(objects, component)["spec"]["template"]
                 labels = template["metadata"]["labels"]
                 ports = [p["name"] for p in template["spec"]["containers"][0]["ports"]]
             assert selector.items() <= labels.items()
@@ -228,7 +218,7 @@ def test_dashboard_label_namespace_and_folder_follow_the_values() -> None:
 # ----- security --------------------------------------------------------------------------------------
 def test_agent_security_by_mode() -> None:
     """Default: only SYS_ADMIN, as root. Read-only: nothing the Pod Security "restricted" level forbids."""
-    default = _workload(rendered(None), "agent")["spec"]["template"]["spec"]
+    default = workload(rendered(None), "agent")["spec"]["template"]["spec"]
     sc = default["containers"][0]["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]} and sc["readOnlyRootFilesystem"] is True
     assert default["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -240,7 +230,7 @@ def test_agent_security_by_mode() -> None:
         "baseline: agent adds SYS_ADMIN", "baseline: hostPath volume pod-resources", "baseline: hostPath volume state",
         "restricted: agent adds SYS_ADMIN", "restricted: agent allowPrivilegeEscalation not false",
         "restricted: agent runAsNonRoot not true", "restricted: agent runAsUser 0"])
-    read_only = _workload(rendered("ci/readonly-values.yaml"), "agent")["spec"]["template"]["spec"]
+    read_only = workload(rendered("ci/readonly-values.yaml"), "agent")["spec"]["template"]["spec"]
     assert pod_security_violations(read_only) == []
     assert config_of(rendered("ci/readonly-values.yaml"), "agent")["policy"]["mode"] == "dry_run"
 
@@ -262,12 +252,12 @@ def test_committed_values_schema_embeds_the_generated_config_schemas() -> None:
     assert committed == render_schema(json.loads(committed)), (
         "regenerate: python -m gpumond.config.json_schema deploy/helm/gpumond/values.schema.json")
     assert "baseline: hostPID" in pod_security_violations(
-        _workload(rendered("ci/gpu-operator-values.yaml"), "agent")["spec"]["template"]["spec"])
+        workload(rendered("ci/gpu-operator-values.yaml"), "agent")["spec"]["template"]["spec"])
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUE_IDS)
 def test_rules_service_meets_restricted(values_file: str | None) -> None:
-    assert pod_security_violations(_workload(rendered(values_file), "rules")["spec"]["template"]["spec"]) == []
+    assert pod_security_violations(workload(rendered(values_file), "rules")["spec"]["template"]["spec"]) == []
 
 
 # ----- values the schema or the templates refuse -------------------------------------------------------
@@ -364,42 +354,6 @@ def test_existing_secret_without_its_keys_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2 and "GPUMOND_SLACK_WEBHOOK_URL" in result.stderr
 
 
-def _run_rendered(objects: tuple[dict[str, Any], ...], component: str, tmp_path: Path, env: dict[str, str],
-                  extra: list[str]) -> tuple[ManagedProcess, int, dict[str, Any]]:
-    """The component's container as rendered (command, args, config, secrets), on loopback instead of 0.0.0.0.
-
-    The config's state_dir moves into tmp_path (it is a volume in the pod), cluster URLs (Prometheus,
-    Alertmanager, the relay's upstream) to a closed loopback port and the relay's pod address to a free loopback
-    port, since tests talk to 127.0.0.1 only; the rest runs as written.
-    """
-    container = _container(objects, component)
-    config = config_of(objects, component)
-    listen_port = int(config["listen"].rsplit(":", 1)[1])
-    config["state_dir"] = str(tmp_path / "state")
-    nowhere = f"http://{LOOPBACK}:{free_port()}"
-    if (config.get("telemetry") or {}).get("prometheus"):
-        config["telemetry"]["prometheus"]["url"] = nowhere
-    if ((config.get("alerting") or {}).get("alertmanager") or {}).get("urls"):
-        config["alerting"]["alertmanager"]["urls"] = [nowhere]
-    if (config.get("relay") or {}).get("upstream"):
-        config["relay"] = {**config["relay"], "upstream": nowhere, "shards": None}
-    (tmp_path / "state").mkdir()
-    config_path = tmp_path / f"{component}.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    argv = expand_args(container, env)
-    assert argv[:2] == ["gpumond", component] and f"--config=/etc/gpumond/{component}.yaml" in argv
-    # The pod's own address (the relay's) becomes a free loopback port: one machine runs many of these.
-    relay = f"{LOOPBACK}:{free_port()}"
-    moved = {"--config=": f"--config={config_path}", "--relay-listen=": f"--relay-listen={relay}"}
-    argv = [sys.executable, "-m", "gpumond.cli",
-            *[next((v for k, v in moved.items() if a.startswith(k)), a) for a in argv[1:]]]
-    port = free_port()
-    proc = ManagedProcess([*argv, *extra, "--listen", f"{LOOPBACK}:{port}"], tmp_path / "run",
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1",
-                               **secret_env(objects, container), **env})
-    return proc, port, {"container": container, "listen_port": listen_port, "relay": relay}
-
-
 def _probe_paths(container: dict[str, Any]) -> dict[str, str]:
     return {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe", "readinessProbe")
             if k in container}
@@ -408,7 +362,7 @@ def _probe_paths(container: dict[str, Any]) -> dict[str, str]:
 def test_agent_container_serves_its_probes(tmp_path: Path) -> None:
     """The agent started with the DaemonSet's command and args (on 2 simulated GPUs) answers every probe 200."""
     objects = rendered(None)
-    proc, port, info = _run_rendered(objects, "agent", tmp_path, {"NODE_NAME": "gpu-node-7"}, ["--sim", "2"])
+    proc, port, info = run_rendered(objects, "agent", tmp_path, {"NODE_NAME": "gpu-node-7"}, ["--sim", "2"])
     container = info["container"]
     assert container["ports"][0] == {"name": "metrics", "containerPort": info["listen_port"], "protocol": "TCP"}
     service = one(objects, "Service", f"{RELEASE}-gpumond-agent")
@@ -428,11 +382,11 @@ def test_agent_container_serves_its_probes(tmp_path: Path) -> None:
 def test_sharded_rules_container_serves_its_probes(tmp_path: Path) -> None:
     """Pod 2 of the sharded StatefulSet: --shard=$(SHARD_INDEX)/4 from its pod-index label, probes answered."""
     objects = rendered("ci/sharded-values.yaml")
-    container = _container(objects, "rules")
+    container = container_of(objects, "rules")
     index_env = next(e for e in container["env"] if e["name"] == "SHARD_INDEX")
     assert index_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     # Telemetry from a Prometheus that is not there: readiness ("can accept pushes") stays 200 and says so.
-    proc, port, info = _run_rendered(objects, "rules", tmp_path, {"SHARD_INDEX": "2"}, [])
+    proc, port, info = run_rendered(objects, "rules", tmp_path, {"SHARD_INDEX": "2"}, [])
     probes = _probe_paths(info["container"])
     assert probes == {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
     with proc:
@@ -449,7 +403,7 @@ def test_sharded_rules_container_serves_its_probes(tmp_path: Path) -> None:
 
 def test_rules_container_is_ready_with_defaults(tmp_path: Path) -> None:
     objects = rendered(None)
-    proc, port, info = _run_rendered(objects, "rules", tmp_path, {}, [])
+    proc, port, info = run_rendered(objects, "rules", tmp_path, {}, [])
     assert info["container"]["ports"][0]["containerPort"] == info["listen_port"]
     with proc:
         proc.spawn()
@@ -485,7 +439,7 @@ def test_tls_mounts_the_cert_manager_secret_where_the_rendered_web_config_reads_
 
     objects = rendered("ci/tls-values.yaml")
     for component, secret in (("agent", "gpumond-agent-tls"), ("rules", "gpumond-rules-tls")):
-        pod = _workload(objects, component)["spec"]["template"]["spec"]
+        pod = workload(objects, component)["spec"]["template"]["spec"]
         assert {"name": "tls", "secret": {"secretName": secret}} in pod["volumes"]
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tls")
         assert config_of(objects, component)["web_config_file"] == "/etc/gpumond/web.yml"
@@ -512,7 +466,7 @@ def test_tls_mounts_the_cert_manager_secret_where_the_rendered_web_config_reads_
 
 def test_tls_without_client_certificates_keeps_http_probes_over_https() -> None:
     objects = render({"tls": {"enabled": True, "agentSecret": "a", "rulesSecret": "r"}})
-    probe = _container(tuple(objects), "agent")["readinessProbe"]
+    probe = container_of(tuple(objects), "agent")["readinessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
     assert "client_ca_file" not in _configmap_data(tuple(objects), "agent")["web.yml"]
 

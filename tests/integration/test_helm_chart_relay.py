@@ -7,6 +7,7 @@ Service and agent.yaml section are checked against each other and against what g
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import helm_python
@@ -14,9 +15,10 @@ import pytest
 
 from gpumond.config.agent import AgentConfig
 from gpumond.wire.routing import shard_endpoint, shard_of
-from tests.integration.helm_helpers import (NAMESPACE, RELEASE, config_of, expand_args, notes, one,
-                                            pod_security_violations, render, rendered, validation_problems,
-                                            values_of)
+from tests.integration.helm_helpers import (NAMESPACE, RELEASE, config_of, container_of, expand_args, notes, one,
+                                            pod_security_violations, render, rendered, run_rendered, secret_env,
+                                            validation_problems, values_of)
+from tests.integration.helpers import LOOPBACK, http_get, parse_metrics, value, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -178,3 +180,42 @@ def test_an_external_upstream_without_the_rules_service() -> None:
                       "agent": {"config": {"relay": {"upstream": "http://rules.example.com:9481"}}}})
     assert config_of(objects, "agent")["relay"] == {"upstream": "http://rules.example.com:9481"}
     assert [p for o in objects for p in validation_problems(o)] == []
+
+
+def test_rendered_agent_relays_a_job_to_the_rendered_rules_service(tmp_path: Path) -> None:
+    """The chart's two containers as rendered (args, agent.yaml, the Secret's token), the relay's upstream pointed
+    at the rules container on loopback: a real SDK rank pushing to the relay lands in the rules service, through it."""
+    from gpumond.job import Reporter
+
+    objects = rendered(None)
+    for component in ("rules", "agent"):
+        (tmp_path / component).mkdir()
+    rules, rules_port, _ = run_rendered(objects, "rules", tmp_path / "rules", {}, [])
+    agent, agent_port, info = run_rendered(objects, "agent", tmp_path / "agent", {"NODE_NAME": "gpu-node-7"},
+                                           ["--sim", "2"], relay_upstream=f"http://{LOOPBACK}:{rules_port}")
+    # The ranks' token passes through the relay: one of the rules service's, from the Secret the chart made.
+    token = secret_env(objects, container_of(objects, "rules"))["GPUMOND_RULES_TOKENS"].split(",")[0]
+    with rules, agent:
+        rules.spawn()
+        agent.spawn()
+        for port, proc in ((rules_port, rules), (agent_port, agent)):
+            wait_until(lambda p=port: http_get(f"http://{LOOPBACK}:{p}/healthz", timeout=1.0)[0] == 200, timeout=30,
+                       what=f"GET :{port}/healthz to answer 200", describe=proc.describe)
+        # GPUMOND_RELAY as the chart's NOTES print it, with the Service's address standing in for the pod's.
+        rank = Reporter(endpoint=f"http://{LOOPBACK}:{rules_port}", relay=f"http://{info['relay']}", token=token,
+                        job="chart-relay-job", rank=0, world_size=1, node="gpu-node-7",
+                        gpu_uuid="GPU-00000000-0000-4000-8000-000000000001", push_interval_s=0.5,
+                        handle_sigterm=False)
+        for _ in range(6):
+            rank.step_end(samples=8)
+        rank.close(10.0)
+        assert rank.stats.pushed_steps == 6, rank.stats
+
+        def forwarded() -> float | None:
+            families = parse_metrics(http_get(f"http://{LOOPBACK}:{agent_port}/metrics")[2].decode())
+            return value(families, "gpumond_relay_steps_forwarded_total")
+
+        wait_until(lambda: forwarded() == 6, timeout=20, what="the relay to forward the rank's 6 steps",
+                   describe=agent.describe)
+        stored = parse_metrics(http_get(f"http://{LOOPBACK}:{rules_port}/metrics")[2].decode())
+        assert value(stored, "gpumond_rules_push_steps_total", result="accepted") == 6
