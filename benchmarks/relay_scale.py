@@ -521,10 +521,18 @@ def main(argv: list[str] | None = None) -> int:
                          f"{FLEET_NODES:,} nodes {r['ingest_rate'] * scale:.2f} against {d['ingest_rate'] * scale:.2f} "
                          f"cores (target ≤ 1 through relays); push p99 {_ms(r['due_p99'])} against "
                          f"{_ms(d['due_p99'])} (target ≤ 250 ms)")
-        per_push = [f"{w}: {sum(x['ingest_rate'] for x in v) / sum(x['pushes_per_s'] for x in v) * 1e3:.3f} ms "
-                    f"of service CPU per push, {sum(x['ingest_rate'] for x in v) / sum(x['pushes_per_s'] for x in v) / (x['way'].steps_per_rank_push * (RANKS_PER_NODE if x['way'].per_node else 1)) * 1e6:.1f} µs per step"
-                    for w, v in by_way.items() for x in v[:1]]
+        cost = {w: sum(x["ingest_rate"] for x in v) / sum(x["pushes_per_s"] for x in v) for w, v in by_way.items()}
+        steps = {w: WAYS[w].steps_per_rank_push * (RANKS_PER_NODE if WAYS[w].per_node else 1) for w in by_way}
+        per_push = [f"{w}: {cost[w] * 1e3:.3f} ms of service CPU per push, {cost[w] / steps[w] * 1e6:.1f} µs per step"
+                    for w in by_way]
         lines.append("- " + "; ".join(per_push) + " (all passes)")
+        # What a relay's batch may cost the service for each target, from this run's direct pushes.
+        relay_rate = FLEET_NODES / WAYS["relay"].interval_s
+        direct_rate = FLEET_NODES * RANKS_PER_NODE / WAYS["direct"].interval_s
+        lines.append(f"- for the targets at {FLEET_NODES:,} nodes ({relay_rate:,.0f} batches/s against "
+                     f"{direct_rate:,.0f} direct pushes/s), a batch may cost the service at most "
+                     f"**{cost['direct'] * direct_rate / relay_rate / 4 * 1e3:.3f} ms** (¼ of direct) and "
+                     f"**{1 / relay_rate * 1e3:.3f} ms** (1 core); it cost {cost['relay'] * 1e3:.3f} ms")
     facts = {"setup": f"{nodes:,} nodes × {RANKS_PER_NODE} ranks of one job, 2 steps/s a rank; direct: a push per "
                       f"rank every 5 s (10 steps, columns), a connection per rank; relay: one batched push per node "
                       f"every 2 s (8 ranks × 4 steps), a connection per node; the `gpumond rules` daemon fresh for "
