@@ -25,7 +25,7 @@ ways alike. Passes alternate direct and relay so that a change in the machine's 
 
     python benchmarks/relay_scale.py                   # 512 nodes, 2 passes of 30 s per way, two 60 s outages (~9 min)
     python benchmarks/relay_scale.py --nodes 4096 --modes relay   # the whole fleet through relays
-    python benchmarks/relay_scale.py --quick           # 16 nodes, 3 s windows, a 4 s outage (smoke test, ~45 s)
+    python benchmarks/relay_scale.py --quick           # 8 nodes, 2 s windows, a 3 s outage (smoke test, ~35 s)
 """
 
 from __future__ import annotations
@@ -432,12 +432,14 @@ def outage(kind: str, outage_s: float, before_s: float, after_s: float, tmp: Pat
         for p, log in ranks:
             p.proc.wait(60)  # type: ignore[union-attr]
             reported.append(json.loads(log.read_text().strip().splitlines()[-1]))
-        time.sleep(3.0)  # the relay's last interval
+        # The relay's last batches: until it has forwarded what the ranks handed it (or it never will).
+        handed = sum(r["pushed"] for r in reported)
+        _bench.wait_for(lambda: _relay_metrics(metrics_url).get("gpumond_relay_steps_forwarded_total", 0) >= handed,
+                        30.0, "the relay to forward its ranks' last steps", agent)
         final = _relay_metrics(metrics_url)
-        counter = _metric(_bench.fetch(f"http://127.0.0.1:{rules_port}/metrics").decode(),
-                          "gpumond_rules_push_steps_total", 'result="accepted"')
-        duplicates = _metric(_bench.fetch(f"http://127.0.0.1:{rules_port}/metrics").decode(),
-                             "gpumond_rules_push_steps_total", 'result="duplicate"')
+        rules_metrics = _bench.fetch(f"http://127.0.0.1:{rules_port}/metrics").decode()
+        counter = _metric(rules_metrics, "gpumond_rules_push_steps_total", 'result="accepted"')
+        duplicates = _metric(rules_metrics, "gpumond_rules_push_steps_total", 'result="duplicate"')
         rss_busy = _bench.proc_status_kib(agent.pid, "VmHWM")
     finally:
         for p, _ in ranks:
@@ -461,25 +463,25 @@ def _ms(seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _bench.parser(__doc__, "16 nodes, 3 s windows, one pass, a 4 s refused outage")
-    ap.add_argument("--nodes", type=int, help=f"simulated nodes (default 512, quick 16); the fleet figure scales "
+    ap = _bench.parser(__doc__, "8 nodes, 2 s windows, one pass, a 3 s refused outage")
+    ap.add_argument("--nodes", type=int, help=f"simulated nodes (default 512, quick 8); the fleet figure scales "
                                               f"to {FLEET_NODES:,}")
     ap.add_argument("--modes", nargs="+", choices=sorted(WAYS), default=["direct", "relay"])
     ap.add_argument("--passes", type=int, help="passes of each way, alternating (default 2, quick 1)")
-    ap.add_argument("--window-s", type=float, help="measuring window of a pass (default 30, quick 3)")
+    ap.add_argument("--window-s", type=float, help="measuring window of a pass (default 30, quick 2)")
     ap.add_argument("--idle-s", type=float, default=5.0, help="quiet window for the service's idle CPU (default 5)")
     ap.add_argument("--clients", type=int, default=2, help="load-generator processes (default 2)")
     ap.add_argument("--outage-s", type=float, help="the rules service's outage through one real relay (default 60, "
-                                                   "quick 4; 0: none)")
+                                                   "quick 3; 0: none)")
     ap.add_argument("--outage-kinds", nargs="+", choices=("refused", "hung"),
                     help="refused: nothing listens; hung: the service's process stopped (default both, quick refused)")
     ap.add_argument("--name", default="relay_scale", help="result file name under benchmarks/results/")
     args = ap.parse_args(argv)
-    outage_s = args.outage_s if args.outage_s is not None else (4.0 if args.quick else 60.0)
-    nodes = args.nodes or (16 if args.quick else 512)
+    outage_s = args.outage_s if args.outage_s is not None else (3.0 if args.quick else 60.0)
+    nodes = args.nodes or (8 if args.quick else 512)
     passes = args.passes or (1 if args.quick else 2)
-    window = args.window_s or (3.0 if args.quick else 30.0)
-    idle = 2.0 if args.quick else args.idle_s
+    window = args.window_s or (2.0 if args.quick else 30.0)
+    idle = 1.0 if args.quick else args.idle_s
     runs = []
     with tempfile.TemporaryDirectory(prefix="relay-scale-") as tmp:
         for p in range(passes):
@@ -490,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = args.outage_kinds or (["refused"] if args.quick else ["refused", "hung"])
         for kind in kinds if outage_s > 0 else []:
             print(f"outage: {kind}, {outage_s:g} s ...", file=sys.stderr, flush=True)
-            outages.append(outage(kind, outage_s, 4.0 if args.quick else 15.0, 2.0 if args.quick else 10.0,
+            outages.append(outage(kind, outage_s, 3.0 if args.quick else 15.0, 1.0 if args.quick else 10.0,
                                   Path(tmp)))
     scale = FLEET_NODES / nodes
     rows = []
