@@ -246,6 +246,20 @@ def fetch(url: str, gzip_ok: bool = False, timeout_s: float = 10.0) -> bytes:
         return r.read()
 
 
+def start_rules(work: Path, tokens: Sequence[str], **config: object) -> tuple[Proc, str]:
+    """A `gpumond rules` daemon (default config but `config`'s keys, these push tokens) on a free loopback port,
+    started and answering; (its process, its base URL)."""
+    port = free_port()
+    path = work / "rules.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "tokens": list(tokens),
+                                "state_dir": str(work / "rules-state"), **config}))
+    rules = Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", str(path)],
+                 work / "rules.log").start()
+    wait_http(f"http://127.0.0.1:{port}/healthz", 60, rules.proc)
+    return rules, f"http://127.0.0.1:{port}"
+
+
 def count_series(text: bytes) -> int:
     """Samples in a Prometheus text exposition (non-empty, non-comment lines)."""
     return sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))

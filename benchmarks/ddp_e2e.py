@@ -79,24 +79,34 @@ class Outcome:
 def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: float = 10.0,
              evaluation_s: float = EVALUATION_S, world: int = WORLD, agent: tuple[str, list[str]] | None = None,
              node: str = NODE, job_args: list[str] | None = None,
-             planted: tuple[list[str], Expected] | None = None, job_env: dict[str, str] | None = None) -> Outcome:
+             planted: tuple[list[str], Expected] | None = None, job_env: dict[str, str] | None = None,
+             relay: bool = False) -> Outcome:
     """Run one case; stop early once every expected finding fires and `settle_s` more has passed.
 
     Without `agent` a `gpumond agent --sim <world>` is started for the ranks' GPUs (one each); with
     `agent=(host:port, GPU UUID of each rank)` the rules service scrapes that running agent instead (the field
     check's agent on a real GPU, every rank on the one GPU). `job_args` replace JOB_ARGS (the fault flags of the
     case are added to them); `planted` gives the case's (fault flags, expected findings) instead of CASES;
-    `job_env` is added to the job's environment."""
+    `job_env` is added to the job's environment. `relay`: the ranks push through the simulated node's agent
+    (its relay, pushing every 2 s, its default) instead of to the service directly."""
     fault, expected = planted if planted is not None else CASES[case]
     workdir.mkdir(parents=True, exist_ok=True)
     out = Outcome(case, expected)
     procs: list[_bench.Proc] = []
     try:
         rules_port = _bench.free_port()
+        route = {"GPUMOND_ENDPOINT": f"http://127.0.0.1:{rules_port}", "GPUMOND_RELAY": "off"}
+        relay_config = {}
+        if relay and agent is not None:
+            raise ValueError("relay=True runs the relay in the simulated agent this case starts; give no agent")
+        if relay:
+            relay_port = _bench.free_port()
+            relay_config = {"relay": {"upstream": route["GPUMOND_ENDPOINT"], "listen": f"127.0.0.1:{relay_port}"}}
+            route = {"GPUMOND_RELAY": f"http://127.0.0.1:{relay_port}"}  # no endpoint: every push via the relay
         if agent is None:
             agent_port = _bench.free_port()
             (workdir / "agent.yaml").write_text(json.dumps({"state_dir": str(workdir / "agent-state"),
-                                                            "policy": {"mode": "off"}}))
+                                                            "policy": {"mode": "off"}, **relay_config}))
             sim = _bench.Proc("agent", [sys.executable, "-m", "gpumond.cli", "agent", "--sim", str(world),
                                         "--node-name", node, "--listen", f"127.0.0.1:{agent_port}",
                                         "--config", str(workdir / "agent.yaml")], workdir / "agent.log").start()
@@ -123,7 +133,7 @@ def run_case(case: str, workdir: Path, *, duration_s: float = 60.0, settle_s: fl
                                   str(duration_s + 60), "--gpu-uuids", gpu_uuids,
                                   *(JOB_ARGS if job_args is None else job_args), *fault],
                           workdir / "job.log",
-                          env={"GPUMOND_ENDPOINT": base, "GPUMOND_TOKEN": TOKEN, "GPUMOND_JOB_ID": JOB,
+                          env={**route, "GPUMOND_TOKEN": TOKEN, "GPUMOND_JOB_ID": JOB,
                                "GPUMOND_NODE": node, "OMP_NUM_THREADS": "1", **(job_env or {})}).start()
         procs.append(job)
         started_at = _bench.wait_for(lambda: re.search(rb"training started at ([\d.]+)", job.log.read_bytes()),

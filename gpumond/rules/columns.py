@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpumond.push.steps import step_rows, step_samples  # shared with the relay
+# Defined with the push checks (shared with the relay); the store reads them here.
+from gpumond.push.steps import step_rows as step_rows, step_samples as step_samples
 from gpumond.rules.types import GPU_SIGNALS, SAMPLE_ROWS, GpuColumns, GpuSample, StepColumns, StepRecord
 
 _MIN_CAP = 16

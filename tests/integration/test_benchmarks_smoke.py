@@ -34,6 +34,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["benchmarks/agent_serving.py", "--quick"], "Serving /metrics for 8 GPUs"),
     (["benchmarks/remediation_step.py", "--quick"], "Remediation step"),
     (["benchmarks/rules_store.py", "--quick"], "RSS per held step"),
+    (["benchmarks/relay_batch_cost.py", "--quick"], "less CPU per step"),
     (["benchmarks/eval_cycle.py", "--quick"], "pushes 65,536/s"),
     (["benchmarks/fleet_scale.py", "--quick"], "planted found"),
     (["benchmarks/relay_scale.py", "--quick"], "ingest CPU relay ÷ direct"),

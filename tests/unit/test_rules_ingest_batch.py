@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from gpumond.config.rules import RulesConfig
-from gpumond.rules.ingest.accept import Client, Ingest, Reply
+from gpumond.rules.ingest.accept import Client, Ingest
 from gpumond.rules.store import RankStore
 from gpumond.wire.batch import encode_batch
 from gpumond.wire.media import BATCH_TYPE

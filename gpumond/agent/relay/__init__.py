@@ -47,12 +47,15 @@ class Relay:
                              access=access, client=self._client, clock=clock)
         self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal)
         self._access = access
+        self._tls_problem: str | None = None
 
     def flush(self) -> None:
         """One sending round (the agent's scheduler runs it every relay.interval_s)."""
-        if (problem := self._access.refresh()) is not None:
-            self.stats.error("tls")
-            raise RuntimeError(problem)
+        problem = self._access.refresh()  # rotated certificates are used from the next connection
+        if problem is not None and problem != self._tls_problem:
+            log.warning("relay.tls_config: the changed files cannot be used; keeping the previous ones",
+                        extra={"error": problem})
+        self._tls_problem = problem
         self.sender.flush()
 
     def series(self) -> list[Series]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumond.agent.relay.buffer import Entry
@@ -23,8 +24,9 @@ class Refused:
 class Intake:
     """Turns a push body into a buffer Entry, or a Refused."""
 
-    def __init__(self, filler: Filler, clock: object, limits: LimitsConfig = LimitsConfig()) -> None:
+    def __init__(self, filler: Filler, clock: Callable[[], float], limits: LimitsConfig | None = None) -> None:
         # The service's default limits: a push the relay holds is one the service would take by default.
+        limits = limits or LimitsConfig()
         self.max_body_bytes = limits.max_body_bytes
         self._json = push_model(limits.max_string_len, limits.max_steps_per_push, True)
         self._columns = columns_model(limits.max_string_len, limits.max_steps_per_push, True)
@@ -45,4 +47,4 @@ class Intake:
         head = {"job": who.job, "rank": push.rank, "world_size": push.world_size, "node": who.node,
                 "gpu_uuid": who.gpu_uuid, "group": push.group, "incarnation": push.incarnation, "final": push.final}
         line = columns_body(head, steps)
-        return Entry((who.job, authorization), (who.job, push.rank), line, len(steps), self._clock())  # type: ignore[operator]
+        return Entry((who.job, authorization), (who.job, push.rank), line, len(steps), self._clock())

@@ -123,8 +123,11 @@ class Ingest:
             if reply.status == 202:
                 results.append(reply.body)
             else:  # the status it would have had alone, and its Retry-After (a cap) as a number
-                after = {"retry_after_s": int(v) for k, v in reply.headers if k == "Retry-After"}
-                results.append({"status": reply.status, **reply.body, **after})
+                entry: dict[str, object] = {"status": reply.status, **reply.body}
+                for name, value in reply.headers:
+                    if name == "Retry-After":
+                        entry["retry_after_s"] = int(value)
+                results.append(entry)
         return Reply(202, {"results": results})
 
     def _judge(self, model: type, body: bytes, client: Client, *, job: str | None = None) -> Reply:

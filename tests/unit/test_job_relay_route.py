@@ -1,0 +1,77 @@
+"""The SDK's route: the node relay first, the rules service directly while no relay answers, back to the relay when
+it answers again; what a named relay makes optional."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumond.job import Reporter
+from gpumond.job import reporter as reporter_module
+from gpumond.job.route import resolve_route
+from gpumond.job.settings import DEFAULT_RELAY, ConfigError, Identity
+from gpumond.job.transport import RELAY_RETRY_S, RelayTransport, Reply
+from tests.fakes import FakeClock, FakeTransport
+
+UUID = "GPU-5b0c1234-aaaa-bbbb-cccc-0123456789ab"
+
+
+class Down(FakeTransport):
+    """A relay that is not there: every post is refused, until `up` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = False
+        self.tries = 0
+
+    def post(self, body: bytes, timeout_s: float) -> Reply:
+        self.tries += 1
+        if not self.up:
+            raise ConnectionRefusedError(111, "Connection refused")
+        return super().post(body, timeout_s)
+
+
+def test_no_relay_pushes_directly_and_the_relay_is_tried_again_later() -> None:
+    relay, direct, clock = Down(), FakeTransport(), FakeClock()
+    route = RelayTransport(relay, direct, clock, relay_url=DEFAULT_RELAY, direct_url="http://rules:9481")
+    assert route.post(b"{}", 1).status == 202 and len(direct.raw) == 1 and not route.via_relay
+    route.post(b"{}", 1)
+    assert relay.tries == 1 and len(direct.raw) == 2  # not asked again before RELAY_RETRY_S
+    relay.up = True
+    clock.advance(RELAY_RETRY_S)
+    route.post(b"{}", 1)
+    assert route.via_relay and len(relay.raw) == 1 and len(direct.raw) == 2  # back to the relay
+
+
+def test_without_a_direct_path_the_relay_failure_is_the_pushers_to_retry() -> None:
+    relay = Down()
+    route = RelayTransport(relay, FakeTransport(), FakeClock(), relay_url=DEFAULT_RELAY, direct_url="http://r:1",
+                           direct_problem="this rank's GPU UUID is unknown")
+    with pytest.raises(ConnectionRefusedError):
+        route.post(b"{}", 1)
+
+
+def test_a_named_relay_makes_endpoint_and_token_optional(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GPUMOND_ENDPOINT", "GPUMOND_TOKEN", "GPUMOND_TOKEN_FILE", "GPUMOND_SHARDS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUMOND_RELAY", "http://10.0.0.7:9482")
+    route = resolve_route(None, None, None, None, (None, None, None))
+    assert (route.relay, route.endpoint, route.token) == ("http://10.0.0.7:9482", None, None)
+    monkeypatch.delenv("GPUMOND_RELAY")
+    with pytest.raises(ConfigError, match="no endpoint"):  # the loopback default alone is not a route
+        resolve_route(None, None, None, None, (None, None, None))
+    monkeypatch.setenv("GPUMOND_RELAY", "off")
+    assert resolve_route("http://rules:9481", "t", None, None, (None, None, None)).relay is None
+
+
+def test_a_rank_without_its_gpu_reports_through_a_named_relay_with_its_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reporter_module, "local_gpu_uuid", lambda env: None)  # no GPU found by the rank itself
+    for name in ("GPUMOND_ENDPOINT", "GPUMOND_TOKEN", "GPUMOND_TOKEN_FILE", "GPUMOND_GPU_UUID", "GPUMOND_SHARDS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUMOND_RELAY", "http://127.0.0.1:9")  # nothing listens: the pushes fail, never raise
+    rep = Reporter(job="j", rank=0, world_size=1, handle_sigterm=False, push_interval_s=60)
+    try:
+        assert rep.enabled
+        identity = rep.identity
+        assert isinstance(identity, Identity) and identity.gpu_uuid == "" and "gpu_uuid" not in identity.head()
+    finally:
+        rep.close(timeout_s=0)

@@ -1,0 +1,58 @@
+"""The relay's buffer: bounded by bytes and by age, oldest first, in order per key, drops returned for counting."""
+
+from __future__ import annotations
+
+from gpumond.agent.relay.buffer import Buffer, Entry
+from tests.fakes import FakeClock
+
+
+def entry(clock: FakeClock, job: str = "j", rank: int = 0, size: int = 100, steps: int = 2) -> Entry:
+    return Entry((job, None), (job, rank), b"x" * size, steps, clock())
+
+
+def test_over_the_byte_bound_the_oldest_go_first_whatever_their_job() -> None:
+    clock = FakeClock()
+    buf = Buffer(max_bytes=300, max_age_s=600, clock=clock)
+    first, second, third = entry(clock, "a"), entry(clock, "b"), entry(clock, "a", rank=1)
+    assert buf.add(first) == [] and buf.add(second) == [] and buf.add(third) == []
+    fourth = entry(clock, "b", rank=1)
+    assert buf.add(fourth) == [first]
+    assert (buf.bytes, buf.count) == (300, 3)
+    assert buf.take(("a", None), 10_000) == [third] and buf.take(("b", None), 10_000) == [second, fourth]
+
+
+def test_what_waited_longer_than_the_age_bound_is_dropped() -> None:
+    clock = FakeClock()
+    buf = Buffer(max_bytes=10_000, max_age_s=60, clock=clock)
+    old = entry(clock)
+    clock.advance(30)
+    young = entry(clock)
+    buf.add(old), buf.add(young)
+    clock.advance(31)
+    assert buf.oldest_age() == 61
+    assert buf.expire() == [old]
+    assert buf.oldest_age() == 31 and buf.count == 1
+
+
+def test_take_keeps_order_and_the_byte_bound_and_done_releases() -> None:
+    clock = FakeClock()
+    buf = Buffer(max_bytes=10_000, max_age_s=600, clock=clock)
+    entries = [entry(clock, size=100) for _ in range(5)]
+    for e in entries:
+        buf.add(e)
+    taken = buf.take(("j", None), 250)
+    assert taken == entries[:2]  # 2 × (100 + newline) fit in 250, a third does not
+    buf.done(taken)
+    assert buf.take(("j", None), 10_000) == entries[2:] and buf.bytes == 300
+    assert buf.take(("j", None), 1) == entries[2:3]  # at least one, whatever its size
+
+
+def test_an_entry_dropped_while_its_send_was_in_flight_is_counted_once() -> None:
+    clock = FakeClock()
+    buf = Buffer(max_bytes=200, max_age_s=600, clock=clock)
+    a, b = entry(clock), entry(clock)
+    buf.add(a), buf.add(b)
+    in_flight = buf.take(("j", None), 10_000)
+    assert buf.add(entry(clock)) == [a]  # dropped for room while being sent
+    buf.done(in_flight)  # the send finished: only b is released here
+    assert (buf.count, buf.bytes) == (1, 100)

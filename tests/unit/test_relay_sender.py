@@ -1,0 +1,158 @@
+"""The relay's sender against the rules service's real ingest decisions (through httpx's in-process transport):
+batches per job, routed by shard, Retry-After and backoff honoured, refusals dropped and owed to their ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+
+from gpumond.agent.relay.buffer import Buffer, Entry
+from gpumond.agent.relay.stats import RelayStats
+from gpumond.agent.relay.upstream import Sender
+from gpumond.config.rules import RulesConfig
+from gpumond.rules.ingest.accept import Ingest, Reply
+from gpumond.rules.store import RankStore
+from gpumond.web.client import Access
+from gpumond.wire.batch import split_batch
+from gpumond.wire.retry import Backoff
+from gpumond.wire.routing import shard_of
+from tests.fakes import FakeClock
+from tests.push_bodies import encode
+
+TOKEN = "push-token-0123456789"
+NOW = 1_763_760_000.0
+UUID = "GPU-5b0c1234-aaaa-bbbb-cccc-0123456789"
+
+
+def line(job: str, rank: int, first: int = 0, count: int = 2, **over: object) -> bytes:
+    data = {"job": job, "rank": rank, "world_size": 8, "node": "n", "gpu_uuid": f"{UUID}{rank:02x}",
+            "steps": [{"step": first + i, "end": NOW, "duration_s": 1.0, "data_wait_s": 0.1} for i in range(count)],
+            **over}
+    raw = encode(data, "columns")
+    assert raw is not None
+    return raw
+
+
+def service() -> tuple[Ingest, Callable[[httpx.Request], httpx.Response]]:
+    config = RulesConfig.model_validate({"tokens": [TOKEN]})
+    ingest = Ingest(config=config, store=RankStore.from_config(config), clock=FakeClock(NOW))
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        admitted = ingest.admit(authorization=request.headers.get("authorization"), address="127.0.0.1",
+                                content_type=request.headers.get("content-type"), content_encoding=None,
+                                content_length=request.headers.get("content-length"))
+        reply = admitted if isinstance(admitted, Reply) else ingest.accept(admitted, request.content)
+        return httpx.Response(reply.status, json=reply.body, headers=dict(reply.headers))
+
+    return ingest, handle
+
+
+def make(handler: Callable[[httpx.Request], httpx.Response], *, shards: int | None = None,
+         upstream: str = "http://rules:9481") -> tuple[Sender, Buffer, RelayStats, FakeClock]:
+    clock = FakeClock()
+    buffer = Buffer(1 << 20, 600, clock)
+    stats = RelayStats(clock)
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    sender = Sender(buffer=buffer, stats=stats, upstream=upstream, shards=shards, access=Access(), client=client,
+                    clock=clock, backoff=Backoff(1.0, 8.0, jitter=0))
+    return sender, buffer, stats, clock
+
+
+def hold(buffer: Buffer, clock: FakeClock, job: str, rank: int, raw: bytes, steps: int = 2,
+         auth: str | None = f"Bearer {TOKEN}") -> Entry:
+    e = Entry((job, auth), (job, rank), raw, steps, clock())
+    assert buffer.add(e) == []
+    return e
+
+
+def test_each_job_goes_in_one_batch_and_every_step_is_stored() -> None:
+    ingest, handle = service()
+    seen: list[httpx.Request] = []
+    sender, buffer, stats, clock = make(lambda r: seen.append(r) or handle(r))
+    for rank in range(4):
+        hold(buffer, clock, "a", rank, line("a", rank))
+        hold(buffer, clock, "b", rank, line("b", rank))
+    assert sender.flush() is True
+    assert len(seen) == 2 and {split_batch(r.content)[0] for r in seen} == {"a", "b"}
+    assert stats.forwarded == 16 and buffer.count == 0
+    assert sum(len(w.steps) for w in ingest.ranks.jobs(NOW)["a"].values()) == 8
+
+
+def test_batches_go_to_their_jobs_shard() -> None:
+    _, handle = service()
+    hosts: list[str] = []
+    sender, buffer, _, clock = make(lambda r: hosts.append(r.url.host) or handle(r),
+                                    shards=4, upstream="http://rules-{shard}:9481")
+    for job in ("a", "b", "c"):
+        hold(buffer, clock, job, 0, line(job, 0))
+    sender.flush()
+    assert sorted(hosts) == sorted(f"rules-{shard_of(j, 4)}" for j in ("a", "b", "c"))
+
+
+def test_429_holds_everything_for_retry_after_then_delivers_in_order() -> None:
+    ingest, handle = service()
+    answers = [httpx.Response(429, json={"error": "busy"}, headers={"Retry-After": "5"})]
+    sender, buffer, stats, clock = make(lambda r: answers.pop(0) if answers else handle(r))
+    hold(buffer, clock, "a", 0, line("a", 0, first=0))
+    hold(buffer, clock, "a", 0, line("a", 0, first=2))
+    assert sender.flush() is False and buffer.count == 2 and stats.errors["http_429"] == 1
+    clock.advance(4.9)
+    assert sender.flush() is False and buffer.count == 2  # still paused: no request made
+    clock.advance(0.2)
+    assert sender.flush() is True and stats.forwarded == 4
+    assert list(ingest.ranks.jobs(NOW)["a"][0].columns.step) == [0, 1, 2, 3]
+
+
+def test_no_answer_backs_off_and_counts() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    sender, buffer, stats, clock = make(down)
+    hold(buffer, clock, "a", 0, line("a", 0))
+    assert sender.flush() is False and sender.paused_until == clock() + 1.0
+    clock.advance(1.0)
+    sender.flush()
+    assert sender.paused_until == clock() + 2.0 and stats.errors["connect"] == 2 and buffer.count == 1
+
+
+def test_a_refused_push_is_dropped_and_owed_to_its_rank_the_others_delivered() -> None:
+    _, handle = service()
+    sender, buffer, stats, clock = make(handle)
+    hold(buffer, clock, "a", 0, line("a", 0))
+    hold(buffer, clock, "a", 9, line("a", 9, world_size=8))  # rank 9 of 8: the service refuses it alone
+    sender.flush()
+    assert stats.forwarded == 2 and stats.dropped["refused"] == 2
+    assert stats.owed(("a", 9), 5) == {"relay_refused": 2} and stats.owed(("a", 0), 5) == {}
+
+
+def test_the_services_own_drops_reach_the_rank_under_its_names_and_a_retry_s_duplicates_do_not() -> None:
+    _, handle = service()
+    sender, buffer, stats, clock = make(handle)
+    hold(buffer, clock, "a", 0, line("a", 0))
+    sender.flush()
+    hold(buffer, clock, "a", 0, line("a", 0))  # the same steps again: the service drops them as duplicates
+    sender.flush()
+    assert stats.owed(("a", 0), 5) == {"duplicate": 2} and stats.dropped["refused"] == 0
+    again = hold(buffer, clock, "a", 0, line("a", 0))
+    again.attempts = 1  # sent before without an answer: that attempt stored them
+    sender.flush()
+    assert stats.owed(("a", 0), 5) == {} and stats.forwarded == 4
+
+
+def test_a_refused_token_is_answered_at_the_relay_in_the_services_words() -> None:
+    _, handle = service()
+    sender, buffer, stats, clock = make(handle)
+    hold(buffer, clock, "a", 0, line("a", 0), auth="Bearer wrong-token-0123456789")
+    sender.flush()
+    refusal = sender.refusal("Bearer wrong-token-0123456789")
+    assert refusal is not None and refusal.status == 401 and refusal.message == "invalid bearer token"
+    assert sender.refusal(f"Bearer {TOKEN}") is None and stats.dropped["refused"] == 2
+    clock.advance(61)
+    assert sender.refusal("Bearer wrong-token-0123456789") is None  # tried upstream again after a while
+
+
+def test_a_202_without_results_is_sent_again() -> None:
+    sender, buffer, stats, clock = make(lambda r: httpx.Response(202, content=b'{"accepted": 2}'))
+    hold(buffer, clock, "a", 0, line("a", 0))
+    assert sender.flush() is False and stats.errors["bad_answer"] == 1 and buffer.count == 1
