@@ -170,13 +170,32 @@ def container_of(objects: tuple[dict[str, Any], ...], component: str) -> dict[st
     return workload(objects, component)["spec"]["template"]["spec"]["containers"][0]
 
 
+def mounted_secret_files(objects: tuple[dict[str, Any], ...], component: str, into: Path) -> dict[str, Path]:
+    """The component's Secret volumes with `items`, written under `into` as the kubelet would mount them (from the
+    rendered Secret): {mount path in the pod: the local directory holding the same files}."""
+    pod = workload(objects, component)["spec"]["template"]["spec"]
+    data = {k: base64.b64decode(v).decode() for s in objects if s["kind"] == "Secret"
+            for k, v in s.get("data", {}).items()}
+    volumes = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v and "items" in v["secret"]}
+    out = {}
+    for mount in pod["containers"][0].get("volumeMounts", []):
+        if mount["name"] in volumes:
+            local = into / mount["name"]
+            local.mkdir(parents=True)
+            for item in volumes[mount["name"]]["items"]:
+                (local / item["path"]).write_text(data[item["key"]])
+            out[mount["mountPath"]] = local
+    return out
+
+
 def run_rendered(objects: tuple[dict[str, Any], ...], component: str, tmp_path: Path, env: dict[str, str],
                  extra: list[str], *, relay_upstream: str | None = None) -> tuple[ManagedProcess, int, dict[str, Any]]:
     """The component's container as rendered (command, args, config, secrets), on loopback instead of 0.0.0.0.
 
     The config's state_dir moves into tmp_path (it is a volume in the pod), cluster URLs (Prometheus,
     Alertmanager, the relay's upstream unless `relay_upstream` names one) to a closed loopback port and the
-    relay's pod address to a free loopback port, since tests talk to 127.0.0.1 only; the rest runs as written.
+    relay's pod address to a free loopback port, since tests talk to 127.0.0.1 only; files the config reads from
+    a mounted Secret are written as mounted (`mounted_secret_files`); the rest runs as written.
     """
     container = container_of(objects, component)
     config = config_of(objects, component)
@@ -191,7 +210,10 @@ def run_rendered(objects: tuple[dict[str, Any], ...], component: str, tmp_path: 
         config["relay"] = {**config["relay"], "upstream": relay_upstream or nowhere, "shards": None}
     (tmp_path / "state").mkdir()
     config_path = tmp_path / f"{component}.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    text = yaml.safe_dump(config)
+    for mount_path, local in mounted_secret_files(objects, component, tmp_path / "mounts").items():
+        text = text.replace(mount_path + "/", f"{local}/")
+    config_path.write_text(text)
     argv = expand_args(container, env)
     assert argv[:2] == ["gpumond", component] and f"--config=/etc/gpumond/{component}.yaml" in argv
     # The pod's own address (the relay's) becomes a free loopback port: one machine runs many of these.

@@ -7,6 +7,7 @@ Service and agent.yaml section are checked against each other and against what g
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,14 @@ def test_disabled_leaves_no_trace() -> None:
     ({"agent": {"relay": {"enabled": False}, "config": {"relay": {"upstream": "http://rules:9481"}}}},
      "agent.config.relay: agent.relay.enabled is false, so no pod could reach the relay"),
     ({"agent": {"relay": {"port": 9480}}}, "agent.relay.port: 9480 is agent.port as well"),
-], ids=["listen-owned", "no-rules-no-upstream", "config-while-disabled", "port-clash"])
+    ({"agent": {"relay": {"nodeToken": True}, "config": {"relay": {"authorization": {
+        "credentials_file": "/etc/gpumond/relay-token"}}}}},
+     "agent.relay.nodeToken gives the relay its authorization"),
+    ({"rules": {"enabled": False}, "agent": {"relay": {"nodeToken": True}, "config": {"relay": {
+        "upstream": "http://rules.example.com:9481"}}}},
+     "agent.relay.nodeToken: no Secret holds a token for the relay"),
+], ids=["listen-owned", "no-rules-no-upstream", "config-while-disabled", "port-clash", "node-token-and-authorization",
+        "node-token-without-secret"])
 def test_contradictions_fail_with_one_line(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm_python.HelmRenderError) as err:
         render(values)
@@ -182,12 +190,41 @@ def test_an_external_upstream_without_the_rules_service() -> None:
     assert [p for o in objects for p in validation_problems(o)] == []
 
 
-def test_rendered_agent_relays_a_job_to_the_rendered_rules_service(tmp_path: Path) -> None:
+def test_node_token() -> None:
+    """agent.relay.nodeToken: the first rules token, under its own key of the Secret, mounted into the agent and named
+    by agent.yaml; an existing Secret is read under the same key."""
+    tokens = ["0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"]
+    objects = render({"agent": {"relay": {"nodeToken": True}}, "secret": {"rulesTokens": tokens}})
+    data = one(objects, "Secret")["data"]
+    assert base64.b64decode(data["relay-token"]).decode() == tokens[0]
+    pod = _pod(objects)["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "relay-token")
+    assert volume["secret"] == {"secretName": f"{RELEASE}-gpumond-secrets",
+                                "items": [{"key": "relay-token", "path": "token"}]}
+    mount = next(m for m in _agent(objects)["volumeMounts"] if m["name"] == "relay-token")
+    relay = config_of(objects, "agent")["relay"]
+    assert relay["authorization"] == {"credentials_file": f"{mount['mountPath']}/token"}
+    assert [p for o in objects for p in validation_problems(o)] == []
+    generated = render({"agent": {"relay": {"nodeToken": True}}})  # one random token, the same under both keys
+    data = {k: base64.b64decode(v).decode() for k, v in one(generated, "Secret")["data"].items()}
+    assert data["relay-token"] == data["rules-tokens"] and len(data["relay-token"]) == 48
+    existing = render({**values_of("ci/existing-secret-values.yaml"), "agent": {"relay": {"nodeToken": True}}})
+    assert not any(o["kind"] == "Secret" for o in existing)
+    assert next(v for v in _pod(existing)["spec"]["volumes"] if v["name"] == "relay-token")["secret"][
+        "secretName"] == values_of("ci/existing-secret-values.yaml")["secret"]["existingSecret"]
+    assert "relay-token" not in one(rendered(None), "Secret")["data"]  # off by default
+    assert "the relay pushes under its own token" in notes({"agent": {"relay": {"nodeToken": True}}})
+
+
+@pytest.mark.parametrize("values", [{}, {"agent": {"relay": {"nodeToken": True}}}], ids=["rank-token", "node-token"])
+def test_rendered_agent_relays_a_job_to_the_rendered_rules_service(values: dict[str, Any], tmp_path: Path) -> None:
     """The chart's two containers as rendered (args, agent.yaml, the Secret's token), the relay's upstream pointed
-    at the rules container on loopback: a real SDK rank pushing to the relay lands in the rules service, through it."""
+    at the rules container on loopback: a real SDK rank pushing to the relay lands in the rules service, through it.
+    With agent.relay.nodeToken the rank sends no token at all."""
     from gpumond.job import Reporter
 
-    objects = rendered(None)
+    objects = tuple(render(values))
+    node_token = bool(values)
     for component in ("rules", "agent"):
         (tmp_path / component).mkdir()
     rules, rules_port, _ = run_rendered(objects, "rules", tmp_path / "rules", {}, [])
@@ -202,7 +239,8 @@ def test_rendered_agent_relays_a_job_to_the_rendered_rules_service(tmp_path: Pat
             wait_until(lambda p=port: http_get(f"http://{LOOPBACK}:{p}/healthz", timeout=1.0)[0] == 200, timeout=30,
                        what=f"GET :{port}/healthz to answer 200", describe=proc.describe)
         # GPUMOND_RELAY as the chart's NOTES print it, with the Service's address standing in for the pod's.
-        rank = Reporter(endpoint=f"http://{LOOPBACK}:{rules_port}", relay=f"http://{info['relay']}", token=token,
+        rank = Reporter(endpoint=f"http://{LOOPBACK}:{rules_port}", relay=f"http://{info['relay']}",
+                        token=None if node_token else token,
                         job="chart-relay-job", rank=0, world_size=1, node="gpu-node-7",
                         gpu_uuid="GPU-00000000-0000-4000-8000-000000000001", push_interval_s=0.5,
                         handle_sigterm=False)

@@ -58,7 +58,7 @@ app.kubernetes.io/part-of: gpumond
 {{/* The chart creates the Secret unless an existing one is named, or nothing would read it. */}}
 {{- define "gpumond.createSecret" -}}
 {{- $s := .Values.secret -}}
-{{- if and (not $s.existingSecret) (or .Values.rules.enabled $s.slackWebhookUrl $s.pagerdutyRoutingKey) -}}true{{- end -}}
+{{- if and (not $s.existingSecret) (or .Values.rules.enabled $s.slackWebhookUrl $s.pagerdutyRoutingKey (and .Values.agent.relay.nodeToken $s.rulesTokens)) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The push tokens the created Secret holds: secret.rulesTokens, else the token this release generated
@@ -153,8 +153,23 @@ app.kubernetes.io/part-of: gpumond
 {{- $_ := set $relay "tls_config" $tlsConfig -}}
 {{- end -}}
 {{- end -}}
+{{- if include "gpumond.relayNodeToken" $root -}}
+{{- if or $relay.authorization $relay.basic_auth -}}
+{{- fail "agent.config.relay: agent.relay.nodeToken gives the relay its authorization; remove authorization / basic_auth from agent.config.relay, or set agent.relay.nodeToken: false" -}}
+{{- end -}}
+{{- if not (or (include "gpumond.createSecret" $root) $root.Values.secret.existingSecret) -}}
+{{- fail "agent.relay.nodeToken: no Secret holds a token for the relay (rules.enabled is false); give secret.rulesTokens or secret.existingSecret" -}}
+{{- end -}}
+{{- $_ := set $relay "authorization" (dict "credentials_file" "/etc/gpumond-relay/token") -}}
+{{- end -}}
 {{- $_ := set .cfg "relay" $relay -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Whether the relay pushes under a token of its own (agent.relay.nodeToken, with the agent and the relay on). */}}
+{{- define "gpumond.relayNodeToken" -}}
+{{- $r := .Values.agent.relay -}}
+{{- if and .Values.agent.enabled $r.enabled $r.nodeToken -}}true{{- end -}}
 {{- end -}}
 
 {{/* The rules service's rules.yaml, likewise. */}}
