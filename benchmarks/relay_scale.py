@@ -202,19 +202,17 @@ def _client(way: Way, nodes: list[int], world: int, port: int, t0: float, measur
     done.put(out)
 
 
-def _rules_config(tmp: Path, nodes: int) -> Path:
-    """The daemon's config: ingest as shipped, evaluation set apart, room for every rank's connection."""
-    config = {
-        "tokens": [TOKEN], "state_dir": str(tmp / "state"), "log": {"level": "warning"},
-        "evaluation_interval_s": 3600, "judge_on_steps": {"enabled": False}, "power_slack": {"enabled": False},
+def _start_rules(work: Path, nodes: int) -> tuple[_bench.Proc, str, int]:
+    """A fresh `gpumond rules`: ingest as shipped, evaluation set apart, room for every rank's connection; (its
+    process, its base URL, its port)."""
+    proc, base = _bench.start_rules(
+        work, [TOKEN], log={"level": "warning"},
+        evaluation_interval_s=3600, judge_on_steps={"enabled": False}, power_slack={"enabled": False},
         # Every load generator pushes from 127.0.0.1: the per-client rate limit would refuse the fleet's pushes.
-        "limits": {"pushes_per_second_per_client": 1_000_000, "burst": 1_000_000, "max_ranks": 65_536},
+        limits={"pushes_per_second_per_client": 1_000_000, "burst": 1_000_000, "max_ranks": 65_536},
         # A connection per rank in the direct way; a shard of a large fleet is given this much (docs/deploying.md).
-        "http": {"max_connections": max(4096, nodes * RANKS_PER_NODE + 1024)},
-    }
-    path = tmp / "rules.yaml"
-    path.write_text(json.dumps(config))
-    return path
+        http={"max_connections": max(4096, nodes * RANKS_PER_NODE + 1024)})
+    return proc, base, int(base.rsplit(":", 1)[1])
 
 
 def _metric(text: str, name: str, labels: str = "") -> float:
@@ -231,13 +229,8 @@ def _busy() -> tuple[float, float]:
 
 def run_way(way: Way, nodes: int, clients: int, window_s: float, idle_s: float, tmp: Path) -> dict:
     """One pass of one way against a fresh rules daemon."""
-    port = _bench.free_port()
-    log = tmp / f"rules-{way.name}-{time.time_ns()}.log"
-    proc = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", _rules_config(tmp, nodes),
-                                 "--listen", f"127.0.0.1:{port}"], log).start()
-    base = f"http://127.0.0.1:{port}"
+    proc, base, port = _start_rules(tmp / f"rules-{way.name}-{time.time_ns()}", nodes)
     try:
-        proc.wait_http(base + "/healthz", 60)
         c0, i0 = _bench.proc_cpu_s(proc.pid), time.monotonic()
         time.sleep(idle_s)
         idle_rate = (_bench.proc_cpu_s(proc.pid) - c0) / (time.monotonic() - i0)
@@ -370,9 +363,8 @@ def _relay_metrics(url: str) -> dict[str, float]:
 def outage(kind: str, outage_s: float, before_s: float, after_s: float, tmp: Path) -> dict:
     """Eight SDK ranks at 2 steps/s push to one real relay; the rules service goes away for `outage_s`:
     refused (nothing listens: a stopped or restarting service) or hung (its process stopped: no answer)."""
-    rules_port, agent_port, relay_port = _bench.free_port(), _bench.free_port(), _bench.free_port()
-    rules = _bench.Proc("rules", [sys.executable, "-m", "gpumond.cli", "rules", "--config", _rules_config(tmp, 1),
-                                  "--listen", f"127.0.0.1:{rules_port}"], tmp / f"outage-rules-{kind}.log").start()
+    agent_port, relay_port = _bench.free_port(), _bench.free_port()
+    rules, _, rules_port = _start_rules(tmp / f"outage-rules-{kind}", 1)
     switch = Switch(rules_port) if kind == "refused" else None
     upstream = switch.port if switch else rules_port
     agent_cfg = tmp / f"agent-{kind}.yaml"
@@ -383,7 +375,6 @@ def outage(kind: str, outage_s: float, before_s: float, after_s: float, tmp: Pat
     ranks: list[tuple[_bench.Proc, Path]] = []
     samples: list[dict[str, float]] = []
     try:
-        rules.wait_http(f"http://127.0.0.1:{rules_port}/healthz", 60)
         agent.start().wait_http(f"http://127.0.0.1:{agent_port}/healthz", 60)
         metrics_url = f"http://127.0.0.1:{agent_port}/metrics"
         time.sleep(2.0)  # past the agent's first samples
