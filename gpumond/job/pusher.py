@@ -28,6 +28,12 @@ SERVICE_DROP_HINTS = {
     "duplicate": "the service already holds these step numbers for this rank; pass distinct step= numbers",
     "per_rank_window": "more new steps in one push than the service keeps per rank (limits.max_steps_per_rank)",
     "steps_held": "the service holds as many steps as it may (limits.max_steps_held)",
+    # From the node relay, which reports what it could not deliver in its next answer to the rank.
+    "relay_buffer_full": "the node relay's buffer filled while the rules service did not take its batches "
+                         "(the agent's relay.buffer_max_bytes)",
+    "relay_too_old": "the node relay held them longer than its relay.buffer_max_age_s while the rules service did "
+                     "not take its batches",
+    "relay_refused": "the rules service refused them when the node relay forwarded them; the agent's log says why",
 }
 # 421: the push reached a rules replica of another shard. Misconfiguration, not an outage: retrying the same
 # address cannot succeed, so the batch is dropped like any other refusal, with a line saying what to set.

@@ -102,8 +102,6 @@ class Reporter:
             # for duplicates. Optional in the contract: an older service ignores it.
             self.incarnation = f"{self._pid:x}-{secrets.token_hex(6)}"
             head = {**self._identity.head(), "incarnation": self.incarnation}
-            if route is not None and route.relay is not None:
-                head["pid"] = self._pid  # how the node relay finds this rank's GPU (the service ignores it)
             self._pusher = Pusher(self._q, head, transport, interval_s=push_interval_s,
                                   max_steps=max_steps_per_push, timeout_s=timeout_s, clock=clock, wall=wall,
                                   encoding=form, early=EARLY_PUSH if push_early else None)

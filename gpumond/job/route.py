@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from gpumond.job.settings import (ConfigError, Identity, resolve_endpoint, resolve_relay, resolve_shards, resolve_tls,
                                   resolve_token)
 from gpumond.job.transport import HttpTransport, RelayTransport, Transport
+from gpumond.wire.media import PID_HEADER
 from gpumond.wire.routing import shard_endpoint
 from gpumond.wire.tlsclient import ClientTLS
 
@@ -38,7 +39,8 @@ class Route:
         # The relay is reached on this node: over https with the same CA as the rules service (the agent serves
         # the relay with its web config's certificate), over http without any.
         relay_tls = self.tls if self.relay.startswith("https://") else None
-        relay = HttpTransport(self.relay, self.token, relay_tls, content_type)
+        # The relay finds this rank's GPU by its process id (the service never sees it).
+        relay = HttpTransport(self.relay, self.token, relay_tls, content_type, {PID_HEADER: str(os.getpid())})
         # Directly, a push must be whole: the service needs the GPU the relay would have filled in.
         problem = None if identity.gpu_uuid else ("this rank's GPU UUID is unknown (set GPUMOND_GPU_UUID to push "
                                                   "without the relay)")

@@ -9,7 +9,7 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NoReturn, Protocol
 
 from gpumond import __version__
@@ -55,7 +55,7 @@ class HttpTransport:
     Over https the server is verified with `tls` (the system CA bundle when None)."""
 
     def __init__(self, endpoint: str, token: str | None, tls: ClientTLS | None = None,
-                 content_type: str = JSON_TYPE) -> None:
+                 content_type: str = JSON_TYPE, headers: Mapping[str, str] | None = None) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(f"endpoint must be an http:// or https:// URL with a host (got {endpoint!r})")
@@ -80,6 +80,7 @@ class HttpTransport:
         }
         if token is not None:  # None: to a node relay that pushes under its own node credential
             self._headers["Authorization"] = f"Bearer {token}"
+        self._headers.update(headers or {})
         self._conn: http.client.HTTPConnection | None = None
         self.connections = 0  # opened so far; keep-alive keeps this at 1 on a healthy link
 

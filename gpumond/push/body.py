@@ -169,7 +169,6 @@ def _head(max_string_len: int, relayed: bool = False) -> type[PushBody]:
         job: text | None = None  # type: ignore[valid-type]
         node: text | None = None  # type: ignore[valid-type]
         gpu_uuid: uuid | None = None  # type: ignore[valid-type]
-        pid: int | None = Field(None, ge=1, le=2**31 - 1, description="the rank's process id, as it sees it")
 
     return RelayedHead
 
@@ -189,7 +188,7 @@ def push_model(max_string_len: int, max_steps: int, relayed: bool = False) -> ty
 @functools.cache
 def columns_model(max_string_len: int, max_steps: int, relayed: bool = False) -> type[PushBody]:
     """The columnar encoding's push (Content-Type application/vnd.gpumond.columns+json) with these limits;
-    `relayed`: as the node relay takes it from a rank (job, node and gpu_uuid optional, the rank's pid)."""
+    `relayed`: as the node relay takes it from a rank (job, node and gpu_uuid optional)."""
     most = 4 * -(-8 * max_steps // 3)  # base64 length of max_steps 8-byte values
     max_steps_per_push = max_steps  # the class body cannot see a function argument of the same name
 

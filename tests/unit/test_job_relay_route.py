@@ -75,3 +75,16 @@ def test_a_rank_without_its_gpu_reports_through_a_named_relay_with_its_pid(monke
         assert isinstance(identity, Identity) and identity.gpu_uuid == "" and "gpu_uuid" not in identity.head()
     finally:
         rep.close(timeout_s=0)
+
+
+def test_only_pushes_to_the_relay_carry_the_ranks_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from gpumond.job.route import Route
+    from gpumond.wire.media import JSON_TYPE, PID_HEADER
+
+    route = Route("http://127.0.0.1:9482", False, "http://rules:9481", "t", None, None)
+    transport = route.transport(Identity("j", 0, 1, "n", UUID, None), JSON_TYPE, FakeClock())
+    assert isinstance(transport, RelayTransport)
+    assert transport._relay._headers[PID_HEADER] == str(os.getpid())  # type: ignore[attr-defined]
+    assert PID_HEADER not in transport._direct._headers  # type: ignore[union-attr,attr-defined]

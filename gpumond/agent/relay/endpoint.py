@@ -19,11 +19,12 @@ from gpumond.agent.relay.intake import Intake, Refused
 from gpumond.agent.relay.stats import RelayStats
 from gpumond.agent.relay.upstream import PUSH_PATH, Refusal
 from gpumond.web.body import Disconnected, declared_too_large, read_body
-from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE
+from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE, PID_HEADER
 
 log = logging.getLogger("gpumond.agent.relay")
 
-_WANTED = {b"authorization": 0, b"content-type": 1, b"content-encoding": 2, b"content-length": 3}
+_WANTED = {b"authorization": 0, b"content-type": 1, b"content-encoding": 2, b"content-length": 3,
+           PID_HEADER.lower().encode(): 4}
 
 
 class RelayEndpoint:
@@ -54,12 +55,12 @@ class RelayEndpoint:
             return 404, {"error": f"not found: the relay serves POST {PUSH_PATH} only"}
         if scope["method"] != "POST":
             return 405, {"error": f"method not allowed: POST {PUSH_PATH}"}
-        found: list[str | None] = [None, None, None, None]
+        found: list[str | None] = [None, None, None, None, None]
         for name, value in scope["headers"]:
             i = _WANTED.get(name)
             if i is not None and found[i] is None:
                 found[i] = value.decode("latin-1")
-        authorization, content_type, encoding, length = found
+        authorization, content_type, encoding, length, pid_text = found
         refused = self._refusal(authorization)
         if refused is not None:
             return refused.status, {"error": refused.message}
@@ -79,7 +80,9 @@ class RelayEndpoint:
             return 400, {"error": "client disconnected before the body was complete"}
         if body is None:
             return too_large
-        entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization)
+        pid = int(pid_text) if pid_text is not None and pid_text.strip().isdecimal() else None
+        entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization,
+                                   pid=pid if pid is not None and 0 < pid < 2**31 else None)
         if isinstance(entry, Refused):
             return entry.status, {"error": entry.message}
         if len(entry.line) > self._buffer.max_bytes:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpumond.agent.relay.processes import ProcessDevices
+from gpumond.wire.media import PID_HEADER
 
 log = logging.getLogger("gpumond.agent.relay")
 
@@ -54,8 +55,8 @@ class Filler:
         self._check("job", job, found_job)
         uuid = gpu_uuid or found_uuid
         if uuid is None:
-            where = f"no GPU of this node runs pid {pid} (NVML's compute processes)" if pid is not None else \
-                "the push names no pid"
+            where = (f"no GPU of this node runs pid {pid} (NVML's compute processes)" if pid is not None else
+                     f"the push's sender did not say its process id ({PID_HEADER} header)")
             raise FillError(f"gpu_uuid: not given and {where}: set GPUMOND_GPU_UUID for this rank")
         chosen_job = job or found_job
         if chosen_job is None:

@@ -33,12 +33,11 @@ class Intake:
         self._filler = filler
         self._clock = clock
 
-    def judge(self, body: bytes, *, columns: bool, authorization: str | None) -> Entry | Refused:
-        """The push as a buffer entry (not yet held), or why not."""
+    def judge(self, body: bytes, *, columns: bool, authorization: str | None, pid: int | None) -> Entry | Refused:
+        """The push as a buffer entry (not yet held), or why not; `pid`: the sender's, from its Gpumond-Pid."""
         try:
             push = parse(self._columns if columns else self._json, body)
-            who = self._filler.fill(job=push.job, node=push.node, gpu_uuid=push.gpu_uuid,
-                                    pid=push.pid)  # type: ignore[attr-defined]
+            who = self._filler.fill(job=push.job, node=push.node, gpu_uuid=push.gpu_uuid, pid=pid)
         except PayloadError as err:
             return Refused(err.status, err.message)
         except FillError as err:
