@@ -80,6 +80,18 @@ def test_the_rendered_relay_section_is_what_the_agent_runs() -> None:
     assert config.relay.interval_s == 2.0  # the model's default: the chart adds nothing of its own
 
 
+def test_an_ipv6_pod_address_is_bracketed() -> None:
+    """An IPv6-only pod network: the agent gets [fd00::7]:9482, which it parses (unbracketed it would exit 2)."""
+    from gpumond.config import ListenAddress
+    from gpumond.config.agent import relay_listen_problem
+
+    listen = _relay_listen(_agent(render({"agent": {"relay": {"ipFamily": "IPv6"}}})), "fd00::7")
+    assert listen == "[fd00::7]:9482"
+    assert relay_listen_problem(ListenAddress.parse(listen)) is None
+    with pytest.raises(ValueError, match="brackets"):
+        ListenAddress.parse(_relay_listen(_agent(rendered(None)), "fd00::7"))
+
+
 def test_read_only_agent_with_the_relay_still_meets_restricted() -> None:
     objects = rendered("ci/readonly-values.yaml")
     assert _port(_agent(objects), "relay") is not None
