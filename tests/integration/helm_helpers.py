@@ -27,7 +27,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from tests.integration.helpers import REPO_ROOT
+from tests.integration.helpers import LOOPBACK, REPO_ROOT, ManagedProcess, free_port
 
 CHART = REPO_ROOT / "deploy" / "helm" / "gpumond"
 RELEASE, NAMESPACE = "gm", "gpu"
@@ -156,6 +156,76 @@ def expand_args(container: Mapping[str, Any], env: Mapping[str, str]) -> list[st
         return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), text)
 
     return [sub(a) for a in [*container.get("command", []), *container.get("args", [])]]
+
+
+# ----- running what was rendered ------------------------------------------------------------------
+def workload(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
+    """The DaemonSet, Deployment or StatefulSet of a component."""
+    return next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
+                and o["metadata"]["name"] == f"{RELEASE}-gpumond-{component}")
+
+
+def container_of(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
+    """Its (only) container."""
+    return workload(objects, component)["spec"]["template"]["spec"]["containers"][0]
+
+
+def mounted_secret_files(objects: tuple[dict[str, Any], ...], component: str, into: Path) -> dict[str, Path]:
+    """The component's Secret volumes with `items`, written under `into` as the kubelet would mount them (from the
+    rendered Secret): {mount path in the pod: the local directory holding the same files}."""
+    pod = workload(objects, component)["spec"]["template"]["spec"]
+    data = {k: base64.b64decode(v).decode() for s in objects if s["kind"] == "Secret"
+            for k, v in s.get("data", {}).items()}
+    volumes = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v and "items" in v["secret"]}
+    out = {}
+    for mount in pod["containers"][0].get("volumeMounts", []):
+        if mount["name"] in volumes:
+            local = into / mount["name"]
+            local.mkdir(parents=True)
+            for item in volumes[mount["name"]]["items"]:
+                (local / item["path"]).write_text(data[item["key"]])
+            out[mount["mountPath"]] = local
+    return out
+
+
+def run_rendered(objects: tuple[dict[str, Any], ...], component: str, tmp_path: Path, env: dict[str, str],
+                 extra: list[str], *, relay_upstream: str | None = None) -> tuple[ManagedProcess, int, dict[str, Any]]:
+    """The component's container as rendered (command, args, config, secrets), on loopback instead of 0.0.0.0.
+
+    The config's state_dir moves into tmp_path (it is a volume in the pod), cluster URLs (Prometheus,
+    Alertmanager, the relay's upstream unless `relay_upstream` names one) to a closed loopback port and the
+    relay's pod address to a free loopback port, since tests talk to 127.0.0.1 only; files the config reads from
+    a mounted Secret are written as mounted (`mounted_secret_files`); the rest runs as written.
+    """
+    container = container_of(objects, component)
+    config = config_of(objects, component)
+    listen_port = int(config["listen"].rsplit(":", 1)[1])
+    config["state_dir"] = str(tmp_path / "state")
+    nowhere = f"http://{LOOPBACK}:{free_port()}"
+    if (config.get("telemetry") or {}).get("prometheus"):
+        config["telemetry"]["prometheus"]["url"] = nowhere
+    if ((config.get("alerting") or {}).get("alertmanager") or {}).get("urls"):
+        config["alerting"]["alertmanager"]["urls"] = [nowhere]
+    if (config.get("relay") or {}).get("upstream"):
+        config["relay"] = {**config["relay"], "upstream": relay_upstream or nowhere, "shards": None}
+    (tmp_path / "state").mkdir()
+    config_path = tmp_path / f"{component}.yaml"
+    text = yaml.safe_dump(config)
+    for mount_path, local in mounted_secret_files(objects, component, tmp_path / "mounts").items():
+        text = text.replace(mount_path + "/", f"{local}/")
+    config_path.write_text(text)
+    argv = expand_args(container, env)
+    assert argv[:2] == ["gpumond", component] and f"--config=/etc/gpumond/{component}.yaml" in argv
+    # The pod's own address (the relay's) becomes a free loopback port: one machine runs many of these.
+    relay = f"{LOOPBACK}:{free_port()}"
+    moved = {"--config=": f"--config={config_path}", "--relay-listen=": f"--relay-listen={relay}"}
+    argv = [sys.executable, "-m", "gpumond.cli",
+            *[next((v for k, v in moved.items() if a.startswith(k)), a) for a in argv[1:]]]
+    port = free_port()
+    proc = ManagedProcess([*argv, *extra, "--listen", f"{LOOPBACK}:{port}"], tmp_path / "run",
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1",
+                               **secret_env(objects, container), **env})
+    return proc, port, {"container": container, "listen_port": listen_port, "relay": relay}
 
 
 # ----- validation -----------------------------------------------------------------------------

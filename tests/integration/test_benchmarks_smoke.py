@@ -37,6 +37,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["benchmarks/relay_batch_cost.py", "--quick"], "less CPU per step"),
     (["benchmarks/eval_cycle.py", "--quick"], "pushes 65,536/s"),
     (["benchmarks/fleet_scale.py", "--quick"], "planted found"),
+    (["benchmarks/relay_scale.py", "--quick"], "ingest CPU relay ÷ direct"),
     (["benchmarks/fleet_scale.py", "--quick", "--fetch-only", "--cycles", "2"], "throttle bitmask `!= 0`"),
     pytest.param(["benchmarks/ddp_overhead.py", "--quick"], "gpumond vs plain", marks=TORCH),
     pytest.param(["benchmarks/ddp_signal.py", "--quick"], "rank 1 slowed", marks=TORCH),

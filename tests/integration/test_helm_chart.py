@@ -12,7 +12,6 @@ import copy
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,40 +21,32 @@ import yaml
 
 from gpumond import __version__
 from tests.integration.helm_helpers import (CHART, EXISTING_SECRET, NAMESPACE, RELEASE, check_config, config_of,
-                                            crd_problems, expand_args, kinds, notes, one, pod_security_violations,
-                                            render, render_chart, rendered, secret_env, validation_problems,
-                                            values_of)
-from tests.integration.helpers import LOOPBACK, REPO_ROOT, ManagedProcess, free_port, http_get, wait_until
+                                            container_of, crd_problems, kinds, notes, one, pod_security_violations,
+                                            render, render_chart, rendered, run_rendered, validation_problems,
+                                            values_of, workload)
+from tests.integration.helpers import LOOPBACK, REPO_ROOT, http_get, wait_until
 
 pytestmark = pytest.mark.integration
 
 VALUES_FILES = [None, *sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))]
 VALUE_IDS = ["defaults" if f is None else Path(f).stem for f in VALUES_FILES]
 
-# The objects each values file must render, by kind (the report quotes this table).
+# The objects each values file must render, by kind (the report quotes this table). Services: the agent's,
+# the relay's (agent.relay.expose: service), the rules service's (and its shards' headless one).
 EXPECTED_KINDS = {
-    "defaults": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
-    "readonly-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
-    "sharded-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "StatefulSet": 1, "Secret": 1},
-    "existing-secret-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1},
-    "monitors-values": {"ConfigMap": 5, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+    "defaults": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1},
+    "readonly-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1},
+    "sharded-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 4, "StatefulSet": 1, "Secret": 1},
+    "existing-secret-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1},
+    "monitors-values": {"ConfigMap": 5, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1,
                         "ServiceMonitor": 2, "PrometheusRule": 1},  # ConfigMaps: 2 configs + 3 dashboards
-    "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+    "gpu-operator-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1,
                             "PodMonitor": 2},
-    "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1},
-    "tls-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1, "ServiceMonitor": 2},
-    "remediation-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 2, "Deployment": 1, "Secret": 1,
+    "eks-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1},
+    "tls-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1, "ServiceMonitor": 2},
+    "remediation-values": {"ConfigMap": 2, "DaemonSet": 1, "Service": 3, "Deployment": 1, "Secret": 1,
                            "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 }
-
-
-def _workload(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
-    return next(o for o in objects if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
-                and o["metadata"]["name"] == f"{RELEASE}-gpumond-{component}")
-
-
-def _container(objects: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
-    return _workload(objects, component)["spec"]["template"]["spec"]["containers"][0]
 
 
 # ----- the chart's own files -----------------------------------------------------------------------
@@ -66,11 +57,11 @@ def test_default_image_is_the_one_the_containerfile_builds() -> None:
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert app_version == __version__
     for component in ("agent", "rules"):
-        assert _container(objects, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}"
+        assert container_of(objects, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}"
     digest = "sha256:" + "0123456789abcdef" * 4
     pinned = render({"image": {"digest": digest}})
     for component in ("agent", "rules"):
-        assert _container(pinned, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}@{digest}"
+        assert container_of(pinned, component)["image"] == f"ghcr.io/gpumond/gpumond:{__version__}@{digest}"
     with pytest.raises(helm_python.HelmValuesError) as err:  # a tag where the digest goes is refused
         render({"image": {"digest": __version__}})
     assert "at '/image/digest'" in str(err.value)
@@ -129,7 +120,7 @@ def test_monitors_select_real_ports_and_keep_labels() -> None:
                 target = one(objects, "Service", f"{RELEASE}-gpumond-{component}")
                 labels, ports = target["metadata"]["labels"], [p["name"] for p in target["spec"]["ports"]]
             else:
-                template = _workload(objects, component)["spec"]["template"]
+                template = workload(objects, component)["spec"]["template"]
                 labels = template["metadata"]["labels"]
                 ports = [p["name"] for p in template["spec"]["containers"][0]["ports"]]
             assert selector.items() <= labels.items()
@@ -227,7 +218,7 @@ def test_dashboard_label_namespace_and_folder_follow_the_values() -> None:
 # ----- security --------------------------------------------------------------------------------------
 def test_agent_security_by_mode() -> None:
     """Default: only SYS_ADMIN, as root. Read-only: nothing the Pod Security "restricted" level forbids."""
-    default = _workload(rendered(None), "agent")["spec"]["template"]["spec"]
+    default = workload(rendered(None), "agent")["spec"]["template"]["spec"]
     sc = default["containers"][0]["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]} and sc["readOnlyRootFilesystem"] is True
     assert default["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -239,7 +230,7 @@ def test_agent_security_by_mode() -> None:
         "baseline: agent adds SYS_ADMIN", "baseline: hostPath volume pod-resources", "baseline: hostPath volume state",
         "restricted: agent adds SYS_ADMIN", "restricted: agent allowPrivilegeEscalation not false",
         "restricted: agent runAsNonRoot not true", "restricted: agent runAsUser 0"])
-    read_only = _workload(rendered("ci/readonly-values.yaml"), "agent")["spec"]["template"]["spec"]
+    read_only = workload(rendered("ci/readonly-values.yaml"), "agent")["spec"]["template"]["spec"]
     assert pod_security_violations(read_only) == []
     assert config_of(rendered("ci/readonly-values.yaml"), "agent")["policy"]["mode"] == "dry_run"
 
@@ -261,12 +252,12 @@ def test_committed_values_schema_embeds_the_generated_config_schemas() -> None:
     assert committed == render_schema(json.loads(committed)), (
         "regenerate: python -m gpumond.config.json_schema deploy/helm/gpumond/values.schema.json")
     assert "baseline: hostPID" in pod_security_violations(
-        _workload(rendered("ci/gpu-operator-values.yaml"), "agent")["spec"]["template"]["spec"])
+        workload(rendered("ci/gpu-operator-values.yaml"), "agent")["spec"]["template"]["spec"])
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=VALUE_IDS)
 def test_rules_service_meets_restricted(values_file: str | None) -> None:
-    assert pod_security_violations(_workload(rendered(values_file), "rules")["spec"]["template"]["spec"]) == []
+    assert pod_security_violations(workload(rendered(values_file), "rules")["spec"]["template"]["spec"]) == []
 
 
 # ----- values the schema or the templates refuse -------------------------------------------------------
@@ -363,36 +354,6 @@ def test_existing_secret_without_its_keys_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2 and "GPUMOND_SLACK_WEBHOOK_URL" in result.stderr
 
 
-def _run_rendered(objects: tuple[dict[str, Any], ...], component: str, tmp_path: Path, env: dict[str, str],
-                  extra: list[str]) -> tuple[ManagedProcess, int, dict[str, Any]]:
-    """The component's container as rendered (command, args, config, secrets), on loopback instead of 0.0.0.0.
-
-    The config's state_dir moves into tmp_path (it is a volume in the pod), and cluster URLs (Prometheus,
-    Alertmanager) to a closed loopback port, since tests talk to 127.0.0.1 only; the rest runs as written.
-    """
-    container = _container(objects, component)
-    config = config_of(objects, component)
-    listen_port = int(config["listen"].rsplit(":", 1)[1])
-    config["state_dir"] = str(tmp_path / "state")
-    nowhere = f"http://{LOOPBACK}:{free_port()}"
-    if (config.get("telemetry") or {}).get("prometheus"):
-        config["telemetry"]["prometheus"]["url"] = nowhere
-    if ((config.get("alerting") or {}).get("alertmanager") or {}).get("urls"):
-        config["alerting"]["alertmanager"]["urls"] = [nowhere]
-    (tmp_path / "state").mkdir()
-    config_path = tmp_path / f"{component}.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    argv = expand_args(container, env)
-    assert argv[:2] == ["gpumond", component] and f"--config=/etc/gpumond/{component}.yaml" in argv
-    argv = [sys.executable, "-m", "gpumond.cli", *[f"--config={config_path}" if a.startswith("--config=") else a
-                                                   for a in argv[1:]]]
-    port = free_port()
-    proc = ManagedProcess([*argv, *extra, "--listen", f"{LOOPBACK}:{port}"], tmp_path / "run",
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1",
-                               **secret_env(objects, container), **env})
-    return proc, port, {"container": container, "listen_port": listen_port}
-
-
 def _probe_paths(container: dict[str, Any]) -> dict[str, str]:
     return {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe", "readinessProbe")
             if k in container}
@@ -401,9 +362,9 @@ def _probe_paths(container: dict[str, Any]) -> dict[str, str]:
 def test_agent_container_serves_its_probes(tmp_path: Path) -> None:
     """The agent started with the DaemonSet's command and args (on 2 simulated GPUs) answers every probe 200."""
     objects = rendered(None)
-    proc, port, info = _run_rendered(objects, "agent", tmp_path, {"NODE_NAME": "gpu-node-7"}, ["--sim", "2"])
+    proc, port, info = run_rendered(objects, "agent", tmp_path, {"NODE_NAME": "gpu-node-7"}, ["--sim", "2"])
     container = info["container"]
-    assert container["ports"] == [{"name": "metrics", "containerPort": info["listen_port"], "protocol": "TCP"}]
+    assert container["ports"][0] == {"name": "metrics", "containerPort": info["listen_port"], "protocol": "TCP"}
     service = one(objects, "Service", f"{RELEASE}-gpumond-agent")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     probes = _probe_paths(container)
@@ -421,11 +382,11 @@ def test_agent_container_serves_its_probes(tmp_path: Path) -> None:
 def test_sharded_rules_container_serves_its_probes(tmp_path: Path) -> None:
     """Pod 2 of the sharded StatefulSet: --shard=$(SHARD_INDEX)/4 from its pod-index label, probes answered."""
     objects = rendered("ci/sharded-values.yaml")
-    container = _container(objects, "rules")
+    container = container_of(objects, "rules")
     index_env = next(e for e in container["env"] if e["name"] == "SHARD_INDEX")
     assert index_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     # Telemetry from a Prometheus that is not there: readiness ("can accept pushes") stays 200 and says so.
-    proc, port, info = _run_rendered(objects, "rules", tmp_path, {"SHARD_INDEX": "2"}, [])
+    proc, port, info = run_rendered(objects, "rules", tmp_path, {"SHARD_INDEX": "2"}, [])
     probes = _probe_paths(info["container"])
     assert probes == {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
     with proc:
@@ -442,7 +403,7 @@ def test_sharded_rules_container_serves_its_probes(tmp_path: Path) -> None:
 
 def test_rules_container_is_ready_with_defaults(tmp_path: Path) -> None:
     objects = rendered(None)
-    proc, port, info = _run_rendered(objects, "rules", tmp_path, {}, [])
+    proc, port, info = run_rendered(objects, "rules", tmp_path, {}, [])
     assert info["container"]["ports"][0]["containerPort"] == info["listen_port"]
     with proc:
         proc.spawn()
@@ -478,7 +439,7 @@ def test_tls_mounts_the_cert_manager_secret_where_the_rendered_web_config_reads_
 
     objects = rendered("ci/tls-values.yaml")
     for component, secret in (("agent", "gpumond-agent-tls"), ("rules", "gpumond-rules-tls")):
-        pod = _workload(objects, component)["spec"]["template"]["spec"]
+        pod = workload(objects, component)["spec"]["template"]["spec"]
         assert {"name": "tls", "secret": {"secretName": secret}} in pod["volumes"]
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tls")
         assert config_of(objects, component)["web_config_file"] == "/etc/gpumond/web.yml"
@@ -505,7 +466,7 @@ def test_tls_mounts_the_cert_manager_secret_where_the_rendered_web_config_reads_
 
 def test_tls_without_client_certificates_keeps_http_probes_over_https() -> None:
     objects = render({"tls": {"enabled": True, "agentSecret": "a", "rulesSecret": "r"}})
-    probe = _container(tuple(objects), "agent")["readinessProbe"]
+    probe = container_of(tuple(objects), "agent")["readinessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
     assert "client_ca_file" not in _configmap_data(tuple(objects), "agent")["web.yml"]
 

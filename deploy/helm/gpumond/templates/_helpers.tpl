@@ -24,6 +24,9 @@
 {{- define "gpumond.rulesName" -}}
 {{- printf "%s-rules" (include "gpumond.fullname" . | trunc 57 | trimSuffix "-") -}}
 {{- end -}}
+{{- define "gpumond.relayName" -}}
+{{- printf "%s-relay" (include "gpumond.fullname" . | trunc 57 | trimSuffix "-") -}}
+{{- end -}}
 
 {{- define "gpumond.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "gpumond.name" .root }}
@@ -55,7 +58,7 @@ app.kubernetes.io/part-of: gpumond
 {{/* The chart creates the Secret unless an existing one is named, or nothing would read it. */}}
 {{- define "gpumond.createSecret" -}}
 {{- $s := .Values.secret -}}
-{{- if and (not $s.existingSecret) (or .Values.rules.enabled $s.slackWebhookUrl $s.pagerdutyRoutingKey) -}}true{{- end -}}
+{{- if and (not $s.existingSecret) (or .Values.rules.enabled $s.slackWebhookUrl $s.pagerdutyRoutingKey (and .Values.agent.relay.nodeToken $s.rulesTokens)) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The push tokens the created Secret holds: secret.rulesTokens, else the token this release generated
@@ -102,9 +105,71 @@ app.kubernetes.io/part-of: gpumond
 {{- if not $policy.mode -}}{{- $_ := set $policy "mode" "dry_run" -}}{{- end -}}
 {{- $_ := set $cfg "policy" $policy -}}
 {{- include "gpumond.tlsOwnsWebConfig" (dict "cfg" $cfg "component" "agent" "root" .) -}}
+{{- include "gpumond.relayConfig" (dict "cfg" $cfg "root" .) -}}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%d" (int .Values.agent.port)) -}}
 {{- $_ := set $cfg "state_dir" "/var/lib/gpumond" -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* agent.yaml's relay section: the operator's agent.config.relay, its upstream defaulting to this release's rules
+     service (the shard template and count when sharded, https and the mounted CA with tls.enabled). Its listen
+     address is the pod's own, given by --relay-listen (the DaemonSet), so it is refused here. */}}
+{{- define "gpumond.relayConfig" -}}
+{{- $root := .root -}}
+{{- $r := $root.Values.agent.relay -}}
+{{- if not $r.enabled -}}
+{{- if hasKey .cfg "relay" -}}
+{{- fail "agent.config.relay: agent.relay.enabled is false, so no pod could reach the relay; set agent.relay.enabled: true or remove agent.config.relay" -}}
+{{- end -}}
+{{- else -}}
+{{- if eq (int $r.port) (int $root.Values.agent.port) -}}
+{{- fail (printf "agent.relay.port: %d is agent.port as well (the metrics listener); give the relay its own port, e.g. 9482" (int $r.port)) -}}
+{{- end -}}
+{{- $relay := deepCopy (default dict .cfg.relay) -}}
+{{- if hasKey $relay "listen" -}}
+{{- fail (printf "agent.config.relay.listen: set by the chart (the pod's address, port agent.relay.port %d); remove it from agent.config.relay" (int $r.port)) -}}
+{{- end -}}
+{{- if not $relay.upstream -}}
+{{- if not $root.Values.rules.enabled -}}
+{{- fail "agent.config.relay.upstream: rules.enabled is false, so the relay has no rules service to default to; give its URL, or set agent.relay.enabled: false" -}}
+{{- end -}}
+{{- $t := $root.Values.tls -}}
+{{- $scheme := ternary "https" "http" $t.enabled -}}
+{{- $name := include "gpumond.rulesName" $root -}}
+{{- if $root.Values.rules.sharded -}}
+{{- $_ := set $relay "upstream" (printf "%s://%s-{shard}.%s-shards.%s.svc:%d" $scheme $name $name $root.Release.Namespace (int $root.Values.rules.port)) -}}
+{{- $_ := set $relay "shards" (int $root.Values.rules.replicas) -}}
+{{- else -}}
+{{- $_ := set $relay "upstream" (printf "%s://%s.%s.svc:%d" $scheme $name $root.Release.Namespace (int $root.Values.rules.port)) -}}
+{{- end -}}
+{{- /* The chart's rules service: trust the CA of the mounted Secret (one cert-manager issuer for both), and
+       present the agent's certificate where the service asks for one. */ -}}
+{{- if and $t.enabled (not $relay.tls_config) -}}
+{{- $tlsConfig := dict "ca_file" "/etc/gpumond-tls/ca.crt" -}}
+{{- if ne $t.clientAuthType "NoClientCert" -}}
+{{- $_ := set $tlsConfig "cert_file" "/etc/gpumond-tls/tls.crt" -}}
+{{- $_ := set $tlsConfig "key_file" "/etc/gpumond-tls/tls.key" -}}
+{{- end -}}
+{{- $_ := set $relay "tls_config" $tlsConfig -}}
+{{- end -}}
+{{- end -}}
+{{- if include "gpumond.relayNodeToken" $root -}}
+{{- if or $relay.authorization $relay.basic_auth -}}
+{{- fail "agent.config.relay: agent.relay.nodeToken gives the relay its authorization; remove authorization / basic_auth from agent.config.relay, or set agent.relay.nodeToken: false" -}}
+{{- end -}}
+{{- if not (or (include "gpumond.createSecret" $root) $root.Values.secret.existingSecret) -}}
+{{- fail "agent.relay.nodeToken: no Secret holds a token for the relay (rules.enabled is false); give secret.rulesTokens or secret.existingSecret" -}}
+{{- end -}}
+{{- $_ := set $relay "authorization" (dict "credentials_file" "/etc/gpumond-relay/token") -}}
+{{- end -}}
+{{- $_ := set .cfg "relay" $relay -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the relay pushes under a token of its own (agent.relay.nodeToken, with the agent and the relay on). */}}
+{{- define "gpumond.relayNodeToken" -}}
+{{- $r := .Values.agent.relay -}}
+{{- if and .Values.agent.enabled $r.enabled $r.nodeToken -}}true{{- end -}}
 {{- end -}}
 
 {{/* The rules service's rules.yaml, likewise. */}}
