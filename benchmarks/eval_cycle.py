@@ -18,8 +18,9 @@ the push conditions under another `sys.setswitchinterval`. `--profile` adds a cP
     python benchmarks/eval_cycle.py                  # ~8 min: 32,768 GPUs as 1 × 32,768 ranks and 4 × 8,192,
                                                      # quiet and with 65,536 pushed records/s
     python benchmarks/eval_cycle.py --quick          # seconds: 256 GPUs (smoke test)
-    python benchmarks/eval_cycle.py --layouts 8192 --cycles 3 --recent-s 30 --recent-s 60 --recent-s 120 \
-        --name eval_cycle_window                     # ~4 min: CPU per new step and per rank against recent_s
+    python benchmarks/eval_cycle.py --layouts 8192 --cycles 4 --recent-s 30 --recent-s 60 --recent-s 120 \
+        --reference --name eval_cycle_window         # ~6 min: CPU per new step and per rank against recent_s,
+                                                     # running statistics and the reference path in turn
 """
 
 from __future__ import annotations
@@ -213,16 +214,22 @@ class Condition:
 
 
 def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profile: bool,
-        recent_s: float = DetectorConfig().recent_s) -> dict:
+        recent_s: float = DetectorConfig().recent_s, reference: bool = False) -> dict:
     """Build and warm up once, then `cycles` timed cycles of INTERVAL_S under each condition in turn (the same
-    jobs, going on); with `profile`, one more quiet cycle under cProfile. `recent_s`: the detectors' window."""
+    jobs, going on); with `profile`, one more quiet cycle under cProfile. `recent_s`: the detectors' window.
+    `reference`: a second evaluator on the same stores runs the reference path (no running statistics:
+    Evaluator(running=False)) on every cycle too, the two in turn (which first alternates), each timed alone."""
     t_build = time.perf_counter()
     c, now = build(layout)
     config = RulesConfig.model_validate({"tokens": ["x" * 20]})
     ranks, gpus = RankStore.from_config(config), GpuStore.from_config(config)
     feed = Feed(c)
     clock = [now - WARM_S]
-    ev = Evaluator(ranks, gpus, feed, clock=lambda: clock[0], detectors=replace(DetectorConfig(), recent_s=recent_s))
+    detectors = replace(DetectorConfig(), recent_s=recent_s)
+    ev = Evaluator(ranks, gpus, feed, clock=lambda: clock[0], detectors=detectors)
+    # Sharing the stores is sound here: no job ends, and each evaluator reads its own snapshot of them.
+    ref = Evaluator(ranks, gpus, None, clock=lambda: clock[0], detectors=detectors, running=False) \
+        if reference else None
     new = [0]
 
     def cycle() -> float:
@@ -236,11 +243,14 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
     while clock[0] < now:
         cycle()
         ev.evaluate()
+        if ref is not None:
+            ref.evaluate()
     t_build = time.perf_counter() - t_build
     by_condition = {}
     default_switch = sys.getswitchinterval()
     for cond in conditions:
         out: list[Cycle] = []
+        out_ref: list[Cycle] = []
         gc_time = GcTime()
         gc.callbacks.append(gc_time)
         load = Pushes(cond.pushes) if cond.pushes is not None else None
@@ -249,18 +259,23 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
         if load is not None:
             load.__enter__()
         try:
-            for _ in range(cycles):
+            for i in range(cycles):
                 feed_s = cycle()
-                gc_time.take()
-                w0, c0 = time.perf_counter(), time.thread_time()
-                ev.evaluate()
-                out.append(Cycle(time.perf_counter() - w0, time.thread_time() - c0, gc_time.take(), feed_s, new[0]))
+                both = [(ev, out), (ref, out_ref)] if ref is not None else [(ev, out)]
+                for evaluator, into in both if i % 2 == 0 else both[::-1]:
+                    gc_time.take()
+                    w0, c0 = time.perf_counter(), time.thread_time()
+                    evaluator.evaluate()
+                    into.append(Cycle(time.perf_counter() - w0, time.thread_time() - c0, gc_time.take(), feed_s,
+                                      new[0]))
+                if ref is not None:  # the same findings on both paths, cycle after cycle
+                    assert repr(ev.findings()) == repr(ref.findings()), "running and reference paths differ"
         finally:
             if load is not None:
                 load.__exit__()
             sys.setswitchinterval(default_switch)
             gc.callbacks.remove(gc_time)
-        by_condition[cond] = {"cycles": out, "full_gcs": gc_time.full,
+        by_condition[cond] = {"cycles": out, "reference_cycles": out_ref, "full_gcs": gc_time.full,
                               "push_records_per_s": load.records / load.elapsed_s if load else None}
         print(f"{_layout_name(layout)} recent_s {recent_s:g} {cond.name}: " + "; ".join(  # as it goes: a long run cut short still says it
             f"wall {x.wall_s:.3f} s cpu {x.cpu_s:.3f} s gc {x.gc_s:.3f} s" for x in out), flush=True)
@@ -295,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recent-s", type=float, action="append", default=None, metavar="S",
                     help="the detectors' recent window (recent_s); repeatable: the same layouts at each, side by side, "
                          "for the CPU per new step and per rank against the window's length (default: 60)")
+    ap.add_argument("--reference", action="store_true",
+                    help="also time the reference path (no running statistics: Evaluator(running=False)) on the same "
+                         "cycles, in turn with the running path, and check both give the same findings")
     ap.add_argument("--name", default="eval_cycle", help="results file name under benchmarks/results/")
     args = ap.parse_args(argv)
     gc.set_threshold(*GC_THRESHOLDS)  # the daemon's collector settings (service.serve sets them)
@@ -309,15 +327,19 @@ def main(argv: list[str] | None = None) -> int:
     rows, profiles, per_step = [], [], []
     windows = args.recent_s or [DetectorConfig().recent_s]
     for layout, recent_s in ((x, w) for x in layouts for w in windows):
-        r = run(layout, cycles, conditions, args.profile and recent_s == windows[0], recent_s)
+        r = run(layout, cycles, conditions, args.profile and recent_s == windows[0], recent_s, args.reference)
         for cond, m in r["conditions"].items():
             cyc = m["cycles"]
             wall = statistics.median(x.wall_s for x in cyc)
             cpu = statistics.median(x.cpu_s for x in cyc)
             gcs = statistics.median(x.gc_s for x in cyc)
             new = statistics.median(x.new_steps for x in cyc)
-            per_step.append((_layout_name(layout), f"{recent_s:g} s", cond.name, f"{new:,.0f}", f"{cpu:.3f} s",
-                             f"{cpu / max(new, 1) * 1e6:.2f} µs", f"{cpu / sum(layout) * 1e6:.1f} µs"))
+            paths = [("running", cyc)] + ([("reference", m["reference_cycles"])] if args.reference else [])
+            for path, timed in paths:
+                used = statistics.median(x.cpu_s for x in timed)
+                per_step.append((_layout_name(layout), f"{recent_s:g} s", cond.name, path, f"{new:,.0f}",
+                                 f"{used:.3f} s", f"{used / max(new, 1) * 1e6:.2f} µs",
+                                 f"{used / sum(layout) * 1e6:.1f} µs"))
             rows.append((_layout_name(layout) + (f", recent_s {recent_s:g}" if len(windows) > 1 else ""),
                          cond.name, f"{r['steps_held']:,}",
                          f"{r['samples_held']:,}", f"{wall:.3f} s", f"{cpu:.3f} s", f"{cpu / INTERVAL_S:.0%}",
@@ -332,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profiles: list[str],
             per_step: list) -> None:
-    against = _bench.md_table(("jobs × ranks", "recent_s", "beside it", "new steps a cycle", "evaluate CPU",
+    against = _bench.md_table(("jobs × ranks", "recent_s", "beside it", "path", "new steps a cycle", "evaluate CPU",
                                "CPU per new step", "CPU per rank"), per_step)
     table = _bench.md_table(("jobs × ranks", "beside it", "steps held", "GPU samples held", "evaluate wall",
                              "evaluate CPU", f"CPU share at {INTERVAL_S:g} s", "GC in it", "full GCs",
@@ -346,7 +368,9 @@ def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profi
                   "~2.6 s). Findings: pending and firing at the end (no fault is planted).\n\n" + table,
                   "## Against the window's length\n\nThe same cycles per new step (stored since the previous "
                   "evaluation) and per rank, for each `recent_s` (`--recent-s`): an evaluation that cost only what "
-                  "is new would hold these flat as the window grows.\n\n" + against,
+                  "is new would hold these flat as the window grows. Path: `running`, the service's (running statistics: each "
+                  "job's per-step peer medians kept between its judgements, detectors/peer_rows.py); `reference` "
+                  "(`--reference`), every median found afresh, timed on the same cycles in turn with it.\n\n" + against,
                   *profiles, quick=args.quick)
 
 
