@@ -214,11 +214,14 @@ class Condition:
 
 
 def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profile: bool,
-        recent_s: float = DetectorConfig().recent_s, reference: bool = False) -> dict:
+        recent_s: float = DetectorConfig().recent_s, reference: bool = False, on_steps: int = 0) -> dict:
     """Build and warm up once, then `cycles` timed cycles of INTERVAL_S under each condition in turn (the same
     jobs, going on); with `profile`, one more quiet cycle under cProfile. `recent_s`: the detectors' window.
     `reference`: a second evaluator on the same stores runs the reference path (no running statistics:
-    Evaluator(running=False)) on every cycle too, the two in turn (which first alternates), each timed alone."""
+    Evaluator(running=False)) on every cycle too, the two in turn (which first alternates), each timed alone.
+    `on_steps`: then this many cycles as the service runs them with judge_on_steps: every second the steps pushed,
+    and the jobs whose steps landed judged on arrival (`Evaluator.judge_arrivals`), then the periodic evaluation,
+    which takes those judgements instead of judging the jobs again."""
     t_build = time.perf_counter()
     c, now = build(layout)
     config = RulesConfig.model_validate({"tokens": ["x" * 20]})
@@ -281,6 +284,8 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
             f"wall {x.wall_s:.3f} s cpu {x.cpu_s:.3f} s gc {x.gc_s:.3f} s" for x in out), flush=True)
     result = {"layout": layout, "conditions": by_condition, "steps_held": ranks.counts().steps,
               "build_s": t_build, "samples_held": gpus.counts().samples, "findings": len(ev.findings())}
+    if on_steps:
+        result["on_steps"] = _on_steps(ev, feed, ranks, clock, on_steps)
     if profile:
         cycle()
         pr = cProfile.Profile()
@@ -289,6 +294,30 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
         result["profile"] = s.getvalue().split("\n", 1)[1].replace(str(_bench.REPO) + "/", "")
     return result
+
+
+def _on_steps(ev: Evaluator, feed: Feed, ranks: RankStore, clock: list[float], cycles: int) -> list[tuple[float, float]]:
+    """(CPU of the judgements on arrival in the interval, CPU of the periodic evaluation after them) per cycle."""
+    out = []
+    ready_at = clock[0]  # the service's judge rests after each pass so that passes take at most max_busy of a core
+    for _ in range(cycles):
+        arrivals = 0.0
+        for second in range(int(INTERVAL_S)):
+            clock[0] += 1.0
+            feed.advance(clock[0])
+            feed.push(ranks, clock[0])
+            # The last second's steps land as the periodic evaluation starts; a pass is due once its rest is over.
+            if second < INTERVAL_S - 1 and clock[0] >= ready_at:
+                c0 = time.thread_time()
+                rest, _ = ev.judge_arrivals()
+                took = time.thread_time() - c0
+                arrivals += took
+                ready_at = clock[0] + took + rest
+        ev.poll_telemetry()
+        c0 = time.thread_time()
+        ev.evaluate()
+        out.append((arrivals, time.thread_time() - c0))
+    return out
 
 
 def _layout_name(layout: tuple[int, ...]) -> str:
@@ -313,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", action="store_true",
                     help="also time the reference path (no running statistics: Evaluator(running=False)) on the same "
                          "cycles, in turn with the running path, and check both give the same findings")
+    ap.add_argument("--on-steps", type=int, default=0, metavar="CYCLES",
+                    help="then time this many cycles with judgements on arrival every second before each periodic "
+                         "evaluation (judge_on_steps, as the service runs), quiet")
     ap.add_argument("--name", default="eval_cycle", help="results file name under benchmarks/results/")
     args = ap.parse_args(argv)
     gc.set_threshold(*GC_THRESHOLDS)  # the daemon's collector settings (service.serve sets them)
@@ -324,10 +356,17 @@ def main(argv: list[str] | None = None) -> int:
         layouts, cycles = [(256,), (128, 128)], 1
     conditions = [Condition(None)] + [Condition(rate) for rate in args.push_rate] \
         + [Condition(rate, x) for rate in args.push_rate for x in args.switch_interval]
-    rows, profiles, per_step = [], [], []
+    rows, profiles, per_step, on_steps = [], [], [], []
     windows = args.recent_s or [DetectorConfig().recent_s]
     for layout, recent_s in ((x, w) for x in layouts for w in windows):
-        r = run(layout, cycles, conditions, args.profile and recent_s == windows[0], recent_s, args.reference)
+        r = run(layout, cycles, conditions, args.profile and recent_s == windows[0], recent_s, args.reference,
+                args.on_steps)
+        if "on_steps" in r:
+            quiet = statistics.median(x.cpu_s for x in r["conditions"][conditions[0]]["cycles"])
+            arrivals = statistics.median(a for a, _ in r["on_steps"])
+            tick = statistics.median(t for _, t in r["on_steps"])
+            on_steps.append((_layout_name(layout), f"{recent_s:g} s", f"{quiet:.3f} s", f"{arrivals:.3f} s",
+                             f"{tick:.3f} s", f"{tick / quiet:.2f}", " ".join(f"{t:.3f}" for _, t in r["on_steps"])))
         for cond, m in r["conditions"].items():
             cyc = m["cycles"]
             wall = statistics.median(x.wall_s for x in cyc)
@@ -348,12 +387,12 @@ def main(argv: list[str] | None = None) -> int:
                          " ".join(f"{x.wall_s:.2f}" for x in cyc), str(r["findings"])))
         if "profile" in r:
             profiles.append(f"### cProfile of one quiet cycle, {_layout_name(layout)}\n\n```\n{r['profile'].strip()}\n```")
-        _report(args, layouts, cycles, rows, profiles, per_step)  # after each: a run cut short keeps what it measured
+        _report(args, layouts, cycles, rows, profiles, per_step, on_steps)  # a run cut short keeps what it measured
     return 0
 
 
 def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profiles: list[str],
-            per_step: list) -> None:
+            per_step: list, on_steps: list) -> None:
     against = _bench.md_table(("jobs × ranks", "recent_s", "beside it", "path", "new steps a cycle", "evaluate CPU",
                                "CPU per new step", "CPU per rank"), per_step)
     table = _bench.md_table(("jobs × ranks", "beside it", "steps held", "GPU samples held", "evaluate wall",
@@ -371,7 +410,18 @@ def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profi
                   "is new would hold these flat as the window grows. Path: `running`, the service's (running statistics: each "
                   "job's per-step peer medians kept between its judgements, detectors/peer_rows.py); `reference` "
                   "(`--reference`), every median found afresh, timed on the same cycles in turn with it.\n\n" + against,
+                  *([_ON_STEPS + _bench.md_table(("jobs × ranks", "recent_s", "periodic evaluation judging every job",
+                                                  "judgements on arrival in the interval",
+                                                  "periodic evaluation after them", "ratio", "each (CPU s)"),
+                                                 on_steps)] if on_steps else []),
                   *profiles, quick=args.quick)
+
+
+_ON_STEPS = ("## The periodic evaluation after judgements on arrival\n\nQuiet cycles as the service runs them with "
+             "`judge_on_steps` (`--on-steps`): every second the steps pushed since and the jobs whose steps landed "
+             "judged on arrival, then the periodic evaluation, which takes a judgement on arrival since the last one "
+             "as its own (engine.evaluate) and judges only the other jobs. CPU of the evaluating thread, median "
+             "over the cycles; the first column is the quiet periodic evaluation above (every job judged).\n\n")
 
 
 if __name__ == "__main__":
