@@ -102,17 +102,13 @@ def run(sc: Scenario, cfg: DetectorConfig = DetectorConfig(), persistence: Persi
         fresh = set(inputs.jobs) if periodic else \
             {j for j, ranks in inputs.jobs.items() if steps_key(ranks) != keys.get(j)}
         if fresh or periodic:
-            seen = {j: steps_key(inputs.jobs[j]) for j in fresh}
+            keys.update((j, steps_key(inputs.jobs[j])) for j in fresh)
             t1 = time.perf_counter()
             if periodic:
                 state, cands = evaluate_fn(inputs, state, cfg)
-                # A job judged on arrival since the last tick is not judged again by it (engine.evaluate): steps
-                # that landed after that judgement still wait for one, as in the service.
-                seen = {j: k for j, k in seen.items() if j not in state.judged or state.judged[j].at >= t}
             else:
                 state, cands = evaluate_fn(replace(inputs, jobs={j: inputs.jobs[j] for j in fresh}), state, cfg,
                                            held=set(inputs.jobs) - fresh, arrivals=True)
-            keys.update(seen)
             tracks, findings, _ = advance(tracks, cands, t, persistence)
             times.append(time.perf_counter() - t1)
         if periodic:

@@ -180,18 +180,12 @@ class Evaluator:
             now = self._clock()
             # Before the snapshot: a job released after it is reported by the next evaluation.
             ended = self._ranks.take_ended()
-            waiting = dict(self._waiting)
-            for job, landed in self._ranks.take_fresh().items():
-                if self.owns(job):
-                    waiting.setdefault(job, landed)
+            self._ranks.take_fresh()  # every job is judged now: what landed so far waits for nothing more
+            self._waiting = {}
             self._ranks.expire(now)
             self._gpus.expire(now)
             jobs = {j: r for j, r in self._ranks.jobs(now).items() if self.owns(j)}
             self._judge(now, jobs, (), ended)
-            # A job judged on arrival since the previous evaluation was not judged again now (engine.evaluate
-            # takes that judgement as this one's): steps that landed after it still wait for a judgement on arrival.
-            judged = self._state.judged
-            self._waiting = {j: t for j, t in waiting.items() if j in judged and judged[j].at < now}
             self.evaluations += 1
             self.jobs_ended_total += len(ended)
             self.last_duration_s = self._timer() - start
@@ -243,9 +237,7 @@ class Evaluator:
                                            suspects=frozenset(f.gpu_uuid for f in self._findings if f.gpu_uuid)
                                            | steered)
             self.resolved_total += sum(1 for t in transitions if t.new == "resolved" and t.alert.alertname != "Watchdog")
-        # When each job was last judged: a job whose judgement stood (nothing new, or judged on arrival since the
-        # last periodic evaluation) keeps the time of the one that stands.
-        self._judged_at = {j: self._state.judged[j].at for j in (*held, *jobs) if j in self._state.judged}
+        self._judged_at = {j: self._judged_at[j] for j in held if j in self._judged_at} | dict.fromkeys(jobs, now)
 
     def run(self) -> None:
         """One scheduled evaluation. A failure is counted, said on /healthz, /readyz and /metrics

@@ -109,7 +109,7 @@ def test_a_judgement_on_arrival_takes_what_fires_at_once_and_leaves_the_rest_to_
     # and the other way: slow on arrival is not flagged until a periodic evaluation sees it
     state, out = evaluate(later(slow, 6), state, CFG, arrivals=True)
     assert out == []
-    # the next periodic evaluation takes that judgement on arrival as its own, what waits on persistence included
+    # a periodic evaluation judges again after a judgement on arrival, though nothing is new since
     state, out = evaluate(replace(later(slow, 6), now=slow.now + 10), state, CFG)
     assert [c.key for c in out] == [c.key for c in flagged]
     # what fires at once is taken on arrival
@@ -126,32 +126,3 @@ def test_the_job_baseline_follows_drift_at_most_every_accumulate_every_s_however
     assert kept == base  # judged a second later: no step of drift
     followed, _ = job_slowdown("j", drifting, base, CFG, now=1000.0 + CFG.accumulate_every_s)
     assert followed.step_time_s > 1.0 and followed.at == 1000.0 + CFG.accumulate_every_s
-
-
-def test_a_job_judged_on_arrival_since_the_last_periodic_evaluation_is_not_judged_again_by_the_next():
-    healthy, slow = build(), build(gpu={3: {"sm_clock_hz": 1.4e9}})  # a low clock: a windowed finding
-    fns = FeatureFns(ranks=Counting())
-    state, out = evaluate(healthy, DetectorState(), CFG, fns)
-    assert out == [] and state.ticked == healthy.now
-    state, out = evaluate(later(slow, 2), state, CFG, fns, arrivals=True)
-    assert out == [] and fns.ranks.calls == 2  # judged; its windowed flag waits for the periodic evaluation…
-    # …which takes that judgement (every candidate it found) instead of judging the job again, on newer data too
-    state, out = evaluate(later(healthy, 5), state, CFG, fns)
-    assert fns.ranks.calls == 2 and [(c.kind, c.rank) for c in out] == [("straggler", 3)]
-    assert state.ticked == healthy.now + 5 and not state.judged["job-a"].arrival
-    # what it took is that of a periodic judgement: later judgements on arrival keep its windowed flag meanwhile
-    state, out = evaluate(later(healthy, 6), state, CFG, fns, arrivals=True)
-    assert fns.ranks.calls == 3 and [(c.kind, c.rank) for c in out] == [("straggler", 3)]
-    state, out = evaluate(later(healthy, 10), state, CFG, fns)  # that one (healthy) stands in next
-    assert fns.ranks.calls == 3 and out == []
-    # with no judgement on arrival since the last periodic evaluation, the next one judges the job itself
-    state, out = evaluate(later(healthy, 15), state, CFG, fns)
-    assert fns.ranks.calls == 4 and out == []
-
-
-def test_a_judgement_on_arrival_before_any_periodic_evaluation_stands_in_for_none():
-    fns = FeatureFns(ranks=Counting())
-    state, _ = evaluate(starved(), DetectorState(), CFG, fns, arrivals=True)
-    assert state.ticked is None
-    evaluate(later(starved(), 1), state, CFG, fns)
-    assert fns.ranks.calls == 2

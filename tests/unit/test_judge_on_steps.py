@@ -119,25 +119,6 @@ def test_the_periodic_evaluation_takes_what_landed_so_it_is_not_judged_again():
     assert ev.evaluations == 1 and ev.judgements_on_steps == 1
 
 
-def test_a_job_judged_on_its_steps_since_the_last_periodic_evaluation_is_not_judged_again_by_the_next():
-    ranks, ev, clock = service()
-    push(ranks, "a", 0, 20, clock.t, starved=5)
-    ev.evaluate()
-    clock.t += 2.0
-    push(ranks, "a", 20, 4, clock.t, starved=5)
-    ev.judge_arrivals()
-    assert ev.judgements_on_steps == 1 and [(f.kind, f.rank) for f in ev.findings()] == [("io_starved_rank", 5)]
-    clock.t += 0.5
-    push(ranks, "a", 24, 1, clock.t, starved=5)  # lands within the job's minimum interval: it waits…
-    judged = ev.rank_features()["a"]
-    ev.evaluate()  # …and the periodic evaluation takes the judgement on arrival instead of judging the job again
-    assert ev.rank_features()["a"] is judged and [(f.kind, f.rank) for f in ev.findings()] == [("io_starved_rank", 5)]
-    clock.t += 1.0
-    ev.judge_arrivals()  # what landed after that judgement is judged on arrival still
-    assert ev.judgements_on_steps == 2 and ev.rank_features()["a"] is not judged
-    assert max(r.last_end for r in ev.rank_features()["a"]) == T0 + 2.5
-
-
 def test_due_splits_waiting_jobs_by_their_minimum_interval():
     d = due({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 9.5, "b": 8.0}, 10.0, 1.0)
     assert d.now == {"b", "c"} and dict(d.waiting) == {"a": 1.0} and d.next_at == 10.5

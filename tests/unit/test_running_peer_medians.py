@@ -143,7 +143,7 @@ op = st.one_of(
 def same(a: tuple[DetectorState, list], b: tuple[DetectorState, list]) -> None:
     (sa, ca), (sb, cb) = a, b
     assert repr(ca) == repr(cb)  # repr: exact floats, NaN equal to NaN
-    for name in ("rank_features", "baselines", "shares", "structure", "shares_since", "share_times", "ticked"):
+    for name in ("rank_features", "baselines", "shares", "structure", "shares_since", "share_times", "judged"):
         assert repr(getattr(sa, name)) == repr(getattr(sb, name)), name
 
 

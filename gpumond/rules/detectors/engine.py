@@ -2,8 +2,7 @@
 
 Incremental: a job whose inputs hold nothing new since it was last judged (no push, heartbeat or step from
 any rank, no telemetry sample from any of its GPUs, the same nodes absent) keeps that judgement's candidates
-instead of being judged again, up to `rejudge_s` of wall time (stall and liveness rules read the clock); a job
-judged as its steps landed is not judged again by the next periodic evaluation (see `evaluate`)."""
+instead of being judged again, up to `rejudge_s` of wall time (stall and liveness rules read the clock)."""
 
 from __future__ import annotations
 
@@ -59,9 +58,6 @@ class DetectorState:
     share_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     # Each job's last judgement: what its inputs were, when, and what it found (incremental evaluation).
     judged: Mapping[str, Judged] = field(default_factory=dict)
-    # When the last periodic evaluation ran (None before the first): a job judged on arrival since then is not
-    # judged again by the next one, whose judgement that one stands in for (see `evaluate`).
-    ticked: float | None = None
     # Each job's per-step peer medians at its last judgement (running statistics: peer_rows.py). Not compared: no
     # result depends on whether a median was kept or found again.
     peer_rows: Mapping[str, Mapping[Hashable, RowMedians]] = field(default_factory=dict, compare=False)
@@ -77,10 +73,11 @@ class Judged:
     # The candidates of its last periodic judgement that wait on persistence (neither sustained nor corroborated):
     # what a judgement on arrival keeps of them (see `evaluate`).
     windowed: tuple[Candidate, ...] = ()
-    arrival: bool = False  # a judgement on arrival (the next periodic evaluation takes it as its own)
-    # Every candidate the judgement found, those that wait on persistence included (a judgement on arrival keeps
-    # the last periodic judgement's of those meanwhile): what the next periodic evaluation takes as its own.
-    full: tuple[Candidate, ...] = ()
+    # A judgement on arrival: a periodic evaluation judges the job again, new data or not. Taking the judgement on
+    # arrival as the periodic one instead (to save its CPU) samples the windowed looks when steps land, i.e. right
+    # after a rank's early push of a step that stood out: the uneven-sequence control then fired (a recent look,
+    # z 6.3, in 1 of 3 seeds of the detection benchmark) and telemetry-only findings came a tick later.
+    arrival: bool = False
 
 
 _PUSH, _BEAT, _COLS, _INFO = attrgetter("last_push"), attrgetter("last_beat"), attrgetter("columns"), attrgetter("info")
@@ -149,12 +146,7 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     median looks, stalls, job-level findings) stay as the last periodic evaluation left them. Their thresholds
     and the findings' minimum duration were validated at one evaluation per 5 s: sampled every second, a
     median look's excursion is seen from its first second rather than from the next 5 s tick, and one of
-    ~23 s then outlasted the 20 s minimum (the uneven-sequence control fired on it).
-
-    A periodic evaluation does not judge again a job judged on arrival since the previous periodic evaluation:
-    it takes that judgement's candidates, all of them (`Judged.full`), as its own. Every detector ran there on
-    data at most one evaluation interval old, so judging the job again would cost a second judgement for what
-    the next arrival judges anyway; what waits on persistence is still sampled once per periodic evaluation."""
+    ~23 s then outlasted the 20 s minimum (the uneven-sequence control fired on it)."""
     since = inputs.now - cfg.recent_s
     baselines = dict(state.baselines)
     share_state = dict(state.shares)
@@ -169,28 +161,19 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         job_start = len(out)  # where this job's candidates start
         key = inputs_key(ranks, inputs.gpu_windows, inputs.absent_nodes)
         last = judged.get(job)
-        recent = last is not None and inputs.now - last.at < cfg.rejudge_s and job in state.rank_features
-        if recent and not arrivals and last.arrival and state.ticked is not None and last.at > state.ticked:
-            # Judged on arrival since the last periodic evaluation: that judgement stands in for this one (every
-            # detector ran on it), so the job is not judged twice; what waits on persistence is still sampled
-            # once per periodic evaluation, as validated.
-            out.extend(last.full)
-            rank_features[job] = state.rank_features[job]
-            judged[job] = Judged(last.key, last.at, last.full, tuple(c for c in last.full if not _immediate(c)))
-            continue
-        if recent and last.key == key and (arrivals or not last.arrival):
+        if last is not None and last.key == key and inputs.now - last.at < cfg.rejudge_s \
+                and job in state.rank_features and (arrivals or not last.arrival):
             out.extend(last.candidates)
             rank_features[job] = state.rank_features[job]
             continue
         _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
                    shares_since, share_times, out, peer_rows)
-        full = tuple(out[job_start:])
         if arrivals:
             windowed = last.windowed if last is not None else ()
             out[job_start:] = _on_arrival(out[job_start:], windowed)
         else:
-            windowed = tuple(c for c in full if not _immediate(c))
-        judged[job] = Judged(key, inputs.now, tuple(out[job_start:]), windowed, arrivals, full)
+            windowed = tuple(c for c in out[job_start:] if not _immediate(c))
+        judged[job] = Judged(key, inputs.now, tuple(out[job_start:]), windowed, arrivals)
     for job in held:
         last = judged.get(job)
         if job not in inputs.jobs and last is not None and job in state.rank_features:
@@ -200,8 +183,7 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         for job in [j for j in kept if j not in inputs.jobs and j not in held]:
             del kept[job]  # the job expired from the store: forget it
     return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
-                         rank_features=rank_features, judged=judged,
-                         ticked=state.ticked if arrivals else inputs.now, peer_rows=peer_rows), out
+                         rank_features=rank_features, judged=judged, peer_rows=peer_rows), out
 
 
 def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, state: DetectorState,
