@@ -70,16 +70,27 @@ PUSH_KEYS = (("rank", True), ("world_size", True), ("node", True), ("gpu_uuid", 
 _ABSENT = {"samples": struct.pack("<q", -1), "comm_wait_s": struct.pack("<d", math.nan)}
 
 
+class LineError(BatchError):
+    """A push given to encode_columns_batch is not a columnar push body; `index`: its place among them."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(f"push {index}: {message}")
+        self.index = index
+
+
 def encode_columns_batch(job: str, pushes: Sequence[bytes]) -> bytes:
-    """One columnar batch of `pushes`, columnar push bodies of `job` (as the relay holds them, already judged)."""
+    """One columnar batch of `pushes`, columnar push bodies of `job` (as the relay holds them, already judged);
+    LineError names the first that is not one (a held file damaged on disk)."""
     heads: dict[str, list[object]] = {name: [] for name, _ in PUSH_KEYS}
     raw: dict[str, list[bytes]] = {name: [] for name, _ in COLUMN_FIELDS}
     given: set[str] = set()
-    for line in pushes:
-        body = json.loads(line)
-        columns = body["columns"]
-        values = {name: binascii.a2b_base64(text) for name, text in columns.items() if name in raw}
-        n = len(values["step"]) // 8
+    for i, line in enumerate(pushes):
+        try:
+            body = json.loads(line)
+            values = {name: binascii.a2b_base64(text) for name, text in body["columns"].items() if name in raw}
+            n = len(values["step"]) // 8
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, binascii.Error) as err:
+            raise LineError(i, f"not a columnar push body ({type(err).__name__}: {err})") from None
         body["steps"] = n
         for name, column in heads.items():
             value = body.get(name)

@@ -3,6 +3,7 @@ batches per job, routed by shard, Retry-After and backoff honoured, refusals dro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import httpx
@@ -14,7 +15,6 @@ from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.accept import Ingest, Reply
 from gpumond.rules.store import RankStore
 from gpumond.web.client import Access
-from gpumond.wire.batch import split_batch
 from gpumond.wire.retry import Backoff
 from gpumond.wire.routing import shard_of
 from tests.fakes import FakeClock
@@ -74,7 +74,7 @@ def test_each_job_goes_in_one_batch_and_every_step_is_stored() -> None:
         hold(buffer, clock, "a", rank, line("a", rank))
         hold(buffer, clock, "b", rank, line("b", rank))
     assert sender.flush() is True
-    assert len(seen) == 2 and {split_batch(r.content)[0] for r in seen} == {"a", "b"}
+    assert len(seen) == 2 and {json.loads(r.content)["job"] for r in seen} == {"a", "b"}
     assert stats.forwarded == 16 and buffer.count == 0
     assert sum(len(w.steps) for w in ingest.ranks.jobs(NOW)["a"].values()) == 8
 
