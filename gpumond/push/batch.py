@@ -8,6 +8,7 @@ JSON, arrays of different lengths, step counts that do not add up to the columns
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -15,9 +16,40 @@ from pydantic import ValidationError
 
 from gpumond.push.body import PayloadError, PushBody, describe
 from gpumond.push.steps import StepsError, cut, read_columns, slice_problems
+from gpumond.push.values import StepColumns
 from gpumond.wire.batch import MAX_BATCH_PUSHES, PUSH_KEYS, BatchError
 
 _HEAD_KEYS = tuple(name for name, _ in PUSH_KEYS if name != "steps")
+# A relay sends the same heads every interval; judged once, remembered (an entry is under 1 KiB, far less than the
+# steps the store holds per rank). Bounded, so heads made up by a hostile client cannot grow it without end.
+MAX_REMEMBERED_HEADS = 65_536
+Judged = tuple[PushBody, StepColumns] | PayloadError
+
+
+class HeadJudge:
+    """A push's head judged by the push model's own rules (body.head_model), the judgement remembered per head."""
+
+    def __init__(self, model: type[PushBody], remembered: int = MAX_REMEMBERED_HEADS) -> None:
+        self.model = model
+        self._cached = functools.lru_cache(maxsize=remembered)(self._judge)
+
+    def __call__(self, head: tuple[object, ...]) -> PushBody | PayloadError:
+        """`head`: the values of _HEAD_KEYS with the job first. Only a head whose numbers and flag have their JSON
+        types is looked up: 1, 1.0 and True are equal keys in a dict, but only 1 is a rank."""
+        _, rank, world_size, *_, final = head
+        if type(rank) is int and type(world_size) is int and (final is None or type(final) is bool):
+            try:
+                return self._cached(head)
+            except TypeError:  # an array or object where a value belongs: unhashable, judged (and refused) below
+                pass
+        return self._judge(head)
+
+    def _judge(self, head: tuple[object, ...]) -> PushBody | PayloadError:
+        fields = {name: value for name, value in zip(("job", *_HEAD_KEYS), head) if value is not None}
+        try:
+            return self.model.model_validate(fields)
+        except ValidationError as err:
+            return PayloadError(*describe(err, self.model))
 
 
 class ColumnsBatchError(BatchError):
@@ -28,10 +60,11 @@ class ColumnsBatchError(BatchError):
         self.status = status
 
 
-def parse_columns_batch(body: bytes, head: type[PushBody], max_steps: int,
-                        max_pushes: int = MAX_BATCH_PUSHES) -> tuple[str, list[PushBody | PayloadError]]:
-    """(job, each push judged, in order) of a columnar batch; `head`: body.head_model with the configured limits,
-    `max_steps`: limits.max_steps_per_push. Raises ColumnsBatchError for the batch's framing."""
+def parse_columns_batch(body: bytes, judge: HeadJudge, max_steps: int,
+                        max_pushes: int = MAX_BATCH_PUSHES) -> tuple[str, list[Judged]]:
+    """(job, each push judged, in order: its head and steps, or its refusal) of a columnar batch; `judge`: over
+    body.head_model with the configured limits, `max_steps`: limits.max_steps_per_push. Raises ColumnsBatchError
+    for the batch's framing."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
@@ -57,21 +90,18 @@ def parse_columns_batch(body: bytes, head: type[PushBody], max_steps: int,
     if len(steps) != bounds[-1]:
         raise ColumnsBatchError(f"pushes.steps: add up to {bounds[-1]} but the columns hold {len(steps)} values")
     problems = slice_problems(steps, bounds)
-    out: list[PushBody | PayloadError] = []
-    for i, n in enumerate(counts):
-        fields = {name: values[i] for name, values in arrays.items() if name != "steps" and values[i] is not None}
-        try:
-            push = head.model_validate({"job": job, **fields})
-        except ValidationError as err:
-            out.append(PayloadError(*describe(err, head)))
-            continue
-        if n > max_steps:
+    out: list[Judged] = []
+    heads = zip(*(arrays[name] for name in _HEAD_KEYS))
+    for i, (n, values) in enumerate(zip(counts, heads)):
+        push = judge((job, *values))
+        if isinstance(push, PayloadError):
+            out.append(push)
+        elif n > max_steps:
             out.append(PayloadError(422, f"columns: must have at most {max_steps} steps (got {n})"))
         elif i in problems:
             out.append(PayloadError(422, problems[i]))
         else:
-            object.__setattr__(push, "_columns", cut(steps, bounds[i], bounds[i + 1]))  # as body.parse completes it
-            out.append(push)
+            out.append((push, cut(steps, bounds[i], bounds[i + 1])))
     return job, out
 
 

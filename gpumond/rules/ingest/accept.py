@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.auth import TokenAuth
 from gpumond.web.body import declared_too_large
-from gpumond.push.batch import ColumnsBatchError, parse_columns_batch
+from gpumond.push.batch import MAX_REMEMBERED_HEADS, ColumnsBatchError, HeadJudge, parse_columns_batch
 from gpumond.push.body import PushBody, head_model
+from gpumond.push.values import StepColumns
 from gpumond.rules.ingest.payload import PayloadError, columns_model, parse, push_model
 from gpumond.rules.ingest.ratelimit import RateLimiter, retry_after
 from gpumond.rules.ingest.stats import IngestStats
@@ -66,7 +67,7 @@ class Ingest:
         self.max_body_bytes = limits.max_body_bytes
         self.model = push_model(limits.max_string_len, limits.max_steps_per_push)
         self.columns_model = columns_model(limits.max_string_len, limits.max_steps_per_push)
-        self.head_model = head_model(limits.max_string_len)
+        self._heads = HeadJudge(head_model(limits.max_string_len), min(limits.max_ranks, MAX_REMEMBERED_HEADS))
         self._max_steps = limits.max_steps_per_push
         self._auth = TokenAuth(config.tokens, config.allow_unauthenticated)
         self._limiter = RateLimiter(limits.pushes_per_second_per_client, limits.burst, limits.max_clients, clock)
@@ -119,7 +120,7 @@ class Ingest:
         """A columnar batch: its framing and every step value judged once for the whole batch, each push's head
         alone; then each push stored as if it had come alone, and one answer listing each one's outcome in order."""
         try:
-            job, pushes = parse_columns_batch(body, self.head_model, self._max_steps)
+            job, pushes = parse_columns_batch(body, self._heads, self._max_steps)
         except ColumnsBatchError as err:
             return self._reply(err.status, f"batch: {err}")
         if self._shard is not None and (owner := shard_of(job, self._shard.count)) != self._shard.index:
@@ -129,7 +130,7 @@ class Ingest:
             if isinstance(push, PayloadError):
                 results.append(_result(self._reply(push.status, push.message)))
             else:
-                results.append(_result(self._keep(push, client)))
+                results.append(_result(self._keep(*push, client)))
         return Reply(202, {"results": results})
 
     def _accept_batch(self, client: Client, body: bytes) -> Reply:
@@ -155,12 +156,11 @@ class Ingest:
         if (job is None and self._shard is not None
                 and (owner := shard_of(push.job, self._shard.count)) != self._shard.index):
             return self._misrouted(push.job, owner, client)
-        return self._keep(push, client)
+        return self._keep(push, push.step_columns(), client)
 
-    def _keep(self, push: PushBody, client: Client) -> Reply:
+    def _keep(self, push: PushBody, steps: StepColumns, client: Client) -> Reply:
         """Store one judged push (its steps' ends within the clock skew); the answer it gets."""
         now = self._clock()
-        steps = push.step_columns()
         if len(steps) and steps.end.max() > now + self._skew_s:  # one reduction for the usual push
             i = int((steps.end > now + self._skew_s).argmax())
             return self._reply(422, f"steps[{i}].end: {steps.end[i] - now:.0f} s in the future, more than "
