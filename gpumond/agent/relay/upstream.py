@@ -133,19 +133,8 @@ class Sender:
             headers.update({"Authorization": authorization} if authorization else self._access.headers())
         except Exception as e:  # a credentials file that became unreadable: counted, tried again next round
             return self._failed(target, "bad_answer", f"relay credentials: {e}", None, entries)
-        try:
-            body = encode_columns_batch(job, [e.line for e in entries])
-            while len(body) > self.max_batch_bytes and len(entries) > 1:
-                # Filling a column some pushes left out (comm wait, samples) for all of them can make the batch
-                # larger than its lines: the older half goes in this batch, the rest in the next.
-                entries = entries[:len(entries) // 2]
-                body = encode_columns_batch(job, [e.line for e in entries])
-        except LineError as err:  # only a damaged held file gives one: that push is dropped, the others go on
-            bad = entries[err.index]
-            self._warn("unreadable", "a held push is not a columnar push body; dropped and its rank told",
-                       job=job, rank=bad.rank[1], error=str(err))
-            self._stats.lost(bad.rank, bad.steps, "refused")
-            self._buffer.done([bad])
+        body, entries = self._encode(job, entries)
+        if body is None:
             return True
         try:
             response = self._client.post(url, content=body, headers=headers)
@@ -175,6 +164,26 @@ class Sender:
             self._stats.lost(entry.rank, entry.steps, "refused")
         self._buffer.done(entries)
         return True
+
+    def _encode(self, job: str, entries: list[Entry]) -> tuple[bytes | None, list[Entry]]:
+        """The columnar batch of `entries` (or of the older ones, within max_batch_bytes), and the entries it holds;
+        a held push that is not a columnar push body (only a damaged held file gives one) is dropped and told."""
+        while entries:
+            try:
+                body = encode_columns_batch(job, [e.line for e in entries])
+            except LineError as err:
+                bad = entries.pop(err.index)
+                self._warn("unreadable", "a held push is not a columnar push body; dropped and its rank told",
+                           job=job, rank=bad.rank[1], error=str(err))
+                self._stats.lost(bad.rank, bad.steps, "refused")
+                self._buffer.done([bad])
+                continue
+            if len(body) <= self.max_batch_bytes or len(entries) == 1:
+                return body, entries
+            # Filling a column some pushes left out (comm wait, samples) for all of them can make the batch larger
+            # than its lines: the older half goes in this batch, the rest in the next.
+            entries = entries[:len(entries) // 2]
+        return None, entries
 
     def _delivered(self, target: _Target, entries: list[Entry], answer: bytes) -> bool:
         try:
