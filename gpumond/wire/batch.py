@@ -1,13 +1,11 @@
 """The batched pushes' two framings: the line batch (a head line, then one columnar push body a line) and the
 columnar batch that the node relay sends (one head with each push's identity as arrays, one set of step columns).
 
-The line batch:
-
-Each line is a whole push, byte for byte what a rank would have sent alone in the columnar encoding, so the rules
-service judges every rank of a batch with the code that judges single pushes, and a bad line refuses that line
-only. Lines, not a JSON array: the service finds each push with one bytes.split instead of parsing the batch
-twice (once as an array, once per push), and compact JSON never holds a raw newline. Stdlib only: the relay and
-the service import it; a future SDK could too.
+The line batch (what relays of the previous version send; the service still reads it): each line is a whole push,
+byte for byte what a rank would have sent alone in the columnar encoding, judged by the single-push code. The
+columnar batch (docs/rules-api.md, "Batched pushes"): the service parses it once and checks all its steps at once
+instead of parsing, decoding and checking every push apart (gpumond/push/batch.py). Stdlib only: the relay and the
+service import it; a future SDK could too.
 """
 
 from __future__ import annotations
