@@ -88,7 +88,10 @@ def main() -> None:
     if args.quick:
         args.nodes, args.rounds, args.repeats = 2, 20, 1
     # One client sends what every rank would: the per-client rate limit is lifted (each rank is its own client).
-    rules, base = _bench.start_rules(Path(tempfile.mkdtemp(prefix="relay-batch-")), [TOKEN],
+    # Ingest only, as relay_scale.py measures it: evaluation costs the same steps whichever way they came.
+    rules, base = _bench.start_rules(Path(tempfile.mkdtemp(prefix="relay-batch-")), [TOKEN], log={"level": "warning"},
+                                     evaluation_interval_s=3600, judge_on_steps={"enabled": False},
+                                     power_slack={"enabled": False},
                                      limits={"pushes_per_second_per_client": 100_000, "burst": 100_000})
     results: dict[str, list[tuple[float, int, int]]] = {way: [] for way in WAYS}
     try:
@@ -120,7 +123,8 @@ def main() -> None:
         {"command": " ".join(sys.argv), "setup": f"{args.nodes} nodes × {RANKS_PER_NODE} ranks, {STEPS_PER_PUSH} "
          f"steps a push (2 s at 2 steps/s), {args.rounds} intervals per phase, phases in turn {args.repeats}×; "
          "one kept-alive connection from this process to the `gpumond rules` daemon (default config but the per-client "
-         "rate limit lifted: here one client sends what every rank would)",
+         "rate limit lifted: here one client sends what every rank would; evaluation set apart, "
+         "`evaluation_interval_s` 3600 and `judge_on_steps` off, so the figure is ingest)",
          "note": "the machine's 2 vCPUs are shared with other work: compare the ways within the run"},
         _bench.md_table(("path", "requests", "steps stored", "service CPU s", "CPU per step", "CPU per request"), rows),
         f"**The columnar batch costs the service {per_step[direct] / per_step[columns]:.1f}× less CPU per step than "
