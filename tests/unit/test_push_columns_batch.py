@@ -166,7 +166,7 @@ def test_a_remembered_head_does_not_stand_for_one_of_another_json_type() -> None
     ingest = make()
     assert results(ingest, batch(push(1)))[0] == {"accepted": 2}
     for wrong in (True, 1.0):  # equal to 1 as a dict key, but not a rank
-        got = results(ingest, edit(batch(push(1, first=2)), lambda d: d["pushes"].update(rank=[wrong])))[0]
+        got = results(ingest, edit(batch(push(1, first=2)), lambda d, w=wrong: d["pushes"].update(rank=[w])))[0]
         assert got["status"] == 422 and str(got["error"]).startswith("rank: "), got
     got = results(ingest, edit(batch(push(1, first=2)), lambda d: d["pushes"].update(node=[["n"]])))[0]
     assert got["status"] == 422 and str(got["error"]).startswith("node: ")

@@ -204,4 +204,4 @@ def test_the_default_backoff_is_capped_at_two_intervals_with_full_jitter() -> No
         waits.append(sender.paused_until(url) - clock())
         clock.advance(waits[-1])
     assert max(waits) < BACKOFF_CAP_S == 4.0  # back within a cap of the service's return, however long it was gone
-    assert min(waits[8:]) < 1.0 < 3.0 < max(waits[8:])  # spread over the whole cap: relays do not return together
+    assert min(waits[8:]) < 1.0 and max(waits[8:]) > 3.0  # spread over the cap: relays do not return together
