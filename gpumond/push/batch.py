@@ -61,10 +61,10 @@ class ColumnsBatchError(BatchError):
 
 
 def parse_columns_batch(body: bytes, judge: HeadJudge, max_steps: int,
-                        max_pushes: int = MAX_BATCH_PUSHES) -> tuple[str, list[Judged]]:
-    """(job, each push judged, in order: its head and steps, or its refusal) of a columnar batch; `judge`: over
-    body.head_model with the configured limits, `max_steps`: limits.max_steps_per_push. Raises ColumnsBatchError
-    for the batch's framing."""
+                        max_pushes: int = MAX_BATCH_PUSHES) -> tuple[str, list[Judged], np.ndarray]:
+    """(job, each push judged, in order: its head and steps, or its refusal, and every step's end) of a columnar
+    batch; `judge`: over body.head_model with the configured limits, `max_steps`: limits.max_steps_per_push. Raises
+    ColumnsBatchError for the batch's framing."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
@@ -102,7 +102,7 @@ def parse_columns_batch(body: bytes, judge: HeadJudge, max_steps: int,
             out.append(PayloadError(422, problems[i]))
         else:
             out.append((push, cut(steps, bounds[i], bounds[i + 1])))
-    return job, out
+    return job, out, steps.end
 
 
 def _arrays(pushes: dict[str, object], max_pushes: int) -> dict[str, list[object]]:

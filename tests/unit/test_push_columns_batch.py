@@ -85,7 +85,7 @@ def test_the_media_type_is_admitted() -> None:
     [],
 ])
 def test_each_push_comes_out_as_it_would_have_been_parsed_alone(pushes: list[bytes]) -> None:
-    job, judged = parse_columns_batch(batch(*pushes), HeadJudge(head_model(MAX_TEXT)), MAX_STEPS)
+    job, judged, _ = parse_columns_batch(batch(*pushes), HeadJudge(head_model(MAX_TEXT)), MAX_STEPS)
     assert job == "j" and len(judged) == len(pushes)
     for line, got in zip(pushes, judged):
         assert not isinstance(got, PayloadError)

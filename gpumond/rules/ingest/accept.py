@@ -120,17 +120,19 @@ class Ingest:
         """A columnar batch: its framing and every step value judged once for the whole batch, each push's head
         alone; then each push stored as if it had come alone, and one answer listing each one's outcome in order."""
         try:
-            job, pushes = parse_columns_batch(body, self._heads, self._max_steps)
+            job, pushes, ends = parse_columns_batch(body, self._heads, self._max_steps)
         except ColumnsBatchError as err:
             return self._reply(err.status, f"batch: {err}")
         if self._shard is not None and (owner := shard_of(job, self._shard.count)) != self._shard.index:
             return self._misrouted(job, owner, client)
+        now = self._clock()
+        on_time = not len(ends) or ends.max() <= now + self._skew_s  # else each push is looked at alone
         results = []
         for push in pushes:
             if isinstance(push, PayloadError):
                 results.append(_result(self._reply(push.status, push.message)))
             else:
-                results.append(_result(self._keep(*push, client)))
+                results.append(_result(self._keep(*push, client, now=now, on_time=on_time)))
         return Reply(202, {"results": results})
 
     def _accept_batch(self, client: Client, body: bytes) -> Reply:
@@ -158,10 +160,12 @@ class Ingest:
             return self._misrouted(push.job, owner, client)
         return self._keep(push, push.step_columns(), client)
 
-    def _keep(self, push: PushBody, steps: StepColumns, client: Client) -> Reply:
-        """Store one judged push (its steps' ends within the clock skew); the answer it gets."""
-        now = self._clock()
-        if len(steps) and steps.end.max() > now + self._skew_s:  # one reduction for the usual push
+    def _keep(self, push: PushBody, steps: StepColumns, client: Client, *, now: float | None = None,
+              on_time: bool = False) -> Reply:
+        """Store one judged push (its steps' ends within the clock skew); the answer it gets. `on_time`: the caller
+        found every step's end within the skew already (a batch's, all at once), at `now`."""
+        now = self._clock() if now is None else now
+        if not on_time and len(steps) and steps.end.max() > now + self._skew_s:  # one reduction for a push
             i = int((steps.end > now + self._skew_s).argmax())
             return self._reply(422, f"steps[{i}].end: {steps.end[i] - now:.0f} s in the future, more than "
                                     f"limits.max_clock_skew_s ({self._skew_s:g}); check the clock of node "
@@ -178,7 +182,7 @@ class Ingest:
         if stored.restarted:
             log.info("rank restarted: its previous process's steps let go", extra={
                 "job": info.job, "rank": info.rank, "node": info.node, "incarnation": push.incarnation})
-        dropped = stored.dropped()
+        dropped = stored.dropped() if stored.accepted != len(steps) else None  # every step is kept or dropped
         if dropped:
             # Every step not stored is named with its reason, so the SDK counts it dropped, not pushed.
             self._warn("dropped", "push partly kept", job=info.job, rank=info.rank, client=client.identity,
