@@ -9,6 +9,7 @@ JSON, arrays of different lengths, step counts that do not add up to the columns
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 
 import numpy as np
@@ -82,7 +83,7 @@ def parse_columns_batch(body: bytes, judge: HeadJudge, max_steps: int,
     counts = arrays["steps"]
     if not all(type(n) is int and n >= 0 for n in counts):
         raise ColumnsBatchError("pushes.steps: must be integers >= 0, each push's count of step values")
-    bounds = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).tolist() if counts else [0]
+    bounds = [0, *itertools.accumulate(counts)]  # Python ints: a count past int64 is refused below, not wrapped
     try:
         steps = read_columns(columns, bounds[-1])
     except StepsError as err:

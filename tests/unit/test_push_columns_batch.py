@@ -112,6 +112,8 @@ def test_each_push_comes_out_as_it_would_have_been_parsed_alone(pushes: list[byt
     # a push's count reaching past the columns (what an index out of range would be)
     (edit(batch(push(0), push(1)), lambda d: d["pushes"].update(steps=[2, 3])), 422,
      "batch: pushes.steps: add up to 5 but the columns hold 4 values"),
+    (edit(batch(push(0), push(1)), lambda d: d["pushes"].update(steps=[2**70, 2])), 422,
+     f"batch: pushes.steps: add up to {2**70 + 2} but the columns hold 4 values"),
     (edit(batch(push(0), push(1)), lambda d: d["pushes"].update(steps=[-1, 5])), 422,
      "batch: pushes.steps: must be integers >= 0"),
     (edit(batch(push(0), push(1)), lambda d: d["pushes"].update(steps=[True, 3])), 422,
