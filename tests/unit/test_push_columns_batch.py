@@ -225,3 +225,24 @@ def test_a_batch_stores_what_its_pushes_one_by_one_store(pushes: list) -> None:
         {"retry_after_s": 30} if r.status == 429 else {})} for r in alone]
     assert results(batched, batch(*lines)) == want
     assert _snapshot(batched) == _snapshot(one_by_one)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                     max_leaves=6)
+_VALID = json.loads(batch(push(0), push(1, steps=[step(0, comm_wait_s=0.2, samples=3)]), push(2, count=0)))
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.sampled_from([("job",), *(("pushes", k) for k in _VALID["pushes"]), *(("columns", k) for k in _VALID["columns"]),
+                        ("pushes",), ("columns",)]), _json)
+def test_any_json_in_any_place_is_answered_never_raised(where: tuple[str, ...], value: object) -> None:
+    doc = json.loads(json.dumps(_VALID))
+    target = doc
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    reply = make().accept(BATCH, json.dumps(doc).encode())  # an exception here would be the endpoint's 500
+    assert reply.status in (202, 400, 422), reply
+    for result in reply.body.get("results", []):  # type: ignore[union-attr]
+        assert result.get("status", 202) in (202, 422), result
