@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import httpx
 
@@ -56,3 +57,32 @@ def test_a_bad_record_is_left_out_and_the_rest_taken_back(tmp_path) -> None:
     r.start()
     assert [e.rank for e in r.buffer.held()] == [("j", 0)]
     assert list(tmp_path.glob("relay-held.json.rejected.*"))
+
+
+def test_a_stop_keeps_what_it_holds_when_the_service_never_answers_within_the_grace(tmp_path) -> None:
+    """A rules service that takes the connection and never answers (hung, not refused), on several shards: the stop
+    must not wait one client timeout per shard past its grace (the supervisor's SIGKILL would then take everything
+    held), but keep what it holds and return."""
+    release = threading.Event()
+
+    def hung(request: httpx.Request) -> httpx.Response:
+        release.wait(30)  # bounded: the test releases it at its end
+        raise httpx.ReadTimeout("no answer", request=request)
+
+    clock = FakeClock()
+    r = Relay(RelayConfig(upstream="http://rules-{shard}:9481", shards=4), node="n", devices=dict, access=Access(),
+              clock=clock, client=httpx.Client(transport=httpx.MockTransport(hung)),
+              held=HeldFile(tmp_path / "relay-held.json", clock))
+    r.start()
+    for job in ("a", "b", "c", "d", "e", "f"):
+        r.buffer.add(Entry((job, None), (job, 0), b'{"job":"%s"}' % job.encode(), 1, clock()))
+    stopping = threading.Thread(target=r.stop, kwargs={"grace_s": 0.2})
+    stopping.start()
+    try:
+        stopping.join(10)
+        assert not stopping.is_alive(), "stop waits on an upstream that never answers"
+    finally:
+        release.set()
+        stopping.join(30)
+    kept = HeldFile(tmp_path / "relay-held.json", clock).load()
+    assert sorted(e.rank[0] for e in kept) == ["a", "b", "c", "d", "e", "f"]

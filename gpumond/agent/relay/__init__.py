@@ -5,6 +5,7 @@ know (node, GPU, job), and pushes each job's steps to its rules shard in one bat
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -77,9 +78,18 @@ class Relay:
     def stop(self, grace_s: float) -> None:
         """Deliver what is held, for at most `grace_s`; what is left is kept for the next start (the state
         directory's relay-held.json), or, when it cannot be, dropped and logged."""
-        self.sender.flush_until(time.monotonic() + grace_s)
-        self._client.close()
+        # The sending runs on a thread of its own, waited for `grace_s` only: one batch to a service that takes the
+        # connection and never answers waits a whole client timeout, one per shard, and a stop that overran the
+        # supervisor's grace would be killed before keeping anything. A batch still in flight then stays held (it
+        # is in the buffer until answered) and is kept; if it is stored after all, the next start's copy is dropped
+        # by the service as a duplicate.
+        sending = threading.Thread(target=self.sender.flush_until, args=(time.monotonic() + grace_s,),
+                                   name="relay-stop-flush", daemon=True)
+        sending.start()
+        sending.join(grace_s)
         left = self.buffer.held()
+        if not sending.is_alive():
+            self._client.close()  # else left to the exiting process: closing it under a send in flight could block
         if not left:
             return
         if self._held is not None and self._held.save(left):
