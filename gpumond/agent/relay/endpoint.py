@@ -80,9 +80,8 @@ class RelayEndpoint:
             return 400, {"error": "client disconnected before the body was complete"}
         if body is None:
             return too_large
-        pid = int(pid_text) if pid_text is not None and pid_text.strip().isdecimal() else None
         entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization,
-                                   pid=pid if pid is not None and 0 < pid < 2**31 else None)
+                                   pid=sender_pid(pid_text))
         if isinstance(entry, Refused):
             return entry.status, {"error": entry.message}
         if len(entry.line) > self._buffer.max_bytes:
@@ -95,3 +94,13 @@ class RelayEndpoint:
         if owed:
             answer["dropped"] = owed
         return 202, answer
+
+
+def sender_pid(text: str | None) -> int | None:
+    """The pid a Gpumond-Pid header gives, or None when it gives none usable (the push then names its GPU itself).
+    Its length is checked before int(): past 4,300 digits int() raises, and a header may be kilobytes long."""
+    text = (text or "").strip()
+    if not 0 < len(text) <= 10 or not text.isdecimal():
+        return None
+    pid = int(text)
+    return pid if 0 < pid < 2**31 else None
