@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable, Iterable, Mapping
 
 import httpx
@@ -48,3 +49,28 @@ def test_an_unusable_pid_header_is_a_push_without_a_pid(pid: str) -> None:
     answer = send(r, push(), {PID_HEADER: pid})
     assert answer.status_code == 422 and "GPUMOND_GPU_UUID" in answer.json()["error"]
     assert send(r, push(), {PID_HEADER: "4242"}).status_code == 202
+
+
+def test_finding_a_rank_gpu_does_not_hold_up_the_event_loop() -> None:
+    """NVML's process list is read under the session's lock, which the sampler holds for a whole sample (and a
+    GPU falling off the bus can hold for seconds): the agent's other listeners (/healthz, /metrics) share the
+    relay's event loop and must go on meanwhile."""
+    loop_ran = threading.Event()
+    waited: list[bool] = []
+
+    def busy_nvml() -> dict[str, tuple[int, ...]]:
+        waited.append(loop_ran.wait(5))  # bounded: 5 s only when the loop is held (the defect)
+        return {GPU0: (4242,)}
+
+    async def main() -> httpx.Response:
+        async def other_listener() -> None:
+            await asyncio.sleep(0.01)
+            loop_ran.set()
+
+        ticking = asyncio.create_task(other_listener())
+        answer = await post(relay(busy_nvml), push(), {PID_HEADER: "4242"})
+        await ticking
+        return answer
+
+    assert asyncio.run(main()).status_code == 202
+    assert waited == [True]

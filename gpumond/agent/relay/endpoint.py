@@ -7,11 +7,13 @@ or the service could not deliver since its last answer), or the status and one l
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
+import anyio.to_thread
 from starlette.types import Receive, Scope, Send
 
 from gpumond.agent.relay.buffer import Buffer
@@ -80,8 +82,11 @@ class RelayEndpoint:
             return 400, {"error": "client disconnected before the body was complete"}
         if body is None:
             return too_large
-        entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization,
-                                   pid=sender_pid(pid_text))
+        # On a worker thread: finding the rank's GPU may wait for NVML (under the session's lock, which the sampler
+        # holds for a whole sample), and this event loop serves the agent's /healthz and /metrics as well.
+        entry = await anyio.to_thread.run_sync(functools.partial(
+            self._intake.judge, body, columns=media == COLUMNS_TYPE, authorization=authorization,
+            pid=sender_pid(pid_text)))
         if isinstance(entry, Refused):
             return entry.status, {"error": entry.message}
         if len(entry.line) > self._buffer.max_bytes:
