@@ -114,6 +114,21 @@ def test_host_port_mode() -> None:
     assert "baseline: agent hostPort" in pod_security_violations(_pod(read_only)["spec"])
 
 
+def test_notes_give_https_addresses_when_the_daemons_serve_tls() -> None:
+    """tls.enabled serves the relay (the agent's listeners) and the rules service over https only: an http:// address
+    from the NOTES makes every push to the relay fail and fall back, and one to the rules service fail."""
+    values = values_of("ci/tls-values.yaml")
+    text = notes(values)
+    assert f"GPUMOND_RELAY=https://{RELAY_SERVICE}.{NAMESPACE}.svc:9482\n" in text
+    assert f"GPUMOND_ENDPOINT=https://{RULES}.{NAMESPACE}.svc:9481\n" in text
+    # The agents' one certificate must name the relay Service, or the SDK refuses the relay's certificate.
+    assert f"the agents' certificate (tls.agentSecret) must name {RELAY_SERVICE}.{NAMESPACE}.svc" in text
+    host_port = notes({**values, "agent": {"relay": {"expose": "hostPort"}}})
+    assert "GPUMOND_RELAY=https://$(HOST_IP):9482" in host_port
+    assert "the agents' certificate (tls.agentSecret) must name every node's address" in host_port
+    assert "http://" not in host_port.split("Training jobs")[1]
+
+
 def test_sharded_upstream_routes_each_job_to_the_pod_of_its_shard() -> None:
     """The relay gets the same template and count as the SDK: a job's batch lands on its shard's StatefulSet pod."""
     objects = rendered("ci/sharded-values.yaml")
