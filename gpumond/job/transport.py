@@ -206,17 +206,15 @@ class RelayTransport:
             try:
                 reply = self._relay.post(body, timeout_s)
             except (OSError, http.client.HTTPException) as exc:
-                if isinstance(exc, TLSError) or self._direct is None:
-                    if self.via_relay and self._direct is None:
+                if self._direct is None:
+                    if self.via_relay:
                         log.warning("gpumond: no node relay answers at %s (%s) and %s; retrying the relay with backoff",
                                     self._relay_url, exc, self._problem or "no GPUMOND_ENDPOINT is set")
                     self.via_relay = False
                     raise
-                self._retry_relay_at = self._clock() + RELAY_RETRY_S
-                if self.via_relay:
-                    log.log(self._level, "gpumond: no node relay answers at %s (%s); pushing to %s directly, and "
-                            "trying the relay again every %g s", self._relay_url, exc, self._direct_url, RELAY_RETRY_S)
-                self.via_relay = False
+                # A certificate the rank cannot verify is a mistake to fix, said as a warning; the rules service,
+                # verified on its own, still takes the steps meanwhile.
+                self._leave_relay(str(exc), logging.WARNING if isinstance(exc, TLSError) else self._level)
             else:
                 if not self.via_relay:
                     log.info("gpumond: the node relay at %s answers again; pushing through it", self._relay_url)
@@ -224,6 +222,14 @@ class RelayTransport:
                 return reply
         assert self._direct is not None
         return self._direct.post(body, timeout_s)
+
+    def _leave_relay(self, why: str, level: int) -> None:
+        """Push directly until RELAY_RETRY_S has passed; said once per stretch without the relay."""
+        self._retry_relay_at = self._clock() + RELAY_RETRY_S
+        if self.via_relay:
+            log.log(level, "gpumond: no node relay answers at %s (%s); pushing to %s directly, and trying the relay "
+                    "again every %g s", self._relay_url, why, self._direct_url, RELAY_RETRY_S)
+        self.via_relay = False
 
     def close(self) -> None:
         """Drop both connections."""

@@ -9,7 +9,7 @@ from gpumond.job import Reporter
 from gpumond.job import reporter as reporter_module
 from gpumond.job.route import resolve_route
 from gpumond.job.settings import DEFAULT_RELAY, ConfigError, Identity
-from gpumond.job.transport import RELAY_RETRY_S, RelayTransport, Reply
+from gpumond.job.transport import RELAY_RETRY_S, RelayTransport, Reply, TLSError
 from tests.fakes import FakeClock, FakeTransport
 
 UUID = "GPU-5b0c1234-aaaa-bbbb-cccc-0123456789ab"
@@ -48,6 +48,26 @@ def test_without_a_direct_path_the_relay_failure_is_the_pushers_to_retry() -> No
                            direct_problem="this rank's GPU UUID is unknown")
     with pytest.raises(ConnectionRefusedError):
         route.post(b"{}", 1)
+
+
+class BadCertificate(FakeTransport):
+    """A relay whose certificate the rank cannot verify (not named in it, another CA, http spoken as https)."""
+
+    def post(self, body: bytes, timeout_s: float) -> Reply:
+        raise TLSError("certificate verify failed: Hostname mismatch")
+
+
+def test_a_relay_whose_certificate_fails_is_left_for_the_direct_path(caplog: pytest.LogCaptureFixture) -> None:
+    """The rules service, verified on its own, takes the steps: retrying the relay alone lost them all once the
+    rank's queue filled. The TLS problem is said once."""
+    direct, clock = FakeTransport(), FakeClock()
+    route = RelayTransport(BadCertificate(), direct, clock, relay_url="https://relay:9482",
+                           direct_url="https://rules:9481")
+    with caplog.at_level("WARNING", logger="gpumond.job"):
+        assert route.post(b"{}", 1).status == 202 and route.post(b"{}", 1).status == 202
+    assert len(direct.raw) == 2 and not route.via_relay
+    assert [r.getMessage() for r in caplog.records if "Hostname mismatch" in r.getMessage()] != []
+    assert sum("no node relay" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_named_relay_makes_endpoint_and_token_optional(monkeypatch: pytest.MonkeyPatch) -> None:
