@@ -181,6 +181,9 @@ def _message(body: bytes) -> str:
 # While the node relay does not answer, pushes go to the rules service directly; the relay is tried again after
 # this long (on loopback a refused connection costs microseconds; the chart's host address at most one timeout).
 RELAY_RETRY_S = 30.0
+# A relay serves POST /api/v1/push under its address and answers it with anything but these: a server answering them
+# is something else on the port (the default 9482 is tried on every node) or a GPUMOND_RELAY with a wrong path.
+NOT_A_RELAY = (404, 405)
 
 
 class RelayTransport:
@@ -216,10 +219,12 @@ class RelayTransport:
                 # verified on its own, still takes the steps meanwhile.
                 self._leave_relay(str(exc), logging.WARNING if isinstance(exc, TLSError) else self._level)
             else:
-                if not self.via_relay:
-                    log.info("gpumond: the node relay at %s answers again; pushing through it", self._relay_url)
-                self.via_relay = True
-                return reply
+                if reply.status not in NOT_A_RELAY or self._direct is None:
+                    if not self.via_relay:
+                        log.info("gpumond: the node relay at %s answers again; pushing through it", self._relay_url)
+                    self.via_relay = True
+                    return reply
+                self._leave_relay(f"HTTP {reply.status} {reply.detail[:100]}: not a gpumond relay", logging.WARNING)
         assert self._direct is not None
         return self._direct.post(body, timeout_s)
 

@@ -70,6 +70,22 @@ def test_a_relay_whose_certificate_fails_is_left_for_the_direct_path(caplog: pyt
     assert sum("no node relay" in r.getMessage() for r in caplog.records) == 1
 
 
+@pytest.mark.parametrize("status", [404, 405])
+def test_a_server_that_is_no_relay_is_left_for_the_direct_path(status: int) -> None:
+    """Something else on the relay's port (the default 9482 is tried on every node) or a GPUMOND_RELAY with a path
+    answers 404/405, which a relay never answers the SDK's push: the steps go directly, not dropped as refused."""
+    not_relay, direct, clock = FakeTransport(Reply(status, detail="Not Found")), FakeTransport(), FakeClock()
+    route = RelayTransport(not_relay, direct, clock, relay_url=DEFAULT_RELAY, direct_url="http://rules:9481")
+    assert route.post(b"{}", 1).status == 202 and len(direct.raw) == 1 and not route.via_relay
+    route.post(b"{}", 1)
+    assert len(not_relay.raw) == 1  # asked again only after RELAY_RETRY_S
+    clock.advance(RELAY_RETRY_S)
+    assert route.post(b"{}", 1).status == 202 and route.via_relay  # it answers 202 now: a relay again
+    # Without a direct path the answer is the pusher's, as any refusal.
+    alone = RelayTransport(FakeTransport(Reply(status)), None, clock, relay_url=DEFAULT_RELAY, direct_url=None)
+    assert alone.post(b"{}", 1).status == status
+
+
 def test_a_named_relay_makes_endpoint_and_token_optional(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("GPUMOND_ENDPOINT", "GPUMOND_TOKEN", "GPUMOND_TOKEN_FILE", "GPUMOND_SHARDS"):
         monkeypatch.delenv(name, raising=False)
