@@ -55,7 +55,7 @@ def test_default_exposes_the_relay_through_a_node_local_service() -> None:
     assert _port(container, "relay") == {"name": "relay", "containerPort": 9482, "protocol": "TCP"}  # no hostPort
     service = one(objects, "Service", RELAY_SERVICE)
     spec = service["spec"]
-    # Only the agent on the sender's node; refused (the SDK falls back to the rules service) when it is not ready.
+    # Only the agent on the sender's node; dropped (the SDK falls back to the rules service) when it is not ready.
     assert spec["internalTrafficPolicy"] == "Local" and spec["type"] == "ClusterIP"
     assert spec["ports"] == [{"name": "relay", "port": 9482, "targetPort": "relay", "protocol": "TCP"}]
     assert spec["selector"].items() <= _pod(objects)["metadata"]["labels"].items()
