@@ -2,11 +2,13 @@
 the state directory and taken again at the next start: a relay restart then loses nothing its ranks handed over.
 
 The file holds each push's line and the Authorization it came with: it is written like every state file (a
-temporary file of mode 0600, renamed over), and removed once read, so a push is taken back once.
+temporary file of mode 0600, renamed over), and removed once read, so a push is taken back once; unlike other state
+files no copy of a damaged one is kept.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +42,14 @@ class HeldFile:
     def __init__(self, path: Path, clock: Callable[[], float]) -> None:
         self.path = path
         self._clock = clock
-        self._file = JsonStateFile(path, what="relay held pushes", version=VERSION, sections=("pushes",),
-                                   consequence="the pushes the relay held at its last stop are not delivered")
+        of_path = functools.partial(JsonStateFile, path, what="relay held pushes", version=VERSION,
+                                    sections=("pushes",),
+                                    consequence="the pushes the relay held at its last stop are not delivered")
+        self._file = of_path()
+        # Read without the copies other state files keep of a damaged file for a post-mortem: this one holds the
+        # ranks' push tokens, and a copy is made with the process's umask (readable by others in a container).
+        # It is removed once read instead, damaged or not.
+        self._reader = of_path(read_only=True)
 
     def save(self, entries: list[Entry]) -> bool:
         """Keep `entries` (oldest first) for the next start; False (logged) when the file cannot be written."""
@@ -59,13 +67,13 @@ class HeldFile:
 
     def load(self) -> list[Entry]:
         """The pushes a previous run kept, oldest first, aged as they were; the file is removed once read."""
-        doc = self._file.read()
-        records, problems = self._file.records(doc, "pushes", lambda _, v: _Held.model_validate(v))
-        self._file.reject(problems)
+        doc = self._reader.read()
+        records, problems = self._reader.records(doc, "pushes", lambda _, v: _Held.model_validate(v))
+        self._reader.reject(problems)
         now = self._clock()
         out = [Entry((r.job, r.authorization), (r.job, r.rank), r.line.encode("utf-8"), r.steps, now - r.age_s)
                for _, r in sorted(records.items(), key=lambda kv: int(kv[0]) if kv[0].isdecimal() else 0)]
-        if doc.body or problems:
+        if doc.body or doc.problems or problems:
             try:
                 self.path.unlink(missing_ok=True)
             except OSError as e:
