@@ -43,12 +43,13 @@ class Relay:
         self.config = config
         self.stats = RelayStats(clock)
         self.buffer = Buffer(config.buffer_max_bytes, config.buffer_max_age_s, clock)
-        self.filler = Filler(node, ProcessDevices(devices, clock), jobs_of)
+        self.devices = ProcessDevices(devices, clock)
+        self.filler = Filler(node, self.devices, jobs_of)
         self._client = client or http_client(access, timeout=UPSTREAM_TIMEOUT_S,
                                              limits=httpx.Limits(max_connections=8, max_keepalive_connections=8))
         self.sender = Sender(buffer=self.buffer, stats=self.stats, upstream=config.upstream, shards=config.shards,
                              access=access, client=self._client, clock=clock)
-        self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal)
+        self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal, self.devices)
         self._access = access
         self._tls_problem: str | None = None
         self._held = held

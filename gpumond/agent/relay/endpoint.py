@@ -7,7 +7,6 @@ or the service could not deliver since its last answer), or the status and one l
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from gpumond.agent.relay.buffer import Buffer
 from gpumond.agent.relay.intake import Intake, Refused
+from gpumond.agent.relay.processes import ProcessDevices
 from gpumond.agent.relay.stats import RelayStats
 from gpumond.agent.relay.upstream import PUSH_PATH, Refusal
 from gpumond.web.body import Disconnected, declared_too_large, read_body
@@ -33,8 +33,9 @@ class RelayEndpoint:
     """The relay's ASGI app: one route, the push."""
 
     def __init__(self, intake: Intake, buffer: Buffer, stats: RelayStats,
-                 refusal: Callable[[str | None], Refusal | None]) -> None:
+                 refusal: Callable[[str | None], Refusal | None], devices: ProcessDevices) -> None:
         self._intake = intake
+        self._devices = devices  # the one the intake's filler looks ranks up in
         self._buffer = buffer
         self._stats = stats
         self._refusal = refusal
@@ -82,11 +83,14 @@ class RelayEndpoint:
             return 400, {"error": "client disconnected before the body was complete"}
         if body is None:
             return too_large
-        # On a worker thread: finding the rank's GPU may wait for NVML (under the session's lock, which the sampler
-        # holds for a whole sample), and this event loop serves the agent's /healthz and /metrics as well.
-        entry = await anyio.to_thread.run_sync(functools.partial(
-            self._intake.judge, body, columns=media == COLUMNS_TYPE, authorization=authorization,
-            pid=sender_pid(pid_text)))
+        pid = sender_pid(pid_text)
+        if pid is not None and self._devices.due(pid):
+            # NVML is read on a worker thread: it waits on the session's lock, which the sampler holds for a whole
+            # sample, and this event loop serves the agent's /healthz and /metrics too. Only then is there an await
+            # between the body and the answer (a client that half-closed after its body loses an answer the server
+            # gives after an await: it sees the EOF first); the judging itself then finds the pid without waiting.
+            await anyio.to_thread.run_sync(self._devices.refresh)
+        entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization, pid=pid)
         if isinstance(entry, Refused):
             return entry.status, {"error": entry.message}
         if len(entry.line) > self._buffer.max_bytes:
