@@ -93,8 +93,9 @@ class RelayEndpoint:
         entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization, pid=pid)
         if isinstance(entry, Refused):
             return entry.status, {"error": entry.message}
-        if len(entry.line) > self._buffer.max_bytes:
-            return 413, {"error": f"push larger than the relay's buffer (relay.buffer_max_bytes {self._buffer.max_bytes})"}
+        if entry.size > self._buffer.max_bytes:
+            return 413, {"error": f"push larger than the relay's buffer (relay.buffer_max_bytes "
+                                  f"{self._buffer.max_bytes})"}
         for old in self._buffer.add(entry):
             self._stats.lost(old.rank, old.steps, "buffer_full")
         self._stats.took(entry.rank, entry.steps)

@@ -12,7 +12,8 @@ RELAY_METRICS: dict[str, tuple[str, str]] = {
     "gpumond_relay_ranks": ("gauge", "Ranks that pushed to this node's relay in the last minute."),
     "gpumond_relay_steps_received_total": ("counter", "Steps the relay took from its node's ranks (answered 202)."),
     "gpumond_relay_steps_forwarded_total": ("counter", "Steps the rules service stored from the relay's batches."),
-    "gpumond_relay_buffer_bytes": ("gauge", "Bytes of pushes held for the rules service (relay.buffer_max_bytes "
+    "gpumond_relay_buffer_bytes": ("gauge", "Bytes the pushes held for the rules service cost the agent's memory "
+                                            "(each push's line, credential and bookkeeping; relay.buffer_max_bytes "
                                             "bounds it)."),
     "gpumond_relay_buffer_oldest_age_seconds": ("gauge", "How long the oldest held push has waited (relay."
                                                          "buffer_max_age_s bounds it); 0 when none is held."),
