@@ -83,17 +83,18 @@ class Relay:
         # connection and never answers waits a whole client timeout, one per shard, and a stop that overran the
         # supervisor's grace would be killed before keeping anything. A batch still in flight then stays held (it
         # is in the buffer until answered) and is kept; if it is stored after all, the next start's copy is dropped
-        # by the service as a duplicate.
+        # by the service as a duplicate, which the kept attempt count says is no loss.
         sending = threading.Thread(target=self.sender.flush_until, args=(time.monotonic() + grace_s,),
                                    name="relay-stop-flush", daemon=True)
         sending.start()
         sending.join(grace_s)
         left = self.buffer.held()
-        if not sending.is_alive():
+        in_flight = sending.is_alive()
+        if not in_flight:
             self._client.close()  # else left to the exiting process: closing it under a send in flight could block
         if not left:
             return
-        if self._held is not None and self._held.save(left):
+        if self._held is not None and self._held.save(left, in_flight=in_flight):
             log.info("relay stopping with pushes not delivered; kept for the next start",
                      extra={"pushes": len(left), "path": str(self._held.path)})
         else:

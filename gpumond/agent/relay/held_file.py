@@ -34,6 +34,9 @@ class _Held(BaseModel):
     line: Text
     steps: int = Field(ge=0, strict=True)
     age_s: Number = Field(ge=0)
+    # Sends that got no usable answer: a "duplicate" from the service for such a push means an earlier send stored
+    # it, not that it is lost. Absent in files of earlier versions: none then.
+    attempts: int = Field(0, ge=0, strict=True)
 
 
 class HeldFile:
@@ -51,12 +54,14 @@ class HeldFile:
         # It is removed once read instead, damaged or not.
         self._reader = of_path(read_only=True)
 
-    def save(self, entries: list[Entry]) -> bool:
-        """Keep `entries` (oldest first) for the next start; False (logged) when the file cannot be written."""
+    def save(self, entries: list[Entry], *, in_flight: bool = False) -> bool:
+        """Keep `entries` (oldest first) for the next start; False (logged) when the file cannot be written.
+        `in_flight`: a batch was still being sent, so any of them may yet be stored (counted as one more attempt)."""
         now = self._clock()
         body: dict[str, Any] = {"pushes": {
             str(i): {"job": e.rank[0], "rank": e.rank[1], "authorization": e.key[1], "line": e.line.decode("utf-8"),
-                     "steps": e.steps, "age_s": max(0.0, now - e.received)} for i, e in enumerate(entries)}}
+                     "steps": e.steps, "age_s": max(0.0, now - e.received), "attempts": e.attempts + in_flight}
+            for i, e in enumerate(entries)}}
         try:
             self._file.write(body)
         except OSError as e:
@@ -71,7 +76,8 @@ class HeldFile:
         records, problems = self._reader.records(doc, "pushes", lambda _, v: _Held.model_validate(v))
         self._reader.reject(problems)
         now = self._clock()
-        out = [Entry((r.job, r.authorization), (r.job, r.rank), r.line.encode("utf-8"), r.steps, now - r.age_s)
+        out = [Entry((r.job, r.authorization), (r.job, r.rank), r.line.encode("utf-8"), r.steps, now - r.age_s,
+                     attempts=r.attempts)
                for _, r in sorted(records.items(), key=lambda kv: int(kv[0]) if kv[0].isdecimal() else 0)]
         if doc.body or doc.problems or problems:
             try:
