@@ -55,7 +55,8 @@ class HttpTransport:
     Over https the server is verified with `tls` (the system CA bundle when None)."""
 
     def __init__(self, endpoint: str, token: str | None, tls: ClientTLS | None = None,
-                 content_type: str = JSON_TYPE, headers: Mapping[str, str] | None = None) -> None:
+                 content_type: str = JSON_TYPE, headers: Mapping[str, str] | None = None,
+                 setting: tuple[str, str] = ("the rules service", "GPUMOND_ENDPOINT")) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(f"endpoint must be an http:// or https:// URL with a host (got {endpoint!r})")
@@ -73,6 +74,7 @@ class HttpTransport:
             raise ConfigError(str(e)) from None
         self._host = url.hostname
         self._endpoint = endpoint
+        self._setting = setting  # (what serves `endpoint`, the setting that names it), for the https hint
         self.path = url.path.rstrip("/") + PUSH_PATH
         self._headers = {
             "Content-Type": content_type,  # the push encoding's (gpumond.wire.media.CONTENT_TYPES)
@@ -109,7 +111,8 @@ class HttpTransport:
         https = https_instead(exc, self._endpoint)
         if https is None:
             raise exc
-        raise type(exc)(f"{exc} (if the rules service serves TLS, use {https} in GPUMOND_ENDPOINT)") from exc
+        server, setting = self._setting
+        raise type(exc)(f"{exc} (if {server} serves TLS, use {https} in {setting})") from exc
 
     def _exchange(self, body: bytes, timeout_s: float) -> Reply:
         conn = self._connection(timeout_s)

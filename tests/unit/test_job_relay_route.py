@@ -124,3 +124,33 @@ def test_only_pushes_to_the_relay_carry_the_ranks_pid(monkeypatch: pytest.Monkey
     assert isinstance(transport, RelayTransport)
     assert transport._relay._headers[PID_HEADER] == str(os.getpid())  # type: ignore[attr-defined]
     assert PID_HEADER not in transport._direct._headers  # type: ignore[union-attr,attr-defined]
+
+
+def test_a_relay_serving_tls_to_an_http_url_is_named_as_the_relay() -> None:
+    """A server that closes without an answer (what a TLS listener does to plain HTTP: the chart's agents with
+    tls.enabled): the hint names the setting the rank got wrong, GPUMOND_RELAY, not GPUMOND_ENDPOINT."""
+    import socket
+    import threading
+
+    from gpumond.job.route import Route
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def close_each() -> None:
+        for _ in range(2):  # the transport retries a fresh connection once
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.close()
+
+    closer = threading.Thread(target=close_each, daemon=True)
+    closer.start()
+    try:
+        route = Route(f"http://127.0.0.1:{port}", True, None, None, None, None)
+        transport = route.transport(Identity("j", 0, 1, "n", "", None), "application/json", FakeClock())
+        with pytest.raises(OSError, match=rf"use https://127.0.0.1:{port} in GPUMOND_RELAY\)") as err:
+            transport.post(b"{}", 2)
+        assert "GPUMOND_ENDPOINT" not in str(err.value)
+    finally:
+        closer.join(5)
+        server.close()
