@@ -108,3 +108,19 @@ def test_a_damaged_held_file_leaves_no_readable_copy_of_the_tokens(tmp_path) -> 
     path.write_text("{not json")  # unusable as a whole: not read again at every start either
     relay(tmp_path, clock).start()
     assert not path.exists()
+
+
+def test_a_held_file_as_large_as_its_buffer_allows_is_read_back(tmp_path) -> None:
+    """What a full buffer writes, its lines JSON-escaped in the file (a quote is two bytes there), is read back: the
+    64 MiB every other state file is read up to held less than a full buffer of the daemon's 64 MiB default, and the
+    whole file was then set aside unread."""
+    clock = FakeClock()
+    bound = 40 * 2**20
+    path = tmp_path / "relay-held.json"
+    line = b'"' * 2**20
+    kept = [Entry(("j", None), ("j", r), line, 1, clock()) for r in range(33)]  # 33 MiB held: a 66 MiB file
+    assert sum(e.size for e in kept) <= bound
+    assert HeldFile(path, clock, buffer_max_bytes=bound).save(kept)
+    assert os.path.getsize(path) > 64 * 2**20
+    back = HeldFile(path, clock, buffer_max_bytes=bound).load()
+    assert [e.rank for e in back] == [("j", r) for r in range(33)] and back[-1].line == line

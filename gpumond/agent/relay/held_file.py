@@ -42,11 +42,13 @@ class _Held(BaseModel):
 class HeldFile:
     """`<state_dir>/relay-held.json`: save at stop, load (and remove) at start."""
 
-    def __init__(self, path: Path, clock: Callable[[], float]) -> None:
+    def __init__(self, path: Path, clock: Callable[[], float], *, buffer_max_bytes: int = 64 * 1024 * 1024) -> None:
         self.path = path
         self._clock = clock
+        # What a full buffer can write: each held push costs the buffer at least its line and credential, which the
+        # file JSON-escapes to at most 6 bytes a byte (a latin-1 credential byte as \u00XX; a line's quote is 2).
         of_path = functools.partial(JsonStateFile, path, what="relay held pushes", version=VERSION,
-                                    sections=("pushes",),
+                                    sections=("pushes",), max_bytes=6 * buffer_max_bytes + (1 << 20),
                                     consequence="the pushes the relay held at its last stop are not delivered")
         self._file = of_path()
         # Read without the copies other state files keep of a damaged file for a post-mortem: this one holds the
