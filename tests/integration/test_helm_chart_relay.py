@@ -71,6 +71,8 @@ def test_default_exposes_the_relay_through_a_node_local_service() -> None:
                      "buffer_max_bytes": CHART_BUFFER}
     text = notes({})
     assert f"GPUMOND_RELAY=http://{RELAY_SERVICE}.{NAMESPACE}.svc:9482\n" in text
+    # The SDK names its host (the pod) as the node unless told, and the relay keeps what a push names.
+    assert "GPUMOND_NODE=$(NODE_NAME)      in the pod spec: env NODE_NAME from fieldRef spec.nodeName" in text
     assert f"GPUMOND_ENDPOINT=http://{RULES}.{NAMESPACE}.svc:9481\n" in text  # the fallback
 
 
