@@ -9,18 +9,17 @@ from gpumond.agent.relay.buffer import Buffer, Entry
 from gpumond.agent.relay.stats import RelayStats
 from gpumond.agent.relay.upstream import Sender
 from gpumond.web.client import Access
-from gpumond.wire.batch import split_batch
 from tests.fakes import FakeClock
+from tests.unit.test_relay_held_file import columnar
 
 
 def test_a_rank_token_passes_through_and_the_relay_token_goes_with_tokenless_ranks_only(tmp_path) -> None:
     node_token = tmp_path / "token"
     node_token.write_text("node-secret\n")
-    seen: dict[str, str | None] = {}
+    seen: list[str | None] = []
 
     def service(request: httpx.Request) -> httpx.Response:
-        job = split_batch(request.content)[0]
-        seen[job] = request.headers.get("authorization")
+        seen.append(request.headers.get("authorization"))
         return httpx.Response(400, json={"error": "seen"})  # refused: the round goes on to the next batch
 
     clock = FakeClock()
@@ -28,7 +27,7 @@ def test_a_rank_token_passes_through_and_the_relay_token_goes_with_tokenless_ran
     sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream="http://rules:9481", shards=None,
                     access=Access(token_file=node_token), client=httpx.Client(transport=httpx.MockTransport(service)),
                     clock=clock)
-    buffer.add(Entry(("own", "Bearer rank-secret"), ("own", 0), b"{}", 1, clock()))
-    buffer.add(Entry(("none", None), ("none", 0), b"{}", 1, clock()))
+    buffer.add(Entry(("own", "Bearer rank-secret"), ("own", 0), columnar("own"), 1, clock()))
+    buffer.add(Entry(("none", None), ("none", 0), columnar("none"), 1, clock()))
     sender.flush()
-    assert seen == {"own": "Bearer rank-secret", "none": "Bearer node-secret"}
+    assert seen == ["Bearer rank-secret", "Bearer node-secret"]  # one batch each, in the order they arrived

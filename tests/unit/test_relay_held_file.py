@@ -14,10 +14,20 @@ from gpumond.agent.relay.buffer import Entry
 from gpumond.config.agent import RelayConfig
 from gpumond.web.client import Access
 from tests.fakes import FakeClock
+from tests.push_bodies import encode
 
 
 def down(request: httpx.Request) -> httpx.Response:
     raise httpx.ConnectError("connection refused")
+
+
+def columnar(job: str, rank: int = 0) -> bytes:
+    """A push as the relay holds one (the columnar body its intake writes), with one step."""
+    raw = encode({"job": job, "rank": rank, "world_size": 8, "node": "n",
+                  "gpu_uuid": "GPU-5b0c1234-aaaa-bbbb-cccc-012345678900",
+                  "steps": [{"step": 0, "end": 1_763_760_000.0, "duration_s": 1.0, "data_wait_s": 0.1}]}, "columns")
+    assert raw is not None
+    return raw
 
 
 def relay(tmp_path, clock: FakeClock) -> Relay:
@@ -78,7 +88,7 @@ def test_a_stop_keeps_what_it_holds_when_the_service_never_answers_within_the_gr
               held=HeldFile(tmp_path / "relay-held.json", clock))
     r.start()
     for job in ("a", "b", "c", "d", "e", "f"):
-        r.buffer.add(Entry((job, None), (job, 0), b'{"job":"%s"}' % job.encode(), 1, clock()))
+        r.buffer.add(Entry((job, None), (job, 0), columnar(job), 1, clock()))
     stopping = threading.Thread(target=r.stop, kwargs={"grace_s": 0.2})
     stopping.start()
     try:
