@@ -18,8 +18,9 @@ the push conditions under another `sys.setswitchinterval`. `--profile` adds a cP
     python benchmarks/eval_cycle.py                  # ~8 min: 32,768 GPUs as 1 × 32,768 ranks and 4 × 8,192,
                                                      # quiet and with 65,536 pushed records/s
     python benchmarks/eval_cycle.py --quick          # seconds: 256 GPUs (smoke test)
-    python benchmarks/eval_cycle.py --layouts 8192 --cycles 3 --recent-s 30 --recent-s 60 --recent-s 120 \
-        --name eval_cycle_window                     # ~4 min: CPU per new step and per rank against recent_s
+    python benchmarks/eval_cycle.py --layouts 8192 --cycles 4 --recent-s 30 --recent-s 60 --recent-s 120 \
+        --reference --name eval_cycle_window         # ~6 min: CPU per new step and per rank against recent_s,
+                                                     # running statistics and the reference path in turn
 """
 
 from __future__ import annotations
@@ -213,16 +214,25 @@ class Condition:
 
 
 def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profile: bool,
-        recent_s: float = DetectorConfig().recent_s) -> dict:
+        recent_s: float = DetectorConfig().recent_s, reference: bool = False, on_steps: int = 0) -> dict:
     """Build and warm up once, then `cycles` timed cycles of INTERVAL_S under each condition in turn (the same
-    jobs, going on); with `profile`, one more quiet cycle under cProfile. `recent_s`: the detectors' window."""
+    jobs, going on); with `profile`, one more quiet cycle under cProfile. `recent_s`: the detectors' window.
+    `reference`: a second evaluator on the same stores runs the reference path (no running statistics:
+    Evaluator(running=False)) on every cycle too, the two in turn (which first alternates), each timed alone.
+    `on_steps`: then this many cycles as the service runs them with judge_on_steps: every second the steps pushed,
+    and the jobs whose steps landed judged on arrival (`Evaluator.judge_arrivals`, resting as the service does),
+    then the periodic evaluation (which judges those jobs again: engine.Judged.arrival says why)."""
     t_build = time.perf_counter()
     c, now = build(layout)
     config = RulesConfig.model_validate({"tokens": ["x" * 20]})
     ranks, gpus = RankStore.from_config(config), GpuStore.from_config(config)
     feed = Feed(c)
     clock = [now - WARM_S]
-    ev = Evaluator(ranks, gpus, feed, clock=lambda: clock[0], detectors=replace(DetectorConfig(), recent_s=recent_s))
+    detectors = replace(DetectorConfig(), recent_s=recent_s)
+    ev = Evaluator(ranks, gpus, feed, clock=lambda: clock[0], detectors=detectors)
+    # Sharing the stores is sound here: no job ends, and each evaluator reads its own snapshot of them.
+    ref = Evaluator(ranks, gpus, None, clock=lambda: clock[0], detectors=detectors, running=False) \
+        if reference else None
     new = [0]
 
     def cycle() -> float:
@@ -236,11 +246,14 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
     while clock[0] < now:
         cycle()
         ev.evaluate()
+        if ref is not None:
+            ref.evaluate()
     t_build = time.perf_counter() - t_build
     by_condition = {}
     default_switch = sys.getswitchinterval()
     for cond in conditions:
         out: list[Cycle] = []
+        out_ref: list[Cycle] = []
         gc_time = GcTime()
         gc.callbacks.append(gc_time)
         load = Pushes(cond.pushes) if cond.pushes is not None else None
@@ -249,23 +262,30 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
         if load is not None:
             load.__enter__()
         try:
-            for _ in range(cycles):
+            for i in range(cycles):
                 feed_s = cycle()
-                gc_time.take()
-                w0, c0 = time.perf_counter(), time.thread_time()
-                ev.evaluate()
-                out.append(Cycle(time.perf_counter() - w0, time.thread_time() - c0, gc_time.take(), feed_s, new[0]))
+                both = [(ev, out), (ref, out_ref)] if ref is not None else [(ev, out)]
+                for evaluator, into in both if i % 2 == 0 else both[::-1]:
+                    gc_time.take()
+                    w0, c0 = time.perf_counter(), time.thread_time()
+                    evaluator.evaluate()
+                    into.append(Cycle(time.perf_counter() - w0, time.thread_time() - c0, gc_time.take(), feed_s,
+                                      new[0]))
+                if ref is not None:  # the same findings on both paths, cycle after cycle
+                    assert repr(ev.findings()) == repr(ref.findings()), "running and reference paths differ"
         finally:
             if load is not None:
                 load.__exit__()
             sys.setswitchinterval(default_switch)
             gc.callbacks.remove(gc_time)
-        by_condition[cond] = {"cycles": out, "full_gcs": gc_time.full,
+        by_condition[cond] = {"cycles": out, "reference_cycles": out_ref, "full_gcs": gc_time.full,
                               "push_records_per_s": load.records / load.elapsed_s if load else None}
         print(f"{_layout_name(layout)} recent_s {recent_s:g} {cond.name}: " + "; ".join(  # as it goes: a long run cut short still says it
             f"wall {x.wall_s:.3f} s cpu {x.cpu_s:.3f} s gc {x.gc_s:.3f} s" for x in out), flush=True)
     result = {"layout": layout, "conditions": by_condition, "steps_held": ranks.counts().steps,
               "build_s": t_build, "samples_held": gpus.counts().samples, "findings": len(ev.findings())}
+    if on_steps:
+        result["on_steps"] = _on_steps(ev, feed, ranks, clock, on_steps)
     if profile:
         cycle()
         pr = cProfile.Profile()
@@ -274,6 +294,30 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
         result["profile"] = s.getvalue().split("\n", 1)[1].replace(str(_bench.REPO) + "/", "")
     return result
+
+
+def _on_steps(ev: Evaluator, feed: Feed, ranks: RankStore, clock: list[float], cycles: int) -> list[tuple[float, float]]:
+    """(CPU of the judgements on arrival in the interval, CPU of the periodic evaluation after them) per cycle."""
+    out = []
+    ready_at = clock[0]  # the service's judge rests after each pass so that passes take at most max_busy of a core
+    for _ in range(cycles):
+        arrivals = 0.0
+        for second in range(int(INTERVAL_S)):
+            clock[0] += 1.0
+            feed.advance(clock[0])
+            feed.push(ranks, clock[0])
+            # The last second's steps land as the periodic evaluation starts; a pass is due once its rest is over.
+            if second < INTERVAL_S - 1 and clock[0] >= ready_at:
+                c0 = time.thread_time()
+                rest, _ = ev.judge_arrivals()
+                took = time.thread_time() - c0
+                arrivals += took
+                ready_at = clock[0] + took + rest
+        ev.poll_telemetry()
+        c0 = time.thread_time()
+        ev.evaluate()
+        out.append((arrivals, time.thread_time() - c0))
+    return out
 
 
 def _layout_name(layout: tuple[int, ...]) -> str:
@@ -295,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recent-s", type=float, action="append", default=None, metavar="S",
                     help="the detectors' recent window (recent_s); repeatable: the same layouts at each, side by side, "
                          "for the CPU per new step and per rank against the window's length (default: 60)")
+    ap.add_argument("--reference", action="store_true",
+                    help="also time the reference path (no running statistics: Evaluator(running=False)) on the same "
+                         "cycles, in turn with the running path, and check both give the same findings")
+    ap.add_argument("--on-steps", type=int, default=0, metavar="CYCLES",
+                    help="then time this many cycles with judgements on arrival every second before each periodic "
+                         "evaluation (judge_on_steps, as the service runs), quiet")
     ap.add_argument("--name", default="eval_cycle", help="results file name under benchmarks/results/")
     args = ap.parse_args(argv)
     gc.set_threshold(*GC_THRESHOLDS)  # the daemon's collector settings (service.serve sets them)
@@ -306,18 +356,30 @@ def main(argv: list[str] | None = None) -> int:
         layouts, cycles = [(256,), (128, 128)], 1
     conditions = [Condition(None)] + [Condition(rate) for rate in args.push_rate] \
         + [Condition(rate, x) for rate in args.push_rate for x in args.switch_interval]
-    rows, profiles, per_step = [], [], []
+    rows, profiles, per_step, on_steps = [], [], [], []
     windows = args.recent_s or [DetectorConfig().recent_s]
     for layout, recent_s in ((x, w) for x in layouts for w in windows):
-        r = run(layout, cycles, conditions, args.profile and recent_s == windows[0], recent_s)
+        r = run(layout, cycles, conditions, args.profile and recent_s == windows[0], recent_s, args.reference,
+                args.on_steps)
+        if "on_steps" in r:
+            quiet = statistics.median(x.cpu_s for x in r["conditions"][conditions[0]]["cycles"])
+            arrivals = statistics.median(a for a, _ in r["on_steps"])
+            tick = statistics.median(t for _, t in r["on_steps"])
+            on_steps.append((_layout_name(layout), f"{recent_s:g} s", f"{quiet:.3f} s", f"{arrivals:.3f} s",
+                             f"{tick:.3f} s", " ".join(f"{a:.3f} + {t:.3f}" for a, t in r["on_steps"]),
+                             f"{(arrivals + tick) / INTERVAL_S:.0%}"))
         for cond, m in r["conditions"].items():
             cyc = m["cycles"]
             wall = statistics.median(x.wall_s for x in cyc)
             cpu = statistics.median(x.cpu_s for x in cyc)
             gcs = statistics.median(x.gc_s for x in cyc)
             new = statistics.median(x.new_steps for x in cyc)
-            per_step.append((_layout_name(layout), f"{recent_s:g} s", cond.name, f"{new:,.0f}", f"{cpu:.3f} s",
-                             f"{cpu / max(new, 1) * 1e6:.2f} µs", f"{cpu / sum(layout) * 1e6:.1f} µs"))
+            paths = [("running", cyc)] + ([("reference", m["reference_cycles"])] if args.reference else [])
+            for path, timed in paths:
+                used = statistics.median(x.cpu_s for x in timed)
+                per_step.append((_layout_name(layout), f"{recent_s:g} s", cond.name, path, f"{new:,.0f}",
+                                 f"{used:.3f} s", f"{used / max(new, 1) * 1e6:.2f} µs",
+                                 f"{used / sum(layout) * 1e6:.1f} µs"))
             rows.append((_layout_name(layout) + (f", recent_s {recent_s:g}" if len(windows) > 1 else ""),
                          cond.name, f"{r['steps_held']:,}",
                          f"{r['samples_held']:,}", f"{wall:.3f} s", f"{cpu:.3f} s", f"{cpu / INTERVAL_S:.0%}",
@@ -326,13 +388,13 @@ def main(argv: list[str] | None = None) -> int:
                          " ".join(f"{x.wall_s:.2f}" for x in cyc), str(r["findings"])))
         if "profile" in r:
             profiles.append(f"### cProfile of one quiet cycle, {_layout_name(layout)}\n\n```\n{r['profile'].strip()}\n```")
-        _report(args, layouts, cycles, rows, profiles, per_step)  # after each: a run cut short keeps what it measured
+        _report(args, layouts, cycles, rows, profiles, per_step, on_steps)  # a run cut short keeps what it measured
     return 0
 
 
 def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profiles: list[str],
-            per_step: list) -> None:
-    against = _bench.md_table(("jobs × ranks", "recent_s", "beside it", "new steps a cycle", "evaluate CPU",
+            per_step: list, on_steps: list) -> None:
+    against = _bench.md_table(("jobs × ranks", "recent_s", "beside it", "path", "new steps a cycle", "evaluate CPU",
                                "CPU per new step", "CPU per rank"), per_step)
     table = _bench.md_table(("jobs × ranks", "beside it", "steps held", "GPU samples held", "evaluate wall",
                              "evaluate CPU", f"CPU share at {INTERVAL_S:g} s", "GC in it", "full GCs",
@@ -346,8 +408,23 @@ def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profi
                   "~2.6 s). Findings: pending and firing at the end (no fault is planted).\n\n" + table,
                   "## Against the window's length\n\nThe same cycles per new step (stored since the previous "
                   "evaluation) and per rank, for each `recent_s` (`--recent-s`): an evaluation that cost only what "
-                  "is new would hold these flat as the window grows.\n\n" + against,
+                  "is new would hold these flat as the window grows. Path: `running`, the service's (running statistics: each "
+                  "job's per-step peer medians kept between its judgements, detectors/peer_rows.py); `reference` "
+                  "(`--reference`), every median found afresh, timed on the same cycles in turn with it.\n\n" + against,
+                  *([_ON_STEPS + _bench.md_table(("jobs × ranks", "recent_s", "periodic evaluation alone",
+                                                  "judgements on arrival in the interval",
+                                                  "periodic evaluation after them", "each cycle (CPU s)",
+                                                  "share of a core"),
+                                                 on_steps)] if on_steps else []),
                   *profiles, quick=args.quick)
+
+
+_ON_STEPS = ("## With judgements on arrival\n\nQuiet cycles as the service runs them with `judge_on_steps` "
+             "(`--on-steps`): every second the steps pushed since, and the jobs whose steps landed judged on arrival "
+             "(a pass rests as the service's does, so that passes take at most `max_busy`, half a core), then the "
+             "periodic evaluation, which judges every job with something new again. CPU of the evaluating thread, "
+             "median over the cycles; the first column is the quiet periodic evaluation above; the last, evaluation's "
+             "share of one core over the interval.\n\n")
 
 
 if __name__ == "__main__":

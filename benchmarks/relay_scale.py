@@ -79,12 +79,12 @@ class _Sender:
 
     def __init__(self, way: Way, node: int, ranks: list[int], world: int, port: int) -> None:
         from gpumond.job.payload import encode_head
-        from gpumond.wire.media import BATCH_TYPE, CONTENT_TYPES
+        from gpumond.wire.media import BATCH_COLUMNS_TYPE, CONTENT_TYPES
 
         self.way, self.port = way, port
         self.heads = [encode_head({"job": JOB, "rank": r, "world_size": world, "node": f"node-{node:05d}",
                                    "gpu_uuid": _uuid(node, r % RANKS_PER_NODE)}, "columns") for r in ranks]
-        self.content_type = BATCH_TYPE if way.per_node else CONTENT_TYPES["columns"]
+        self.content_type = BATCH_COLUMNS_TYPE if way.per_node else CONTENT_TYPES["columns"]
         self.rng = random.Random(node * 1000 + ranks[0])
         self.phase = self.rng.uniform(0, way.interval_s)
         self.next_step = 0
@@ -94,7 +94,7 @@ class _Sender:
     def body(self, now: float) -> tuple[bytes, int]:
         """The next push (every rank's next steps ending at `now`) and how many steps it carries."""
         from gpumond.job.payload import encode_columns
-        from gpumond.wire.batch import encode_batch
+        from gpumond.wire.batch import encode_columns_batch
 
         n, first = self.way.steps_per_rank_push, self.next_step
         self.next_step += n
@@ -104,7 +104,7 @@ class _Sender:
             recs = [(first + i, now - (n - 1 - i) * STEP_S, STEP_S * (0.97 + 0.06 * u()), 0.01 * (0.8 + 0.4 * u()),
                      32, 0.1 * (0.8 + 0.4 * u())) for i in range(n)]
             pushes.append(encode_columns(head, recs, 0.0, 0.0))
-        body = encode_batch(JOB, pushes) if self.way.per_node else pushes[0]
+        body = encode_columns_batch(JOB, pushes) if self.way.per_node else pushes[0]
         return body, n * len(self.heads)
 
     async def _exchange(self, body: bytes) -> tuple[int, bytes]:

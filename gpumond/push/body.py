@@ -201,6 +201,12 @@ def columns_model(max_string_len: int, max_steps: int, relayed: bool = False) ->
     return ColumnsPush
 
 
+@functools.cache
+def head_model(max_string_len: int) -> type[PushBody]:
+    """A push's head alone (who pushed it, no steps): how each push of a columnar batch is judged."""
+    return _head(max_string_len)
+
+
 class PayloadError(ValueError):
     """A body that is not a valid push; `status` is 400 (not JSON) or 422 (JSON, but invalid)."""
 

@@ -50,6 +50,15 @@ def from_records(steps: Sequence[StepRecord]) -> StepColumns:
 
 def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
     """The columnar encoding's base64 arrays as StepColumns, every value checked (StepsError names the first)."""
+    cols = read_columns(columns, max_steps)
+    if len(cols) and not plainly_valid(cols):
+        _name_the_first_problem(cols, cols.samples)
+    return cols
+
+
+def read_columns(columns: dict[str, str | None], max_steps: int) -> StepColumns:
+    """The columnar encoding's base64 arrays as StepColumns, their lengths checked but not their values (StepsError
+    names the first bad column); `decode` checks the values of one push, `slice_problems` those of a batch's."""
     raw: dict[str, bytes] = {}
     for name, required in COLUMN_FIELDS:  # a refusal names the first bad column in this order
         text = columns.get(name)
@@ -57,6 +66,8 @@ def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
             if required:
                 raise StepsError(f"columns.{name}: required key is missing")
             continue
+        if not isinstance(text, str):
+            raise StepsError(f"columns.{name}: must be a base64 string")
         try:
             data = binascii.a2b_base64(text, strict_mode=True)
         except (binascii.Error, ValueError):
@@ -71,7 +82,7 @@ def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
         if len(data) != 8 * n:
             raise StepsError(f"columns.{name}: must hold as many values as columns.step ({n}) (got {len(data) // 8})")
     # The integer columns as one (1 or 2, n) array and the four float ones as one (4, n) array, one copy each, so
-    # that each rule below is one numpy call over all of a push's values. A missing comm wait is NaN (not measured).
+    # that each rule is one numpy call over all of a push's values. A missing comm wait is NaN (not measured).
     samples = raw.get("samples")
     ints = np.frombuffer(raw["step"] + samples if samples is not None else raw["step"], dtype=_LE_I8)
     ints = ints.astype(np.int64, copy=False).reshape(1 if samples is None else 2, n)
@@ -79,10 +90,31 @@ def decode(columns: dict[str, str | None], max_steps: int) -> StepColumns:
     values = np.frombuffer(b"".join((raw["end"], raw["duration_s"], raw["data_wait_s"], comm or _nans(n))),
                            dtype=_LE_F8)
     values = values.astype(np.float64, copy=False).reshape(4, n)
-    cols = StepColumns(ints[0], values, ints[1] if samples is not None else None)
-    if n and not _plainly_valid(ints, values, comm is not None):
-        _name_the_first_problem(cols, cols.samples)
-    return cols
+    return StepColumns(ints[0], values, ints[1] if samples is not None else None)
+
+
+def slice_problems(cols: StepColumns, bounds: Sequence[int]) -> dict[int, str]:
+    """A batch's steps cut at `bounds` (push i holds cols[bounds[i]:bounds[i + 1]]): each push breaking a rule, with
+    the one line its first problem would have had pushed alone (`steps[i]` counted within that push). All the rules
+    are checked once over the whole batch; only a batch that breaks one is looked at push by push."""
+    if not len(cols) or plainly_valid(cols):
+        return {}
+    problems = {}
+    for i in range(len(bounds) - 1):
+        part = cut(cols, bounds[i], bounds[i + 1])
+        if len(part) and not plainly_valid(part):
+            try:
+                _name_the_first_problem(part, part.samples)
+            except StepsError as err:
+                problems[i] = str(err)
+    return problems
+
+
+def cut(cols: StepColumns, start: int, stop: int) -> StepColumns:
+    """The steps start..stop of `cols` as their own StepColumns (views, no copy)."""
+    samples = cols.samples
+    return StepColumns(cols.step[start:stop], cols.values[:, start:stop],
+                       None if samples is None else samples[start:stop])
 
 
 @functools.lru_cache(maxsize=8)
@@ -91,13 +123,13 @@ def _nans(n: int) -> bytes:
     return np.full(n, np.nan, dtype=_LE_F8).tobytes()
 
 
-def _plainly_valid(ints: np.ndarray, values: np.ndarray, comm_given: bool) -> bool:
+def plainly_valid(cols: StepColumns) -> bool:
     """Every rule at once, the waits' included, in as few whole-array operations as it takes (a push's cost is
-    mostly numpy's per-call overhead: 64 values each). `ints`: step numbers, then samples when sent. NaN fails
-    every comparison (min/max propagate it)."""
-    low = ints.min(axis=1).tolist()
-    if low[0] < 0 or (len(low) > 1 and low[1] < -1):
+    mostly numpy's per-call overhead: 64 values each). NaN fails every comparison (min/max propagate it); a NaN
+    comm wait is "not measured" and passes."""
+    if cols.step.min() < 0 or (cols.samples is not None and cols.samples.min() < -1):
         return False
+    values = cols.values
     end_lo, duration_lo, wait_lo, _ = values.min(axis=1).tolist()
     end_hi, duration_hi, _, _ = values.max(axis=1).tolist()
     if not (end_lo >= 0 and duration_lo >= 0 and wait_lo >= 0 and end_hi < math.inf
@@ -107,8 +139,6 @@ def _plainly_valid(ints: np.ndarray, values: np.ndarray, comm_given: bool) -> bo
     most = values[1] + WAIT_SLACK_S
     if not (wait - most).max() <= 0:  # the wait within its step; finite values, so as `wait <= most` says it
         return False
-    if not comm_given:
-        return True
     comm = values[3]
     # fmin/fmax skip NaN (not measured); an infinity fails one of the two
     return not (np.fmin.reduce(comm) < 0 or np.fmax.reduce((comm + wait) - most) > 0)
@@ -137,7 +167,7 @@ def _name_the_first_problem(cols: StepColumns, samples: np.ndarray | None) -> No
     _at_least_zero(values[2], "data_wait_s")
     _at_least_zero(np.where(np.isnan(comm), 0.0, comm), "comm_wait_s", comm)
     check_waits(cols)
-    raise AssertionError("_plainly_valid refused a push no rule refuses")  # pragma: no cover
+    raise AssertionError("plainly_valid refused a push no rule refuses")  # pragma: no cover
 
 
 def check_waits(cols: StepColumns) -> None:

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from gpumond.config.rules import OnStepsConfig
 from gpumond.rules.detectors.config import DetectorConfig
-from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
+from gpumond.rules.detectors.engine import DetectorState, EvalInputs, FeatureFns, evaluate
 from gpumond.rules.detectors.features import RankFeatures
 from gpumond.alerts.pipeline import AlertPipeline, log_only
 from gpumond.wire.routing import shard_of
@@ -65,11 +65,14 @@ class Evaluator:
                  on_batch: Callable[[TelemetryBatch], None] | None = None,
                  extra_conditions: Callable[[], list[Condition]] = list,
                  dead_after_s: float = EVALUATION_DEAD_AFTER_S, cadence: OnStepsConfig = OnStepsConfig(),
-                 steered: Callable[[], Collection[str]] = frozenset) -> None:
+                 steered: Callable[[], Collection[str]] = frozenset, running: bool = True) -> None:
         self._ranks = ranks
         self._gpus = gpus
         self._source = source
         self._cfg = detectors
+        # Running statistics (each job's per-step peer medians kept between its judgements), or with `running`
+        # False the reference path that finds every one afresh: the same findings, for benchmarks and tests.
+        self._fns = FeatureFns(running=running)
         # Findings are alerts: one lifecycle decides pending / firing / resolved, and the same pipeline
         # delivers them (log always; Alertmanager, Slack, PagerDuty as configured).
         self.alerts = alerts if alerts is not None else log_only(persistence=FINDINGS_PERSISTENCE)
@@ -223,8 +226,8 @@ class Evaluator:
                             absent_nodes=self._gpus.absent_nodes())
         steered = frozenset(self._steered()) if not arrivals else frozenset()  # before our lock: it takes its own
         with self._lock:
-            self._state, candidates = evaluate(inputs, self._state, self._cfg, held=held,
-                                                  arrivals=arrivals)
+            self._state, candidates = evaluate(inputs, self._state, self._cfg, self._fns, held=held,
+                                               arrivals=arrivals)
             # A job whose ranks all said they ended has no findings left: they resolve now, not resolve_after_s later.
             transitions = self.alerts.update(conditions_of(candidates, self._gpu_index) + self._extra_conditions(),
                                              now, ended=lambda labels: bool(ended) and dict(labels).get("job") in ended)

@@ -1,16 +1,22 @@
-"""The batched push's framing: a head line naming the job and the count, then one columnar push body a line.
+"""The batched pushes' two framings: the line batch (a head line, then one columnar push body a line) and the
+columnar batch that the node relay sends (one head with each push's identity as arrays, one set of step columns).
 
-Each line is a whole push, byte for byte what a rank would have sent alone in the columnar encoding, so the rules
-service judges every rank of a batch with the code that judges single pushes, and a bad line refuses that line
-only. Lines, not a JSON array: the service finds each push with one bytes.split instead of parsing the batch
-twice (once as an array, once per push), and compact JSON never holds a raw newline. Stdlib only: the relay and
-the service import it; a future SDK could too.
+The line batch (what relays of the previous version send; the service still reads it): each line is a whole push,
+byte for byte what a rank would have sent alone in the columnar encoding, judged by the single-push code. The
+columnar batch (docs/rules-api.md, "Batched pushes"): the service parses it once and checks all its steps at once
+instead of parsing, decoding and checking every push apart (gpumond/push/batch.py). Stdlib only: the relay and the
+service import it; a future SDK could too.
 """
 
 from __future__ import annotations
 
+import binascii
 import json
+import math
+import struct
 from collections.abc import Sequence
+
+from gpumond.wire.media import COLUMN_FIELDS
 
 # A batch holds at most this many pushes (the body limit bounds it first for any real push; this bounds the work
 # an empty-looking batch of heartbeats can ask for).
@@ -48,3 +54,55 @@ def split_batch(body: bytes, max_pushes: int = MAX_BATCH_PUSHES) -> tuple[str, l
     if len(pushes) != count:
         raise BatchError(f"the head says {count} pushes but {len(pushes)} lines follow it (a cut-off batch?)")
     return job, pushes
+
+
+# The columnar batch (BATCH_COLUMNS_TYPE): {"job": …, "pushes": {key: [one value per push]}, "columns": {…}}.
+# `pushes` holds what a single push's head carries, an array per key, and `steps`, how many of the step columns'
+# values belong to each push, in push order: the service cuts the columns into each push's slice by these counts,
+# so the grouping holds by construction (an index column would have to be range-checked and sorted). A push's
+# identity is still judged alone, so a bad one refuses that push only. `columns` are the columnar push's (media.py
+# COLUMN_FIELDS), for all of the batch's steps. Optional keys and columns are left out when no push has them.
+PUSH_KEYS = (("rank", True), ("world_size", True), ("node", True), ("gpu_uuid", True), ("steps", True),
+             ("group", False), ("incarnation", False), ("final", False))
+# What an optional column holds for a push that left it out: samples -1 (not counted), comm wait NaN (not measured).
+_ABSENT = {"samples": struct.pack("<q", -1), "comm_wait_s": struct.pack("<d", math.nan)}
+
+
+class LineError(BatchError):
+    """A push given to encode_columns_batch is not a columnar push body; `index`: its place among them."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(f"push {index}: {message}")
+        self.index = index
+
+
+def encode_columns_batch(job: str, pushes: Sequence[bytes]) -> bytes:
+    """One columnar batch of `pushes`, columnar push bodies of `job` (as the relay holds them, already judged);
+    LineError names the first that is not one (a held file damaged on disk)."""
+    heads: dict[str, list[object]] = {name: [] for name, _ in PUSH_KEYS}
+    raw: dict[str, list[bytes]] = {name: [] for name, _ in COLUMN_FIELDS}
+    given: set[str] = set()
+    for i, line in enumerate(pushes):
+        try:
+            body = json.loads(line)
+            values = {name: binascii.a2b_base64(text) for name, text in body["columns"].items() if name in raw}
+            n = len(values["step"]) // 8
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, binascii.Error) as err:
+            raise LineError(i, f"not a columnar push body ({type(err).__name__}: {err})") from None
+        body["steps"] = n
+        for name, column in heads.items():
+            value = body.get(name)
+            column.append(value if value is not None or name != "final" else False)
+            if value is not None and value is not False:
+                given.add(name)
+        for name, column in raw.items():
+            if name in values:
+                given.add(name)
+                column.append(values[name])
+            elif name in _ABSENT:
+                column.append(_ABSENT[name] * n)
+    out = {"job": job,
+           "pushes": {name: heads[name] for name, required in PUSH_KEYS if required or name in given},
+           "columns": {name: binascii.b2a_base64(b"".join(raw[name]), newline=False).decode("ascii")
+                       for name, required in COLUMN_FIELDS if required or name in given}}
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()

@@ -22,6 +22,9 @@ COLUMN_FIELDS = (*INT_FIELDS, *FLOAT_FIELDS)
 # in one request. Lines separated by "\n": first the batch's head {"job": …, "pushes": N}, then N columnar push
 # bodies (COLUMNS_TYPE's shape, each of that job), each judged by the service as if it had been pushed alone.
 BATCH_TYPE = "application/vnd.gpumond.batch+jsonl"
+# The columnar batch (docs/rules-api.md, "Batched pushes"; gpumond/wire/batch.py): what the relay sends. One JSON
+# object: the job, each push's identity as arrays, and one set of step columns for all of the batch's pushes.
+BATCH_COLUMNS_TYPE = "application/vnd.gpumond.batch-columns+json"
 # Sent by the job SDK to the node relay only: the pushing process's id as it sees it, so the agent can find the GPU
 # that process runs on. A header, not a body field: it describes the sender, and a push to the service is unchanged.
 PID_HEADER = "Gpumond-Pid"

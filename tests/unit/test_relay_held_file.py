@@ -30,6 +30,12 @@ def columnar(job: str, rank: int = 0) -> bytes:
     return raw
 
 
+def held_line(rank: int) -> bytes:
+    """A columnar push body with no steps, as the relay holds one."""
+    return b'{"job":"j","rank":%d,"world_size":8,"node":"n","gpu_uuid":"GPU-5b0c1234-aaaa-bbbb-cccc-012345678900",' \
+           b'"columns":{"step":"","end":"","duration_s":"","data_wait_s":""}}' % rank
+
+
 def relay(tmp_path, clock: FakeClock) -> Relay:
     return Relay(RelayConfig(upstream="http://127.0.0.1:9"), node="n", devices=dict, access=Access(), clock=clock,
                  client=httpx.Client(transport=httpx.MockTransport(down)),
@@ -41,7 +47,7 @@ def test_a_relay_stopped_while_the_service_is_down_keeps_its_pushes_for_the_next
     first = relay(tmp_path, clock)
     first.start()
     for rank in range(3):
-        first.buffer.add(Entry(("j", f"Bearer t{rank}"), ("j", rank), b'{"rank":%d}' % rank, 2, clock()))
+        first.buffer.add(Entry(("j", f"Bearer t{rank}"), ("j", rank), held_line(rank), 2, clock()))
     clock.advance(5)
     first.stop(grace_s=0.05)
     path = tmp_path / "relay-held.json"
@@ -50,7 +56,7 @@ def test_a_relay_stopped_while_the_service_is_down_keeps_its_pushes_for_the_next
     second.start()
     back = second.buffer.held()
     assert [(e.key, e.rank, e.line, e.steps) for e in back] == [
-        (("j", f"Bearer t{r}"), ("j", r), b'{"rank":%d}' % r, 2) for r in range(3)]
+        (("j", f"Bearer t{r}"), ("j", r), held_line(r), 2) for r in range(3)]
     assert second.buffer.oldest_age() == 5  # aged as it was
     # Sent without an answer before the stop (the first; the shard was then paused): a "duplicate" from the service
     # later means it was stored then, not lost, which would have been reported to its rank.

@@ -3,18 +3,18 @@ batches per job, routed by shard, Retry-After and backoff honoured, refusals dro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import httpx
 
 from gpumond.agent.relay.buffer import Buffer, Entry
 from gpumond.agent.relay.stats import RelayStats
-from gpumond.agent.relay.upstream import Sender
+from gpumond.agent.relay.upstream import BACKOFF_CAP_S, Sender
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.accept import Ingest, Reply
 from gpumond.rules.store import RankStore
 from gpumond.web.client import Access
-from gpumond.wire.batch import split_batch
 from gpumond.wire.retry import Backoff
 from gpumond.wire.routing import shard_of
 from tests.fakes import FakeClock
@@ -74,7 +74,7 @@ def test_each_job_goes_in_one_batch_and_every_step_is_stored() -> None:
         hold(buffer, clock, "a", rank, line("a", rank))
         hold(buffer, clock, "b", rank, line("b", rank))
     assert sender.flush() is True
-    assert len(seen) == 2 and {split_batch(r.content)[0] for r in seen} == {"a", "b"}
+    assert len(seen) == 2 and {json.loads(r.content)["job"] for r in seen} == {"a", "b"}
     assert stats.forwarded == 16 and buffer.count == 0
     assert sum(len(w.steps) for w in ingest.ranks.jobs(NOW)["a"].values()) == 8
 
@@ -174,3 +174,34 @@ def test_a_shard_that_is_down_holds_only_its_own_jobs() -> None:
     hold(buffer, clock, other, 0, line(other, 0))
     assert sender.flush() is False
     assert stats.forwarded == 2 and [e.rank for e in buffer.held()] == [("a", 0)]
+
+
+def test_a_held_push_that_is_not_a_columnar_body_is_dropped_and_told_the_others_delivered() -> None:
+    ingest, handle = service()
+    sender, buffer, stats, clock = make(handle)
+    hold(buffer, clock, "a", 0, line("a", 0))
+    hold(buffer, clock, "a", 1, b'{"rank": 1, "columns": "damaged on disk"}')
+    hold(buffer, clock, "a", 2, line("a", 2))
+    assert sender.flush() is True and buffer.count == 0
+    assert stats.forwarded == 4 and stats.dropped == {"refused": 2}
+    assert sorted(ingest.ranks.jobs(NOW)["a"]) == [0, 2]
+    assert stats.owed(("a", 1), 5) == {"relay_refused": 2}
+
+
+def test_the_default_backoff_is_capped_at_two_intervals_with_full_jitter() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    clock = FakeClock()
+    buffer = Buffer(1 << 20, 600, clock)
+    sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream="http://rules:9481", shards=None,
+                    access=Access(), client=httpx.Client(transport=httpx.MockTransport(down)), clock=clock)
+    hold(buffer, clock, "a", 0, line("a", 0))
+    url = "http://rules:9481/api/v1/push"
+    waits = []
+    for _ in range(40):
+        sender.flush()
+        waits.append(sender.paused_until(url) - clock())
+        clock.advance(waits[-1])
+    assert max(waits) < BACKOFF_CAP_S == 4.0  # back within a cap of the service's return, however long it was gone
+    assert min(waits[8:]) < 1.0 and max(waits[8:]) > 3.0  # spread over the cap: relays do not return together

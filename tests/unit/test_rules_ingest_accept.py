@@ -78,7 +78,7 @@ def test_a_valid_push_is_stored_and_counted() -> None:
         ({"authorization": "Bearer wrong-token-0123456789"}, 401, "invalid bearer token",
          ("WWW-Authenticate", 'Bearer realm="gpumond", error="invalid_token"')),
         ({"content_type": "text/plain"}, 415, "Content-Type must be application/json (steps as objects), "
-         "application/vnd.gpumond.columns+json (steps as columns) or application/vnd.gpumond.batch+jsonl (a relay's "
+         "application/vnd.gpumond.columns+json (steps as columns) or application/vnd.gpumond.batch-columns+json (a relay's "
          "batch) (got 'text/plain')", None),
         ({"content_encoding": "gzip"}, 415, "Content-Encoding 'gzip' is not supported; send the JSON uncompressed",
          None),

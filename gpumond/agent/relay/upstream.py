@@ -18,8 +18,8 @@ from gpumond import __version__
 from gpumond.agent.relay.buffer import BatchKey, Buffer, Entry
 from gpumond.agent.relay.stats import RelayStats
 from gpumond.web.client import Access
-from gpumond.wire.batch import encode_batch
-from gpumond.wire.media import BATCH_TYPE
+from gpumond.wire.batch import LineError, encode_columns_batch
+from gpumond.wire.media import BATCH_COLUMNS_TYPE
 from gpumond.wire.retry import Backoff, parse_retry_after, retryable
 from gpumond.wire.routing import shard_endpoint
 from gpumond.wire.safetext import one_line
@@ -30,7 +30,13 @@ PUSH_PATH = "/api/v1/push"
 # The service's default limits.max_body_bytes: a batch is cut to it (a 413 from a service configured lower halves it).
 MAX_BATCH_BYTES = 1_048_576
 BACKOFF_BASE_S = 0.5
-BACKOFF_CAP_S = 30.0
+# Two relay intervals (the default 2 s), with full jitter (a wait anywhere in [0, cap)): once the service is back,
+# a relay delivers what it held within a cap and one interval (a 30 s cap took 27 s after a 60 s outage), and a
+# fleet of relays that lost it together comes back spread over the cap rather than at once. A relay tries a shard
+# at most once a round (relay.interval_s) whatever the schedule, so an outage never raises its request rate above
+# a healthy one's; a service that is back but loaded says so with 429 and Retry-After, which lengthens the wait.
+BACKOFF_CAP_S = 4.0
+BACKOFF_JITTER = 1.0
 # A credential the service refused (401/403) is refused at the relay this long, in the service's words, so its
 # ranks learn it as they would pushing directly; then pushes with it are tried upstream again.
 REFUSAL_HOLD_S = 60.0
@@ -60,7 +66,8 @@ class Sender:
 
     def __init__(self, *, buffer: Buffer, stats: RelayStats, upstream: str, shards: int | None, access: Access,
                  client: httpx.Client, clock: Callable[[], float],
-                 backoff: Callable[[], Backoff] = lambda: Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)) -> None:
+                 backoff: Callable[[], Backoff] = lambda: Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S,
+                                                                  jitter=BACKOFF_JITTER)) -> None:
         self._buffer = buffer
         self._stats = stats
         self._upstream = upstream
@@ -119,14 +126,16 @@ class Sender:
     def _send(self, key: BatchKey, entries: list[Entry], url: str, target: _Target) -> bool:
         """One batch; False when this shard must wait (it is down or asked for a pause)."""
         job, authorization = key
-        headers = {"Content-Type": BATCH_TYPE, "User-Agent": f"gpumond-agent-relay/{__version__}"}
+        headers = {"Content-Type": BATCH_COLUMNS_TYPE, "User-Agent": f"gpumond-agent-relay/{__version__}"}
         try:
             # The rank's own token passes through: the service decides what it may push, as if it pushed directly.
             # Ranks without one push under the relay's configured credential (a node-local secret), if any.
             headers.update({"Authorization": authorization} if authorization else self._access.headers())
         except Exception as e:  # a credentials file that became unreadable: counted, tried again next round
             return self._failed(target, "bad_answer", f"relay credentials: {e}", None, entries)
-        body = encode_batch(job, [e.line for e in entries])
+        body, entries = self._encode(job, entries)
+        if body is None:
+            return True
         try:
             response = self._client.post(url, content=body, headers=headers)
             answer = response.content[:_MAX_ANSWER_BYTES]
@@ -155,6 +164,26 @@ class Sender:
             self._stats.lost(entry.rank, entry.steps, "refused")
         self._buffer.done(entries)
         return True
+
+    def _encode(self, job: str, entries: list[Entry]) -> tuple[bytes | None, list[Entry]]:
+        """The columnar batch of `entries` (or of the older ones, within max_batch_bytes), and the entries it holds;
+        a held push that is not a columnar push body (only a damaged held file gives one) is dropped and told."""
+        while entries:
+            try:
+                body = encode_columns_batch(job, [e.line for e in entries])
+            except LineError as err:
+                bad = entries.pop(err.index)
+                self._warn("unreadable", "a held push is not a columnar push body; dropped and its rank told",
+                           job=job, rank=bad.rank[1], error=str(err))
+                self._stats.lost(bad.rank, bad.steps, "refused")
+                self._buffer.done([bad])
+                continue
+            if len(body) <= self.max_batch_bytes or len(entries) == 1:
+                return body, entries
+            # Filling a column some pushes left out (comm wait, samples) for all of them can make the batch larger
+            # than its lines: the older half goes in this batch, the rest in the next.
+            entries = entries[:len(entries) // 2]
+        return None, entries
 
     def _delivered(self, target: _Target, entries: list[Entry], answer: bytes) -> bool:
         try:

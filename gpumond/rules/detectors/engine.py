@@ -6,7 +6,7 @@ instead of being judged again, up to `rejudge_s` of wall time (stall and livenes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from operator import attrgetter
@@ -22,6 +22,7 @@ from gpumond.rules.detectors.gpu_batch import gpu_features_many
 from gpumond.rules.detectors.io_starvation import detect_io_starvation
 from gpumond.rules.detectors.job import JobBaseline, due_again, job_slowdown, job_stall
 from gpumond.rules.detectors.rank_batch import job_rank_features
+from gpumond.rules.detectors.peer_rows import PeerRows, RowMedians
 from gpumond.rules.detectors.sequential import step_shares
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.detectors.sm_activity import node_relative
@@ -57,6 +58,9 @@ class DetectorState:
     share_times: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     # Each job's last judgement: what its inputs were, when, and what it found (incremental evaluation).
     judged: Mapping[str, Judged] = field(default_factory=dict)
+    # Each job's per-step peer medians at its last judgement (running statistics: peer_rows.py). Not compared: no
+    # result depends on whether a median was kept or found again.
+    peer_rows: Mapping[str, Mapping[Hashable, RowMedians]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +73,11 @@ class Judged:
     # The candidates of its last periodic judgement that wait on persistence (neither sustained nor corroborated):
     # what a judgement on arrival keeps of them (see `evaluate`).
     windowed: tuple[Candidate, ...] = ()
-    arrival: bool = False  # a judgement on arrival: a periodic evaluation judges the job again, new data or not
+    # A judgement on arrival: a periodic evaluation judges the job again, new data or not. Taking the judgement on
+    # arrival as the periodic one instead (to save its CPU) samples the windowed looks when steps land, i.e. right
+    # after a rank's early push of a step that stood out: the uneven-sequence control then fired (a recent look,
+    # z 6.3, in 1 of 3 seeds of the detection benchmark) and telemetry-only findings came a tick later.
+    arrival: bool = False
 
 
 _PUSH, _BEAT, _COLS, _INFO = attrgetter("last_push"), attrgetter("last_beat"), attrgetter("columns"), attrgetter("info")
@@ -117,6 +125,10 @@ class FeatureFns:
 
     ranks: Callable[..., tuple[list[RankFeatures], list[float]]] = job_rank_features
     gpus: Callable[..., dict[str, GpuFeatures]] = gpu_features_many
+    # Running statistics: each job's per-step peer medians kept from its last judgement and found again only for
+    # the steps whose cells changed (peer_rows.py). False: every one found afresh (the reference path; the same
+    # results, held equal by tests/unit/test_running_peer_medians.py).
+    running: bool = True
 
 
 def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
@@ -143,6 +155,7 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     shares_since = dict(state.shares_since)
     share_times = dict(state.share_times)
     judged = dict(state.judged)
+    peer_rows = dict(state.peer_rows)
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
         job_start = len(out)  # where this job's candidates start
@@ -154,7 +167,7 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
             rank_features[job] = state.rank_features[job]
             continue
         _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
-                   shares_since, share_times, out)
+                   shares_since, share_times, out, peer_rows)
         if arrivals:
             windowed = last.windowed if last is not None else ()
             out[job_start:] = _on_arrival(out[job_start:], windowed)
@@ -166,17 +179,17 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         if job not in inputs.jobs and last is not None and job in state.rank_features:
             out.extend(last.candidates)
             rank_features[job] = state.rank_features[job]
-    for kept in (baselines, share_state, structure, shares_since, share_times, judged):
+    for kept in (baselines, share_state, structure, shares_since, share_times, judged, peer_rows):
         for job in [j for j in kept if j not in inputs.jobs and j not in held]:
             del kept[job]  # the job expired from the store: forget it
     return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
-                         rank_features=rank_features, judged=judged), out
+                         rank_features=rank_features, judged=judged, peer_rows=peer_rows), out
 
 
 def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, state: DetectorState,
                cfg: DetectorConfig, fns: FeatureFns, since: float, baselines: dict, share_state: dict,
                structure: dict, rank_features: dict, shares_since: dict, share_times: dict,
-               out: list[Candidate]) -> None:
+               out: list[Candidate], peer_rows: dict) -> None:
     """Judge one job: its candidates appended to `out`, its state updated in the dicts passed in."""
     job_start = len(out)
     # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU. The steps are read
@@ -227,7 +240,8 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
         return  # a stalled job's windows say nothing about stragglers or starvation
     active = [r for r in feats if r.steps > 0]
     out.extend(slow)
-    steps = step_shares(ranks, since, read)
+    peers = PeerRows(state.peer_rows.get(job), reuse=fns.running)
+    steps = step_shares(ranks, since, read, peers)
     starved = detect_io_starvation(job, active, gpus, hosts, cfg, steps, inputs.host_windows)
     out.extend(starved)
     # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
@@ -240,6 +254,8 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     if found.judged:
         structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
     out.extend(c for c in found.candidates if c.rank not in explained)
+    if fns.running:
+        peer_rows[job] = peers.kept()
     # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
     job_gpus = {r.gpu_uuid: r.node for r in reporting}
     out[job_start:] = with_activity_many(out[job_start:], inputs.gpu_windows, job_gpus, since)

@@ -140,7 +140,8 @@ def _sequential(waiting: Sequence[RankFeatures], steps: StepShares | None,
     out: list[tuple[RankFeatures, Evidence]] = []
     for members in by_group.values():
         ids = [r.rank for r in members]
-        found = judge(steps.columns(ids, of="waits"), steps.starts, steps.ends, ids, cfg, test)
+        found = judge(steps.columns(ids, of="waits"), steps.starts, steps.ends, ids, cfg, test,
+                      medians=steps.peer_medians(ids, of="waits"))
         node_of = {r.rank: r.node for r in members}
         nodes = len(set(node_of.values()))
         if len(found) <= max(1, cfg.max_outlier_frac * len(members)) \

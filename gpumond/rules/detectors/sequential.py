@@ -30,11 +30,13 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gpumond.rules.detectors.config import DetectorConfig
+from gpumond.rules.detectors.peer_rows import PeerRows
+from gpumond.rules.detectors.stats import row_nanmedian
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.types import RankWindow
 
@@ -53,6 +55,23 @@ class StepShares:
     starts: np.ndarray  # (steps,) when each step began (its median rank's end − duration)
     ends: np.ndarray  # (steps,) when each step ended (its median rank)
     waits: np.ndarray | None = None  # (steps, ranks) data-wait share
+    numbers: np.ndarray | None = None  # (steps,) each row's step number (int64, increasing)
+    # The job's per-step peer medians, kept between its judgements (peer_rows): None, each found afresh.
+    peers: PeerRows | None = field(default=None, compare=False)
+
+    def row_medians(self, x: np.ndarray, key: tuple) -> np.ndarray:
+        """row_nanmedian(x) of a (steps, ranks') matrix of these rows, kept between the job's judgements as
+        `key` (what its cells are and which ranks its columns are) when `peers` is set."""
+        if self.peers is None or self.numbers is None:
+            return row_nanmedian(x)
+        return self.peers.medians(key, x, self.numbers)
+
+    def peer_medians(self, ranks: Sequence[int], of: str = "shares") -> Callable[[np.ndarray, str], np.ndarray] | None:
+        """judge's `medians` for `columns(ranks, of)`: kept between the job's judgements (None without `peers`)."""
+        if self.peers is None:
+            return None
+        ids = tuple(ranks)
+        return lambda x, what: self.row_medians(x, (what, of, ids))
 
     def columns(self, ranks: Sequence[int], of: str = "shares") -> np.ndarray:
         """The compute shares (or `of="waits"`: data-wait shares) of these ranks (columns in this order)."""
@@ -63,9 +82,10 @@ class StepShares:
 
 
 def step_shares(windows: Mapping[int, RankWindow], since: float,
-                steps: RecentSteps | None = None) -> StepShares | None:
+                steps: RecentSteps | None = None, peers: PeerRows | None = None) -> StepShares | None:
     """The shares of the steps that ended since `since`, or None when the job has no timed steps there.
-    `steps`: these windows already read (step_matrix.read_steps with this `since`), else they are read here."""
+    `steps`: these windows already read (step_matrix.read_steps with this `since`), else they are read here.
+    `peers`: the job's per-step peer medians kept from its last judgement (peer_rows), else found afresh."""
     ws = list(windows.values())
     if not ws:
         return None
@@ -100,11 +120,14 @@ def step_shares(windows: Mapping[int, RankWindow], since: float,
     shares = place(np.where(np.isnan(comm), np.nan, share))
     waited = place(wait)
     kept = ~np.isnan(waited).all(axis=1)
+    ranks = tuple(w.info.rank for w in ws)
+    out = StepShares(ranks, shares[kept], np.empty(0), np.empty(0), waited[kept],
+                     (np.arange(rows, dtype=np.int64) + int(lo))[kept], peers)
     with warnings.catch_warnings():  # all-NaN columns of a row cannot occur (kept); numpy warns on any NaN
         warnings.simplefilter("ignore", RuntimeWarning)
-        row_end = row_nanmedian(place(ends)[kept])
-        row_start = row_nanmedian(place(ends - durations)[kept])
-    return StepShares(tuple(w.info.rank for w in ws), shares[kept], row_start, row_end, waited[kept])
+        row_end = out.row_medians(place(ends)[kept], ("end", ranks))
+        row_start = out.row_medians(place(ends - durations)[kept], ("start", ranks))
+    return replace(out, starts=row_start, ends=row_end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +173,10 @@ class Test:
     # the group's false alarms scale with its size. Not for a test whose findings are kept only for ranks that
     # another signal already singled out (corroborated_compute_test): those are a few, whatever the group.
     grows: bool = True
+
+
+def _afresh(x: np.ndarray, _what: str) -> np.ndarray:
+    return row_nanmedian(x)
 
 
 def compute_test(cfg: DetectorConfig) -> Test:
@@ -232,10 +259,13 @@ def _wait_min_duration(excess: np.ndarray, cfg: DetectorConfig) -> np.ndarray:
 
 
 def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[int],
-          cfg: DetectorConfig, test: Test | None = None, only: Collection[int] | None = None) -> dict[int, Evidence]:
+          cfg: DetectorConfig, test: Test | None = None, only: Collection[int] | None = None,
+          medians: Callable[[np.ndarray, str], np.ndarray] | None = None) -> dict[int, Evidence]:
     """The ranks (columns of `x`, a StepShares slice of one peer group) with enough sequential evidence: on
     compute shares by default, or under another `test` (wait_test on data-wait shares). With `only`, just those
-    of these ranks (the group's medians and noise are still taken over all of them)."""
+    of these ranks (the group's medians and noise are still taken over all of them). `medians(matrix, what)`: its
+    per-step medians kept between judgements (StepShares.row_medians); None: row_nanmedian, found afresh."""
+    medians = medians if medians is not None else _afresh
     test = test if test is not None else compute_test(cfg)
     rows, n = x.shape
     if rows == 0 or n < cfg.min_peers:
@@ -243,7 +273,7 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
     with np.errstate(all="ignore"), warnings.catch_warnings():  # steps no rank of the group pushed: NaN rows
         warnings.simplefilter("ignore", RuntimeWarning)
         counted = (~np.isnan(x)).sum(axis=1) >= cfg.min_peers  # a step few peers pushed is not compared
-        med = row_nanmedian(np.where(counted[:, None], x, np.nan))
+        med = medians(np.where(counted[:, None], x, np.nan), "median")
         y = test.deviation(x, med[:, None])
         y[~counted] = np.nan
         valid = ~np.isnan(y)
@@ -251,7 +281,7 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
             return {}
         sigma = max(_MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), test.floor)
         if test.row_noise:
-            sigma = np.maximum(sigma, np.nan_to_num(_MAD_TO_SIGMA * row_nanmedian(np.abs(y))))[:, None]
+            sigma = np.maximum(sigma, np.nan_to_num(_MAD_TO_SIGMA * medians(np.abs(y), "noise")))[:, None]
     z = np.where(valid, np.clip(y / sigma, -test.cap, test.cap), 0.0)
     ref = np.full((rows, 1), test.ref)
     if test.busy_ref is not None:
@@ -295,17 +325,4 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
                                        round(float(magnitude[j, c]), 4),
                                        round(float((gain[j, c] + refs[j, c]) / k), 2),
                                        float(own[j, c] / k), float(peer[j, c] / k), float(starts[j]))
-    return out
-
-
-def row_nanmedian(a: np.ndarray) -> np.ndarray:
-    """np.nanmedian(a, axis=1), value for value: np.median on the rows without a NaN (one partition for all of
-    them, where numpy's nanmedian of wide rows loops over them in Python), nanmedian on the others only."""
-    full = ~np.isnan(a).any(axis=1)
-    if full.all():
-        return np.median(a, axis=1)
-    out = np.nanmedian(a, axis=1) if not full.any() else np.empty(a.shape[0])
-    if full.any():
-        out[full] = np.median(a[full], axis=1)
-        out[~full] = np.nanmedian(a[~full], axis=1)
     return out

@@ -6,6 +6,8 @@ import bisect
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 # 0.6745 = Φ⁻¹(0.75): makes MAD a consistent estimator of σ under Gaussian noise (Iglewicz & Hoaglin).
 _MAD_TO_SIGMA = 1.4826
 
@@ -63,3 +65,16 @@ def threshold_for(n: int, base: float = 3.5, tail: float = 1e-4) -> float:
     t = -2.0 * math.log(p)
     z = math.sqrt(max(t - math.log(t) - math.log(2 * math.pi), 0.0))
     return max(base, z)
+
+
+def row_nanmedian(a: np.ndarray) -> np.ndarray:
+    """np.nanmedian(a, axis=1), value for value: np.median on the rows without a NaN (one partition for all of
+    them, where numpy's nanmedian of wide rows loops over them in Python), nanmedian on the others only."""
+    full = ~np.isnan(a).any(axis=1)
+    if full.all():
+        return np.median(a, axis=1)
+    out = np.nanmedian(a, axis=1) if not full.any() else np.empty(a.shape[0])
+    if full.any():
+        out[full] = np.median(a[full], axis=1)
+        out[~full] = np.nanmedian(a[~full], axis=1)
+    return out

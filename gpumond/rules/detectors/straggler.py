@@ -191,14 +191,15 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         held = set(per_step.ranks)
         ids = [r.rank for r, _ in with_sh if r.rank in held]
         cols = per_step.columns(ids)
-        seq = judge(cols, per_step.starts, per_step.ends, ids, cfg)
+        medians = per_step.peer_medians(ids)
+        seq = judge(cols, per_step.starts, per_step.ends, ids, cfg, medians=medians)
         # A rank whose GPU shows its own cause (a throttle reason, a low clock) is no workload transient: its
         # sequential evidence needs only the short minimum duration (corroborated_compute_test), not the one
         # that keeps the transients of healthy ranks from firing.
         caused = {k for k, sig in flagged.items() if not _GPU_CAUSE.isdisjoint(sig)}.intersection(ids)
         if caused - set(seq):
             fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg),
-                         only=caused - set(seq))
+                         only=caused - set(seq), medians=medians)
             seq.update(fast)
         node_of = {r.rank: r.node for r, _, _ in members}
         if len(seq) <= max(1, cfg.max_outlier_frac * len(members)) \

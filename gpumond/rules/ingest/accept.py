@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.auth import TokenAuth
 from gpumond.web.body import declared_too_large
+from gpumond.push.batch import MAX_REMEMBERED_HEADS, ColumnsBatchError, HeadJudge, parse_columns_batch
+from gpumond.push.body import PushBody, head_model
+from gpumond.push.values import StepColumns
 from gpumond.rules.ingest.payload import PayloadError, columns_model, parse, push_model
 from gpumond.rules.ingest.ratelimit import RateLimiter, retry_after
 from gpumond.rules.ingest.stats import IngestStats
 from gpumond.rules.store import CapExceeded, RankStore
 from gpumond.wire.batch import BatchError, split_batch
-from gpumond.wire.media import BATCH_TYPE, COLUMNS_TYPE, JSON_TYPE
+from gpumond.wire.media import BATCH_COLUMNS_TYPE, BATCH_TYPE, COLUMNS_TYPE, JSON_TYPE
 from gpumond.wire.routing import shard_of
 
 log = logging.getLogger("gpumond.rules.ingest")
@@ -49,7 +52,8 @@ class Client:
     identity: str
     address: str
     columns: bool = False  # the body is in the columnar encoding (its Content-Type said so)
-    batch: bool = False  # the body is a batch of columnar pushes of one job (the node relay's)
+    batch: bool = False  # the body is a batch of columnar pushes of one job, a line each (the node relay's before)
+    batch_columns: bool = False  # the body is a columnar batch of one job's pushes (the node relay's)
 
 
 class Ingest:
@@ -63,6 +67,8 @@ class Ingest:
         self.max_body_bytes = limits.max_body_bytes
         self.model = push_model(limits.max_string_len, limits.max_steps_per_push)
         self.columns_model = columns_model(limits.max_string_len, limits.max_steps_per_push)
+        self._heads = HeadJudge(head_model(limits.max_string_len), min(limits.max_ranks, MAX_REMEMBERED_HEADS))
+        self._max_steps = limits.max_steps_per_push
         self._auth = TokenAuth(config.tokens, config.allow_unauthenticated)
         self._limiter = RateLimiter(limits.pushes_per_second_per_client, limits.burst, limits.max_clients, clock)
         self._rate_text = f"{limits.pushes_per_second_per_client:g} pushes/s (burst {limits.burst})"
@@ -87,16 +93,16 @@ class Ingest:
             return self._reply(429, f"rate limit: more than {self._rate_text} from this client; "
                                     f"retry after {after} s", ("Retry-After", after))
         media = JSON_TYPE if content_type is None else content_type.split(";")[0].strip().lower()
-        if media not in (JSON_TYPE, COLUMNS_TYPE, BATCH_TYPE):
+        if media not in (JSON_TYPE, COLUMNS_TYPE, BATCH_COLUMNS_TYPE, BATCH_TYPE):
             return self._reply(415, f"Content-Type must be {JSON_TYPE} (steps as objects), {COLUMNS_TYPE} "
-                                    f"(steps as columns) or {BATCH_TYPE} (a relay's batch) "
+                                    f"(steps as columns) or {BATCH_COLUMNS_TYPE} (a relay's batch) "
                                     f"(got {content_type[:64]!r})")
         if content_encoding is not None and content_encoding.strip().lower() not in ("", "identity"):
             return self._reply(415, f"Content-Encoding {content_encoding[:32]!r} is not supported; send the JSON "
                                     "uncompressed")
         if declared_too_large(content_length, self.max_body_bytes):
             return self.too_large()
-        return Client(auth.identity, address, media == COLUMNS_TYPE, media == BATCH_TYPE)
+        return Client(auth.identity, address, media == COLUMNS_TYPE, media == BATCH_TYPE, media == BATCH_COLUMNS_TYPE)
 
     def too_large(self) -> Reply:
         """The answer to a body over limits.max_body_bytes."""
@@ -104,9 +110,30 @@ class Ingest:
 
     def accept(self, client: Client, body: bytes) -> Reply:
         """Validate and store one push body (or, from a relay, a batch of them) from an admitted client."""
+        if client.batch_columns:
+            return self._accept_columns_batch(client, body)
         if client.batch:
             return self._accept_batch(client, body)
         return self._judge(self.columns_model if client.columns else self.model, body, client)
+
+    def _accept_columns_batch(self, client: Client, body: bytes) -> Reply:
+        """A columnar batch: its framing and every step value judged once for the whole batch, each push's head
+        alone; then each push stored as if it had come alone, and one answer listing each one's outcome in order."""
+        try:
+            job, pushes, ends = parse_columns_batch(body, self._heads, self._max_steps)
+        except ColumnsBatchError as err:
+            return self._reply(err.status, f"batch: {err}")
+        if self._shard is not None and (owner := shard_of(job, self._shard.count)) != self._shard.index:
+            return self._misrouted(job, owner, client)
+        now = self._clock()
+        on_time = not len(ends) or ends.max() <= now + self._skew_s  # else each push is looked at alone
+        results = []
+        for push in pushes:
+            if isinstance(push, PayloadError):
+                results.append(_result(self._reply(push.status, push.message)))
+            else:
+                results.append(_result(self._keep(*push, client, now=now, on_time=on_time)))
+        return Reply(202, {"results": results})
 
     def _accept_batch(self, client: Client, body: bytes) -> Reply:
         """Each push of a batch judged as if it had come alone; one answer listing each one's outcome in order.
@@ -117,17 +144,7 @@ class Ingest:
             return self._reply(400, f"batch: {err}")
         if self._shard is not None and (owner := shard_of(job, self._shard.count)) != self._shard.index:
             return self._misrouted(job, owner, client)
-        results: list[dict[str, object]] = []
-        for line in pushes:
-            reply = self._judge(self.columns_model, line, client, job=job)
-            if reply.status == 202:
-                results.append(reply.body)
-            else:  # the status it would have had alone, and its Retry-After (a cap) as a number
-                entry: dict[str, object] = {"status": reply.status, **reply.body}
-                for name, value in reply.headers:
-                    if name == "Retry-After":
-                        entry["retry_after_s"] = int(value)
-                results.append(entry)
+        results = [_result(self._judge(self.columns_model, line, client, job=job)) for line in pushes]
         return Reply(202, {"results": results})
 
     def _judge(self, model: type, body: bytes, client: Client, *, job: str | None = None) -> Reply:
@@ -141,9 +158,14 @@ class Ingest:
         if (job is None and self._shard is not None
                 and (owner := shard_of(push.job, self._shard.count)) != self._shard.index):
             return self._misrouted(push.job, owner, client)
-        now = self._clock()
-        steps = push.step_columns()
-        if len(steps) and steps.end.max() > now + self._skew_s:  # one reduction for the usual push
+        return self._keep(push, push.step_columns(), client)
+
+    def _keep(self, push: PushBody, steps: StepColumns, client: Client, *, now: float | None = None,
+              on_time: bool = False) -> Reply:
+        """Store one judged push (its steps' ends within the clock skew); the answer it gets. `on_time`: the caller
+        found every step's end within the skew already (a batch's, all at once), at `now`."""
+        now = self._clock() if now is None else now
+        if not on_time and len(steps) and steps.end.max() > now + self._skew_s:  # one reduction for a push
             i = int((steps.end > now + self._skew_s).argmax())
             return self._reply(422, f"steps[{i}].end: {steps.end[i] - now:.0f} s in the future, more than "
                                     f"limits.max_clock_skew_s ({self._skew_s:g}); check the clock of node "
@@ -160,7 +182,7 @@ class Ingest:
         if stored.restarted:
             log.info("rank restarted: its previous process's steps let go", extra={
                 "job": info.job, "rank": info.rank, "node": info.node, "incarnation": push.incarnation})
-        dropped = stored.dropped()
+        dropped = stored.dropped() if stored.accepted != len(steps) else None  # every step is kept or dropped
         if dropped:
             # Every step not stored is named with its reason, so the SDK counts it dropped, not pushed.
             self._warn("dropped", "push partly kept", job=info.job, rank=info.rank, client=client.identity,
@@ -189,3 +211,15 @@ class Ingest:
         if now - self._warned.get(key, float("-inf")) >= _WARN_EVERY_S:
             self._warned[key] = now
             log.warning(message, extra={**fields, "repeats": "counted in gpumond_rules_push_requests_total"})
+
+
+def _result(reply: Reply) -> dict[str, object]:
+    """A push's outcome in a batch's answer: its answer's body, with the status it would have had alone when that
+    is not 202, and its Retry-After (a cap's) as a number."""
+    if reply.status == 202:
+        return reply.body
+    entry: dict[str, object] = {"status": reply.status, **reply.body}
+    for name, value in reply.headers:
+        if name == "Retry-After":
+            entry["retry_after_s"] = int(value)
+    return entry
