@@ -144,7 +144,8 @@ class Agent:
                 raise AgentStartError(f"relay.{e}") from None
             self.relay = Relay(config.relay, node=config.node_name, devices=session_devices(self.session),
                                access=relay_access, jobs_of=jobs.jobs_for if jobs is not None else None,
-                               held=HeldFile(state_dir / RELAY_HELD_FILE, time.monotonic))
+                               held=HeldFile(state_dir / RELAY_HELD_FILE, time.monotonic,
+                                             buffer_max_bytes=config.relay.buffer_max_bytes))
         slack = config.policy.power_slack
         self.leases: LeasePuller | None = None
         if slack.rules_url is not None and slack.mode != "off" and config.policy.mode != "off":

@@ -318,7 +318,7 @@ def relay_listen_problem(address: ListenAddress) -> str | None:
     is on a way to push steps under the node's name; the relay is for the ranks on this node only."""
     if address.host in ("0.0.0.0", "::", ""):
         return (f"{address.host or '*'} listens on every network of the node; the relay serves this node's ranks "
-                "only: give 127.0.0.1 or the node's own address (the chart passes the pod's status.hostIP)")
+                "only: give 127.0.0.1 or the node's own address (the chart passes the pod's status.podIP)")
     return None
 
 
@@ -331,12 +331,14 @@ class RelayConfig(HttpClientConfig):
     listen: ListenAddress = DEFAULT_RELAY_LISTEN
     # One batched push per job per interval: 2 s keeps detection latency well under the SDK's own 5 s.
     interval_s: float = Field(2.0, gt=0, le=60)
-    # Held through an outage of the rules service: 64 MiB is ~10 minutes of a busy node (8 ranks × 2 steps/s
-    # at ~100 B a step is ~1.6 KiB/s); the oldest go first when either bound is reached.
+    # Held through an outage of the rules service: a busy node (8 ranks × 2 steps/s at ~100 B a step) sends ~1.6 KiB/s,
+    # so the age bound (10 minutes, ~1 MiB) binds first; 64 MiB leaves room for nodes of many ranks or large pushes.
+    # The oldest go first when either bound is reached.
     buffer_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024, le=4 * 1024**3)
     buffer_max_age_s: float = Field(600.0, ge=10, le=86400)
-    # tls_config / basic_auth / authorization (HttpClientConfig): how the relay reaches a rules service behind TLS
-    # or auth. The ranks' own push tokens pass through unchanged (docs/job-sdk.md).
+    # tls_config / basic_auth / authorization (HttpClientConfig): how the relay reaches a rules service behind TLS,
+    # and the credential it sends for ranks that send no token; a rank's own token passes through unchanged instead
+    # (a batch has one Authorization header: docs/job-sdk.md).
 
     @field_validator("listen")
     @classmethod

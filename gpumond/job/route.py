@@ -40,12 +40,14 @@ class Route:
         # the relay with its web config's certificate), over http without any.
         relay_tls = self.tls if self.relay.startswith("https://") else None
         # The relay finds this rank's GPU by its process id (the service never sees it).
-        relay = HttpTransport(self.relay, self.token, relay_tls, content_type, {PID_HEADER: str(os.getpid())})
+        relay = HttpTransport(self.relay, self.token, relay_tls, content_type, {PID_HEADER: str(os.getpid())},
+                              setting=("the node relay", "GPUMOND_RELAY"))
         # Directly, a push must be whole: the service needs the GPU the relay would have filled in.
         problem = None if identity.gpu_uuid else ("this rank's GPU UUID is unknown (set GPUMOND_GPU_UUID to push "
                                                   "without the relay)")
         return RelayTransport(relay, direct, clock, relay_url=self.relay,
-                              direct_url=shard_endpoint(self.endpoint, identity.job, self.shards) if self.endpoint else None, direct_problem=problem, named=self.named)
+                              direct_url=shard_endpoint(self.endpoint, identity.job, self.shards) if self.endpoint
+                              else None, direct_problem=problem, named=self.named)
 
 
 def resolve_route(endpoint: str | None, token: str | None, shards: int | None, relay: str | None,

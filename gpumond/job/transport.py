@@ -55,7 +55,8 @@ class HttpTransport:
     Over https the server is verified with `tls` (the system CA bundle when None)."""
 
     def __init__(self, endpoint: str, token: str | None, tls: ClientTLS | None = None,
-                 content_type: str = JSON_TYPE, headers: Mapping[str, str] | None = None) -> None:
+                 content_type: str = JSON_TYPE, headers: Mapping[str, str] | None = None,
+                 setting: tuple[str, str] = ("the rules service", "GPUMOND_ENDPOINT")) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(f"endpoint must be an http:// or https:// URL with a host (got {endpoint!r})")
@@ -73,6 +74,7 @@ class HttpTransport:
             raise ConfigError(str(e)) from None
         self._host = url.hostname
         self._endpoint = endpoint
+        self._setting = setting  # (what serves `endpoint`, the setting that names it), for the https hint
         self.path = url.path.rstrip("/") + PUSH_PATH
         self._headers = {
             "Content-Type": content_type,  # the push encoding's (gpumond.wire.media.CONTENT_TYPES)
@@ -109,7 +111,8 @@ class HttpTransport:
         https = https_instead(exc, self._endpoint)
         if https is None:
             raise exc
-        raise type(exc)(f"{exc} (if the rules service serves TLS, use {https} in GPUMOND_ENDPOINT)") from exc
+        server, setting = self._setting
+        raise type(exc)(f"{exc} (if {server} serves TLS, use {https} in {setting})") from exc
 
     def _exchange(self, body: bytes, timeout_s: float) -> Reply:
         conn = self._connection(timeout_s)
@@ -181,6 +184,9 @@ def _message(body: bytes) -> str:
 # While the node relay does not answer, pushes go to the rules service directly; the relay is tried again after
 # this long (on loopback a refused connection costs microseconds; the chart's host address at most one timeout).
 RELAY_RETRY_S = 30.0
+# A relay serves POST /api/v1/push under its address and answers it with anything but these: a server answering them
+# is something else on the port (the default 9482 is tried on every node) or a GPUMOND_RELAY with a wrong path.
+NOT_A_RELAY = (404, 405)
 
 
 class RelayTransport:
@@ -206,24 +212,32 @@ class RelayTransport:
             try:
                 reply = self._relay.post(body, timeout_s)
             except (OSError, http.client.HTTPException) as exc:
-                if isinstance(exc, TLSError) or self._direct is None:
-                    if self.via_relay and self._direct is None:
+                if self._direct is None:
+                    if self.via_relay:
                         log.warning("gpumond: no node relay answers at %s (%s) and %s; retrying the relay with backoff",
                                     self._relay_url, exc, self._problem or "no GPUMOND_ENDPOINT is set")
                     self.via_relay = False
                     raise
-                self._retry_relay_at = self._clock() + RELAY_RETRY_S
-                if self.via_relay:
-                    log.log(self._level, "gpumond: no node relay answers at %s (%s); pushing to %s directly, and "
-                            "trying the relay again every %g s", self._relay_url, exc, self._direct_url, RELAY_RETRY_S)
-                self.via_relay = False
+                # A certificate the rank cannot verify is a mistake to fix, said as a warning; the rules service,
+                # verified on its own, still takes the steps meanwhile.
+                self._leave_relay(str(exc), logging.WARNING if isinstance(exc, TLSError) else self._level)
             else:
-                if not self.via_relay:
-                    log.info("gpumond: the node relay at %s answers again; pushing through it", self._relay_url)
-                self.via_relay = True
-                return reply
+                if reply.status not in NOT_A_RELAY or self._direct is None:
+                    if not self.via_relay:
+                        log.info("gpumond: the node relay at %s answers again; pushing through it", self._relay_url)
+                    self.via_relay = True
+                    return reply
+                self._leave_relay(f"HTTP {reply.status} {reply.detail[:100]}: not a gpumond relay", logging.WARNING)
         assert self._direct is not None
         return self._direct.post(body, timeout_s)
+
+    def _leave_relay(self, why: str, level: int) -> None:
+        """Push directly until RELAY_RETRY_S has passed; said once per stretch without the relay."""
+        self._retry_relay_at = self._clock() + RELAY_RETRY_S
+        if self.via_relay:
+            log.log(level, "gpumond: no node relay answers at %s (%s); pushing to %s directly, and trying the relay "
+                    "again every %g s", self._relay_url, why, self._direct_url, RELAY_RETRY_S)
+        self.via_relay = False
 
     def close(self) -> None:
         """Drop both connections."""

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 
 RELAY_SERVICE = f"{RELEASE}-gpumond-relay"
 RULES = f"{RELEASE}-gpumond-rules"
+CHART_BUFFER = 24 * 2**20  # the chart's relay.buffer_max_bytes: what fits its memory limit
 
 
 def _pod(objects: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def test_default_exposes_the_relay_through_a_node_local_service() -> None:
     assert _port(container, "relay") == {"name": "relay", "containerPort": 9482, "protocol": "TCP"}  # no hostPort
     service = one(objects, "Service", RELAY_SERVICE)
     spec = service["spec"]
-    # Only the agent on the sender's node; refused (the SDK falls back to the rules service) when it is not ready.
+    # Only the agent on the sender's node; dropped (the SDK falls back to the rules service) when it is not ready.
     assert spec["internalTrafficPolicy"] == "Local" and spec["type"] == "ClusterIP"
     assert spec["ports"] == [{"name": "relay", "port": 9482, "targetPort": "relay", "protocol": "TCP"}]
     assert spec["selector"].items() <= _pod(objects)["metadata"]["labels"].items()
@@ -66,9 +67,12 @@ def test_default_exposes_the_relay_through_a_node_local_service() -> None:
     # The relay forwards to this release's rules Service, on its port.
     rules = one(objects, "Service", RULES)
     relay = config_of(objects, "agent")["relay"]
-    assert relay == {"upstream": f"http://{RULES}.{NAMESPACE}.svc:{rules['spec']['ports'][0]['port']}"}
+    assert relay == {"upstream": f"http://{RULES}.{NAMESPACE}.svc:{rules['spec']['ports'][0]['port']}",
+                     "buffer_max_bytes": CHART_BUFFER}
     text = notes({})
     assert f"GPUMOND_RELAY=http://{RELAY_SERVICE}.{NAMESPACE}.svc:9482\n" in text
+    # The SDK names its host (the pod) as the node unless told, and the relay keeps what a push names.
+    assert "GPUMOND_NODE=$(NODE_NAME)      in the pod spec: env NODE_NAME from fieldRef spec.nodeName" in text
     assert f"GPUMOND_ENDPOINT=http://{RULES}.{NAMESPACE}.svc:9481\n" in text  # the fallback
 
 
@@ -78,6 +82,29 @@ def test_the_rendered_relay_section_is_what_the_agent_runs() -> None:
     config = AgentConfig.model_validate(config_of(objects, "agent"))
     assert config.relay.enabled and config.relay.upstream == f"http://{RULES}.{NAMESPACE}.svc:9481"
     assert config.relay.interval_s == 2.0  # the model's default: the chart adds nothing of its own
+
+
+# The agent's RSS with the relay at work and little held (benchmarks/results/relay_agent_cost.md: 77 MiB), rounded
+# up: what a full buffer comes on top of.
+AGENT_RSS_MIB = 80
+
+
+def _mib(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+@pytest.mark.parametrize("values", [None, {"agent": {"resources": {"limits": {"memory": "512Mi"}}}}],
+                         ids=["default limit", "raised limit"])
+def test_a_full_relay_buffer_fits_the_agents_memory_limit(values: dict[str, Any] | None) -> None:
+    """The relay holds up to relay.buffer_max_bytes through a long rules outage (or a flood from the pod network):
+    with the daemon's 64 MiB default under the chart's 128Mi limit the kernel killed the agent when it filled,
+    losing everything held. The chart sizes the buffer to the limit the agent runs under."""
+    objects = render(values) if values is not None else rendered(None)
+    limit = _mib(_agent(objects)["resources"]["limits"]["memory"])
+    held = AgentConfig.model_validate(config_of(objects, "agent")).relay.buffer_max_bytes / 2**20
+    assert AGENT_RSS_MIB + held <= limit * 0.9, (held, limit)
+    assert held >= 8  # still minutes of a busy node (8 ranks × 2 steps/s: ~2 KiB/s with bookkeeping)
 
 
 def test_an_ipv6_pod_address_is_bracketed() -> None:
@@ -112,6 +139,21 @@ def test_host_port_mode() -> None:
     # The trade-off the values file states: a host port is outside Pod Security "baseline".
     read_only = render({**values_of("ci/readonly-values.yaml"), **values})
     assert "baseline: agent hostPort" in pod_security_violations(_pod(read_only)["spec"])
+
+
+def test_notes_give_https_addresses_when_the_daemons_serve_tls() -> None:
+    """tls.enabled serves the relay (the agent's listeners) and the rules service over https only: an http:// address
+    from the NOTES makes every push to the relay fail and fall back, and one to the rules service fail."""
+    values = values_of("ci/tls-values.yaml")
+    text = notes(values)
+    assert f"GPUMOND_RELAY=https://{RELAY_SERVICE}.{NAMESPACE}.svc:9482\n" in text
+    assert f"GPUMOND_ENDPOINT=https://{RULES}.{NAMESPACE}.svc:9481\n" in text
+    # The agents' one certificate must name the relay Service, or the SDK refuses the relay's certificate.
+    assert f"the agents' certificate (tls.agentSecret) must name {RELAY_SERVICE}.{NAMESPACE}.svc" in text
+    host_port = notes({**values, "agent": {"relay": {"expose": "hostPort"}}})
+    assert "GPUMOND_RELAY=https://$(HOST_IP):9482" in host_port
+    assert "the agents' certificate (tls.agentSecret) must name every node's address" in host_port
+    assert "http://" not in host_port.split("Training jobs")[1]
 
 
 def test_sharded_upstream_routes_each_job_to_the_pod_of_its_shard() -> None:
@@ -198,7 +240,8 @@ def test_schema_refuses_bad_relay_values(values: dict[str, Any], message: str) -
 def test_an_external_upstream_without_the_rules_service() -> None:
     objects = render({"rules": {"enabled": False},
                       "agent": {"config": {"relay": {"upstream": "http://rules.example.com:9481"}}}})
-    assert config_of(objects, "agent")["relay"] == {"upstream": "http://rules.example.com:9481"}
+    assert config_of(objects, "agent")["relay"] == {"upstream": "http://rules.example.com:9481",
+                                                    "buffer_max_bytes": CHART_BUFFER}
     assert [p for o in objects for p in validation_problems(o)] == []
 
 

@@ -9,7 +9,7 @@ from gpumond.job import Reporter
 from gpumond.job import reporter as reporter_module
 from gpumond.job.route import resolve_route
 from gpumond.job.settings import DEFAULT_RELAY, ConfigError, Identity
-from gpumond.job.transport import RELAY_RETRY_S, RelayTransport, Reply
+from gpumond.job.transport import RELAY_RETRY_S, RelayTransport, Reply, TLSError
 from tests.fakes import FakeClock, FakeTransport
 
 UUID = "GPU-5b0c1234-aaaa-bbbb-cccc-0123456789ab"
@@ -50,6 +50,42 @@ def test_without_a_direct_path_the_relay_failure_is_the_pushers_to_retry() -> No
         route.post(b"{}", 1)
 
 
+class BadCertificate(FakeTransport):
+    """A relay whose certificate the rank cannot verify (not named in it, another CA, http spoken as https)."""
+
+    def post(self, body: bytes, timeout_s: float) -> Reply:
+        raise TLSError("certificate verify failed: Hostname mismatch")
+
+
+def test_a_relay_whose_certificate_fails_is_left_for_the_direct_path(caplog: pytest.LogCaptureFixture) -> None:
+    """The rules service, verified on its own, takes the steps: retrying the relay alone lost them all once the
+    rank's queue filled. The TLS problem is said once."""
+    direct, clock = FakeTransport(), FakeClock()
+    route = RelayTransport(BadCertificate(), direct, clock, relay_url="https://relay:9482",
+                           direct_url="https://rules:9481")
+    with caplog.at_level("WARNING", logger="gpumond.job"):
+        assert route.post(b"{}", 1).status == 202 and route.post(b"{}", 1).status == 202
+    assert len(direct.raw) == 2 and not route.via_relay
+    assert [r.getMessage() for r in caplog.records if "Hostname mismatch" in r.getMessage()] != []
+    assert sum("no node relay" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("status", [404, 405])
+def test_a_server_that_is_no_relay_is_left_for_the_direct_path(status: int) -> None:
+    """Something else on the relay's port (the default 9482 is tried on every node) or a GPUMOND_RELAY with a path
+    answers 404/405, which a relay never answers the SDK's push: the steps go directly, not dropped as refused."""
+    not_relay, direct, clock = FakeTransport(Reply(status, detail="Not Found")), FakeTransport(), FakeClock()
+    route = RelayTransport(not_relay, direct, clock, relay_url=DEFAULT_RELAY, direct_url="http://rules:9481")
+    assert route.post(b"{}", 1).status == 202 and len(direct.raw) == 1 and not route.via_relay
+    route.post(b"{}", 1)
+    assert len(not_relay.raw) == 1  # asked again only after RELAY_RETRY_S
+    clock.advance(RELAY_RETRY_S)
+    assert route.post(b"{}", 1).status == 202 and route.via_relay  # it answers 202 now: a relay again
+    # Without a direct path the answer is the pusher's, as any refusal.
+    alone = RelayTransport(FakeTransport(Reply(status)), None, clock, relay_url=DEFAULT_RELAY, direct_url=None)
+    assert alone.post(b"{}", 1).status == status
+
+
 def test_a_named_relay_makes_endpoint_and_token_optional(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("GPUMOND_ENDPOINT", "GPUMOND_TOKEN", "GPUMOND_TOKEN_FILE", "GPUMOND_SHARDS"):
         monkeypatch.delenv(name, raising=False)
@@ -88,3 +124,33 @@ def test_only_pushes_to_the_relay_carry_the_ranks_pid(monkeypatch: pytest.Monkey
     assert isinstance(transport, RelayTransport)
     assert transport._relay._headers[PID_HEADER] == str(os.getpid())  # type: ignore[attr-defined]
     assert PID_HEADER not in transport._direct._headers  # type: ignore[union-attr,attr-defined]
+
+
+def test_a_relay_serving_tls_to_an_http_url_is_named_as_the_relay() -> None:
+    """A server that closes without an answer (what a TLS listener does to plain HTTP: the chart's agents with
+    tls.enabled): the hint names the setting the rank got wrong, GPUMOND_RELAY, not GPUMOND_ENDPOINT."""
+    import socket
+    import threading
+
+    from gpumond.job.route import Route
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def close_each() -> None:
+        for _ in range(2):  # the transport retries a fresh connection once
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.close()
+
+    closer = threading.Thread(target=close_each, daemon=True)
+    closer.start()
+    try:
+        route = Route(f"http://127.0.0.1:{port}", True, None, None, None, None)
+        transport = route.transport(Identity("j", 0, 1, "n", "", None), "application/json", FakeClock())
+        with pytest.raises(OSError, match=rf"use https://127.0.0.1:{port} in GPUMOND_RELAY\)") as err:
+            transport.post(b"{}", 2)
+        assert "GPUMOND_ENDPOINT" not in str(err.value)
+    finally:
+        closer.join(5)
+        server.close()

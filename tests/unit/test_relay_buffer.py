@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from gpumond.agent.relay.buffer import Buffer, Entry
+from gpumond.agent.relay.buffer import ENTRY_OVERHEAD, Buffer, Entry
 from tests.fakes import FakeClock
+
+ONE = 100 + len("j") + ENTRY_OVERHEAD  # what entry() costs the buffer with its defaults
 
 
 def entry(clock: FakeClock, job: str = "j", rank: int = 0, size: int = 100, steps: int = 2) -> Entry:
@@ -12,12 +14,12 @@ def entry(clock: FakeClock, job: str = "j", rank: int = 0, size: int = 100, step
 
 def test_over_the_byte_bound_the_oldest_go_first_whatever_their_job() -> None:
     clock = FakeClock()
-    buf = Buffer(max_bytes=300, max_age_s=600, clock=clock)
+    buf = Buffer(max_bytes=3 * ONE, max_age_s=600, clock=clock)
     first, second, third = entry(clock, "a"), entry(clock, "b"), entry(clock, "a", rank=1)
     assert buf.add(first) == [] and buf.add(second) == [] and buf.add(third) == []
     fourth = entry(clock, "b", rank=1)
     assert buf.add(fourth) == [first]
-    assert (buf.bytes, buf.count) == (300, 3)
+    assert (buf.bytes, buf.count) == (3 * ONE, 3)
     assert buf.take(("a", None), 10_000) == [third] and buf.take(("b", None), 10_000) == [second, fourth]
 
 
@@ -43,16 +45,26 @@ def test_take_keeps_order_and_the_byte_bound_and_done_releases() -> None:
     taken = buf.take(("j", None), 250)
     assert taken == entries[:2]  # 2 × (100 + newline) fit in 250, a third does not
     buf.done(taken)
-    assert buf.take(("j", None), 10_000) == entries[2:] and buf.bytes == 300
+    assert buf.take(("j", None), 10_000) == entries[2:] and buf.bytes == 3 * ONE
     assert buf.take(("j", None), 1) == entries[2:3]  # at least one, whatever its size
 
 
 def test_an_entry_dropped_while_its_send_was_in_flight_is_counted_once() -> None:
     clock = FakeClock()
-    buf = Buffer(max_bytes=200, max_age_s=600, clock=clock)
+    buf = Buffer(max_bytes=2 * ONE, max_age_s=600, clock=clock)
     a, b = entry(clock), entry(clock)
     buf.add(a), buf.add(b)
     in_flight = buf.take(("j", None), 10_000)
     assert buf.add(entry(clock)) == [a]  # dropped for room while being sent
     buf.done(in_flight)  # the send finished: only b is released here
-    assert (buf.count, buf.bytes) == (1, 100)
+    assert (buf.count, buf.bytes) == (1, ONE)
+
+
+def test_the_byte_bound_counts_what_an_entry_costs_not_only_its_line() -> None:
+    """A client on the node sending tiny pushes with a long Authorization header: the buffer holds them within
+    relay.buffer_max_bytes of the agent's memory (counting the lines alone it held ~80 times that)."""
+    clock = FakeClock()
+    buf = Buffer(max_bytes=64 * 1024, max_age_s=600, clock=clock)
+    for rank in range(1_000):
+        buf.add(Entry(("j", "Bearer " + "t" * 8_000), ("j", rank), b"{}", 1, clock()))
+    assert buf.bytes <= 64 * 1024 and buf.count == 64 * 1024 // (2 + 8_007 + 1 + ENTRY_OVERHEAD)

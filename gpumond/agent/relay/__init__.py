@@ -5,6 +5,7 @@ know (node, GPU, job), and pushes each job's steps to its rules shard in one bat
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -42,12 +43,13 @@ class Relay:
         self.config = config
         self.stats = RelayStats(clock)
         self.buffer = Buffer(config.buffer_max_bytes, config.buffer_max_age_s, clock)
-        self.filler = Filler(node, ProcessDevices(devices, clock), jobs_of)
+        self.devices = ProcessDevices(devices, clock)
+        self.filler = Filler(node, self.devices, jobs_of)
         self._client = client or http_client(access, timeout=UPSTREAM_TIMEOUT_S,
                                              limits=httpx.Limits(max_connections=8, max_keepalive_connections=8))
         self.sender = Sender(buffer=self.buffer, stats=self.stats, upstream=config.upstream, shards=config.shards,
                              access=access, client=self._client, clock=clock)
-        self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal)
+        self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal, self.devices)
         self._access = access
         self._tls_problem: str | None = None
         self._held = held
@@ -77,12 +79,22 @@ class Relay:
     def stop(self, grace_s: float) -> None:
         """Deliver what is held, for at most `grace_s`; what is left is kept for the next start (the state
         directory's relay-held.json), or, when it cannot be, dropped and logged."""
-        self.sender.flush_until(time.monotonic() + grace_s)
-        self._client.close()
+        # The sending runs on a thread of its own, waited for `grace_s` only: one batch to a service that takes the
+        # connection and never answers waits a whole client timeout, one per shard, and a stop that overran the
+        # supervisor's grace would be killed before keeping anything. A batch still in flight then stays held (it
+        # is in the buffer until answered) and is kept; if it is stored after all, the next start's copy is dropped
+        # by the service as a duplicate, which the kept attempt count says is no loss.
+        sending = threading.Thread(target=self.sender.flush_until, args=(time.monotonic() + grace_s,),
+                                   name="relay-stop-flush", daemon=True)
+        sending.start()
+        sending.join(grace_s)
         left = self.buffer.held()
+        in_flight = sending.is_alive()
+        if not in_flight:
+            self._client.close()  # else left to the exiting process: closing it under a send in flight could block
         if not left:
             return
-        if self._held is not None and self._held.save(left):
+        if self._held is not None and self._held.save(left, in_flight=in_flight):
             log.info("relay stopping with pushes not delivered; kept for the next start",
                      extra={"pushes": len(left), "path": str(self._held.path)})
         else:

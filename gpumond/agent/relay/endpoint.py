@@ -12,10 +12,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import anyio.to_thread
 from starlette.types import Receive, Scope, Send
 
 from gpumond.agent.relay.buffer import Buffer
 from gpumond.agent.relay.intake import Intake, Refused
+from gpumond.agent.relay.processes import ProcessDevices
 from gpumond.agent.relay.stats import RelayStats
 from gpumond.agent.relay.upstream import PUSH_PATH, Refusal
 from gpumond.web.body import Disconnected, declared_too_large, read_body
@@ -31,8 +33,9 @@ class RelayEndpoint:
     """The relay's ASGI app: one route, the push."""
 
     def __init__(self, intake: Intake, buffer: Buffer, stats: RelayStats,
-                 refusal: Callable[[str | None], Refusal | None]) -> None:
+                 refusal: Callable[[str | None], Refusal | None], devices: ProcessDevices) -> None:
         self._intake = intake
+        self._devices = devices  # the one the intake's filler looks ranks up in
         self._buffer = buffer
         self._stats = stats
         self._refusal = refusal
@@ -80,13 +83,19 @@ class RelayEndpoint:
             return 400, {"error": "client disconnected before the body was complete"}
         if body is None:
             return too_large
-        pid = int(pid_text) if pid_text is not None and pid_text.strip().isdecimal() else None
-        entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization,
-                                   pid=pid if pid is not None and 0 < pid < 2**31 else None)
+        pid = sender_pid(pid_text)
+        if pid is not None and self._devices.due(pid):
+            # NVML is read on a worker thread: it waits on the session's lock, which the sampler holds for a whole
+            # sample, and this event loop serves the agent's /healthz and /metrics too. Only then is there an await
+            # between the body and the answer (a client that half-closed after its body loses an answer the server
+            # gives after an await: it sees the EOF first); the judging itself then finds the pid without waiting.
+            await anyio.to_thread.run_sync(self._devices.refresh)
+        entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization, pid=pid)
         if isinstance(entry, Refused):
             return entry.status, {"error": entry.message}
-        if len(entry.line) > self._buffer.max_bytes:
-            return 413, {"error": f"push larger than the relay's buffer (relay.buffer_max_bytes {self._buffer.max_bytes})"}
+        if entry.size > self._buffer.max_bytes:
+            return 413, {"error": f"push larger than the relay's buffer (relay.buffer_max_bytes "
+                                  f"{self._buffer.max_bytes})"}
         for old in self._buffer.add(entry):
             self._stats.lost(old.rank, old.steps, "buffer_full")
         self._stats.took(entry.rank, entry.steps)
@@ -95,3 +104,13 @@ class RelayEndpoint:
         if owed:
             answer["dropped"] = owed
         return 202, answer
+
+
+def sender_pid(text: str | None) -> int | None:
+    """The pid a Gpumond-Pid header gives, or None when it gives none usable (the push then names its GPU itself).
+    Its length is checked before int(): past 4,300 digits int() raises, and a header may be kilobytes long."""
+    text = (text or "").strip()
+    if not 0 < len(text) <= 10 or not text.isdecimal():
+        return None
+    pid = int(text)
+    return pid if 0 < pid < 2**31 else None

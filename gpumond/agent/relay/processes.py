@@ -46,14 +46,27 @@ class ProcessDevices:
         self._map: dict[int, tuple[str, int] | None] = {}
         self._read_at = float("-inf")
 
+    def due(self, pid: int) -> bool:
+        """Whether finding `pid` reads NVML (which can wait: the caller may `refresh` on a thread of its own first)."""
+        with self._lock:
+            return self._due(pid)
+
+    def refresh(self) -> None:
+        """Read NVML's compute processes now (and each process's namespaced PIDs)."""
+        found = self._build()  # outside the lock: a lookup meanwhile uses the previous map
+        with self._lock:
+            self._map, self._read_at = found, self._clock()
+
     def device_of(self, pid: int) -> tuple[str, int] | None:
         """(device UUID, host PID) of the process the rank calls `pid`; None when unknown or ambiguous."""
         with self._lock:
-            age = self._clock() - self._read_at
-            if age >= MAX_AGE_S or (pid not in self._map and age >= REFRESH_S):
-                self._map = self._build()
-                self._read_at = self._clock()
+            if self._due(pid):
+                self._map, self._read_at = self._build(), self._clock()
             return self._map.get(pid)
+
+    def _due(self, pid: int) -> bool:
+        age = self._clock() - self._read_at
+        return age >= MAX_AGE_S or (pid not in self._map and age >= REFRESH_S)
 
     def _build(self) -> dict[int, tuple[str, int] | None]:
         found: dict[int, set[tuple[str, int]]] = {}

@@ -12,7 +12,8 @@ RELAY_METRICS: dict[str, tuple[str, str]] = {
     "gpumond_relay_ranks": ("gauge", "Ranks that pushed to this node's relay in the last minute."),
     "gpumond_relay_steps_received_total": ("counter", "Steps the relay took from its node's ranks (answered 202)."),
     "gpumond_relay_steps_forwarded_total": ("counter", "Steps the rules service stored from the relay's batches."),
-    "gpumond_relay_buffer_bytes": ("gauge", "Bytes of pushes held for the rules service (relay.buffer_max_bytes "
+    "gpumond_relay_buffer_bytes": ("gauge", "Bytes the pushes held for the rules service cost the agent's memory "
+                                            "(each push's line, credential and bookkeeping; relay.buffer_max_bytes "
                                             "bounds it)."),
     "gpumond_relay_buffer_oldest_age_seconds": ("gauge", "How long the oldest held push has waited (relay."
                                                          "buffer_max_age_s bounds it); 0 when none is held."),
@@ -30,6 +31,8 @@ ERROR_KINDS = ("connect", "timeout", "tls", "http_429", "http_5xx", "http_4xx", 
 RANKS_WINDOW_S = 60.0
 # Ranks whose drops are owed at most: a node runs tens of ranks; past this the oldest debts are forgotten.
 MAX_OWED = 65_536
+# Ranks remembered for gpumond_relay_ranks at most, likewise: any client reaching the relay names its own ranks.
+MAX_SEEN = 65_536
 
 
 class RelayStats:
@@ -42,13 +45,19 @@ class RelayStats:
         self.forwarded = 0
         self.dropped: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
-        self._seen: dict[tuple[str, int], float] = {}
+        self._seen: dict[tuple[str, int], float] = {}  # rank → its last push, least recent first
         self._owed: dict[tuple[str, int], Counter[str]] = {}
 
     def took(self, rank: tuple[str, int], steps: int) -> None:
+        now = self._clock()
         with self._lock:
             self.received += steps
-            self._seen[rank] = self._clock()
+            self._seen.pop(rank, None)  # re-inserted last: the dict stays ordered by last push
+            self._seen[rank] = now
+            # Forgotten here, not only when /metrics is scraped (an agent may be scraped rarely, or never).
+            self._forget_seen(now)
+            while len(self._seen) > MAX_SEEN:
+                del self._seen[next(iter(self._seen))]
 
     def forwarded_steps(self, n: int) -> None:
         with self._lock:
@@ -94,12 +103,19 @@ class RelayStats:
                 del self._owed[rank]
             return out
 
+    def _forget_seen(self, now: float) -> None:
+        """Drop the ranks whose last push is older than the window (under the lock): the oldest are first."""
+        while self._seen:
+            rank, last = next(iter(self._seen.items()))
+            if now - last <= RANKS_WINDOW_S:
+                return
+            del self._seen[rank]
+
     def series(self, buffer_bytes: int, oldest_age_s: float, conflicts: Counter[str]) -> list[Series]:
         """The RELAY_METRICS series."""
         now = self._clock()
         with self._lock:
-            for rank in [r for r, t in self._seen.items() if now - t > RANKS_WINDOW_S]:
-                del self._seen[rank]
+            self._forget_seen(now)
             out = [Series("gpumond_relay_ranks", (), float(len(self._seen))),
                    Series("gpumond_relay_steps_received_total", (), float(self.received)),
                    Series("gpumond_relay_steps_forwarded_total", (), float(self.forwarded)),

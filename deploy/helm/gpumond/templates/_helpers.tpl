@@ -162,6 +162,11 @@ app.kubernetes.io/part-of: gpumond
 {{- end -}}
 {{- $_ := set $relay "authorization" (dict "credentials_file" "/etc/gpumond-relay/token") -}}
 {{- end -}}
+{{- /* 24 MiB unless set: the daemon's 64 MiB default does not fit agent.resources.limits.memory (128Mi) over the
+       agent's own ~80 MiB, and a buffer filling in a long outage would get the agent killed, losing all it holds. */ -}}
+{{- if not (hasKey $relay "buffer_max_bytes") -}}
+{{- $_ := set $relay "buffer_max_bytes" 25165824 -}}
+{{- end -}}
 {{- $_ := set .cfg "relay" $relay -}}
 {{- end -}}
 {{- end -}}

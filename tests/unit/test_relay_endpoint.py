@@ -1,0 +1,76 @@
+"""The relay's listener answers what a rank sends it, whatever the headers hold, without holding up the event loop
+that serves every other listener of the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping
+
+import httpx
+import pytest
+
+from gpumond.agent.relay import Relay
+from gpumond.config.agent import RelayConfig
+from gpumond.web.client import Access
+from gpumond.wire.media import PID_HEADER
+from tests.fakes import FakeClock
+
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+NOW = 1_763_760_000.0
+
+
+def push(rank: int = 0, **over: object) -> bytes:
+    body = {"job": "j", "rank": rank, "world_size": 8,
+            "steps": [{"step": 0, "end": NOW, "duration_s": 1.0, "data_wait_s": 0.1}], **over}
+    return json.dumps(body).encode()
+
+
+def relay(devices: Callable[[], Mapping[str, Iterable[int]]] = lambda: {GPU0: (4242,)}) -> Relay:
+    return Relay(RelayConfig(upstream="http://127.0.0.1:9"), node="n", devices=devices, access=Access(),
+                 clock=FakeClock(), client=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(503))))
+
+
+async def post(r: Relay, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=r.app), base_url="http://relay") as client:
+        return await client.post("/api/v1/push", content=body, headers={"Content-Type": "application/json", **headers})
+
+
+def send(r: Relay, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    return asyncio.run(post(r, body, headers))
+
+
+@pytest.mark.parametrize("pid", ["9" * 5000, "-1", "0x10", "", "99999999999999999999"],
+                         ids=["5000 digits", "negative", "hex", "empty", "past 2**31"])
+def test_an_unusable_pid_header_is_a_push_without_a_pid(pid: str) -> None:
+    """Not a 500 with a traceback in the agent's log per push (int() refuses more than 4,300 digits)."""
+    r = relay()
+    answer = send(r, push(), {PID_HEADER: pid})
+    assert answer.status_code == 422 and "GPUMOND_GPU_UUID" in answer.json()["error"]
+    assert send(r, push(), {PID_HEADER: "4242"}).status_code == 202
+
+
+def test_finding_a_rank_gpu_does_not_hold_up_the_event_loop() -> None:
+    """NVML's process list is read under the session's lock, which the sampler holds for a whole sample (and a
+    GPU falling off the bus can hold for seconds): the agent's other listeners (/healthz, /metrics) share the
+    relay's event loop and must go on meanwhile."""
+    loop_ran = threading.Event()
+    waited: list[bool] = []
+
+    def busy_nvml() -> dict[str, tuple[int, ...]]:
+        waited.append(loop_ran.wait(5))  # bounded: 5 s only when the loop is held (the defect)
+        return {GPU0: (4242,)}
+
+    async def main() -> httpx.Response:
+        async def other_listener() -> None:
+            await asyncio.sleep(0.01)
+            loop_ran.set()
+
+        ticking = asyncio.create_task(other_listener())
+        answer = await post(relay(busy_nvml), push(), {PID_HEADER: "4242"})
+        await ticking
+        return answer
+
+    assert asyncio.run(main()).status_code == 202
+    assert waited == [True]
