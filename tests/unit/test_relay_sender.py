@@ -10,7 +10,7 @@ import httpx
 
 from gpumond.agent.relay.buffer import Buffer, Entry
 from gpumond.agent.relay.stats import RelayStats
-from gpumond.agent.relay.upstream import BACKOFF_CAP_S, Sender
+from gpumond.agent.relay.upstream import BACKOFF_CAP_S, MAX_REFUSALS, REFUSAL_HOLD_S, Sender
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.accept import Ingest, Reply
 from gpumond.rules.store import RankStore
@@ -205,3 +205,31 @@ def test_the_default_backoff_is_capped_at_two_intervals_with_full_jitter() -> No
         clock.advance(waits[-1])
     assert max(waits) < BACKOFF_CAP_S == 4.0  # back within a cap of the service's return, however long it was gone
     assert min(waits[8:]) < 1.0 and max(waits[8:]) > 3.0  # spread over the cap: relays do not return together
+
+
+def _refusing(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(401, json={"error": "invalid bearer token"})
+
+
+def test_refusals_of_credentials_never_seen_again_are_forgotten() -> None:
+    """Garbage tokens from anything on the node: each refusal is held for a while, then forgotten, not kept for good."""
+    sender, buffer, _, clock = make(_refusing)
+    for i in range(300):
+        hold(buffer, clock, "a", 0, line("a", 0), auth=f"Bearer garbage-{i:06d}")
+    sender.flush()
+    assert sender.refusals_held == 300
+    clock.advance(REFUSAL_HOLD_S * 10)
+    hold(buffer, clock, "a", 0, line("a", 0), auth="Bearer one-more-garbage")
+    sender.flush()
+    assert sender.refusals_held == 1
+
+
+def test_the_refusals_held_are_capped_the_oldest_forgotten_first() -> None:
+    sender, buffer, _, clock = make(_refusing)
+    for i in range(MAX_REFUSALS + 50):
+        hold(buffer, clock, "a", 0, line("a", 0), auth=f"Bearer garbage-{i:06d}")
+        if i % 1000 == 999:
+            sender.flush()  # the buffer holds about 1,200 of these
+    sender.flush()
+    assert sender.refusals_held == MAX_REFUSALS
+    assert sender.refusal("Bearer garbage-000049") is None and sender.refusal("Bearer garbage-000050") is not None

@@ -40,6 +40,11 @@ BACKOFF_JITTER = 1.0
 # A credential the service refused (401/403) is refused at the relay this long, in the service's words, so its
 # ranks learn it as they would pushing directly; then pushes with it are tried upstream again.
 REFUSAL_HOLD_S = 60.0
+# Credentials held refused at most. A node's ranks push with a handful of tokens; anything on the node may send
+# garbage ones, each a refusal held for REFUSAL_HOLD_S. Past this the oldest is forgotten, which costs only that its
+# next push is tried upstream again (and refused there): memory stays bounded (~100 B plus the token each) whatever
+# a client sends, and 4,096 is far above any node's honest count.
+MAX_REFUSALS = 4096
 _MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
@@ -78,17 +83,24 @@ class Sender:
         self._new_backoff = backoff
         self._targets: dict[str, _Target] = {}
         self.max_batch_bytes = MAX_BATCH_BYTES
-        self._refusals: dict[str | None, Refusal] = {}
+        self._refusals: dict[str | None, Refusal] = {}  # oldest first; read on the listener's thread too
+        self._refusals_lock = threading.Lock()
         self._warned: set[object] = set()
         self._round = threading.Lock()  # one round at a time (the scheduler's, or the final flush at stop)
 
     def refusal(self, authorization: str | None) -> Refusal | None:
         """The service's standing refusal of this credential, if any."""
-        found = self._refusals.get(authorization)
-        if found is not None and self._clock() >= found.until:
-            self._refusals.pop(authorization, None)
-            return None
-        return found
+        with self._refusals_lock:
+            found = self._refusals.get(authorization)
+            if found is not None and self._clock() >= found.until:
+                self._refusals.pop(authorization, None)
+                return None
+            return found
+
+    @property
+    def refusals_held(self) -> int:
+        """How many credentials are held refused now."""
+        return len(self._refusals)
 
     def paused_until(self, url: str) -> float:
         """When the relay sends to this upstream address (a shard's) again (-inf: now)."""
@@ -101,6 +113,7 @@ class Sender:
         with self._round:
             for entry in self._buffer.expire():
                 self._stats.lost(entry.rank, entry.steps, "too_old")
+            self._forget_refusals()
             started = self._clock()
             for key in self._buffer.keys():
                 url = shard_endpoint(self._upstream, key[0], self._shards) + PUSH_PATH
@@ -157,7 +170,7 @@ class Sender:
             self.max_batch_bytes = max(4096, self.max_batch_bytes // 2)  # a service configured below the default
             return True
         if status in (401, 403):
-            self._refusals[authorization] = Refusal(status, message, self._clock() + REFUSAL_HOLD_S)
+            self._refuse(authorization, Refusal(status, message, self._clock() + REFUSAL_HOLD_S))
         self._warn(status, "the rules service refused a batch; its pushes are dropped and their ranks told",
                    status=status, job=job, error=message)
         for entry in entries:
@@ -194,7 +207,8 @@ class Sender:
             # Stored or not, we cannot tell: sending again is safe (the service drops duplicates by step number).
             return self._failed(target, "bad_answer", f"202 without a usable results list: {e}", None, entries)
         self._finish(entries, results)
-        self._refusals.pop(entries[0].key[1], None)
+        with self._refusals_lock:
+            self._refusals.pop(entries[0].key[1], None)
         if target.backoff.failures:
             log.info("the rules service takes the relay's batches again", extra={"failures": target.backoff.failures})
         target.backoff.reset()
@@ -237,6 +251,21 @@ class Sender:
                         "backoff", extra={"upstream": target.url, "error": one_line(error),
                                           "retry_in_s": round(delay, 2), "buffer_bytes": self._buffer.bytes})
         return False
+
+    def _refuse(self, authorization: str | None, refusal: Refusal) -> None:
+        # Re-inserted last, so the map stays ordered by expiry (every hold is as long): the oldest go first.
+        with self._refusals_lock:
+            self._refusals.pop(authorization, None)
+            self._refusals[authorization] = refusal
+            while len(self._refusals) > MAX_REFUSALS:
+                del self._refusals[next(iter(self._refusals))]
+
+    def _forget_refusals(self) -> None:
+        """Drop the expired refusals (a credential never pushed again would otherwise stay for good)."""
+        now = self._clock()
+        with self._refusals_lock:
+            while self._refusals and next(iter(self._refusals.values())).until <= now:
+                del self._refusals[next(iter(self._refusals))]
 
     def _warn(self, key: object, message: str, **fields: object) -> None:
         if key not in self._warned:
