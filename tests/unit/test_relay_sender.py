@@ -4,6 +4,8 @@ batches per job, routed by shard, Retry-After and backoff honoured, refusals dro
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Callable
 
 import httpx
@@ -233,3 +235,42 @@ def test_the_refusals_held_are_capped_the_oldest_forgotten_first() -> None:
     sender.flush()
     assert sender.refusals_held == MAX_REFUSALS
     assert sender.refusal("Bearer garbage-000049") is None and sender.refusal("Bearer garbage-000050") is not None
+
+
+def test_the_stop_flush_keeps_its_deadline_however_many_shards_hang() -> None:
+    """Each shard takes the connection and never answers: one send may wait only until the deadline, and no send
+    starts after it (before, each hung shard cost a whole client timeout within one round)."""
+    clock = FakeClock(time.monotonic())
+    waits: list[dict[str, float]] = []
+
+    def hung(request: httpx.Request) -> httpx.Response:
+        timeout = request.extensions["timeout"]
+        waits.append(timeout)
+        clock.advance(timeout["read"])  # the whole read timeout passes without an answer
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    buffer = Buffer(1 << 20, 600, clock)
+    sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream="http://rules-{shard}:9481", shards=4,
+                    access=Access(), client=httpx.Client(transport=httpx.MockTransport(hung), timeout=10.0),
+                    clock=clock, sleep=clock.advance)
+    for shard in range(4):
+        job = next(j for j in (f"job-{i}" for i in range(100)) if shard_of(j, 4) == shard)
+        hold(buffer, clock, job, 0, line(job, 0))
+    deadline = clock() + 1.5
+    sender.flush_until(deadline)
+    assert len(waits) == 1 and all(w <= 1.5 for w in waits[0].values())
+    assert clock() <= deadline and buffer.count == 4  # all still held, to be kept for the next start
+
+
+def test_a_hung_service_holds_the_stop_flush_only_until_its_deadline() -> None:
+    """A real socket on 127.0.0.1 that accepts and never answers, against the real client's 10 s timeout."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        clock = time.monotonic
+        buffer = Buffer(1 << 20, 600, clock)
+        sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream=f"http://127.0.0.1:{port}", shards=None,
+                        access=Access(), client=httpx.Client(timeout=10.0), clock=clock)
+        hold(buffer, FakeClock(clock()), "a", 0, line("a", 0))
+        started = clock()
+        sender.flush_until(started + 0.5)
+        assert clock() - started < 5.0 and buffer.count == 1

@@ -70,7 +70,7 @@ class Sender:
     """Forwards the buffer upstream; `flush` is one round (the agent's scheduler calls it every relay.interval_s)."""
 
     def __init__(self, *, buffer: Buffer, stats: RelayStats, upstream: str, shards: int | None, access: Access,
-                 client: httpx.Client, clock: Callable[[], float],
+                 client: httpx.Client, clock: Callable[[], float], sleep: Callable[[float], None] = time.sleep,
                  backoff: Callable[[], Backoff] = lambda: Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S,
                                                                   jitter=BACKOFF_JITTER)) -> None:
         self._buffer = buffer
@@ -80,6 +80,7 @@ class Sender:
         self._access = access
         self._client = client
         self._clock = clock
+        self._sleep = sleep
         self._new_backoff = backoff
         self._targets: dict[str, _Target] = {}
         self.max_batch_bytes = MAX_BATCH_BYTES
@@ -107,9 +108,10 @@ class Sender:
         target = self._targets.get(url)
         return target.paused_until if target is not None else float("-inf")
 
-    def flush(self) -> bool:
+    def flush(self, deadline: float | None = None) -> bool:
         """One round: drop what is too old, then send each key's held pushes to its job's shard, except to a shard
-        that asked for a pause or does not answer; True when nothing is left held."""
+        that asked for a pause or does not answer; True when nothing is left held. With `deadline` (the sender's
+        clock), no send starts once it has passed and none may wait beyond it."""
         with self._round:
             for entry in self._buffer.expire():
                 self._stats.lost(entry.rank, entry.steps, "too_old")
@@ -125,18 +127,35 @@ class Sender:
                     if entries[0] is front:
                         break  # held by the service's answer (a cap's 429): sent again next round
                     front = entries[0]
-                    if not self._send(key, entries, url, target):
+                    timeout = self._timeout_within(deadline)
+                    if timeout is None:
+                        return self._buffer.count == 0  # the time is spent: what is left stays held
+                    if not self._send(key, entries, url, target, timeout):
                         break  # that shard asked for a pause (or is not answering): its jobs wait, others go on
             return self._buffer.count == 0
 
     def flush_until(self, deadline: float) -> None:
-        """At stop: rounds until the buffer is empty or `deadline` (monotonic) passes, pausing as asked."""
-        while time.monotonic() < deadline:
-            if self.flush():
+        """At stop: rounds until the buffer is empty or `deadline` (the sender's clock) passes, pausing as asked;
+        one hung shard cannot hold it past `deadline` (each send's timeout ends there)."""
+        while self._clock() < deadline:
+            if self.flush(deadline):
                 return
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            self._sleep(min(0.2, max(0.0, deadline - self._clock())))
 
-    def _send(self, key: BatchKey, entries: list[Entry], url: str, target: _Target) -> bool:
+    def _timeout_within(self, deadline: float | None) -> httpx.Timeout | None:
+        """The client's timeouts, each cut to what is left before `deadline`; None when nothing is left."""
+        full = self._client.timeout
+        if deadline is None:
+            return full
+        left = deadline - self._clock()
+        if left <= 0:
+            return None
+        return httpx.Timeout(**{part: left if limit is None else min(limit, left)
+                                for part, limit in (("connect", full.connect), ("read", full.read),
+                                                    ("write", full.write), ("pool", full.pool))})
+
+    def _send(self, key: BatchKey, entries: list[Entry], url: str, target: _Target,
+              timeout: httpx.Timeout) -> bool:
         """One batch; False when this shard must wait (it is down or asked for a pause)."""
         job, authorization = key
         headers = {"Content-Type": BATCH_COLUMNS_TYPE, "User-Agent": f"gpumond-agent-relay/{__version__}"}
@@ -150,7 +169,7 @@ class Sender:
         if body is None:
             return True
         try:
-            response = self._client.post(url, content=body, headers=headers)
+            response = self._client.post(url, content=body, headers=headers, timeout=timeout)
             answer = response.content[:_MAX_ANSWER_BYTES]
         except httpx.TimeoutException as e:
             return self._failed(target, "timeout", f"{type(e).__name__}: {e}", None, entries)
