@@ -240,7 +240,7 @@ def test_the_refusals_held_are_capped_the_oldest_forgotten_first() -> None:
 def test_the_stop_flush_keeps_its_deadline_however_many_shards_hang() -> None:
     """Each shard takes the connection and never answers: one send may wait only until the deadline, and no send
     starts after it (before, each hung shard cost a whole client timeout within one round)."""
-    clock = FakeClock(time.monotonic())
+    clock = FakeClock()
     waits: list[dict[str, float]] = []
 
     def hung(request: httpx.Request) -> httpx.Response:
@@ -252,7 +252,7 @@ def test_the_stop_flush_keeps_its_deadline_however_many_shards_hang() -> None:
     buffer = Buffer(1 << 20, 600, clock)
     sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream="http://rules-{shard}:9481", shards=4,
                     access=Access(), client=httpx.Client(transport=httpx.MockTransport(hung), timeout=10.0),
-                    clock=clock, sleep=clock.advance)
+                    clock=clock, timer=clock, sleep=clock.advance)
     for shard in range(4):
         job = next(j for j in (f"job-{i}" for i in range(100)) if shard_of(j, 4) == shard)
         hold(buffer, clock, job, 0, line(job, 0))

@@ -42,7 +42,6 @@ class Relay:
         assert config.upstream is not None, "the relay runs only with an upstream"
         self.config = config
         self.stats = RelayStats(clock)
-        self._clock = clock
         self.buffer = Buffer(config.buffer_max_bytes, config.buffer_max_age_s, clock)
         self.devices = ProcessDevices(devices, clock)
         self.filler = Filler(node, self.devices, jobs_of)
@@ -86,7 +85,7 @@ class Relay:
         # anything. A batch still in flight then stays held (it
         # is in the buffer until answered) and is kept; if it is stored after all, the next start's copy is dropped
         # by the service as a duplicate, which the kept attempt count says is no loss.
-        sending = threading.Thread(target=self.sender.flush_until, args=(self._clock() + grace_s,),
+        sending = threading.Thread(target=self.sender.flush_until, args=(time.monotonic() + grace_s,),
                                    name="relay-stop-flush", daemon=True)
         sending.start()
         sending.join(grace_s)

@@ -70,7 +70,8 @@ class Sender:
     """Forwards the buffer upstream; `flush` is one round (the agent's scheduler calls it every relay.interval_s)."""
 
     def __init__(self, *, buffer: Buffer, stats: RelayStats, upstream: str, shards: int | None, access: Access,
-                 client: httpx.Client, clock: Callable[[], float], sleep: Callable[[float], None] = time.sleep,
+                 client: httpx.Client, clock: Callable[[], float], timer: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
                  backoff: Callable[[], Backoff] = lambda: Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S,
                                                                   jitter=BACKOFF_JITTER)) -> None:
         self._buffer = buffer
@@ -80,6 +81,8 @@ class Sender:
         self._access = access
         self._client = client
         self._clock = clock
+        # The stop flush's deadline is the supervisor's real time, whatever clock ages and backoffs are read on.
+        self._timer = timer
         self._sleep = sleep
         self._new_backoff = backoff
         self._targets: dict[str, _Target] = {}
@@ -110,8 +113,8 @@ class Sender:
 
     def flush(self, deadline: float | None = None) -> bool:
         """One round: drop what is too old, then send each key's held pushes to its job's shard, except to a shard
-        that asked for a pause or does not answer; True when nothing is left held. With `deadline` (the sender's
-        clock), no send starts once it has passed and none may wait beyond it."""
+        that asked for a pause or does not answer; True when nothing is left held. With `deadline` (on `timer`,
+        monotonic), no send starts once it has passed and none may wait beyond it."""
         with self._round:
             for entry in self._buffer.expire():
                 self._stats.lost(entry.rank, entry.steps, "too_old")
@@ -135,19 +138,19 @@ class Sender:
             return self._buffer.count == 0
 
     def flush_until(self, deadline: float) -> None:
-        """At stop: rounds until the buffer is empty or `deadline` (the sender's clock) passes, pausing as asked;
-        one hung shard cannot hold it past `deadline` (each send's timeout ends there)."""
-        while self._clock() < deadline:
+        """At stop: rounds until the buffer is empty or `deadline` (on `timer`, monotonic) passes, pausing as asked;
+        hung shards cannot hold it past `deadline` (each send's timeouts end there)."""
+        while self._timer() < deadline:
             if self.flush(deadline):
                 return
-            self._sleep(min(0.2, max(0.0, deadline - self._clock())))
+            self._sleep(min(0.2, max(0.0, deadline - self._timer())))
 
     def _timeout_within(self, deadline: float | None) -> httpx.Timeout | None:
         """The client's timeouts, each cut to what is left before `deadline`; None when nothing is left."""
         full = self._client.timeout
         if deadline is None:
             return full
-        left = deadline - self._clock()
+        left = deadline - self._timer()
         if left <= 0:
             return None
         return httpx.Timeout(**{part: left if limit is None else min(limit, left)
