@@ -74,3 +74,14 @@ def test_finding_a_rank_gpu_does_not_hold_up_the_event_loop() -> None:
 
     assert asyncio.run(main()).status_code == 202
     assert waited == [True]
+
+
+def test_a_push_that_fits_only_by_dropping_what_is_being_sent_is_refused_for_a_retry_and_nothing_is_lost() -> None:
+    r = relay()
+    assert send(r, push(gpu_uuid=GPU0), {}).status_code == 202
+    held = r.buffer.held()
+    r.buffer.max_bytes = held[0].size  # the one held push fills the buffer
+    in_flight = r.buffer.take(held[0].key, 1 << 20)
+    answer = send(r, push(rank=1, gpu_uuid=GPU0), {})
+    assert answer.status_code == 503 and "send again" in answer.json()["error"]
+    assert r.buffer.held() == in_flight and r.stats.dropped == {} and r.stats.received == 1

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import httpx
 
-from gpumond.agent.relay.buffer import Buffer, Entry
+from gpumond.agent.relay.buffer import ENTRY_OVERHEAD, Buffer, Entry
 from gpumond.agent.relay.stats import RelayStats
 from gpumond.agent.relay.upstream import BACKOFF_CAP_S, MAX_REFUSALS, REFUSAL_HOLD_S, Sender
 from gpumond.config.rules import RulesConfig
@@ -274,3 +274,46 @@ def test_a_hung_service_holds_the_stop_flush_only_until_its_deadline() -> None:
         started = clock()
         sender.flush_until(started + 0.5)
         assert clock() - started < 5.0 and buffer.count == 1
+
+
+def test_a_push_in_flight_is_not_dropped_for_room_so_its_rank_is_never_told_both() -> None:
+    """The listener fills the buffer while a batch is in flight: the idle pushes make room, the one being sent is
+    delivered and counted once, and its rank hears of no loss."""
+    ingest, handle = service()
+    clock = FakeClock()
+    first = line("a", 0)
+    size = len(first) + len(f"Bearer {TOKEN}") + 1 + ENTRY_OVERHEAD
+    buffer = Buffer(3 * size, 600, clock)
+    stats = RelayStats(clock)
+    evicted: list[Entry] = []
+
+    def meanwhile(request: httpx.Request) -> httpx.Response:
+        if not evicted:
+            for step in (0, 2, 4):  # rank 1's pushes arrive while rank 0's is being sent, as the listener takes them
+                for old in buffer.add(Entry(("b", f"Bearer {TOKEN}"), ("b", 1), line("b", 1, first=step), 2, clock())):
+                    evicted.append(old)
+                    stats.lost(old.rank, old.steps, "buffer_full")
+        return handle(request)
+
+    sender = Sender(buffer=buffer, stats=stats, upstream="http://rules:9481", shards=None, access=Access(),
+                    client=httpx.Client(transport=httpx.MockTransport(meanwhile)), clock=clock)
+    hold(buffer, clock, "a", 0, first)
+    sender.flush()
+    assert [e.rank for e in evicted] == [("b", 1)]  # the oldest idle push, not the one in flight
+    assert stats.owed(("a", 0), 5) == {} and stats.owed(("b", 1), 5) == {"relay_buffer_full": 2}
+    assert stats.forwarded == 2 and stats.dropped == {"buffer_full": 2}
+    assert len(ingest.ranks.jobs(NOW)["a"][0].columns.step) == 2 and buffer.count == 2
+
+
+def test_pushes_a_send_could_not_deliver_may_be_dropped_for_room_again() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    clock = FakeClock()
+    first = line("a", 0)
+    buffer = Buffer(len(first) + len(f"Bearer {TOKEN}") + 1 + ENTRY_OVERHEAD, 600, clock)
+    sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream="http://rules:9481", shards=None,
+                    access=Access(), client=httpx.Client(transport=httpx.MockTransport(down)), clock=clock)
+    old = hold(buffer, clock, "a", 0, first)
+    sender.flush()
+    assert buffer.add(Entry(old.key, old.rank, line("a", 0, first=2), 2, clock())) == [old]  # the newer push is held

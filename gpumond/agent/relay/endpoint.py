@@ -96,7 +96,12 @@ class RelayEndpoint:
         if entry.size > self._buffer.max_bytes:
             return 413, {"error": f"push larger than the relay's buffer (relay.buffer_max_bytes "
                                   f"{self._buffer.max_bytes})"}
-        for old in self._buffer.add(entry):
+        dropped = self._buffer.add(entry)
+        if dropped == [entry]:
+            # Only pushes being sent fill the buffer: none is dropped for this one, which the rank sends again.
+            return 503, {"error": f"the relay's buffer (relay.buffer_max_bytes {self._buffer.max_bytes}) is full "
+                                  "with pushes being sent to the rules service; send again shortly"}
+        for old in dropped:
             self._stats.lost(old.rank, old.steps, "buffer_full")
         self._stats.took(entry.rank, entry.steps)
         answer: dict[str, Any] = {"accepted": entry.steps}

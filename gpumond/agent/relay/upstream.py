@@ -125,16 +125,20 @@ class Sender:
                 target = self._targets.get(url) or self._targets.setdefault(url, _Target(url, self._new_backoff()))
                 front = None
                 # The batch's head line and newlines stay within the service's body limit too.
-                while ((entries := self._buffer.take(key, self.max_batch_bytes - 1024))
-                       and entries[0].received <= started and started >= target.paused_until):
-                    if entries[0] is front:
-                        break  # held by the service's answer (a cap's 429): sent again next round
-                    front = entries[0]
-                    timeout = self._timeout_within(deadline)
-                    if timeout is None:
-                        return self._buffer.count == 0  # the time is spent: what is left stays held
-                    if not self._send(key, entries, url, target, timeout):
-                        break  # that shard asked for a pause (or is not answering): its jobs wait, others go on
+                while entries := self._buffer.take(key, self.max_batch_bytes - 1024):
+                    try:
+                        if entries[0].received > started or started < target.paused_until:
+                            break
+                        if entries[0] is front:
+                            break  # held by the service's answer (a cap's 429): sent again next round
+                        front = entries[0]
+                        timeout = self._timeout_within(deadline)
+                        if timeout is None:
+                            return self._buffer.count == 0  # the time is spent: what is left stays held
+                        if not self._send(key, entries, url, target, timeout):
+                            break  # that shard asked for a pause (or is not answering): its jobs wait, others go on
+                    finally:
+                        self._buffer.release(entries)  # what the send did not finish may be dropped for room again
             return self._buffer.count == 0
 
     def flush_until(self, deadline: float) -> None:
