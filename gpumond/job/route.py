@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from gpumond.job.settings import (ConfigError, Identity, resolve_endpoint, resolve_relay, resolve_shards, resolve_tls,
                                   resolve_token)
 from gpumond.job.transport import HttpTransport, RelayTransport, Transport
-from gpumond.wire.media import PID_HEADER
+from gpumond.wire.media import PID_HEADER, PID_START_HEADER
+from gpumond.wire.procstat import start_ticks
 from gpumond.wire.routing import shard_endpoint
 from gpumond.wire.tlsclient import ClientTLS
 
@@ -39,8 +40,10 @@ class Route:
         # The relay is reached on this node: over https with the same CA as the rules service (the agent serves
         # the relay with its web config's certificate), over http without any.
         relay_tls = self.tls if self.relay.startswith("https://") else None
-        # The relay finds this rank's GPU by its process id (the service never sees it).
-        relay = HttpTransport(self.relay, self.token, relay_tls, content_type, {PID_HEADER: str(os.getpid())},
+        # The relay finds this rank's GPU by its process id and start time (the service never sees them).
+        started = start_ticks()
+        sender = {PID_HEADER: str(os.getpid()), **({PID_START_HEADER: str(started)} if started is not None else {})}
+        relay = HttpTransport(self.relay, self.token, relay_tls, content_type, sender,
                               setting=("the node relay", "GPUMOND_RELAY"))
         # Directly, a push must be whole: the service needs the GPU the relay would have filled in.
         problem = None if identity.gpu_uuid else ("this rank's GPU UUID is unknown (set GPUMOND_GPU_UUID to push "

@@ -28,3 +28,6 @@ BATCH_COLUMNS_TYPE = "application/vnd.gpumond.batch-columns+json"
 # Sent by the job SDK to the node relay only: the pushing process's id as it sees it, so the agent can find the GPU
 # that process runs on. A header, not a body field: it describes the sender, and a push to the service is unchanged.
 PID_HEADER = "Gpumond-Pid"
+# Sent with it: the process's start time (clock ticks since boot, gpumond/wire/procstat.py), so a pid that other
+# containers also use names one process. A header of its own: a relay that predates it reads Gpumond-Pid as before.
+PID_START_HEADER = "Gpumond-Pid-Start"

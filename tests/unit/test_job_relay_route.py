@@ -117,13 +117,15 @@ def test_only_pushes_to_the_relay_carry_the_ranks_pid(monkeypatch: pytest.Monkey
     import os
 
     from gpumond.job.route import Route
-    from gpumond.wire.media import JSON_TYPE, PID_HEADER
+    from gpumond.wire.media import JSON_TYPE, PID_HEADER, PID_START_HEADER
+    from gpumond.wire.procstat import start_ticks
 
     route = Route("http://127.0.0.1:9482", False, "http://rules:9481", "t", None, None)
     transport = route.transport(Identity("j", 0, 1, "n", UUID, None), JSON_TYPE, FakeClock())
     assert isinstance(transport, RelayTransport)
     assert transport._relay._headers[PID_HEADER] == str(os.getpid())  # type: ignore[attr-defined]
-    assert PID_HEADER not in transport._direct._headers  # type: ignore[union-attr,attr-defined]
+    assert transport._relay._headers[PID_START_HEADER] == str(start_ticks())  # type: ignore[attr-defined]
+    assert not {PID_HEADER, PID_START_HEADER} & set(transport._direct._headers)  # type: ignore[union-attr,attr-defined]
 
 
 def test_a_relay_serving_tls_to_an_http_url_is_named_as_the_relay() -> None:

@@ -49,15 +49,37 @@ def test_take_keeps_order_and_the_byte_bound_and_done_releases() -> None:
     assert buf.take(("j", None), 1) == entries[2:3]  # at least one, whatever its size
 
 
-def test_an_entry_dropped_while_its_send_was_in_flight_is_counted_once() -> None:
+def test_what_a_send_has_in_hand_is_never_dropped_the_oldest_idle_push_goes_instead() -> None:
+    clock = FakeClock()
+    buf = Buffer(max_bytes=3 * ONE, max_age_s=600, clock=clock)
+    a, b, c = entry(clock, "x"), entry(clock, "y"), entry(clock, "y", rank=1)
+    buf.add(a), buf.add(b), buf.add(c)
+    in_flight = buf.take(("x", None), 10_000)
+    assert in_flight == [a] and buf.add(entry(clock, "y", rank=2)) == [b]  # not a, though older
+    buf.done(in_flight)
+    assert (buf.count, buf.bytes) == (2, 2 * ONE)
+
+
+def test_when_only_pushes_in_hand_fill_the_buffer_the_new_push_is_the_one_refused() -> None:
     clock = FakeClock()
     buf = Buffer(max_bytes=2 * ONE, max_age_s=600, clock=clock)
     a, b = entry(clock), entry(clock)
     buf.add(a), buf.add(b)
     in_flight = buf.take(("j", None), 10_000)
-    assert buf.add(entry(clock)) == [a]  # dropped for room while being sent
-    buf.done(in_flight)  # the send finished: only b is released here
-    assert (buf.count, buf.bytes) == (1, ONE)
+    new = entry(clock)
+    assert buf.add(new) == [new] and (buf.count, buf.bytes) == (2, 2 * ONE)  # nothing held was dropped
+    buf.release(in_flight)  # the send got no answer: they stay held, and may be dropped for room again
+    assert buf.add(new) == [a] and buf.held() == [b, new]
+
+
+def test_expiry_leaves_what_a_send_has_in_hand() -> None:
+    clock = FakeClock()
+    buf = Buffer(max_bytes=10_000, max_age_s=60, clock=clock)
+    a, b = entry(clock, "x"), entry(clock, "y")
+    buf.add(a), buf.add(b)
+    buf.take(("x", None), 10_000)
+    clock.advance(61)
+    assert buf.expire() == [b] and buf.held() == [a]
 
 
 def test_the_byte_bound_counts_what_an_entry_costs_not_only_its_line() -> None:

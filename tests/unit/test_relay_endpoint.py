@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
@@ -14,7 +15,8 @@ import pytest
 from gpumond.agent.relay import Relay
 from gpumond.config.agent import RelayConfig
 from gpumond.web.client import Access
-from gpumond.wire.media import PID_HEADER
+from gpumond.wire.media import PID_HEADER, PID_START_HEADER
+from gpumond.wire.procstat import start_ticks
 from tests.fakes import FakeClock
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -74,3 +76,27 @@ def test_finding_a_rank_gpu_does_not_hold_up_the_event_loop() -> None:
 
     assert asyncio.run(main()).status_code == 202
     assert waited == [True]
+
+
+def test_a_push_that_fits_only_by_dropping_what_is_being_sent_is_refused_for_a_retry_and_nothing_is_lost() -> None:
+    r = relay()
+    assert send(r, push(gpu_uuid=GPU0), {}).status_code == 202
+    held = r.buffer.held()
+    r.buffer.max_bytes = held[0].size  # the one held push fills the buffer
+    in_flight = r.buffer.take(held[0].key, 1 << 20)
+    answer = send(r, push(rank=1, gpu_uuid=GPU0), {})
+    assert answer.status_code == 503 and "send again" in answer.json()["error"]
+    assert r.buffer.held() == in_flight and r.stats.dropped == {} and r.stats.received == 1
+
+
+def test_a_rank_is_placed_by_its_pid_and_start_time_as_the_sdk_sends_them() -> None:
+    """Against this very process in the real /proc: the right start time finds its GPU, another one (a process in
+    another container with the same pid) does not, and no start time (an SDK of before) finds it by pid alone."""
+    me = os.getpid()
+    started = start_ticks()
+    assert started is not None
+    r = relay(lambda: {GPU0: (me,)})
+    assert send(r, push(), {PID_HEADER: str(me), PID_START_HEADER: str(started)}).status_code == 202
+    assert send(r, push(), {PID_HEADER: str(me), PID_START_HEADER: str(started + 1)}).status_code == 422
+    assert send(r, push(), {PID_HEADER: str(me)}).status_code == 202
+    assert r.buffer.held()[0].line.count(GPU0.encode()) == 1

@@ -9,6 +9,7 @@ import pytest
 
 from gpumond.agent.relay.fill import FillError, Filler
 from gpumond.agent.relay.processes import REFRESH_S, ProcessDevices, nspids
+from gpumond.wire.procstat import start_ticks
 from tests.fakes import FakeClock
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -17,9 +18,10 @@ MIG = "MIG-22222222-2222-2222-2222-222222222222"
 
 
 def devices(table: dict[str, tuple[int, ...]], namespaced: dict[int, tuple[int, ...]] | None = None,
-            clock: FakeClock | None = None) -> ProcessDevices:
+            clock: FakeClock | None = None, started: dict[int, int] | None = None) -> ProcessDevices:
     spaces = namespaced or {}
-    return ProcessDevices(lambda: table, clock or FakeClock(), lambda pid: spaces.get(pid, (pid,)))
+    starts = started or {}
+    return ProcessDevices(lambda: table, clock or FakeClock(), lambda pid: spaces.get(pid, (pid,)), starts.get)
 
 
 def test_a_container_pid_finds_its_host_process_gpu() -> None:
@@ -80,3 +82,32 @@ def test_a_gpu_nobody_can_name_is_refused_with_what_to_set() -> None:
         filler.fill(job="j", node=None, gpu_uuid=None, pid=5)
     with pytest.raises(FillError, match="GPUMOND_JOB_ID"):
         filler.fill(job=None, node=None, gpu_uuid=GPU0, pid=None)
+
+
+def test_a_pid_another_container_uses_on_a_gpu_is_told_apart_by_its_start_time() -> None:
+    """Pod A's pid 25 (host 100, started at tick 5000) runs on GPU0; pod B's pid 25 (started at 7000) is not yet on
+    a GPU: B is not given A's GPU. An SDK that sends no start time is matched on its pid as before."""
+    found = devices({GPU0: (100,)}, {100: (100, 25)}, started={100: 5000})
+    assert found.device_of(25, 7000) is None
+    assert found.device_of(25, 5000) == (GPU0, 100) and found.device_of(25) == (GPU0, 100)
+    filler = Filler("node-a", found)
+    with pytest.raises(FillError, match="no GPU of this node runs pid 25"):
+        filler.fill(job="j", node=None, gpu_uuid=None, pid=25, pid_start=7000)
+
+
+def test_pid_1_in_every_container_is_placed_by_its_start_time() -> None:
+    found = devices({GPU0: (100,), GPU1: (200,)}, {100: (100, 1), 200: (200, 1)}, started={100: 5000, 200: 6000})
+    assert found.device_of(1, 5000) == (GPU0, 100) and found.device_of(1, 6000) == (GPU1, 200)
+    assert found.device_of(1) is None  # the pid alone stays ambiguous
+    assert devices({GPU0: (100,)}, {100: (100, 1)}).device_of(1, 5000) is None  # a start time not known: no guess
+
+
+def test_the_start_time_is_field_22_of_proc_stat_whatever_the_process_name(tmp_path) -> None:
+    (tmp_path / "42").mkdir()
+    fields = ["S"] + [str(n) for n in range(4, 22)] + ["987654321", "0", "0"]  # fields 3.. : 22 is 987654321
+    (tmp_path / "42" / "stat").write_text("42 (py thon) (x)) " + " ".join(fields) + "\n")
+    assert start_ticks(42, tmp_path) == 987654321
+    assert start_ticks(43, tmp_path) is None
+    (tmp_path / "44").mkdir()
+    (tmp_path / "44" / "stat").write_text("44 (short) S 1 2\n")
+    assert start_ticks(44, tmp_path) is None

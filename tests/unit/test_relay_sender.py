@@ -4,13 +4,15 @@ batches per job, routed by shard, Retry-After and backoff honoured, refusals dro
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Callable
 
 import httpx
 
-from gpumond.agent.relay.buffer import Buffer, Entry
+from gpumond.agent.relay.buffer import ENTRY_OVERHEAD, Buffer, Entry
 from gpumond.agent.relay.stats import RelayStats
-from gpumond.agent.relay.upstream import BACKOFF_CAP_S, Sender
+from gpumond.agent.relay.upstream import BACKOFF_CAP_S, MAX_REFUSALS, REFUSAL_HOLD_S, Sender
 from gpumond.config.rules import RulesConfig
 from gpumond.rules.ingest.accept import Ingest, Reply
 from gpumond.rules.store import RankStore
@@ -205,3 +207,113 @@ def test_the_default_backoff_is_capped_at_two_intervals_with_full_jitter() -> No
         clock.advance(waits[-1])
     assert max(waits) < BACKOFF_CAP_S == 4.0  # back within a cap of the service's return, however long it was gone
     assert min(waits[8:]) < 1.0 and max(waits[8:]) > 3.0  # spread over the cap: relays do not return together
+
+
+def _refusing(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(401, json={"error": "invalid bearer token"})
+
+
+def test_refusals_of_credentials_never_seen_again_are_forgotten() -> None:
+    """Garbage tokens from anything on the node: each refusal is held for a while, then forgotten, not kept for good."""
+    sender, buffer, _, clock = make(_refusing)
+    for i in range(300):
+        hold(buffer, clock, "a", 0, line("a", 0), auth=f"Bearer garbage-{i:06d}")
+    sender.flush()
+    assert sender.refusals_held == 300
+    clock.advance(REFUSAL_HOLD_S * 10)
+    hold(buffer, clock, "a", 0, line("a", 0), auth="Bearer one-more-garbage")
+    sender.flush()
+    assert sender.refusals_held == 1
+
+
+def test_the_refusals_held_are_capped_the_oldest_forgotten_first() -> None:
+    sender, buffer, _, clock = make(_refusing)
+    for i in range(MAX_REFUSALS + 50):
+        hold(buffer, clock, "a", 0, line("a", 0), auth=f"Bearer garbage-{i:06d}")
+        if i % 1000 == 999:
+            sender.flush()  # the buffer holds about 1,200 of these
+    sender.flush()
+    assert sender.refusals_held == MAX_REFUSALS
+    assert sender.refusal("Bearer garbage-000049") is None and sender.refusal("Bearer garbage-000050") is not None
+
+
+def test_the_stop_flush_keeps_its_deadline_however_many_shards_hang() -> None:
+    """Each shard takes the connection and never answers: one send may wait only until the deadline, and no send
+    starts after it (before, each hung shard cost a whole client timeout within one round)."""
+    clock = FakeClock()
+    waits: list[dict[str, float]] = []
+
+    def hung(request: httpx.Request) -> httpx.Response:
+        timeout = request.extensions["timeout"]
+        waits.append(timeout)
+        clock.advance(timeout["read"])  # the whole read timeout passes without an answer
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    buffer = Buffer(1 << 20, 600, clock)
+    sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream="http://rules-{shard}:9481", shards=4,
+                    access=Access(), client=httpx.Client(transport=httpx.MockTransport(hung), timeout=10.0),
+                    clock=clock, timer=clock, sleep=clock.advance)
+    for shard in range(4):
+        job = next(j for j in (f"job-{i}" for i in range(100)) if shard_of(j, 4) == shard)
+        hold(buffer, clock, job, 0, line(job, 0))
+    deadline = clock() + 1.5
+    sender.flush_until(deadline)
+    assert len(waits) == 1 and all(w <= 1.5 for w in waits[0].values())
+    assert clock() <= deadline and buffer.count == 4  # all still held, to be kept for the next start
+
+
+def test_a_hung_service_holds_the_stop_flush_only_until_its_deadline() -> None:
+    """A real socket on 127.0.0.1 that accepts and never answers, against the real client's 10 s timeout."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        clock = time.monotonic
+        buffer = Buffer(1 << 20, 600, clock)
+        sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream=f"http://127.0.0.1:{port}", shards=None,
+                        access=Access(), client=httpx.Client(timeout=10.0), clock=clock)
+        hold(buffer, FakeClock(clock()), "a", 0, line("a", 0))
+        started = clock()
+        sender.flush_until(started + 0.5)
+        assert clock() - started < 5.0 and buffer.count == 1
+
+
+def test_a_push_in_flight_is_not_dropped_for_room_so_its_rank_is_never_told_both() -> None:
+    """The listener fills the buffer while a batch is in flight: the idle pushes make room, the one being sent is
+    delivered and counted once, and its rank hears of no loss."""
+    ingest, handle = service()
+    clock = FakeClock()
+    first = line("a", 0)
+    size = len(first) + len(f"Bearer {TOKEN}") + 1 + ENTRY_OVERHEAD
+    buffer = Buffer(3 * size, 600, clock)
+    stats = RelayStats(clock)
+    evicted: list[Entry] = []
+
+    def meanwhile(request: httpx.Request) -> httpx.Response:
+        if not evicted:
+            for step in (0, 2, 4):  # rank 1's pushes arrive while rank 0's is being sent, as the listener takes them
+                for old in buffer.add(Entry(("b", f"Bearer {TOKEN}"), ("b", 1), line("b", 1, first=step), 2, clock())):
+                    evicted.append(old)
+                    stats.lost(old.rank, old.steps, "buffer_full")
+        return handle(request)
+
+    sender = Sender(buffer=buffer, stats=stats, upstream="http://rules:9481", shards=None, access=Access(),
+                    client=httpx.Client(transport=httpx.MockTransport(meanwhile)), clock=clock)
+    hold(buffer, clock, "a", 0, first)
+    sender.flush()
+    assert [e.rank for e in evicted] == [("b", 1)]  # the oldest idle push, not the one in flight
+    assert stats.owed(("a", 0), 5) == {} and stats.owed(("b", 1), 5) == {"relay_buffer_full": 2}
+    assert stats.forwarded == 2 and stats.dropped == {"buffer_full": 2}
+    assert len(ingest.ranks.jobs(NOW)["a"][0].columns.step) == 2 and buffer.count == 2
+
+
+def test_pushes_a_send_could_not_deliver_may_be_dropped_for_room_again() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    clock = FakeClock()
+    first = line("a", 0)
+    buffer = Buffer(len(first) + len(f"Bearer {TOKEN}") + 1 + ENTRY_OVERHEAD, 600, clock)
+    sender = Sender(buffer=buffer, stats=RelayStats(clock), upstream="http://rules:9481", shards=None,
+                    access=Access(), client=httpx.Client(transport=httpx.MockTransport(down)), clock=clock)
+    old = hold(buffer, clock, "a", 0, first)
+    sender.flush()
+    assert buffer.add(Entry(old.key, old.rank, line("a", 0, first=2), 2, clock())) == [old]  # the newer push is held

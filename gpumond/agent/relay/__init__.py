@@ -79,9 +79,10 @@ class Relay:
     def stop(self, grace_s: float) -> None:
         """Deliver what is held, for at most `grace_s`; what is left is kept for the next start (the state
         directory's relay-held.json), or, when it cannot be, dropped and logged."""
-        # The sending runs on a thread of its own, waited for `grace_s` only: one batch to a service that takes the
-        # connection and never answers waits a whole client timeout, one per shard, and a stop that overran the
-        # supervisor's grace would be killed before keeping anything. A batch still in flight then stays held (it
+        # The sending runs on a thread of its own, waited for `grace_s` only: each send's timeouts end at the
+        # deadline, but they bound each wait on the socket, not the whole answer (a service that trickles it byte
+        # by byte outlasts them), and a stop that overran the supervisor's grace would be killed before keeping
+        # anything. A batch still in flight then stays held (it
         # is in the buffer until answered) and is kept; if it is stored after all, the next start's copy is dropped
         # by the service as a duplicate, which the kept attempt count says is no loss.
         sending = threading.Thread(target=self.sender.flush_until, args=(time.monotonic() + grace_s,),

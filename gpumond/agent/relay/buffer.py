@@ -1,6 +1,7 @@
 """The relay's buffer: pushes a rank handed over, held in arrival order per batch key until the rules service takes
 them, bounded by bytes (what each costs the agent's memory) and by age; what does not fit goes oldest first, and is
-returned to be counted and reported.
+returned to be counted and reported. What a send has in hand is never dropped: its fate is the service's answer,
+so a push is never both reported lost to its rank and counted delivered.
 
 Pure bookkeeping under one lock (the listener adds on the event loop, the sender takes on its thread); no I/O.
 """
@@ -32,7 +33,8 @@ class Entry:
     steps: int
     received: float  # the relay's monotonic clock
     attempts: int = 0  # sends that got no usable answer (a later "duplicate" from the service is then no loss)
-    gone: bool = field(default=False)  # dropped while a send had it in hand
+    gone: bool = field(default=False)  # no longer held (delivered, refused or dropped)
+    in_flight: bool = field(default=False)  # a send has it in hand (between `take` and `release` / `done`)
 
     @property
     def size(self) -> int:
@@ -52,27 +54,31 @@ class Buffer:
         self._order: deque[Entry] = deque()  # every held entry in arrival order (dropped ones skipped lazily)
         self.bytes = 0
         self.count = 0
+        self._in_flight_bytes = 0
 
     def add(self, entry: Entry) -> list[Entry]:
-        """Hold `entry`; the entries dropped (oldest first) to keep within max_bytes. An entry larger than the whole
-        buffer is refused by the caller before it gets here."""
+        """Hold `entry`; the entries dropped (oldest first, never one a send has in hand) to keep within max_bytes.
+        When the room cannot be made without those, `entry` itself is not held and is returned alone: the caller
+        refuses it, as one larger than the whole buffer."""
         with self._lock:
+            if self._in_flight_bytes + entry.size > self.max_bytes:
+                return [entry]
             self._queues.setdefault(entry.key, deque()).append(entry)
             self._order.append(entry)
             self.bytes += entry.size
             self.count += 1
             dropped = []
             while self.bytes > self.max_bytes:
-                dropped.append(self._drop_oldest())
+                dropped.append(self._drop(self._oldest_idle()))
             return dropped
 
     def expire(self) -> list[Entry]:
-        """Drop (and return) what has waited longer than max_age_s."""
+        """Drop (and return) what has waited longer than max_age_s and no send has in hand."""
         limit = self._clock() - self.max_age_s
         with self._lock:
             dropped = []
-            while self._oldest() is not None and self._order[0].received < limit:
-                dropped.append(self._drop_oldest())
+            while (oldest := self._oldest_idle()) is not None and oldest.received < limit:
+                dropped.append(self._drop(oldest))
             return dropped
 
     def keys(self) -> list[BatchKey]:
@@ -81,7 +87,8 @@ class Buffer:
             return [k for k, q in self._queues.items() if q]
 
     def take(self, key: BatchKey, max_bytes: int) -> list[Entry]:
-        """The oldest entries of `key`, at least one, up to `max_bytes` of lines; they stay held until `done`."""
+        """The oldest entries of `key`, at least one, up to `max_bytes` of lines, now in a send's hand: they stay held,
+        and are not dropped, until `done` or `release`."""
         with self._lock:
             queue = self._queues.get(key, ())
             out: list[Entry] = []
@@ -91,21 +98,24 @@ class Buffer:
                     break
                 out.append(entry)
                 size += len(entry.line) + 1
+            for entry in out:
+                if not entry.in_flight:
+                    entry.in_flight = True
+                    self._in_flight_bytes += entry.size
             return out
+
+    def release(self, entries: list[Entry]) -> None:
+        """The send is over and `entries` still held (not answered, or to be sent again): droppable again."""
+        with self._lock:
+            for entry in entries:
+                self._land(entry)
 
     def done(self, entries: list[Entry]) -> None:
         """`entries` (the front of their key's queue, as `take` gave them) were delivered or refused for good."""
         with self._lock:
             for entry in entries:
-                if entry.gone:
-                    continue  # dropped for room while its send was in flight: already counted
-                queue = self._queues[entry.key]
-                queue.remove(entry)  # the front, unless an older one was dropped meanwhile: short either way
-                if not queue:
-                    del self._queues[entry.key]
-                entry.gone = True
-                self.bytes -= entry.size
-                self.count -= 1
+                if not entry.gone:
+                    self._drop(entry)
 
     def held(self) -> list[Entry]:
         """Every held entry, oldest first."""
@@ -123,10 +133,20 @@ class Buffer:
             self._order.popleft()
         return self._order[0] if self._order else None
 
-    def _drop_oldest(self) -> Entry:
-        entry = self._oldest()
-        assert entry is not None, "bytes > 0 means an entry is held"
-        self._order.popleft()
+    def _oldest_idle(self) -> Entry | None:
+        """The oldest held entry no send has in hand (those are at most one batch, near the front)."""
+        self._oldest()
+        return next((e for e in self._order if not e.gone and not e.in_flight), None)
+
+    def _land(self, entry: Entry) -> None:
+        if entry.in_flight:
+            entry.in_flight = False
+            self._in_flight_bytes -= entry.size
+
+    def _drop(self, entry: Entry | None) -> Entry:
+        """No longer hold `entry` (it leaves `_order` lazily, when it reaches the front)."""
+        assert entry is not None, "over the bound with room to make means an idle entry is held"
+        self._land(entry)
         queue = self._queues[entry.key]
         queue.popleft() if queue and queue[0] is entry else queue.remove(entry)
         if not queue:

@@ -21,12 +21,12 @@ from gpumond.agent.relay.processes import ProcessDevices
 from gpumond.agent.relay.stats import RelayStats
 from gpumond.agent.relay.upstream import PUSH_PATH, Refusal
 from gpumond.web.body import Disconnected, declared_too_large, read_body
-from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE, PID_HEADER
+from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE, PID_HEADER, PID_START_HEADER
 
 log = logging.getLogger("gpumond.agent.relay")
 
 _WANTED = {b"authorization": 0, b"content-type": 1, b"content-encoding": 2, b"content-length": 3,
-           PID_HEADER.lower().encode(): 4}
+           PID_HEADER.lower().encode(): 4, PID_START_HEADER.lower().encode(): 5}
 
 
 class RelayEndpoint:
@@ -58,12 +58,12 @@ class RelayEndpoint:
             return 404, {"error": f"not found: the relay serves POST {PUSH_PATH} only"}
         if scope["method"] != "POST":
             return 405, {"error": f"method not allowed: POST {PUSH_PATH}"}
-        found: list[str | None] = [None, None, None, None, None]
+        found: list[str | None] = [None] * len(_WANTED)
         for name, value in scope["headers"]:
             i = _WANTED.get(name)
             if i is not None and found[i] is None:
                 found[i] = value.decode("latin-1")
-        authorization, content_type, encoding, length, pid_text = found
+        authorization, content_type, encoding, length, pid_text, start_text = found
         refused = self._refusal(authorization)
         if refused is not None:
             return refused.status, {"error": refused.message}
@@ -84,19 +84,26 @@ class RelayEndpoint:
         if body is None:
             return too_large
         pid = sender_pid(pid_text)
-        if pid is not None and self._devices.due(pid):
+        start = _decimal(start_text, 20) if pid is not None else None
+        if pid is not None and self._devices.due(pid, start):
             # NVML is read on a worker thread: it waits on the session's lock, which the sampler holds for a whole
             # sample, and this event loop serves the agent's /healthz and /metrics too. Only then is there an await
             # between the body and the answer (a client that half-closed after its body loses an answer the server
             # gives after an await: it sees the EOF first); the judging itself then finds the pid without waiting.
             await anyio.to_thread.run_sync(self._devices.refresh)
-        entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization, pid=pid)
+        entry = self._intake.judge(body, columns=media == COLUMNS_TYPE, authorization=authorization, pid=pid,
+                                   pid_start=start)
         if isinstance(entry, Refused):
             return entry.status, {"error": entry.message}
         if entry.size > self._buffer.max_bytes:
             return 413, {"error": f"push larger than the relay's buffer (relay.buffer_max_bytes "
                                   f"{self._buffer.max_bytes})"}
-        for old in self._buffer.add(entry):
+        dropped = self._buffer.add(entry)
+        if dropped == [entry]:
+            # Only pushes being sent fill the buffer: none is dropped for this one, which the rank sends again.
+            return 503, {"error": f"the relay's buffer (relay.buffer_max_bytes {self._buffer.max_bytes}) is full "
+                                  "with pushes being sent to the rules service; send again shortly"}
+        for old in dropped:
             self._stats.lost(old.rank, old.steps, "buffer_full")
         self._stats.took(entry.rank, entry.steps)
         answer: dict[str, Any] = {"accepted": entry.steps}
@@ -109,8 +116,13 @@ class RelayEndpoint:
 def sender_pid(text: str | None) -> int | None:
     """The pid a Gpumond-Pid header gives, or None when it gives none usable (the push then names its GPU itself).
     Its length is checked before int(): past 4,300 digits int() raises, and a header may be kilobytes long."""
+    pid = _decimal(text, 10)
+    return pid if pid is not None and 0 < pid < 2**31 else None
+
+
+def _decimal(text: str | None, digits: int) -> int | None:
+    """A header's decimal number of at most `digits` digits, else None (the length is checked before int())."""
     text = (text or "").strip()
-    if not 0 < len(text) <= 10 or not text.isdecimal():
+    if not 0 < len(text) <= digits or not text.isascii() or not text.isdecimal():
         return None
-    pid = int(text)
-    return pid if 0 < pid < 2**31 else None
+    return int(text)

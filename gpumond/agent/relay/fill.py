@@ -42,9 +42,11 @@ class Filler:
         self.conflicts: Counter[str] = Counter()
         self._logged: set[str] = set()
 
-    def fill(self, *, job: str | None, node: str | None, gpu_uuid: str | None, pid: int | None) -> Identity:
-        """The push's identity; FillError when a field is missing and cannot be found."""
-        found = self._devices.device_of(pid) if pid is not None else None
+    def fill(self, *, job: str | None, node: str | None, gpu_uuid: str | None, pid: int | None,
+             pid_start: int | None = None) -> Identity:
+        """The push's identity; FillError when a field is missing and cannot be found. `pid_start`: the sender's
+        start time (clock ticks since boot), when it says it."""
+        found = self._devices.device_of(pid, pid_start) if pid is not None else None
         found_uuid, host_pid = found if found is not None else (None, None)
         found_job = None
         if self._jobs_of is not None and host_pid is not None:

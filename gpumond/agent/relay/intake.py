@@ -33,11 +33,14 @@ class Intake:
         self._filler = filler
         self._clock = clock
 
-    def judge(self, body: bytes, *, columns: bool, authorization: str | None, pid: int | None) -> Entry | Refused:
-        """The push as a buffer entry (not yet held), or why not; `pid`: the sender's, from its Gpumond-Pid."""
+    def judge(self, body: bytes, *, columns: bool, authorization: str | None, pid: int | None,
+              pid_start: int | None = None) -> Entry | Refused:
+        """The push as a buffer entry (not yet held), or why not; `pid` and `pid_start`: the sender's, from its
+        Gpumond-Pid and Gpumond-Pid-Start."""
         try:
             push = parse(self._columns if columns else self._json, body)
-            who = self._filler.fill(job=push.job, node=push.node, gpu_uuid=push.gpu_uuid, pid=pid)
+            who = self._filler.fill(job=push.job, node=push.node, gpu_uuid=push.gpu_uuid, pid=pid,
+                                    pid_start=pid_start)
         except PayloadError as err:
             return Refused(err.status, err.message)
         except FillError as err:

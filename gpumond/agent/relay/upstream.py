@@ -40,6 +40,11 @@ BACKOFF_JITTER = 1.0
 # A credential the service refused (401/403) is refused at the relay this long, in the service's words, so its
 # ranks learn it as they would pushing directly; then pushes with it are tried upstream again.
 REFUSAL_HOLD_S = 60.0
+# Credentials held refused at most. A node's ranks push with a handful of tokens; anything on the node may send
+# garbage ones, each a refusal held for REFUSAL_HOLD_S. Past this the oldest is forgotten, which costs only that its
+# next push is tried upstream again (and refused there): memory stays bounded (~100 B plus the token each) whatever
+# a client sends, and 4,096 is far above any node's honest count.
+MAX_REFUSALS = 4096
 _MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
@@ -65,7 +70,8 @@ class Sender:
     """Forwards the buffer upstream; `flush` is one round (the agent's scheduler calls it every relay.interval_s)."""
 
     def __init__(self, *, buffer: Buffer, stats: RelayStats, upstream: str, shards: int | None, access: Access,
-                 client: httpx.Client, clock: Callable[[], float],
+                 client: httpx.Client, clock: Callable[[], float], timer: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
                  backoff: Callable[[], Backoff] = lambda: Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S,
                                                                   jitter=BACKOFF_JITTER)) -> None:
         self._buffer = buffer
@@ -75,55 +81,88 @@ class Sender:
         self._access = access
         self._client = client
         self._clock = clock
+        # The stop flush's deadline is the supervisor's real time, whatever clock ages and backoffs are read on.
+        self._timer = timer
+        self._sleep = sleep
         self._new_backoff = backoff
         self._targets: dict[str, _Target] = {}
         self.max_batch_bytes = MAX_BATCH_BYTES
-        self._refusals: dict[str | None, Refusal] = {}
+        self._refusals: dict[str | None, Refusal] = {}  # oldest first; read on the listener's thread too
+        self._refusals_lock = threading.Lock()
         self._warned: set[object] = set()
         self._round = threading.Lock()  # one round at a time (the scheduler's, or the final flush at stop)
 
     def refusal(self, authorization: str | None) -> Refusal | None:
         """The service's standing refusal of this credential, if any."""
-        found = self._refusals.get(authorization)
-        if found is not None and self._clock() >= found.until:
-            self._refusals.pop(authorization, None)
-            return None
-        return found
+        with self._refusals_lock:
+            found = self._refusals.get(authorization)
+            if found is not None and self._clock() >= found.until:
+                self._refusals.pop(authorization, None)
+                return None
+            return found
+
+    @property
+    def refusals_held(self) -> int:
+        """How many credentials are held refused now."""
+        return len(self._refusals)
 
     def paused_until(self, url: str) -> float:
         """When the relay sends to this upstream address (a shard's) again (-inf: now)."""
         target = self._targets.get(url)
         return target.paused_until if target is not None else float("-inf")
 
-    def flush(self) -> bool:
+    def flush(self, deadline: float | None = None) -> bool:
         """One round: drop what is too old, then send each key's held pushes to its job's shard, except to a shard
-        that asked for a pause or does not answer; True when nothing is left held."""
+        that asked for a pause or does not answer; True when nothing is left held. With `deadline` (on `timer`,
+        monotonic), no send starts once it has passed and none may wait beyond it."""
         with self._round:
             for entry in self._buffer.expire():
                 self._stats.lost(entry.rank, entry.steps, "too_old")
+            self._forget_refusals()
             started = self._clock()
             for key in self._buffer.keys():
                 url = shard_endpoint(self._upstream, key[0], self._shards) + PUSH_PATH
                 target = self._targets.get(url) or self._targets.setdefault(url, _Target(url, self._new_backoff()))
                 front = None
                 # The batch's head line and newlines stay within the service's body limit too.
-                while ((entries := self._buffer.take(key, self.max_batch_bytes - 1024))
-                       and entries[0].received <= started and started >= target.paused_until):
-                    if entries[0] is front:
-                        break  # held by the service's answer (a cap's 429): sent again next round
-                    front = entries[0]
-                    if not self._send(key, entries, url, target):
-                        break  # that shard asked for a pause (or is not answering): its jobs wait, others go on
+                while entries := self._buffer.take(key, self.max_batch_bytes - 1024):
+                    try:
+                        if entries[0].received > started or started < target.paused_until:
+                            break
+                        if entries[0] is front:
+                            break  # held by the service's answer (a cap's 429): sent again next round
+                        front = entries[0]
+                        timeout = self._timeout_within(deadline)
+                        if timeout is None:
+                            return self._buffer.count == 0  # the time is spent: what is left stays held
+                        if not self._send(key, entries, url, target, timeout):
+                            break  # that shard asked for a pause (or is not answering): its jobs wait, others go on
+                    finally:
+                        self._buffer.release(entries)  # what the send did not finish may be dropped for room again
             return self._buffer.count == 0
 
     def flush_until(self, deadline: float) -> None:
-        """At stop: rounds until the buffer is empty or `deadline` (monotonic) passes, pausing as asked."""
-        while time.monotonic() < deadline:
-            if self.flush():
+        """At stop: rounds until the buffer is empty or `deadline` (on `timer`, monotonic) passes, pausing as asked;
+        hung shards cannot hold it past `deadline` (each send's timeouts end there)."""
+        while self._timer() < deadline:
+            if self.flush(deadline):
                 return
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            self._sleep(min(0.2, max(0.0, deadline - self._timer())))
 
-    def _send(self, key: BatchKey, entries: list[Entry], url: str, target: _Target) -> bool:
+    def _timeout_within(self, deadline: float | None) -> httpx.Timeout | None:
+        """The client's timeouts, each cut to what is left before `deadline`; None when nothing is left."""
+        full = self._client.timeout
+        if deadline is None:
+            return full
+        left = deadline - self._timer()
+        if left <= 0:
+            return None
+        return httpx.Timeout(**{part: left if limit is None else min(limit, left)
+                                for part, limit in (("connect", full.connect), ("read", full.read),
+                                                    ("write", full.write), ("pool", full.pool))})
+
+    def _send(self, key: BatchKey, entries: list[Entry], url: str, target: _Target,
+              timeout: httpx.Timeout) -> bool:
         """One batch; False when this shard must wait (it is down or asked for a pause)."""
         job, authorization = key
         headers = {"Content-Type": BATCH_COLUMNS_TYPE, "User-Agent": f"gpumond-agent-relay/{__version__}"}
@@ -137,7 +176,7 @@ class Sender:
         if body is None:
             return True
         try:
-            response = self._client.post(url, content=body, headers=headers)
+            response = self._client.post(url, content=body, headers=headers, timeout=timeout)
             answer = response.content[:_MAX_ANSWER_BYTES]
         except httpx.TimeoutException as e:
             return self._failed(target, "timeout", f"{type(e).__name__}: {e}", None, entries)
@@ -157,7 +196,7 @@ class Sender:
             self.max_batch_bytes = max(4096, self.max_batch_bytes // 2)  # a service configured below the default
             return True
         if status in (401, 403):
-            self._refusals[authorization] = Refusal(status, message, self._clock() + REFUSAL_HOLD_S)
+            self._refuse(authorization, Refusal(status, message, self._clock() + REFUSAL_HOLD_S))
         self._warn(status, "the rules service refused a batch; its pushes are dropped and their ranks told",
                    status=status, job=job, error=message)
         for entry in entries:
@@ -194,7 +233,8 @@ class Sender:
             # Stored or not, we cannot tell: sending again is safe (the service drops duplicates by step number).
             return self._failed(target, "bad_answer", f"202 without a usable results list: {e}", None, entries)
         self._finish(entries, results)
-        self._refusals.pop(entries[0].key[1], None)
+        with self._refusals_lock:
+            self._refusals.pop(entries[0].key[1], None)
         if target.backoff.failures:
             log.info("the rules service takes the relay's batches again", extra={"failures": target.backoff.failures})
         target.backoff.reset()
@@ -237,6 +277,21 @@ class Sender:
                         "backoff", extra={"upstream": target.url, "error": one_line(error),
                                           "retry_in_s": round(delay, 2), "buffer_bytes": self._buffer.bytes})
         return False
+
+    def _refuse(self, authorization: str | None, refusal: Refusal) -> None:
+        # Re-inserted last, so the map stays ordered by expiry (every hold is as long): the oldest go first.
+        with self._refusals_lock:
+            self._refusals.pop(authorization, None)
+            self._refusals[authorization] = refusal
+            while len(self._refusals) > MAX_REFUSALS:
+                del self._refusals[next(iter(self._refusals))]
+
+    def _forget_refusals(self) -> None:
+        """Drop the expired refusals (a credential never pushed again would otherwise stay for good)."""
+        now = self._clock()
+        with self._refusals_lock:
+            while self._refusals and next(iter(self._refusals.values())).until <= now:
+                del self._refusals[next(iter(self._refusals))]
 
     def _warn(self, key: object, message: str, **fields: object) -> None:
         if key not in self._warned:
