@@ -152,7 +152,7 @@ class Pushes:
         self._rate = rate
         from gpumond.config.rules import LimitsConfig
         from gpumond.job.payload import encode_head, encoder
-        from gpumond.rules.ingest.payload import columns_model
+        from gpumond.push.body import columns_model
         from gpumond.rules.store import RankStore
 
         limits = LimitsConfig()
@@ -174,7 +174,7 @@ class Pushes:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        from gpumond.rules.ingest.payload import parse
+        from gpumond.push.body import parse
 
         t0, began = time.thread_time(), time.perf_counter()
         i = 0

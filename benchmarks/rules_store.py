@@ -82,7 +82,7 @@ def decode_costs(repeat: int) -> dict[str, float]:
     """CPU seconds per `parse` of a 64-step push, by encoding."""
     from gpumond.config.rules import LimitsConfig
     from gpumond.job.payload import encode_head, encoder
-    from gpumond.rules.ingest.payload import columns_model, parse, push_model
+    from gpumond.push.body import columns_model, parse, push_model
 
     limits = LimitsConfig()
     now = time.time()

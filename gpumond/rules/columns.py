@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# Defined with the push checks (shared with the relay); the store reads them here.
-from gpumond.push.steps import step_rows as step_rows, step_samples as step_samples
+from gpumond.push.steps import step_rows
 from gpumond.rules.types import GPU_SIGNALS, SAMPLE_ROWS, GpuColumns, GpuSample, StepColumns, StepRecord
 
 _MIN_CAP = 16

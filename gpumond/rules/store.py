@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumond.rules.columns import (SampleBuffer, StepBuffer, StepView, sample_matrix, step_rows, step_samples,
-                                    trailing_run)
+from gpumond.push.steps import step_rows, step_samples
+from gpumond.rules.columns import SampleBuffer, StepBuffer, StepView, sample_matrix, trailing_run
 from gpumond.wire.identity import legacy_mig_uuid
 from gpumond.rules.types import (GpuSample, GpuWindow, HostSample, RankInfo, RankWindow, StepColumns, StepRecord,
                                  TelemetryBatch)

@@ -15,7 +15,7 @@ from gpumond.wire.identity import MAX_LABEL_CHARS
 from tests.fakes import FakeClock, FakeTransport
 from tests.push_bodies import ENCODINGS, steps_of
 
-payload = pytest.importorskip("gpumond.rules.ingest.payload")
+payload = pytest.importorskip("gpumond.push.body")
 rules_config = pytest.importorskip("gpumond.config.rules")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpumond.rules.ingest.payload import PayloadError, columns_model, parse, push_model
+from gpumond.push.body import PayloadError, columns_model, parse, push_model
 from gpumond.rules.types import RankInfo, StepRecord
 from tests.push_bodies import ENCODINGS, encode, pack
 

@@ -2,7 +2,7 @@
 
 from gpumond.rules.ingest.accept import Client, Ingest, Reply
 from gpumond.rules.ingest.auth import AuthResult, TokenAuth
-from gpumond.rules.ingest.payload import PayloadError, PushBody, Step, columns_model, parse, push_model
+from gpumond.push.body import PayloadError, PushBody, Step, columns_model, parse, push_model
 from gpumond.rules.ingest.ratelimit import RateLimiter
 from gpumond.rules.ingest.stats import INGEST_METRICS, IngestStats
 

@@ -12,7 +12,7 @@ from gpumond.web.body import declared_too_large
 from gpumond.push.batch import MAX_REMEMBERED_HEADS, ColumnsBatchError, HeadJudge, parse_columns_batch
 from gpumond.push.body import PushBody, head_model
 from gpumond.push.values import StepColumns
-from gpumond.rules.ingest.payload import PayloadError, columns_model, parse, push_model
+from gpumond.push.body import PayloadError, columns_model, parse, push_model
 from gpumond.rules.ingest.ratelimit import RateLimiter, retry_after
 from gpumond.rules.ingest.stats import IngestStats
 from gpumond.rules.store import CapExceeded, RankStore

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumond.rules.ingest.payload import PushBody
+from gpumond.push.body import PushBody
 from gpumond.rules.store import CAPS
 from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE
 
