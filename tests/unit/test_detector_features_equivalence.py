@@ -118,7 +118,10 @@ def ref_gpu(uuid: str, samples) -> GpuFeatures:
     return GpuFeatures(uuid, node, len(live), samples[-1].up, _ratio(busy, "sm_clock_hz", "sm_clock_max_hz"),
                        _energy(live) or _ratio(live, "power_w", "power_limit_w"), _med(live, "utilization"),
                        _med(live, "temperature_c"), len(throttled) / len(live) if has_throttle else None,
-                       tuple(reasons))
+                       tuple(reasons),
+                       # the newest live sample's time when it and the live one before it show a reason
+                       live[-1].t if len(live) >= 2 and all(any(s.values.get(k, 0) >= 0.5 for k in THROTTLE_SIGNALS)
+                                               for s in live[-2:]) else None)
 
 
 def ref_gpus(uuids, windows, after, strict=False):
@@ -266,6 +269,10 @@ def test_gpu_features_edge_cases():
         "energy, rising": tuple(s(NOW - 10 + i, energy_j=600.0 * i) for i in range(6)),
         "idle clocks": tuple(s(NOW - i, utilization=0.1 * i, sm_clock_hz=10.0 * i) for i in range(8)),
         "throttled": tuple(s(NOW - i, throttle_hw_thermal=float(i % 2), throttle_hw_power_brake=0.5) for i in range(4)),
+        "throttled in the newest two": tuple(s(NOW - 3 + i, throttle_hw_slowdown=float(i >= 2)) for i in range(4)),
+        "throttled in the newest only": tuple(s(NOW - 3 + i, throttle_sw_thermal=float(i == 3)) for i in range(4)),
+        "throttled, newest down": (*(s(NOW - 3 + i, throttle_hw_thermal=1.0) for i in range(3)),
+                                   s(NOW, up=False)),
         "nan": (s(NOW, temperature_c=math.nan), s(NOW - 1)),
         "no throttle reasons": tuple(GpuSample("G", "n", "0", NOW - i, True, {
             k: v for k, v in s(NOW - i).values.items() if k not in THROTTLE_SIGNALS}) for i in range(4)),

@@ -333,6 +333,38 @@ def test_a_throttled_gpu_fires_on_a_few_slow_steps_where_a_silent_one_waits_out_
     assert "throttled" in c.evidence["signals"]
 
 
+def _with_newest(inputs, uuids, k, **values):
+    """`inputs` with the newest `k` samples of these GPUs changed to `values`."""
+    return EvalInputs(inputs.now, inputs.jobs, {
+        u: tuple(GpuSample(s.uuid, s.node, s.gpu, s.t, s.up, {**s.values, **values} if u in uuids and i >= len(w) - k
+                           else s.values) for i, s in enumerate(w)) for u, w in inputs.gpu_windows.items()})
+
+
+def test_a_gpu_throttled_in_its_newest_two_samples_fires_on_a_few_slow_steps():
+    # The same four 1.3× steps; the GPU shows a throttle reason only in its two newest samples, far from the 30 % of
+    # the window the `throttled` signal needs: a cause on the GPU now, seen while the run lasts.
+    slow = share_job(NOW, compute=lambda r, k: 0.8 * (1.3 if r == 5 and k >= 116 else 1.0))
+    (c,) = run(_with_newest(slow, {"GPU-0005"}, 2, throttle_hw_slowdown=1.0))[1]
+    assert c.rank == 5 and c.sustained and "throttled" not in c.evidence["signals"]
+    assert c.evidence["signals"]["sequential"]["gpu_cause"] == ["hw_slowdown"]
+    # One sample is not enough: a brief bit in one sample beside a transient is no cause.
+    assert [c for c in run(_with_newest(slow, {"GPU-0005"}, 1, throttle_hw_slowdown=1.0))[1] if c.rank == 5] == []
+    # Half the group throttled at once is the room, not the GPU.
+    half = {f"GPU-{r:04d}" for r in range(0, 32, 2)} | {"GPU-0005"}
+    assert [c for c in run(_with_newest(slow, half, 2, throttle_hw_slowdown=1.0))[1] if c.rank == 5] == []
+
+
+def test_a_gpu_throttled_only_before_its_slow_run_gives_it_no_cause():
+    # Throttled in two samples that ended before the slow steps began: no cause seen during the run.
+    slow = share_job(NOW, compute=lambda r, k: 0.8 * (1.3 if r == 5 and k >= 116 else 1.0))
+    window = slow.gpu_windows["GPU-0005"]
+    newest = window[-1].t
+    before = EvalInputs(slow.now, slow.jobs, {**slow.gpu_windows, "GPU-0005": tuple(
+        GpuSample(s.uuid, s.node, s.gpu, s.t - (newest - (NOW - 30.0)), s.up,
+                  {**s.values, "throttle_hw_slowdown": float(i >= len(window) - 2)}) for i, s in enumerate(window))})
+    assert [c for c in run(before)[1] if c.rank == 5] == []
+
+
 def test_a_node_fires_at_once_when_its_gpus_with_sequential_evidence_alone_make_it():
     # Six of node 1's GPUs compute 2× for the last six steps; a seventh shows a low clock on telemetry but no
     # slow step yet: six of eight GPUs with sequential evidence are the node already, and the seventh, flagged

@@ -57,6 +57,12 @@ class GpuFeatures:
     temperature_c: float | None
     throttle_frac: float | None  # fraction of samples with a thermal/slowdown/brake reason active
     throttle_reasons: tuple[str, ...] = ()
+    # When its newest live sample was taken, if that sample and the live one before it both show a
+    # thermal/slowdown/brake reason (else None): a cause on the GPU *now*, which the window's fraction above
+    # shows only once it has lasted ~18 s of the minute. Two samples, not one: the everyday fleet shows a brief
+    # sw thermal bit in ~1 sample of 1,000, and one such sample beside a healthy rank's transient slowness
+    # would pass for a cause.
+    throttled_newest: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +179,7 @@ def gpu_features(uuid: str, samples: Sequence[GpuSample]) -> GpuFeatures:
     node = samples[-1].node if samples else ""
     if not live:
         return GpuFeatures(uuid, node, 0, bool(samples) and samples[-1].up, None, None, None, None, None)
-    throttled = [s for s in live if any(s.values.get(k, 0) >= 0.5 for k in THROTTLE_SIGNALS)]
+    throttled = [s for s in live if _shows_cause(s)]
     has_throttle = any(k in s.values for s in live for k in THROTTLE_SIGNALS)
     reasons = sorted({k.removeprefix("throttle_") for s in throttled for k in THROTTLE_SIGNALS
                       if s.values.get(k, 0) >= 0.5})
@@ -188,7 +194,12 @@ def gpu_features(uuid: str, samples: Sequence[GpuSample]) -> GpuFeatures:
         temperature_c=_med(live, "temperature_c"),
         throttle_frac=(len(throttled) / len(live)) if has_throttle else None,
         throttle_reasons=tuple(reasons),
+        throttled_newest=live[-1].t if len(live) >= 2 and _shows_cause(live[-1]) and _shows_cause(live[-2]) else None,
     )
+
+
+def _shows_cause(s: GpuSample) -> bool:
+    return any(s.values.get(k, 0) >= 0.5 for k in THROTTLE_SIGNALS)
 
 
 def host_features(node: str, samples: Sequence[HostSample]) -> HostFeatures:

@@ -183,7 +183,7 @@ def _assemble(uuids: list[str], wins: list[Sequence[GpuSample]], x: np.ndarray, 
 
     out: dict[str, GpuFeatures] = {}
     # One zip over the per-GPU columns: a generator per GPU to pick its values cost ~1 µs each at 32,768 GPUs.
-    for u, w, n_kept, at, n_live, clock, power, util, temp, frac, reasons in zip(
+    for u, w, n_kept, at, n_live, clock, power, util, temp, frac, reasons, hot_newest in zip(
             uuids, wins, kept.sum(axis=0).tolist(), newest.tolist(), live.sum(axis=0).tolist(), *cols, strict=True):
         if not n_kept:
             continue
@@ -192,8 +192,8 @@ def _assemble(uuids: list[str], wins: list[Sequence[GpuSample]], x: np.ndarray, 
             out[u] = GpuFeatures(u, s.node, 0, s.up, None, None, None, None, None)
             continue
         # Positional: GpuFeatures(uuid, node, samples, up, clock_ratio, power_ratio, utilization, temperature_c,
-        # throttle_frac, throttle_reasons); keywords cost ~0.4 µs more a GPU.
-        out[u] = GpuFeatures(u, s.node, n_live, s.up, clock, power, util, temp, frac, _REASONS[reasons])
+        # throttle_frac, throttle_reasons, throttled_newest); keywords cost ~0.4 µs more a GPU.
+        out[u] = GpuFeatures(u, s.node, n_live, s.up, clock, power, util, temp, frac, _REASONS[reasons], hot_newest)
     return out
 
 
@@ -203,9 +203,11 @@ def _columns(x: np.ndarray, t: np.ndarray, live: np.ndarray, with_throttle: bool
     if with_throttle:
         hot = (x[..., THR] >= 0.5) & live[..., None]
         bits = (hot.any(axis=0) << np.arange(hot.shape[-1])).sum(axis=1).tolist()
-        frac = (hot.any(axis=2).sum(axis=0) / np.maximum(live.sum(axis=0), 1)).tolist()
+        shows = hot.any(axis=2)
+        frac = (shows.sum(axis=0) / np.maximum(live.sum(axis=0), 1)).tolist()
+        newest = _throttled_newest(shows, t, live)
     else:
-        bits, frac = [0] * live.shape[1], [None] * live.shape[1]
+        bits, frac, newest = [0] * live.shape[1], [None] * live.shape[1], [None] * live.shape[1]
     with np.errstate(all="ignore"):  # a zero limit divides by zero; such samples are masked out
         # An idle GPU's clock drops: use only samples with kernels running, unless there are none.
         busy = live & (x[..., UTIL] >= 0.5)
@@ -218,7 +220,17 @@ def _columns(x: np.ndarray, t: np.ndarray, live: np.ndarray, with_throttle: bool
             k_power = np.where(usable, 1, k_power)  # defined wherever the counter gave it
     util, _ = column_median(x[..., UTIL], live)
     temp, _ = column_median(x[..., TEMP], live)
-    return [_maybe(clock, k_clock), _maybe(power, k_power), util.tolist(), temp.tolist(), frac, bits]
+    return [_maybe(clock, k_clock), _maybe(power, k_power), util.tolist(), temp.tolist(), frac, bits, newest]
+
+
+def _throttled_newest(shows: np.ndarray, t: np.ndarray, live: np.ndarray) -> list[float | None]:
+    """Per GPU: its newest live sample's time when that sample and the live one before it both show a throttle
+    reason, else None (GpuFeatures.throttled_newest)."""
+    cols = np.arange(live.shape[1])
+    last = last_row(live)
+    before = last_row(live & (np.arange(live.shape[0])[:, None] != last[None, :]))
+    both = (live.sum(axis=0) >= 2) & shows[last, cols] & shows[before, cols]
+    return [float(v) if b else None for v, b in zip(t[last, cols].tolist(), both.tolist(), strict=True)]
 
 
 def _energy_ratio(x: np.ndarray, t: np.ndarray, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

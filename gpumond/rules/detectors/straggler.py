@@ -197,16 +197,29 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         # sequential evidence needs only the short minimum duration (corroborated_compute_test), not the one
         # that keeps the transients of healthy ranks from firing.
         caused = {k for k, sig in flagged.items() if not _GPU_CAUSE.isdisjoint(sig)}.intersection(ids)
-        if caused - set(seq):
+        # The window's throttle fraction shows a cause only once it has lasted ~18 s of the minute; a GPU whose
+        # newest two samples show a reason shows it now. It counts for a run it was seen in (its newest sample
+        # taken after the run's first step began), and not while half the group is throttled (the room, not
+        # the GPU: the windowed flag asks the same of its peers).
+        now = _throttled_now(members, ids)
+        fast_for = (caused | set(now)) - set(seq)
+        gpu_cause: dict[int, list[str]] = {}
+        if fast_for:
             fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg),
-                         only=caused - set(seq), medians=medians)
-            seq.update(fast)
+                         only=fast_for, medians=medians)
+            for rank, ev in fast.items():
+                if rank in caused:
+                    seq[rank] = ev
+                elif now[rank][0] >= ev.start:
+                    seq[rank] = ev
+                    gpu_cause[rank] = now[rank][1]
         node_of = {r.rank: r.node for r, _, _ in members}
         if len(seq) <= max(1, cfg.max_outlier_frac * len(members)) \
                 or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * nodes_in_group):
             for rank, ev in seq.items():
+                cause = {"gpu_cause": gpu_cause[rank]} if rank in gpu_cause else {}
                 note(rank, "sequential", ev.z, ev.magnitude, 1.0, evidence=ev.evidence, steps=ev.steps,
-                     span_s=ev.span_s)
+                     span_s=ev.span_s, **cause)
     # A shift, not stragglers: many ranks on many nodes sit past half the threshold on one silent signal
     # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
     # whose members straddle the threshold from one evaluation to the next; counting per signal keeps
@@ -268,6 +281,18 @@ def _sm_active(members: list[Member], activity: Mapping[str, float], thr: float,
         return
     for rank, (z, v, med) in past.items():
         note(rank, "sm_active", z, v, med)
+
+
+def _throttled_now(members: list[Member], ids: Sequence[int]) -> dict[int, tuple[float, list[str]]]:
+    """rank → (when its GPU's newest sample was taken, the throttle reasons of its window) for the ranks among
+    `ids` whose GPU shows a throttle reason in its newest two samples (GpuFeatures.throttled_newest); none when
+    half the group's GPUs or more do."""
+    wanted = set(ids)
+    now = {r.rank: (g.throttled_newest, list(g.throttle_reasons)) for r, g, _ in members
+           if g is not None and g.throttled_newest is not None}
+    if 2 * len(now) >= len(members):
+        return {}
+    return {rank: v for rank, v in now.items() if rank in wanted}
 
 
 def _past_index(zs: list[float], thr: float, sign: int) -> list[int]:
