@@ -220,8 +220,11 @@ class Evaluator:
         since = now - self._cfg.recent_s
         uuids = {w.info.gpu_uuid for ranks in jobs.values() for w in ranks.values()}
         nodes = {w.info.node for ranks in jobs.values() for w in ranks.values()}
+        # A judgement on arrival reads its jobs' steps against their last periodic picture (engine.Windowed): of the
+        # GPUs' windows it needs only its candidates', and a job judged whole for the first time reads its own.
+        windows = self._gpus.windows_on_demand(uuids, since) if arrivals else self._gpus.windows(uuids, since)
         inputs = EvalInputs(now=now, jobs=jobs,
-                            gpu_windows=self._gpus.windows(uuids, since),
+                            gpu_windows=windows,
                             host_windows={n: self._gpus.hosts(n, since) for n in nodes},
                             absent_nodes=self._gpus.absent_nodes())
         steered = frozenset(self._steered()) if not arrivals else frozenset()  # before our lock: it takes its own

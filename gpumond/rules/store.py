@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from types import MappingProxyType
@@ -519,6 +519,12 @@ class GpuStore:
                 out[u] = GpuWindow(samples, buffer.columns(k))
         return out
 
+    def windows_on_demand(self, uuids: Iterable[str], since: float) -> Mapping[str, GpuWindow]:
+        """windows(uuids, since) as a mapping that reads each GPU's window when it is first asked for: a judgement on
+        arrival asks only for its candidates' GPUs (activity evidence), not for every GPU of a big job, and reading
+        all of them was a fifth of its cost at 32,768 GPUs."""
+        return _OnDemand(self, tuple(dict.fromkeys(uuids)), since)
+
     def hosts(self, node: str, since: float) -> tuple[HostSample, ...]:
         """The node's host samples taken at or after `since`, oldest first."""
         with self._lock:
@@ -554,6 +560,29 @@ class GpuStore:
 
 
 _UNKNOWN = GpuWindow((), None)  # a GPU without telemetry
+
+
+class _OnDemand(Mapping[str, GpuWindow]):
+    """GpuStore.windows_on_demand: each GPU's window read from the store the first time it is asked for."""
+
+    def __init__(self, store: GpuStore, uuids: tuple[str, ...], since: float) -> None:
+        self._store, self._uuids, self._since = store, uuids, since
+        self._known = frozenset(uuids)
+        self._read: dict[str, GpuWindow] = {}
+
+    def __getitem__(self, uuid: str) -> GpuWindow:
+        if uuid not in self._known:
+            raise KeyError(uuid)
+        window = self._read.get(uuid)
+        if window is None:
+            window = self._read[uuid] = self._store.window(uuid, self._since)
+        return window
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._uuids)
+
+    def __len__(self) -> int:
+        return len(self._uuids)
 
 
 def _since(window: deque | tuple, since: float) -> tuple:

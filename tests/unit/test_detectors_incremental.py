@@ -5,9 +5,10 @@ from dataclasses import replace
 
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, FeatureFns, evaluate
+from gpumond.rules.detectors.gpu_batch import gpu_features_many
 from gpumond.rules.detectors.rank_batch import job_rank_features
 
-from tests.unit.detector_inputs import build
+from tests.unit.detector_inputs import NOW, build, job as share_job
 
 CFG = DetectorConfig()
 
@@ -115,6 +116,34 @@ def test_a_judgement_on_arrival_takes_what_fires_at_once_and_leaves_the_rest_to_
     # what fires at once is taken on arrival
     _, out = evaluate(starved(), DetectorState(), CFG, arrivals=True)
     assert [(c.kind, c.rank, c.sustained) for c in out] == [("io_starved_rank", 5, True)]
+
+
+class CountingGpus:
+    """The default GPU features, counting the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *a, **kw):
+        self.calls += 1
+        return gpu_features_many(*a, **kw)
+
+
+def test_a_judgement_on_arrival_judges_the_new_steps_against_the_last_periodic_picture_without_measuring_windows():
+    # Periodic: a healthy job. On arrival, 6 s later, rank 5 has computed 2x for its last four steps: sequential
+    # evidence, which fires at once. The windows are not measured again (no rank or GPU features; no GPU window is
+    # even there to read): the windowed picture is the periodic judgement's.
+    fns = FeatureFns(ranks=Counting(), gpus=CountingGpus())
+    state, out = evaluate(share_job(NOW - 6), DetectorState(), CFG, fns)
+    assert out == [] and fns.ranks.calls == 1 and fns.gpus.calls == 1
+    slow = share_job(NOW, compute=lambda r, k: 0.8 * (2.0 if r == 5 and k >= 116 else 1.0))
+    state, out = evaluate(replace(slow, gpu_windows={}), state, CFG, fns, arrivals=True)
+    assert [(c.kind, c.rank, c.sustained) for c in out] == [("straggler", 5, True)]
+    assert fns.ranks.calls == 1 and fns.gpus.calls == 1
+    assert state.judged["job-a"].arrival and state.rank_features["job-a"]  # what the service exports stays
+    # The next periodic run measures the windows again.
+    evaluate(replace(slow, now=NOW + 4), state, CFG, fns)
+    assert fns.ranks.calls == 2 and fns.gpus.calls == 2
 
 
 def test_the_job_baseline_follows_drift_at_most_every_accumulate_every_s_however_often_it_is_judged():

@@ -15,7 +15,7 @@ import numpy as np
 
 from gpumond.rules.detectors.activity import with_activity_many
 from gpumond.rules.detectors.candidate import Candidate
-from gpumond.rules.detectors.compute_share import job_shares
+from gpumond.rules.detectors.compute_share import Shares, job_shares
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.features import GpuFeatures, HostFeatures, RankFeatures, host_features
 from gpumond.rules.detectors.gpu_batch import gpu_features_many
@@ -23,10 +23,10 @@ from gpumond.rules.detectors.io_starvation import detect_io_starvation
 from gpumond.rules.detectors.job import JobBaseline, due_again, job_slowdown, job_stall
 from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.peer_rows import PeerRows, RowMedians
-from gpumond.rules.detectors.sequential import step_shares
+from gpumond.rules.detectors.sequential import StepShares, step_shares
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.detectors.sm_activity import node_relative
-from gpumond.rules.detectors.straggler import detect_stragglers
+from gpumond.rules.detectors.straggler import StragglerResult, detect_stragglers
 from gpumond.rules.detectors.structure import Structure, learn
 from gpumond.rules.types import GpuSample, HostSample, RankWindow
 
@@ -61,6 +61,26 @@ class DetectorState:
     # Each job's per-step peer medians at its last judgement (running statistics: peer_rows.py). Not compared: no
     # result depends on whether a median was kept or found again.
     peer_rows: Mapping[str, Mapping[Hashable, RowMedians]] = field(default_factory=dict, compare=False)
+    # What each job's last periodic judgement measured over its windows, which a judgement on arrival takes as it
+    # is (see `Windowed`). Not compared: it is derived from the inputs, like rank_features.
+    windowed: Mapping[str, Windowed] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Windowed:
+    """A job's windowed picture at its last periodic judgement: its ranks' and GPUs' features over the window,
+    its compute-share looks, host features, SM activity, and whether it was stalled. A judgement on arrival
+    judges the job's new steps (the sequential tests) against this picture instead of measuring the windows
+    again: what the windowed looks say is validated at one look per periodic run (docs/detectors.md, "When a job
+    is judged"), telemetry changes only at a fetch (which comes with the periodic run), and measuring them was
+    most of a judgement's cost (at 32,768 ranks ~60 % of it)."""
+
+    feats: tuple[RankFeatures, ...]
+    shares: Mapping[int, Shares]
+    gpus: Mapping[str, GpuFeatures]
+    hosts: Mapping[str, HostFeatures]
+    activity: Mapping[str, float]
+    stalled: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +105,9 @@ _PUSH, _BEAT, _COLS, _INFO = attrgetter("last_push"), attrgetter("last_beat"), a
 
 def _is_not_none(x: object) -> bool:
     return x is not None
+
+
+_STEPS_KEY_LEN = 4  # steps_key's fields, which inputs_key begins with
 
 
 def steps_key(ranks: Mapping[int, RankWindow]) -> tuple[float, ...]:
@@ -156,18 +179,29 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     share_times = dict(state.share_times)
     judged = dict(state.judged)
     peer_rows = dict(state.peer_rows)
+    windowed_of = dict(state.windowed)
     out: list[Candidate] = []
     for job, ranks in inputs.jobs.items():
         job_start = len(out)  # where this job's candidates start
-        key = inputs_key(ranks, inputs.gpu_windows, inputs.absent_nodes)
         last = judged.get(job)
+        picture = windowed_of.get(job) if arrivals and job in state.rank_features else None
+        if picture is not None and last is not None:
+            # Its telemetry as the last judgement read it: nothing is fetched between periodic runs, and reading
+            # every GPU's newest sample is what a judgement on arrival leaves to them.
+            key = steps_key(ranks) + last.key[_STEPS_KEY_LEN:]
+        else:
+            key = inputs_key(ranks, inputs.gpu_windows, inputs.absent_nodes)
         if last is not None and last.key == key and inputs.now - last.at < cfg.rejudge_s \
                 and job in state.rank_features and (arrivals or not last.arrival):
             out.extend(last.candidates)
             rank_features[job] = state.rank_features[job]
             continue
-        _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
-                   shares_since, share_times, out, peer_rows)
+        if picture is not None:
+            rank_features[job] = state.rank_features[job]
+            _judge_steps(job, ranks, inputs, state, cfg, fns, since, picture, structure, out, peer_rows)
+        else:
+            _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
+                       shares_since, share_times, out, peer_rows, windowed_of)
         if arrivals:
             windowed = last.windowed if last is not None else ()
             out[job_start:] = _on_arrival(out[job_start:], windowed)
@@ -179,17 +213,18 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         if job not in inputs.jobs and last is not None and job in state.rank_features:
             out.extend(last.candidates)
             rank_features[job] = state.rank_features[job]
-    for kept in (baselines, share_state, structure, shares_since, share_times, judged, peer_rows):
+    for kept in (baselines, share_state, structure, shares_since, share_times, judged, peer_rows, windowed_of):
         for job in [j for j in kept if j not in inputs.jobs and j not in held]:
             del kept[job]  # the job expired from the store: forget it
     return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
-                         rank_features=rank_features, judged=judged, peer_rows=peer_rows), out
+                         rank_features=rank_features, judged=judged, peer_rows=peer_rows,
+                         windowed=windowed_of), out
 
 
 def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, state: DetectorState,
                cfg: DetectorConfig, fns: FeatureFns, since: float, baselines: dict, share_state: dict,
                structure: dict, rank_features: dict, shares_since: dict, share_times: dict,
-               out: list[Candidate], peer_rows: dict) -> None:
+               out: list[Candidate], peer_rows: dict, windowed_of: dict) -> None:
     """Judge one job: its candidates appended to `out`, its state updated in the dicts passed in."""
     job_start = len(out)
     # All of a job's ranks and GPUs at once (numpy): per-rank Python loops cost ~75 µs a GPU. The steps are read
@@ -237,6 +272,7 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
                       gpu_windows=inputs.gpu_windows)
     if stall:
         out.extend(stall)
+        windowed_of[job] = Windowed(tuple(feats), {}, {}, {}, {}, stalled=True)
         return  # a stalled job's windows say nothing about stragglers or starvation
     active = [r for r in feats if r.steps > 0]
     out.extend(slow)
@@ -247,10 +283,9 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     # A starved rank's GPU idles and so sits apart from its peers; starvation is the explanation.
     explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
     known = structure.get(job)
-    found = detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
-                              known.nodes if known else frozenset(), learning=known is None or not known.done,
-                              steps=steps if shares else None,
-                              activity=_activity(active, shares, reporting, inputs, since, cfg))
+    activity = _activity(active, shares, reporting, inputs, since, cfg)
+    windowed_of[job] = Windowed(tuple(feats), shares, gpus, hosts, activity, stalled=False)
+    found = _stragglers(job, active, gpus, cfg, shares, explained, known, steps, activity)
     if found.judged:
         structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
     out.extend(c for c in found.candidates if c.rank not in explained)
@@ -259,6 +294,43 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     # GPM activity and NVLink replays as evidence (NVLink as a named cause) on what was found for the job.
     job_gpus = {r.gpu_uuid: r.node for r in reporting}
     out[job_start:] = with_activity_many(out[job_start:], inputs.gpu_windows, job_gpus, since)
+
+
+def _judge_steps(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, state: DetectorState,
+                 cfg: DetectorConfig, fns: FeatureFns, since: float, picture: Windowed, structure: Mapping,
+                 out: list[Candidate], peer_rows: dict) -> None:
+    """A judgement on arrival: the job's steps (the sequential tests, on the steps as they are now) against its
+    last periodic judgement's windowed picture. The rest of what a periodic judgement does (the windowed looks,
+    the job's baseline and stall, structure learning, the long look's history) is left to the periodic runs,
+    which a judgement on arrival never stands in for; its candidates that wait on persistence are dropped by
+    `_on_arrival` anyway."""
+    if picture.stalled:
+        return  # a stalled job's windows say nothing about stragglers or starvation
+    job_start = len(out)
+    read = read_steps(list(ranks.values()), since)
+    peers = PeerRows(state.peer_rows.get(job), reuse=fns.running)
+    steps = step_shares(ranks, since, read, peers)
+    active = [r for r in picture.feats if r.steps > 0]
+    starved = detect_io_starvation(job, active, picture.gpus, picture.hosts, cfg, steps, inputs.host_windows)
+    out.extend(starved)
+    explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
+    found = _stragglers(job, active, picture.gpus, cfg, picture.shares, explained, structure.get(job), steps,
+                        picture.activity)
+    out.extend(c for c in found.candidates if c.rank not in explained)
+    if fns.running:
+        peer_rows[job] = peers.kept()
+    job_gpus = {r.gpu_uuid: r.node for r in picture.feats if r.node not in inputs.absent_nodes}
+    out[job_start:] = with_activity_many(out[job_start:], inputs.gpu_windows, job_gpus, since)
+
+
+def _stragglers(job: str, active: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures], cfg: DetectorConfig,
+                shares: Mapping[int, Shares], explained: set[int], known: Structure | None,
+                steps: StepShares | None, activity: Mapping[str, float]) -> StragglerResult:
+    """detect_stragglers on a job's ranks, its starved ranks (`explained`) left out of the compute-share looks: a
+    starved rank's GPU idles and so sits apart from its peers, and starvation is the explanation."""
+    return detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
+                             known.nodes if known else frozenset(), learning=known is None or not known.done,
+                             steps=steps if shares else None, activity=activity)
 
 
 def _immediate(c: Candidate) -> bool:
