@@ -28,18 +28,21 @@ class FakeClock:
 
 
 class FakeTransport:
-    """Answers 202 (or the queued replies, in order) and keeps every body: raw, parsed, and the sending process."""
+    """Answers 202 (or the queued replies, in order) and keeps every body: raw, parsed, whether it was early, and the
+    sending process."""
 
     def __init__(self, *replies: Reply) -> None:
         self.replies = list(replies)
         self.raw: list[bytes] = []
         self.bodies: list[dict] = []
         self.pids: set[int] = set()
+        self.early: list[bool] = []  # per body: whether it was sent as an early push
         self.lock = threading.Lock()
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
         with self.lock:
             self.raw.append(body)
+            self.early.append(early)
             self.bodies.append(json.loads(body))
             self.pids.add(os.getpid())
             return self.replies.pop(0) if self.replies else Reply(202)
