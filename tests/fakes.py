@@ -1,5 +1,5 @@
-"""The fakes the tests share: a clock that moves only when told, a job-SDK transport that keeps what it is sent,
-and a host process as the agent's job attribution reads it.
+"""The fakes the tests share: a clock that moves only when told, a scheduler that runs only when told, a job-SDK
+transport that keeps what it is sent, and a host process as the agent's job attribution reads it.
 
 One of each, so every test steers time and reads pushes the same way (not a copy per module that drifts).
 Stdlib and the job SDK only: tests/integration/ddp_equal_worker.py imports it inside torchrun workers.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 
 from gpumond.job.transport import Reply
 
@@ -25,6 +26,23 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class Deferred:
+    """Runs nothing by itself: keeps each `(delay_s, fn)` it is asked to run later, for the test to run in order
+    (the agent's scheduler, as the relay's early rounds use it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, Callable[[], object]]] = []
+
+    def __call__(self, delay_s: float, fn: Callable[[], object]) -> None:
+        self.calls.append((delay_s, fn))
+
+    def run_next(self) -> float:
+        """Run the oldest function still waiting; its delay."""
+        delay_s, fn = self.calls.pop(0)
+        fn()
+        return delay_s
 
 
 class FakeTransport:
