@@ -68,7 +68,9 @@ def test_no_step_is_lost_across_a_rules_restart_and_a_relay_restart(tmp_path: Pa
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(RANKS)]
     second_rules = second_agent = None
     try:
-        time.sleep(2.5)
+        # Until the first service has taken a batch (a fixed wait lost that race on a loaded machine: the ranks'
+        # start-up and first push can miss the relay's first rounds).
+        wait_until(lambda: accepted(first_rules) > 0, timeout=30, what="the first rules service to take a batch")
         # The rules service restarts. The relay is frozen while the first service's count is read, so that no batch
         # lands between the reading and the stop; its ranks meanwhile hold their steps (no direct endpoint is set).
         first_agent.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
