@@ -74,7 +74,7 @@ class FileTransport:
     def __init__(self, path: Path) -> None:
         self.f = path.open("a")
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
         for s in json.loads(body)["steps"]:
             self.f.write(json.dumps({"kind": "push", **s}) + "\n")
         self.f.flush()

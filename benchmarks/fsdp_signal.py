@@ -59,7 +59,7 @@ def worker(out: Path, steps: int, device_ms: float, slow: float, device_type: st
     fully_shard(net, mesh=mesh)
 
     class Keep:
-        def post(self, body: bytes, timeout_s: float):  # type: ignore[no-untyped-def]
+        def post(self, body: bytes, timeout_s: float, *, early: bool = False):  # type: ignore[no-untyped-def]
             from gpumond.job.transport import Reply
             return Reply(202)
 

@@ -1,5 +1,5 @@
-"""The fakes the tests share: a clock that moves only when told, a job-SDK transport that keeps what it is sent,
-and a host process as the agent's job attribution reads it.
+"""The fakes the tests share: a clock that moves only when told, a scheduler that runs only when told, a job-SDK
+transport that keeps what it is sent, and a host process as the agent's job attribution reads it.
 
 One of each, so every test steers time and reads pushes the same way (not a copy per module that drifts).
 Stdlib and the job SDK only: tests/integration/ddp_equal_worker.py imports it inside torchrun workers.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 
 from gpumond.job.transport import Reply
 
@@ -27,19 +28,39 @@ class FakeClock:
         self.now += seconds
 
 
+class Deferred:
+    """Runs nothing by itself: keeps each `(delay_s, fn)` it is asked to run later, for the test to run in order
+    (the agent's scheduler, as the relay's early rounds use it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, Callable[[], object]]] = []
+
+    def __call__(self, delay_s: float, fn: Callable[[], object]) -> None:
+        self.calls.append((delay_s, fn))
+
+    def run_next(self) -> float:
+        """Run the oldest function still waiting; its delay."""
+        delay_s, fn = self.calls.pop(0)
+        fn()
+        return delay_s
+
+
 class FakeTransport:
-    """Answers 202 (or the queued replies, in order) and keeps every body: raw, parsed, and the sending process."""
+    """Answers 202 (or the queued replies, in order) and keeps every body: raw, parsed, whether it was early, and the
+    sending process."""
 
     def __init__(self, *replies: Reply) -> None:
         self.replies = list(replies)
         self.raw: list[bytes] = []
         self.bodies: list[dict] = []
         self.pids: set[int] = set()
+        self.early: list[bool] = []  # per body: whether it was sent as an early push
         self.lock = threading.Lock()
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
         with self.lock:
             self.raw.append(body)
+            self.early.append(early)
             self.bodies.append(json.loads(body))
             self.pids.add(os.getpid())
             return self.replies.pop(0) if self.replies else Reply(202)

@@ -9,10 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gpumond.agent.dcgm import DcgmCompat, dcgm_types
@@ -143,7 +144,8 @@ class Agent:
                 self._lock.release()
                 raise AgentStartError(f"relay.{e}") from None
             self.relay = Relay(config.relay, node=config.node_name, devices=session_devices(self.session),
-                               access=relay_access, jobs_of=jobs.jobs_for if jobs is not None else None,
+                               access=relay_access, defer=self._run_later,
+                               jobs_of=jobs.jobs_for if jobs is not None else None,
                                held=HeldFile(state_dir / RELAY_HELD_FILE, time.monotonic,
                                              buffer_max_bytes=config.relay.buffer_max_bytes))
         slack = config.policy.power_slack
@@ -177,6 +179,11 @@ class Agent:
                                server=lambda: [*self.http_stats.series(), *self.web.series(),
                                                *(self.relay.series() if self.relay is not None else ())])
         self._scheduler = BackgroundScheduler(timezone=timezone.utc)
+
+    def _run_later(self, delay_s: float, fn: Callable[[], object]) -> None:
+        """Run `fn` once on the agent's scheduler, `delay_s` wall seconds from now (the relay's early rounds)."""
+        run_at = datetime.now(timezone.utc) + timedelta(seconds=delay_s)
+        self._scheduler.add_job(fn, DateTrigger(run_date=run_at), name="relay early round", misfire_grace_time=None)
 
     def wall_interval(self, simulated_s: float) -> float:
         """A tier's interval in wall seconds: intervals are in agent (simulated) time."""

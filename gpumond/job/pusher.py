@@ -121,7 +121,8 @@ class Pusher:
                         delay = left  # the backoff stands: an early push would hammer a failing service
                         continue
                     self.early += 1
-                retry_in = self._drain_safely(self._timeout)
+                # Woken: an early push, which a node relay forwards at once (a retry or a heartbeat never is one).
+                retry_in = self._drain_safely(self._timeout, early=woke)
                 retrying = retry_in is not None
                 if retry_in is None and self._clock() - self._last_post >= self._interval * 0.9:
                     self._send_marker(self._timeout, final=False)
@@ -191,17 +192,18 @@ class Pusher:
         except Exception:  # closing a broken connection can fail; nothing is left to do about it
             pass
 
-    def _drain_safely(self, timeout_s: float) -> float | None:
+    def _drain_safely(self, timeout_s: float, *, early: bool = False) -> float | None:
         """drain(), but a bug in it costs the batch in hand, never the thread."""
         try:
-            return self.drain(timeout_s)
+            return self.drain(timeout_s, early=early)
         except Exception as exc:
             self._drop(f"internal error: {exc!r}", key="internal", exc_info=True)
             return None
 
     # ----- one round of pushing --------------------------------------------------------------------
-    def drain(self, timeout_s: float) -> float | None:
-        """Push queued steps until the queue is empty (None) or a failure asks to wait (seconds)."""
+    def drain(self, timeout_s: float, *, early: bool = False) -> float | None:
+        """Push queued steps until the queue is empty (None) or a failure asks to wait (seconds); `early`: these
+        pushes are made at once after a step that stood out (Transport.post)."""
         while True:
             if not self._pending:
                 self._hold(self._take())
@@ -213,7 +215,7 @@ class Pusher:
                 self._drop(f"cannot encode steps: {exc}", key="encode")
                 continue
             try:
-                reply = self._transport.post(body, timeout_s)
+                reply = self._transport.post(body, timeout_s, early=early)
             except Exception as exc:  # no answer at all: refused, reset, timed out, DNS
                 return self._retry_later(f"{type(exc).__name__}: {exc}", None)
             if 200 <= reply.status < 300:

@@ -44,7 +44,7 @@ class Route:
         started = start_ticks()
         sender = {PID_HEADER: str(os.getpid()), **({PID_START_HEADER: str(started)} if started is not None else {})}
         relay = HttpTransport(self.relay, self.token, relay_tls, content_type, sender,
-                              setting=("the node relay", "GPUMOND_RELAY"))
+                              setting=("the node relay", "GPUMOND_RELAY"), to_relay=True)
         # Directly, a push must be whole: the service needs the GPU the relay would have filled in.
         problem = None if identity.gpu_uuid else ("this rank's GPU UUID is unknown (set GPUMOND_GPU_UUID to push "
                                                   "without the relay)")

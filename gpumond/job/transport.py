@@ -14,7 +14,7 @@ from typing import NoReturn, Protocol
 
 from gpumond import __version__
 from gpumond.job.settings import ConfigError
-from gpumond.wire.media import JSON_TYPE
+from gpumond.wire.media import EARLY_HEADER, JSON_TYPE
 from gpumond.wire.retry import parse_retry_after
 from gpumond.wire.tlsclient import ClientTLS, explain, https_instead
 
@@ -38,9 +38,12 @@ class Reply:
 
 
 class Transport(Protocol):
-    """Sends one push; raises OSError or http.client.HTTPException when there was no answer."""
+    """Sends one push; raises OSError or http.client.HTTPException when there was no answer.
 
-    def post(self, body: bytes, timeout_s: float) -> Reply: ...
+    `early`: the push is made at once after a step that stood out (gpumond/job/early.py); a node relay forwards
+    such a push at once, the rules service takes it as any other."""
+
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply: ...
 
     def close(self) -> None: ...
 
@@ -52,11 +55,13 @@ class TLSError(OSError):
 class HttpTransport:
     """`POST <endpoint>/api/v1/push` with a bearer token, one connection kept open between pushes.
 
-    Over https the server is verified with `tls` (the system CA bundle when None)."""
+    Over https the server is verified with `tls` (the system CA bundle when None). `to_relay`: the endpoint is a
+    node relay, which is told which pushes are early (EARLY_HEADER); the rules service never is."""
 
     def __init__(self, endpoint: str, token: str | None, tls: ClientTLS | None = None,
                  content_type: str = JSON_TYPE, headers: Mapping[str, str] | None = None,
-                 setting: tuple[str, str] = ("the rules service", "GPUMOND_ENDPOINT")) -> None:
+                 setting: tuple[str, str] = ("the rules service", "GPUMOND_ENDPOINT"), *,
+                 to_relay: bool = False) -> None:
         url = urllib.parse.urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(f"endpoint must be an http:// or https:// URL with a host (got {endpoint!r})")
@@ -83,14 +88,16 @@ class HttpTransport:
         if token is not None:  # None: to a node relay that pushes under its own node credential
             self._headers["Authorization"] = f"Bearer {token}"
         self._headers.update(headers or {})
+        self._early_headers = {**self._headers, EARLY_HEADER: "1"} if to_relay else self._headers
         self._conn: http.client.HTTPConnection | None = None
         self.connections = 0  # opened so far; keep-alive keeps this at 1 on a healthy link
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
         """Send one body; retry once at once when a kept-alive socket turns out to be closed."""
+        headers = self._early_headers if early else self._headers
         reused = self._conn is not None and self._conn.sock is not None
         try:
-            return self._exchange(body, timeout_s)
+            return self._exchange(body, timeout_s, headers)
         except _STALE as e:
             self.close()
             if not reused:
@@ -100,7 +107,7 @@ class HttpTransport:
         except ssl.SSLError as e:
             raise TLSError(explain(e) or str(e)) from e
         try:
-            return self._exchange(body, timeout_s)
+            return self._exchange(body, timeout_s, headers)
         except http.client.BadStatusLine as e:  # RemoteDisconnected too: a fresh connection closed unanswered
             self._unanswered(e)
         except ssl.SSLError as e:
@@ -114,10 +121,10 @@ class HttpTransport:
         server, setting = self._setting
         raise type(exc)(f"{exc} (if {server} serves TLS, use {https} in {setting})") from exc
 
-    def _exchange(self, body: bytes, timeout_s: float) -> Reply:
+    def _exchange(self, body: bytes, timeout_s: float, headers: Mapping[str, str]) -> Reply:
         conn = self._connection(timeout_s)
         try:
-            conn.request("POST", self.path, body=body, headers=self._headers)
+            conn.request("POST", self.path, body=body, headers=headers)
             resp = conn.getresponse()
             # Read the answer, even an error page: a connection is reusable only once its body is consumed.
             raw = resp.read(_MAX_REPLY_BYTES)
@@ -206,11 +213,12 @@ class RelayTransport:
         # The loopback default on a node without an agent is the usual direct setup: said at info, not as a problem.
         self._level = logging.WARNING if named else logging.INFO
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
-        """Send one body to the relay, else directly; raises as HttpTransport does when neither answers."""
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
+        """Send one body to the relay, else directly; raises as HttpTransport does when neither answers. Only the
+        relay hears that a push is early: directly, the push goes as soon as it is made anyway."""
         if self._direct is None or self._clock() >= self._retry_relay_at:
             try:
-                reply = self._relay.post(body, timeout_s)
+                reply = self._relay.post(body, timeout_s, early=early)
             except (OSError, http.client.HTTPException) as exc:
                 if self._direct is None:
                     if self.via_relay:

@@ -31,3 +31,7 @@ PID_HEADER = "Gpumond-Pid"
 # Sent with it: the process's start time (clock ticks since boot, gpumond/wire/procstat.py), so a pid that other
 # containers also use names one process. A header of its own: a relay that predates it reads Gpumond-Pid as before.
 PID_START_HEADER = "Gpumond-Pid-Start"
+# Sent by the job SDK to the node relay only, as "1", on a push it makes at once after a step that stood out (an early
+# push, gpumond/job/early.py): the relay then forwards that job's held pushes at once instead of at its next interval.
+# A header, not a body field: it describes the push's occasion to the relay, and a push to the service is unchanged.
+EARLY_HEADER = "Gpumond-Early"

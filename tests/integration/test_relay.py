@@ -1,7 +1,8 @@
 """The node relay with real parts: `gpumond agent --sim` relaying real SDK processes to the real rules service.
 
 Eight ranks step through the relay while the rules service restarts and then the agent (the relay) restarts:
-every step a rank counts as pushed is one the service accepted, and nothing is dropped.
+every step a rank counts as pushed is one the service accepted, and nothing is dropped. A rank's early push
+reaches the service at once, not at the relay's next interval.
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from gpumond.config.rules import RulesConfig
+from gpumond.job import Reporter
+from gpumond.rules.http import build_app
+from gpumond.rules.store import RankStore
+from tests.fakes import FakeClock
 from tests.integration.alert_helpers import RulesDaemon
-from tests.integration.helpers import LOOPBACK, AgentProcess, free_port, http_get, parse_metrics, value, wait_until
+from tests.integration.helpers import (LOOPBACK, AgentProcess, free_port, http_get, parse_metrics, served, value,
+                                       wait_until)
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +41,13 @@ def accepted(rules: RulesDaemon) -> float:
     return value(parse_metrics(body.decode()), "gpumond_rules_push_steps_total", result="accepted") or 0.0
 
 
-def agent(workdir: Path, port: int, relay_port: int, rules_port: int) -> AgentProcess:
+def agent(workdir: Path, port: int, relay_port: int, rules_port: int, interval_s: float = 2.0) -> AgentProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "agent.json"
     # One state directory for both runs, as on a node: what a stopping relay could not deliver waits there.
     config.write_text(json.dumps({"policy": {"mode": "off"}, "state_dir": str(workdir.parent / "agent-state"),
-                                  "relay": {"upstream": f"http://{LOOPBACK}:{rules_port}", "interval_s": 2.0}}))
+                                  "relay": {"upstream": f"http://{LOOPBACK}:{rules_port}",
+                                            "interval_s": interval_s}}))
     return AgentProcess(["--sim", "2", "--config", config, "--relay-listen", f"{LOOPBACK}:{relay_port}"],
                         workdir, port=port)
 
@@ -60,7 +68,9 @@ def test_no_step_is_lost_across_a_rules_restart_and_a_relay_restart(tmp_path: Pa
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(RANKS)]
     second_rules = second_agent = None
     try:
-        time.sleep(2.5)
+        # Until the first service has taken a batch (a fixed wait lost that race on a loaded machine: the ranks'
+        # start-up and first push can miss the relay's first rounds).
+        wait_until(lambda: accepted(first_rules) > 0, timeout=30, what="the first rules service to take a batch")
         # The rules service restarts. The relay is frozen while the first service's count is read, so that no batch
         # lands between the reading and the stop; its ranks meanwhile hold their steps (no direct endpoint is set).
         first_agent.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
@@ -95,3 +105,43 @@ def test_no_step_is_lost_across_a_rules_restart_and_a_relay_restart(tmp_path: Pa
         for proc in (second_agent, second_rules, first_agent, first_rules):
             if proc is not None and proc.proc is not None:
                 proc.stop()
+
+
+def held(store: RankStore, job: str) -> int:
+    """Steps the rules service holds of the job's rank 0."""
+    window = store.jobs(time.time()).get(job, {}).get(0)
+    return 0 if window is None else len(window.steps)
+
+
+def test_an_early_push_reaches_the_service_at_once_through_the_relay(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's regular push waits at the relay for its 30 s interval; the step that stands out is pushed early and
+    takes the job's held steps with it to the rules service within seconds, by the agent's own scheduler."""
+    for name in [n for n in os.environ if n.startswith("GPUMOND_")]:
+        monkeypatch.delenv(name)
+    config = RulesConfig.model_validate({"tokens": [TOKEN]})
+    store = RankStore.from_config(config)
+    app = build_app(config=config, rank_store=store, findings=lambda: [], metrics=lambda: b"",
+                    ready=lambda: (True, "ready"), clock=time.time)
+    clock = FakeClock(100.0)
+    started_wall = time.time() - 30.0  # the steps ended moments ago on the service's clock
+    with served(app) as url:
+        relay_port = free_port()
+        with agent(tmp_path / "agent", free_port(), relay_port, int(url.rsplit(":", 1)[1]), interval_s=30.0):
+            rep = Reporter(relay=f"http://{LOOPBACK}:{relay_port}", token=TOKEN, job="early-job", rank=0,
+                           world_size=1, node="n", gpu_uuid="GPU-00000000-0000-0000-0000-000000000000",
+                           push_interval_s=3600.0, clock=clock, wall=lambda: started_wall + clock.now - 100.0,
+                           handle_sigterm=False)
+            try:
+                assert rep.enabled and rep._pusher is not None, rep.stats.last_error
+                for _ in range(10):
+                    clock.advance(0.2)
+                    rep.step_end()
+                assert rep._pusher.drain(2.0) is None  # a regular push: the relay holds it for its interval
+                clock.advance(0.4)
+                rep.step_end()  # stands out: pushed early, and forwarded at once
+                wait_until(lambda: held(store, "early-job") == 11, timeout=5.0,
+                           what="the early push to reach the rules service (the relay's interval: 30 s)")
+                assert rep._pusher.early == 1
+            finally:
+                rep.close(timeout_s=0)

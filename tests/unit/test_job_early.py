@@ -152,6 +152,27 @@ def test_a_step_that_stands_out_is_pushed_at_once_and_the_next_not_before_the_ga
         assert wait_for(lambda: len(transport.bodies) == 3)
         assert len(transport.bodies[2]["steps"]) == 4
         assert rep._pusher.early == 2
+        assert transport.early == [False, True, True]  # what a node relay forwards at once
+    finally:
+        rep.close(timeout_s=2)
+    assert transport.bodies[-1].get("final") is True and transport.early[3:] == [False] * (len(transport.early) - 3)
+
+
+def test_the_retry_of_an_early_push_is_not_early() -> None:
+    """An early push that failed is sent again on the retry's schedule, as a regular push: a relay forwards it with
+    its interval's batch, and a rank whose relay is down never makes it hurry."""
+    clock, transport, rep = reporter(3600.0, replies=(Reply(503),))
+    try:
+        for _ in range(10):
+            clock.advance(0.2)
+            rep.step_end()
+        assert rep._pusher is not None
+        rep._pusher.early_above = 0.216
+        clock.advance(0.3)
+        rep.step_end()  # stands out: pushed at once, answered 503, retried after the backoff (at most 0.5 s)
+        assert wait_for(lambda: len(transport.bodies) == 2)
+        assert transport.early == [True, False]
+        assert wait_for(lambda: rep.stats.pushed_steps == 11)
     finally:
         rep.close(timeout_s=2)
 

@@ -21,7 +21,7 @@ class CountingTransport:
         self.steps: list[int] = []
         self.lock = threading.Lock()
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
         with self.lock:
             self.steps += [s["step"] for s in json.loads(body)["steps"]]
         return Reply(202)

@@ -27,7 +27,7 @@ class ScriptedTransport:
         self.batches: list[list[int]] = []
         self.closed = False
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
         self.batches.append([s["step"] for s in json.loads(body)["steps"]])
         answer = self.script.pop(0) if self.script else Reply(202)
         if isinstance(answer, Exception):

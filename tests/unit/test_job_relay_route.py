@@ -3,13 +3,18 @@ it answers again; what a named relay makes optional."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
 from gpumond.job import Reporter
 from gpumond.job import reporter as reporter_module
 from gpumond.job.route import resolve_route
 from gpumond.job.settings import DEFAULT_RELAY, ConfigError, Identity
-from gpumond.job.transport import RELAY_RETRY_S, RelayTransport, Reply, TLSError
+from gpumond.job.transport import RELAY_RETRY_S, HttpTransport, RelayTransport, Reply, TLSError
 from tests.fakes import FakeClock, FakeTransport
 
 UUID = "GPU-5b0c1234-aaaa-bbbb-cccc-0123456789ab"
@@ -23,11 +28,11 @@ class Down(FakeTransport):
         self.up = False
         self.tries = 0
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
         self.tries += 1
         if not self.up:
             raise ConnectionRefusedError(111, "Connection refused")
-        return super().post(body, timeout_s)
+        return super().post(body, timeout_s, early=early)
 
 
 def test_no_relay_pushes_directly_and_the_relay_is_tried_again_later() -> None:
@@ -53,7 +58,7 @@ def test_without_a_direct_path_the_relay_failure_is_the_pushers_to_retry() -> No
 class BadCertificate(FakeTransport):
     """A relay whose certificate the rank cannot verify (not named in it, another CA, http spoken as https)."""
 
-    def post(self, body: bytes, timeout_s: float) -> Reply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> Reply:
         raise TLSError("certificate verify failed: Hostname mismatch")
 
 
@@ -156,3 +161,64 @@ def test_a_relay_serving_tls_to_an_http_url_is_named_as_the_relay() -> None:
     finally:
         closer.join(5)
         server.close()
+
+
+class _Capture(BaseHTTPRequestHandler):
+    """Answers every push with the server's `status` and keeps each request's headers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 — http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.server.seen.append(dict(self.headers))  # type: ignore[attr-defined]
+        body = b'{"accepted": 0}'
+        self.send_response(self.server.status)  # type: ignore[attr-defined]
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 — quiet
+        pass
+
+
+@contextmanager
+def capturing(status: int) -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Capture)
+    server.daemon_threads = True
+    server.seen, server.status = [], status  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_only_early_pushes_to_the_relay_say_they_are_early() -> None:
+    """Over real HTTP on 127.0.0.1: the relay hears which pushes are early; the rules service, reached directly
+    while the relay is not one, never does (its pushes are unchanged)."""
+    from gpumond.job.route import Route
+    from gpumond.wire.media import EARLY_HEADER, JSON_TYPE
+
+    with capturing(202) as relay, capturing(202) as rules:
+        relay_url, rules_url = (f"http://127.0.0.1:{s.server_address[1]}" for s in (relay, rules))
+        clock = FakeClock()
+        transport = Route(relay_url, True, rules_url, "t", None, None).transport(
+            Identity("j", 0, 1, "n", UUID, None), JSON_TYPE, clock)
+        assert transport.post(b"{}", 2, early=True).status == 202
+        assert transport.post(b"{}", 2).status == 202
+        assert [h.get(EARLY_HEADER) for h in relay.seen] == ["1", None]
+        relay.status = 404  # not a relay: the pushes go to the rules service directly
+        assert transport.post(b"{}", 2, early=True).status == 202
+        assert transport.post(b"{}", 2, early=True).status == 202
+        assert len(relay.seen) == 3 and len(rules.seen) == 2
+        assert [EARLY_HEADER in h for h in rules.seen] == [False, False]
+        # Each half on its own: the direct path is never asked for an early push, and would not say so if it were.
+        HttpTransport(rules_url, "t").post(b"{}", 2, early=True)
+        assert EARLY_HEADER not in rules.seen[-1]
+    not_relay, direct = FakeTransport(Reply(404)), FakeTransport()
+    fallback = RelayTransport(not_relay, direct, FakeClock(), relay_url=DEFAULT_RELAY, direct_url="http://rules:9481")
+    fallback.post(b"{}", 1, early=True)
+    assert (not_relay.early, direct.early) == ([True], [False])

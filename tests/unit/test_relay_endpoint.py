@@ -17,7 +17,7 @@ from gpumond.config.agent import RelayConfig
 from gpumond.web.client import Access
 from gpumond.wire.media import PID_HEADER, PID_START_HEADER
 from gpumond.wire.procstat import start_ticks
-from tests.fakes import FakeClock
+from tests.fakes import Deferred, FakeClock
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
 NOW = 1_763_760_000.0
@@ -31,7 +31,8 @@ def push(rank: int = 0, **over: object) -> bytes:
 
 def relay(devices: Callable[[], Mapping[str, Iterable[int]]] = lambda: {GPU0: (4242,)}) -> Relay:
     return Relay(RelayConfig(upstream="http://127.0.0.1:9"), node="n", devices=devices, access=Access(),
-                 clock=FakeClock(), client=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(503))))
+                 defer=Deferred(), clock=FakeClock(),
+                 client=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(503))))
 
 
 async def post(r: Relay, body: bytes, headers: dict[str, str]) -> httpx.Response:

@@ -13,7 +13,7 @@ from gpumond.agent.relay import HeldFile, Relay
 from gpumond.agent.relay.buffer import Entry
 from gpumond.config.agent import RelayConfig
 from gpumond.web.client import Access
-from tests.fakes import FakeClock
+from tests.fakes import Deferred, FakeClock
 from tests.push_bodies import encode
 
 
@@ -37,7 +37,8 @@ def held_line(rank: int) -> bytes:
 
 
 def relay(tmp_path, clock: FakeClock) -> Relay:
-    return Relay(RelayConfig(upstream="http://127.0.0.1:9"), node="n", devices=dict, access=Access(), clock=clock,
+    return Relay(RelayConfig(upstream="http://127.0.0.1:9"), node="n", devices=dict, access=Access(), defer=Deferred(),
+                 clock=clock,
                  client=httpx.Client(transport=httpx.MockTransport(down)),
                  held=HeldFile(tmp_path / "relay-held.json", clock))
 
@@ -90,7 +91,7 @@ def test_a_stop_keeps_what_it_holds_when_the_service_never_answers_within_the_gr
 
     clock = FakeClock()
     r = Relay(RelayConfig(upstream="http://rules-{shard}:9481", shards=4), node="n", devices=dict, access=Access(),
-              clock=clock, client=httpx.Client(transport=httpx.MockTransport(hung)),
+              defer=Deferred(), clock=clock, client=httpx.Client(transport=httpx.MockTransport(hung)),
               held=HeldFile(tmp_path / "relay-held.json", clock))
     r.start()
     for job in ("a", "b", "c", "d", "e", "f"):

@@ -142,7 +142,7 @@ class Refusing:
     def __init__(self) -> None:
         self.posts = 0
 
-    def post(self, body: bytes, timeout_s: float) -> SdkReply:
+    def post(self, body: bytes, timeout_s: float, *, early: bool = False) -> SdkReply:
         self.posts += 1
         return SdkReply(421, None, "job 'j' belongs to shard 1 of 2 (crc32(job) mod 2), not this replica (0/2)")
 

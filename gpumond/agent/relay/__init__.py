@@ -1,6 +1,7 @@
 """The node relay: this node's training ranks push to the agent, which holds their steps, fills in what they do not
 know (node, GPU, job), and pushes each job's steps to its rules shard in one batch per interval (docs/job-sdk.md,
-"The node relay"). Built by the agent when `relay.upstream` is set; served on its own listener (`relay.listen`)."""
+"The node relay"), and a job's at once after a rank's early push (early.py). Built by the agent when `relay.upstream`
+is set; served on its own listener (`relay.listen`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 
 from gpumond.agent.relay.buffer import Buffer
+from gpumond.agent.relay.early import Defer, EarlyRounds
 from gpumond.agent.relay.endpoint import RelayEndpoint
 from gpumond.agent.relay.fill import Filler
 from gpumond.agent.relay.held_file import HeldFile
@@ -36,9 +38,11 @@ class Relay:
     """The relay's parts, wired: listener app, buffer, sender, counters."""
 
     def __init__(self, config: RelayConfig, *, node: str, devices: Callable[[], Mapping[str, Iterable[int]]],
-                 access: Access, jobs_of: Callable[[Iterable[int]], tuple[str, ...]] | None = None,
+                 access: Access, defer: Defer, jobs_of: Callable[[Iterable[int]], tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic, client: httpx.Client | None = None,
                  held: HeldFile | None = None) -> None:
+        """`defer(delay_s, fn)` runs `fn` once, `delay_s` wall seconds later: the early rounds (the agent's
+        scheduler)."""
         assert config.upstream is not None, "the relay runs only with an upstream"
         self.config = config
         self.stats = RelayStats(clock)
@@ -49,7 +53,9 @@ class Relay:
                                              limits=httpx.Limits(max_connections=8, max_keepalive_connections=8))
         self.sender = Sender(buffer=self.buffer, stats=self.stats, upstream=config.upstream, shards=config.shards,
                              access=access, client=self._client, clock=clock)
-        self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal, self.devices)
+        self.early = EarlyRounds(lambda keys: self.sender.flush(early=keys), defer, clock, self.stats)
+        self.app = RelayEndpoint(Intake(self.filler, clock), self.buffer, self.stats, self.sender.refusal, self.devices,
+                                 self.early.asked)
         self._access = access
         self._tls_problem: str | None = None
         self._held = held

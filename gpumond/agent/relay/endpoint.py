@@ -15,26 +15,28 @@ from typing import Any
 import anyio.to_thread
 from starlette.types import Receive, Scope, Send
 
-from gpumond.agent.relay.buffer import Buffer
+from gpumond.agent.relay.buffer import BatchKey, Buffer
 from gpumond.agent.relay.intake import Intake, Refused
 from gpumond.agent.relay.processes import ProcessDevices
 from gpumond.agent.relay.stats import RelayStats
 from gpumond.agent.relay.upstream import PUSH_PATH, Refusal
 from gpumond.web.body import Disconnected, declared_too_large, read_body
-from gpumond.wire.media import COLUMNS_TYPE, JSON_TYPE, PID_HEADER, PID_START_HEADER
+from gpumond.wire.media import COLUMNS_TYPE, EARLY_HEADER, JSON_TYPE, PID_HEADER, PID_START_HEADER
 
 log = logging.getLogger("gpumond.agent.relay")
 
 _WANTED = {b"authorization": 0, b"content-type": 1, b"content-encoding": 2, b"content-length": 3,
-           PID_HEADER.lower().encode(): 4, PID_START_HEADER.lower().encode(): 5}
+           PID_HEADER.lower().encode(): 4, PID_START_HEADER.lower().encode(): 5, EARLY_HEADER.lower().encode(): 6}
 
 
 class RelayEndpoint:
     """The relay's ASGI app: one route, the push."""
 
     def __init__(self, intake: Intake, buffer: Buffer, stats: RelayStats,
-                 refusal: Callable[[str | None], Refusal | None], devices: ProcessDevices) -> None:
+                 refusal: Callable[[str | None], Refusal | None], devices: ProcessDevices,
+                 early: Callable[[BatchKey], None]) -> None:
         self._intake = intake
+        self._early = early  # told the key of each early push held (EarlyRounds.asked)
         self._devices = devices  # the one the intake's filler looks ranks up in
         self._buffer = buffer
         self._stats = stats
@@ -63,7 +65,7 @@ class RelayEndpoint:
             i = _WANTED.get(name)
             if i is not None and found[i] is None:
                 found[i] = value.decode("latin-1")
-        authorization, content_type, encoding, length, pid_text, start_text = found
+        authorization, content_type, encoding, length, pid_text, start_text, early_text = found
         refused = self._refusal(authorization)
         if refused is not None:
             return refused.status, {"error": refused.message}
@@ -106,6 +108,8 @@ class RelayEndpoint:
         for old in dropped:
             self._stats.lost(old.rank, old.steps, "buffer_full")
         self._stats.took(entry.rank, entry.steps)
+        if early_text is not None and early_text.strip() == "1":
+            self._early(entry.key)  # only now: a push refused or answered 503 is not held, and is sent again anyway
         answer: dict[str, Any] = {"accepted": entry.steps}
         owed = self._stats.owed(entry.rank, entry.steps)
         if owed:

@@ -25,6 +25,9 @@ RELAY_METRICS: dict[str, tuple[str, str]] = {
                                                        "http_4xx (refused), bad_answer."),
     "gpumond_relay_conflicts_total": ("counter", "Pushes whose stated field (job, node, gpu_uuid) differs from what "
                                                  "the agent finds; the rank's wins."),
+    "gpumond_relay_early_rounds_total": ("counter", "Sending rounds started early, for the jobs whose ranks pushed "
+                                                    "early (after a step that stood out), on top of one per relay."
+                                                    "interval_s; at most one a second."),
 }
 DROP_REASONS = ("buffer_full", "too_old", "refused")
 ERROR_KINDS = ("connect", "timeout", "tls", "http_429", "http_5xx", "http_4xx", "bad_answer")
@@ -45,6 +48,7 @@ class RelayStats:
         self.forwarded = 0
         self.dropped: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        self.early_rounds = 0
         self._seen: dict[tuple[str, int], float] = {}  # rank → its last push, least recent first
         self._owed: dict[tuple[str, int], Counter[str]] = {}
 
@@ -66,6 +70,10 @@ class RelayStats:
     def error(self, kind: str) -> None:
         with self._lock:
             self.errors[kind] += 1
+
+    def early_round(self) -> None:
+        with self._lock:
+            self.early_rounds += 1
 
     def lost(self, rank: tuple[str, int], steps: int, reason: str, *, counted: bool = True) -> None:
         """`steps` of `rank` will never reach the service, for `reason`: owed to the rank's next answer, and counted
@@ -125,6 +133,7 @@ class RelayStats:
                     for r in DROP_REASONS]
             out += [Series("gpumond_relay_upstream_errors_total", (("kind", k),), float(self.errors[k]))
                     for k in ERROR_KINDS]
+            out.append(Series("gpumond_relay_early_rounds_total", (), float(self.early_rounds)))
         out += [Series("gpumond_relay_conflicts_total", (("field", f),), float(conflicts[f]))
                 for f in ("job", "node", "gpu_uuid")]
         return out

@@ -9,7 +9,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import httpx
@@ -111,18 +111,27 @@ class Sender:
         target = self._targets.get(url)
         return target.paused_until if target is not None else float("-inf")
 
-    def flush(self, deadline: float | None = None) -> bool:
+    def flush(self, deadline: float | None = None, *, early: Collection[BatchKey] | None = None) -> bool:
         """One round: drop what is too old, then send each key's held pushes to its job's shard, except to a shard
         that asked for a pause or does not answer; True when nothing is left held. With `deadline` (on `timer`,
-        monotonic), no send starts once it has passed and none may wait beyond it."""
+        monotonic), no send starts once it has passed and none may wait beyond it. With `early`, an early round
+        (gpumond/agent/relay/early.py): only those keys, and only to shards whose last batch was taken."""
         with self._round:
             for entry in self._buffer.expire():
                 self._stats.lost(entry.rank, entry.steps, "too_old")
             self._forget_refusals()
             started = self._clock()
             for key in self._buffer.keys():
+                if early is not None and key not in early:
+                    continue
                 url = shard_endpoint(self._upstream, key[0], self._shards) + PUSH_PATH
                 target = self._targets.get(url) or self._targets.setdefault(url, _Target(url, self._new_backoff()))
+                if early is not None and target.backoff.failures:
+                    # Early rounds come on top of the regular ones: a shard whose last batch failed (no answer, 429,
+                    # 5xx: paused, or backing off with a pause already over) hears from this relay only on the
+                    # regular rounds, at most once per relay.interval_s, so an outage never raises the relay's
+                    # request rate, early pushes or not. Its first batch taken (reset to 0 failures) ends that.
+                    continue
                 front = None
                 # The batch's head line and newlines stay within the service's body limit too.
                 while entries := self._buffer.take(key, self.max_batch_bytes - 1024):
