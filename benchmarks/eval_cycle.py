@@ -296,12 +296,14 @@ def run(layout: tuple[int, ...], cycles: int, conditions: list[Condition], profi
     return result
 
 
-def _on_steps(ev: Evaluator, feed: Feed, ranks: RankStore, clock: list[float], cycles: int) -> list[tuple[float, float]]:
-    """(CPU of the judgements on arrival in the interval, CPU of the periodic evaluation after them) per cycle."""
+def _on_steps(ev: Evaluator, feed: Feed, ranks: RankStore, clock: list[float],
+              cycles: int) -> list[tuple[float, float, int]]:
+    """(CPU of the judgements on arrival in the interval, CPU of the periodic evaluation after them, how many passes
+    of judgements on arrival there were) per cycle."""
     out = []
     ready_at = clock[0]  # the service's judge rests after each pass so that passes take at most max_busy of a core
     for _ in range(cycles):
-        arrivals = 0.0
+        arrivals, passes = 0.0, 0
         for second in range(int(INTERVAL_S)):
             clock[0] += 1.0
             feed.advance(clock[0])
@@ -312,11 +314,12 @@ def _on_steps(ev: Evaluator, feed: Feed, ranks: RankStore, clock: list[float], c
                 rest, _ = ev.judge_arrivals()
                 took = time.thread_time() - c0
                 arrivals += took
+                passes += 1
                 ready_at = clock[0] + took + rest
         ev.poll_telemetry()
         c0 = time.thread_time()
         ev.evaluate()
-        out.append((arrivals, time.thread_time() - c0))
+        out.append((arrivals, time.thread_time() - c0, passes))
     return out
 
 
@@ -363,10 +366,12 @@ def main(argv: list[str] | None = None) -> int:
                 args.on_steps)
         if "on_steps" in r:
             quiet = statistics.median(x.cpu_s for x in r["conditions"][conditions[0]]["cycles"])
-            arrivals = statistics.median(a for a, _ in r["on_steps"])
-            tick = statistics.median(t for _, t in r["on_steps"])
+            arrivals = statistics.median(a for a, _, _ in r["on_steps"])
+            tick = statistics.median(t for _, t, _ in r["on_steps"])
+            each = statistics.median(a / n for a, _, n in r["on_steps"] if n)
             on_steps.append((_layout_name(layout), f"{recent_s:g} s", f"{quiet:.3f} s", f"{arrivals:.3f} s",
-                             f"{tick:.3f} s", " ".join(f"{a:.3f} + {t:.3f}" for a, t in r["on_steps"]),
+                             " ".join(str(n) for _, _, n in r["on_steps"]), f"{each:.3f} s",
+                             f"{tick:.3f} s", " ".join(f"{a:.3f} + {t:.3f}" for a, t, _ in r["on_steps"]),
                              f"{(arrivals + tick) / INTERVAL_S:.0%}"))
         for cond, m in r["conditions"].items():
             cyc = m["cycles"]
@@ -413,6 +418,7 @@ def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profi
                   "(`--reference`), every median found afresh, timed on the same cycles in turn with it.\n\n" + against,
                   *([_ON_STEPS + _bench.md_table(("jobs × ranks", "recent_s", "periodic evaluation alone",
                                                   "judgements on arrival in the interval",
+                                                  "passes a cycle", "one judgement on arrival",
                                                   "periodic evaluation after them", "each cycle (CPU s)",
                                                   "share of a core"),
                                                  on_steps)] if on_steps else []),
