@@ -434,6 +434,7 @@ class Cluster:
         self.host_win: dict[str, deque[HostSample]] = {}
         self.absent: frozenset[str] = frozenset()
         self.next_scrape = t0 + rng.uniform(0.0, scrape_s)
+        self.scrapes = 0  # taken so far: the inputs' telemetry_seq, as the service's GpuStore counts its fetches
         self.t = t0
 
     def advance_to(self, now: float, telemetry_from: float = 0.0) -> None:
@@ -462,10 +463,11 @@ class Cluster:
                 cols = self.gpu_cols.get(info.gpu_uuid)
                 gw[info.gpu_uuid] = GpuWindow(samples, cols.columns(len(samples)) if cols is not None else None)
         hw = {node: _since(self.host_win.get(node, ()), since) for j in self.jobs for node in j.node_ranks}
-        return EvalInputs(now, jobs, gw, hw, self.absent)
+        return EvalInputs(now, jobs, gw, hw, self.absent, telemetry_seq=self.scrapes)
 
     # ----- telemetry ------------------------------------------------------------------------------
     def _scrape(self, ts: float) -> None:
+        self.scrapes += 1
         noise, rng = self.noise, self.rng
         node_down = rng.random(self.n_nodes) < noise.node_miss_p
         alpha = 1.0 - np.exp(-self.scrape_s / 25.0)  # board temperature lags power by ~25 s

@@ -222,11 +222,13 @@ class Evaluator:
         nodes = {w.info.node for ranks in jobs.values() for w in ranks.values()}
         # A judgement on arrival reads its jobs' steps against their last periodic picture (engine.Windowed): of the
         # GPUs' windows it needs only its candidates', and a job judged whole for the first time reads its own.
+        # The count before the windows: a fetch landing in between is then measured again by the next judgement.
+        fetches = self._gpus.fetches
         windows = self._gpus.windows_on_demand(uuids, since) if arrivals else self._gpus.windows(uuids, since)
         inputs = EvalInputs(now=now, jobs=jobs,
                             gpu_windows=windows,
                             host_windows={n: self._gpus.hosts(n, since) for n in nodes},
-                            absent_nodes=self._gpus.absent_nodes())
+                            absent_nodes=self._gpus.absent_nodes(), telemetry_seq=fetches)
         steered = frozenset(self._steered()) if not arrivals else frozenset()  # before our lock: it takes its own
         with self._lock:
             self._state, candidates = evaluate(inputs, self._state, self._cfg, self._fns, held=held,

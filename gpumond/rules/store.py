@@ -433,6 +433,9 @@ class GpuStore:
         self._refused_gpus = self._refused_nodes = self._expired_gpus = self._expired_nodes = 0
         # A MIG device's pre-R470 name (MIG-GPU-<parent>/<gi>/<ci>) → its MIG UUID, so a rank pushing either joins.
         self._aliases: dict[str, str] = {}
+        # Fetches added so far: a judgement on arrival reuses a job's windowed picture only while no fetch landed
+        # since it was measured (engine.Windowed.telemetry_seq).
+        self.fetches = 0
 
     @classmethod
     def from_config(cls, config: RulesConfig) -> GpuStore:
@@ -460,6 +463,7 @@ class GpuStore:
                 if self._append(self._hosts, h.node, h):
                     self._refused_nodes += 1
             self._absent = batch.absent_nodes
+            self.fetches += 1
 
     def _append(self, series: dict, key: str, sample: GpuSample | HostSample,
                 cols: dict[str, SampleBuffer] | None = None, column: np.ndarray | None = None) -> bool:
@@ -583,6 +587,12 @@ class _OnDemand(Mapping[str, GpuWindow]):
 
     def __len__(self) -> int:
         return len(self._uuids)
+
+    def read_all(self) -> None:
+        """Read every window not read yet, at once (GpuStore.windows): for a judgement that reads them all."""
+        left = [u for u in self._uuids if u not in self._read]
+        if left:
+            self._read.update(self._store.windows(left, self._since))
 
 
 def _since(window: deque | tuple, since: float) -> tuple:

@@ -162,3 +162,49 @@ def test_a_failing_judgement_on_arrival_is_counted_and_reported_as_a_failing_eva
     assert ev.run_on_steps() == (1.0, None)  # rest a second, then try again
     ok, line = ev.evaluation_status()
     assert ev.evaluation_failures_total == 1 and "store broke" in line
+
+
+def _synchronous(ranks: RankStore, first: int, count: int, now: float, slow: dict[int, float]) -> None:
+    """`count` synchronous 0.5 s steps (ending by `now`) from step `first`: rank r computes 0.4 s × slow.get(r, 1)
+    (± 2 %, fixed per rank and step), and every rank waits in the collective for the slowest."""
+    for k in range(first, first + count):
+        busy = [0.4 * slow.get(r, 1.0) * (1 + 0.02 * (((r * 7 + k * 13) % 11) / 5 - 1)) for r in range(WORLD)]
+        step = max(busy) + 0.1
+        end = now - step * (first + count - 1 - k)
+        for r in range(WORLD):
+            ranks.record(RankInfo("a", r, WORLD, f"node-{r // 4}", f"GPU-a-{r:02d}"),
+                         [StepRecord(k, end, step, 0.002, None, step - busy[r] - 0.002)], now)
+
+
+def _fetch(gpus: GpuStore, times: list[float], throttled: set[int]) -> None:
+    """One fetch: a sample at each of `times` for every GPU of job "a", those of `throttled` ranks showing a reason."""
+    from gpumond.rules.types import GpuSample, TelemetryBatch
+
+    samples = tuple(
+        GpuSample(f"GPU-a-{r:02d}", f"node-{r // 4}", str(r % 4), t, True,
+                  {"sm_clock_hz": 1.98e9, "sm_clock_max_hz": 1.98e9, "power_w": 600.0, "power_limit_w": 700.0,
+                   "utilization": 0.99, "temperature_c": 70.0, "throttle_hw_thermal": 0.0,
+                   "throttle_sw_thermal": 0.0, "throttle_hw_power_brake": 0.0,
+                   "throttle_hw_slowdown": float(r in throttled)})
+        for t in times for r in range(WORLD))
+    gpus.add(TelemetryBatch(times[-1], samples))
+
+
+def test_a_judgement_on_arrival_reads_a_fetch_that_landed_since_the_periodic_evaluation() -> None:
+    # Rank 5's GPU began to throttle, and its steps to run 1.5x, after the periodic evaluation: a fetch and six slow
+    # steps (3 s, under the 10 s a silent straggler waits) land before the next. The judgement on arrival measures
+    # the GPUs again for that fetch, so the cause on the GPU counts and the straggler fires at once.
+    clock = Clock(T0)
+    ranks, gpus = RankStore.from_config(CONFIG), GpuStore.from_config(CONFIG)
+    ev = Evaluator(ranks, gpus, None, alerts=log_only(persistence=FINDINGS_PERSISTENCE), clock=clock)
+    _fetch(gpus, [T0 - 55 + 5 * i for i in range(12)], set())
+    _synchronous(ranks, 0, 100, T0, {})
+    ev.evaluate()
+    assert ev.findings() == ()
+    clock.t = T0 + 4.0
+    _fetch(gpus, [T0 + 2.0, T0 + 4.0], {5})
+    _synchronous(ranks, 100, 6, clock.t, {5: 1.5})
+    ev.judge_arrivals()
+    (f,) = ev.findings()
+    assert (f.kind, f.rank, f.state) == ("straggler", 5, "firing")
+    assert f.evidence["signals"]["sequential"]["gpu_cause"] == ["hw_slowdown"]

@@ -40,6 +40,9 @@ class EvalInputs:
     gpu_windows: Mapping[str, Sequence[GpuSample]] = field(default_factory=dict)
     host_windows: Mapping[str, Sequence[HostSample]] = field(default_factory=dict)
     absent_nodes: frozenset[str] = frozenset()
+    # How many telemetry fetches the GPU windows hold (GpuStore.fetches): a judgement on arrival measures a job's
+    # windows again when a fetch landed since its picture was measured.
+    telemetry_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,7 @@ class Windowed:
     hosts: Mapping[str, HostFeatures]
     activity: Mapping[str, float]
     stalled: bool
+    telemetry_seq: int = 0  # EvalInputs.telemetry_seq when it was measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +189,12 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         job_start = len(out)  # where this job's candidates start
         last = judged.get(job)
         picture = windowed_of.get(job) if arrivals and job in state.rank_features else None
+        if picture is not None and picture.telemetry_seq != inputs.telemetry_seq:
+            # Telemetry landed since the picture (fetches run on their own schedule): this judgement measures the
+            # windows again, and its picture serves the judgements on arrival after it.
+            picture = None
+        if arrivals and picture is None:
+            _read_all(inputs.gpu_windows)
         if picture is not None and last is not None:
             # Its telemetry as the last judgement read it: nothing is fetched between periodic runs, and reading
             # every GPU's newest sample is what a judgement on arrival leaves to them.
@@ -219,6 +229,14 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
     return DetectorState(baselines, share_state, structure, shares_since=shares_since, share_times=share_times,
                          rank_features=rank_features, judged=judged, peer_rows=peer_rows,
                          windowed=windowed_of), out
+
+
+def _read_all(windows: Mapping[str, Sequence[GpuSample]]) -> None:
+    """Read every window of an on-demand mapping at once (GpuStore.windows_on_demand), before a judgement that
+    reads them all: one at a time they cost about twice as much. A plain mapping has nothing to read."""
+    read_all = getattr(windows, "read_all", None)
+    if read_all is not None:
+        read_all()
 
 
 def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, state: DetectorState,
@@ -272,7 +290,7 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
                       gpu_windows=inputs.gpu_windows)
     if stall:
         out.extend(stall)
-        windowed_of[job] = Windowed(tuple(feats), {}, {}, {}, {}, stalled=True)
+        windowed_of[job] = Windowed(tuple(feats), {}, {}, {}, {}, stalled=True, telemetry_seq=inputs.telemetry_seq)
         return  # a stalled job's windows say nothing about stragglers or starvation
     active = [r for r in feats if r.steps > 0]
     out.extend(slow)
@@ -284,7 +302,8 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
     known = structure.get(job)
     activity = _activity(active, shares, reporting, inputs, since, cfg)
-    windowed_of[job] = Windowed(tuple(feats), shares, gpus, hosts, activity, stalled=False)
+    windowed_of[job] = Windowed(tuple(feats), shares, gpus, hosts, activity, stalled=False,
+                                telemetry_seq=inputs.telemetry_seq)
     found = _stragglers(job, active, gpus, cfg, shares, explained, known, steps, activity)
     if found.judged:
         structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
