@@ -14,14 +14,15 @@ CFG = DetectorConfig()
 
 
 class Counting:
-    """The default rank features, counting the jobs they were computed for."""
+    """A feature function (the default rank features unless told), counting the calls (the jobs it measured)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fn=job_rank_features) -> None:
+        self.fn = fn
         self.calls = 0
 
     def __call__(self, *a, **kw):
         self.calls += 1
-        return job_rank_features(*a, **kw)
+        return self.fn(*a, **kw)
 
 
 def starved():
@@ -118,22 +119,11 @@ def test_a_judgement_on_arrival_takes_what_fires_at_once_and_leaves_the_rest_to_
     assert [(c.kind, c.rank, c.sustained) for c in out] == [("io_starved_rank", 5, True)]
 
 
-class CountingGpus:
-    """The default GPU features, counting the calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, *a, **kw):
-        self.calls += 1
-        return gpu_features_many(*a, **kw)
-
-
 def test_a_judgement_on_arrival_judges_the_new_steps_against_the_last_periodic_picture_without_measuring_windows():
     # Periodic: a healthy job. On arrival, 6 s later, rank 5 has computed 2x for its last four steps: sequential
     # evidence, which fires at once. The windows are not measured again (no rank or GPU features; no GPU window is
     # even there to read): the windowed picture is the periodic judgement's.
-    fns = FeatureFns(ranks=Counting(), gpus=CountingGpus())
+    fns = FeatureFns(ranks=Counting(), gpus=Counting(gpu_features_many))
     state, out = evaluate(share_job(NOW - 6), DetectorState(), CFG, fns)
     assert out == [] and fns.ranks.calls == 1 and fns.gpus.calls == 1
     slow = share_job(NOW, compute=lambda r, k: 0.8 * (2.0 if r == 5 and k >= 116 else 1.0))
@@ -149,7 +139,7 @@ def test_a_judgement_on_arrival_judges_the_new_steps_against_the_last_periodic_p
 def test_a_judgement_on_arrival_after_a_fetch_measures_the_windows_again():
     # Telemetry is fetched on its own schedule: a fetch that landed since the periodic picture is read, not
     # missed until the next periodic run (a GPU that began to throttle is a cause on it now).
-    fns = FeatureFns(ranks=Counting(), gpus=CountingGpus())
+    fns = FeatureFns(ranks=Counting(), gpus=Counting(gpu_features_many))
     state, _ = evaluate(share_job(NOW - 6), DetectorState(), CFG, fns)
     newer = replace(later(share_job(NOW - 6), 2), telemetry_seq=1)
     state, _ = evaluate(newer, state, CFG, fns, arrivals=True)
