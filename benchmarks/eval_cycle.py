@@ -55,7 +55,7 @@ from gpumond.rules.types import GpuSample, StepColumns, TelemetryBatch  # noqa: 
 
 INTERVAL_S = 5.0  # the service's default evaluation interval
 # With judgements on arrival (--on-steps): telemetry is fetched on its own schedule (every 5 s by default), here
-# between two periodic evaluations, so the pass after it measures the jobs' windows again (engine.Windowed): the
+# between two periodic evaluations, so the pass after it measures the jobs' GPUs again (engine.Windowed): the
 # dearer case for those passes.
 FETCH_AT_S = 2
 WARM_S = 80.0  # untimed cycles first: the baseline and the jobs' structure learnt, as in a running job
@@ -433,7 +433,7 @@ def _report(args, layouts: list[tuple[int, ...]], cycles: int, rows: list, profi
 _ON_STEPS = ("## With judgements on arrival\n\nQuiet cycles as the service runs them with `judge_on_steps` "
              "(`--on-steps`): every second the steps pushed since, and the jobs whose steps landed judged on arrival "
              "(a pass rests as the service's does, so that passes take at most `max_busy`, half a core; telemetry is "
-             f"fetched {FETCH_AT_S} s into the interval, so the pass after it measures the windows again), then the "
+             f"fetched {FETCH_AT_S} s into the interval, so the pass after it measures the GPUs again), then the "
              "periodic evaluation, which judges every job with something new again. CPU of the evaluating thread, "
              "median over the cycles; the first column is the quiet periodic evaluation above; the last, evaluation's "
              "share of one core over the interval.\n\n")

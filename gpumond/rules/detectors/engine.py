@@ -189,10 +189,6 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         job_start = len(out)  # where this job's candidates start
         last = judged.get(job)
         picture = windowed_of.get(job) if arrivals and job in state.rank_features else None
-        if picture is not None and picture.telemetry_seq != inputs.telemetry_seq:
-            # Telemetry landed since the picture (fetches run on their own schedule): this judgement measures the
-            # windows again, and its picture serves the judgements on arrival after it.
-            picture = None
         if arrivals and picture is None:
             _read_all(inputs.gpu_windows)
         if picture is not None and last is not None:
@@ -208,6 +204,10 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
             continue
         if picture is not None:
             rank_features[job] = state.rank_features[job]
+            if picture.telemetry_seq != inputs.telemetry_seq and not picture.stalled:
+                # Telemetry landed since the picture (fetches run on their own schedule): its GPUs are measured
+                # again, and the new picture serves the judgements on arrival after this one.
+                picture = windowed_of[job] = _with_telemetry(picture, inputs, cfg, fns, since)
             _judge_steps(job, ranks, inputs, state, cfg, fns, since, picture, structure, out, peer_rows)
         else:
             _judge_job(job, ranks, inputs, state, cfg, fns, since, baselines, share_state, structure, rank_features,
@@ -269,11 +269,7 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     # No telemetry from an absent node's agent: its GPUs are never judged stragglers on missing data.
     reporting = [r for r in feats if r.node not in inputs.absent_nodes]
     gpus = fns.gpus([r.gpu_uuid for r in reporting], inputs.gpu_windows, since)
-    hosts: dict[str, HostFeatures] = {}
-    for node in dict.fromkeys(r.node for r in reporting):
-        hs = [h for h in inputs.host_windows.get(node, ()) if h.t >= since]
-        if hs:
-            hosts[node] = host_features(node, hs)
+    hosts = _hosts(reporting, inputs, since)
     first = _oldest_end(read, inputs.now)
     baseline, slow = job_slowdown(job, step_times, baselines.get(job), cfg, span_s=inputs.now - first,
                                   now=inputs.now)
@@ -340,6 +336,29 @@ def _judge_steps(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, 
         peer_rows[job] = peers.kept()
     job_gpus = {r.gpu_uuid: r.node for r in picture.feats if r.node not in inputs.absent_nodes}
     out[job_start:] = with_activity_many(out[job_start:], inputs.gpu_windows, job_gpus, since)
+
+
+def _with_telemetry(picture: Windowed, inputs: EvalInputs, cfg: DetectorConfig, fns: FeatureFns,
+                    since: float) -> Windowed:
+    """The picture with its GPUs, hosts and SM activity measured again on the telemetry now held; its ranks'
+    features and compute-share looks (the steps' windowed side) as they were."""
+    reporting = [r for r in picture.feats if r.node not in inputs.absent_nodes]
+    _read_all(inputs.gpu_windows)
+    gpus = fns.gpus([r.gpu_uuid for r in reporting], inputs.gpu_windows, since)
+    active = [r for r in picture.feats if r.steps > 0]
+    activity = _activity(active, picture.shares, reporting, inputs, since, cfg)
+    return replace(picture, gpus=gpus, hosts=_hosts(reporting, inputs, since), activity=activity,
+                   telemetry_seq=inputs.telemetry_seq)
+
+
+def _hosts(reporting: Sequence[RankFeatures], inputs: EvalInputs, since: float) -> dict[str, HostFeatures]:
+    """The host features of the reporting ranks' nodes, over their samples since `since`."""
+    hosts: dict[str, HostFeatures] = {}
+    for node in dict.fromkeys(r.node for r in reporting):
+        hs = [h for h in inputs.host_windows.get(node, ()) if h.t >= since]
+        if hs:
+            hosts[node] = host_features(node, hs)
+    return hosts
 
 
 def _stragglers(job: str, active: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures], cfg: DetectorConfig,
