@@ -8,33 +8,46 @@ GPUs (SM clock 0.72×, power 0.6×) and starved GPUs (utilization 0.15, power 0.
 on every GPU of the NODES nodes (32,768 ranks at the default 4,096 nodes) and SMALL jobs of 8 ranks on 8 more
 GPUs each; the starved GPUs' ranks push a data wait of half the step, the slow GPUs' ranks a comm wait near 0
 (the slowest rank waits least), every other rank ~0.1 s; each step's duration and waits vary by a few per cent.
+Silent stragglers (`--onsets`, three by default, one after another on ranks of their own): from its onset a
+rank's steps are 1.25× long for `--episode-s` (every rank waits for it, so its peers' comm wait grows by the
+difference) while its GPU's telemetry stays as any other's.
 
 The rules service's own app (`gpumond.rules.http.build_app`, the daemon's guarded protocol, its GC
-thresholds) serves under uvicorn in this process; PUSHERS load-generator processes push every rank's steps of
-the cycle through its HTTP push API in the columnar encoding, as the job SDK encodes them (one push per rank
-per cycle: 20 steps, 2 steps/s), over keep-alive connections, closed loop. The service's own `Evaluator` with
-the real `PrometheusSource` over the same store then runs what its loop runs: `poll_telemetry()` (the queries
-against VictoriaMetrics, the join, GpuStore.add) and `evaluate()` (expiry, snapshot, detectors, findings). The
-phases of a cycle run one after another (import, pushes, fetch, evaluate), so each is measured alone; the
-daemon overlaps them. The clock is simulated (10 s a cycle, the default evaluation interval) so that findings
-reach their persistence; step ends and sample timestamps follow it.
+thresholds) serves under uvicorn in this process; PUSHERS load-generator processes send it what the ranks send
+(benchmarks/_fleet_pushes.py): each rank's job SDK on its own cadence, a push every 5 s at its phase and an early
+push after a step that stands out (gpumond/job/early.py), in the columnar encoding, straight to the shard
+(`--via direct`) or to its node's relay, which forwards one batch per node every 2 s (`--via relay`, the format
+the agent's relay sends: gpumond.wire.batch), over keep-alive connections. The simulated clock advances a second
+at a time (a tick): what was sent up to it is pushed, then the service's own `Evaluator` (the real
+`PrometheusSource` over the same store) runs at the service's default cadence: `evaluate()` every
+evaluation_interval_s (5 s), and between, when the judge-on-steps thread would be free (its max_busy rest after
+a pass, the pass's wall seconds taken as simulated ones), `judge_arrivals()` for the jobs whose steps landed.
+Every 10 s (a cycle) a scrape is imported into VictoriaMetrics and `poll_telemetry()` fetches (the queries, the
+join, GpuStore.add). The phases run one after another, so each is measured alone; the daemon overlaps them.
+The shard's CPU is measured directly: this process's CPU over the run (less the scrape's generation and
+import, the harness's work) per simulated second, split into ingest, fetch, periodic evaluations and
+judgements on steps; and for each silent straggler, the simulated seconds from its onset to its finding firing.
 
 As 1 shard (one evaluator owns every job), sustained for `--duration` wall seconds and at least until the service's
-300 s window has filled (FILL_CYCLES cycles), then as 4 shards (each shard's service gets the pushes of the jobs
-crc32(job) mod 4 routes to it, as the SDK routes, and fetches telemetry for what its own jobs need, as a real
-shard does;
-`--cycles` cycles each, one after another). Reported: per cycle fetch and evaluation seconds, ingest records/s and
-server CPU per record, push p50/p99, RSS over time, and the findings against the planted faults (found, missed,
-anything else at any cycle).
+300 s window has filled (FILL_CYCLES cycles) and the last straggler's episode ended, then as 4 shards (each
+shard's service gets the pushes of the jobs crc32(job) mod 4 routes to it, as the SDK routes, and fetches
+telemetry for what its own jobs need, as a real shard does; `--cycles` cycles each, one after another).
+Reported: the shard's CPU and the stragglers' latencies, per cycle fetch and evaluation seconds, ingest records/s
+and server CPU per record, request p50/p99, RSS over time, and the findings against the planted faults (found,
+missed, anything else at any cycle).
 
 Telemetry is fetched for what the evaluator's detectors need (`--fetch need`, `--detail-s`), and by default (`--fetch
 both`) also as before, every GPU every fetch, at the same instant into a store of its own: each fetch's wall,
 series answered and VictoriaMetrics CPU (its /proc stat) side by side, in one run.
 
+    python benchmarks/fleet_scale.py --one-shard-only --fetch need --detail-s 60 --via direct \
+        --out fleet_scale_direct                # the shard at its defaults, ranks pushing directly (~40 min)
+    python benchmarks/fleet_scale.py --one-shard-only --fetch need --detail-s 60 --via relay \
+        --out fleet_scale_relay                 # the same through node relays (~25 min)
     python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 1 shard until its window is full,
-                                                # then 4 shards (~40 min with --fetch both)
+                                                # then 4 shards, with --fetch both (~1 h)
     python benchmarks/fleet_scale.py --one-shard-only --sustain-cycles 13 --detail-s 120 \
-        --out fleet_scale_detail_120            # another detail cadence beside it (~12 min)
+        --out fleet_scale_detail_120            # another detail cadence beside it
     python benchmarks/fleet_scale.py --quick    # 64 nodes, seconds (smoke test)
 """
 
