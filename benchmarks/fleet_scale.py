@@ -86,9 +86,11 @@ PUSHERS = 4  # load-generator processes, one keep-alive connection each
 TOKEN = "fleet-scale-benchmark-token"
 # The clock-event reasons the service selects (signals.GPU_SERIES); the agent exports every reason of every GPU.
 MASK = "gpumond_gpu_clocks_event_reasons_bitmask"
-# The silent stragglers' episodes: onsets (simulated s after the start), each this long and slow.
-ONSETS_S = (100.0, 170.0, 240.0)
-EPISODE_S = 60.0
+# The silent stragglers' episodes: onsets (simulated s after the start), each this long and slow. Each begins a
+# minute after the one before ended: a rank's SDK judges a step against its last minute of steps, so a slowdown
+# right after another is no longer a step that stands out (no early push), as on a real job.
+ONSETS_S = (60.0, 160.0, 260.0)
+EPISODE_S = 40.0
 SLOWDOWN = 1.25
 REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown", "sw_power_cap", "hw_power_brake_slowdown")
 
@@ -823,7 +825,9 @@ def onset_section(result: dict, episode_s: float) -> str:
         "",
         f"Each straggler's steps are {marks[0]['episode'].slowdown:g}× long from its onset for {episode_s:g} s "
         "(every rank of the job waits for it: its peers' comm wait grows by the difference, its own stays near 0) "
-        "while its GPU's telemetry stays as any other's (no clock, power or throttle change). The ranks run the "
+        "while its GPU's telemetry stays as any other's (no clock, power or throttle change); each begins a minute "
+        "or more after the one before ended, since an SDK judges a step against its rank's last minute of steps "
+        "(a slowdown right after another pushes nothing early). The ranks run the "
         "job SDK's own cadence (benchmarks/_fleet_pushes.py, with gpumond/job/early.py's rule and history): a push "
         "every 5 s at each rank's phase, and an early push after a step that stands out, at most one a second"
         + (", each to the node's relay, which forwards what it holds every 2 s at its own phase, early pushes "
