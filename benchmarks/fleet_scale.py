@@ -356,7 +356,7 @@ class Counted:
 
 def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, duration_s: float,
               importer, vm_pid: int, fetch: str = "both", detail_s: float = 0.0, profile: bool = False,
-              via: str = "direct") -> dict:
+              via: str = "direct", on_steps: bool = True) -> dict:
     """Cycles of 10 simulated seconds for one shard's service, one second (a tick) at a time: every tick what the
     ranks (or their nodes' relays, `via`) send over HTTP, then a periodic evaluation every evaluation_interval_s
     (5 s, the default) or else, when the service's judge-on-steps thread would be free, a judgement of the jobs
@@ -385,7 +385,8 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     gc.collect()
     rss0 = me.memory_info().rss
     service = Service(fleet, owns, clock, via)
-    config = RulesConfig.model_validate({"tokens": ["x" * 20]})  # the service's defaults: its cadence
+    # The service's defaults: its cadence (judge_on_steps off with `on_steps` False, to see what it adds).
+    config = RulesConfig.model_validate({"tokens": ["x" * 20], "judge_on_steps": {"enabled": on_steps}})
     gpus = GpuStore.from_config(config)
     source = PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0, detail_s=detail_s)
     counted = Counted(source, legacy=fetch == "legacy")
@@ -400,7 +401,8 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     eval_every = round(config.evaluation_interval_s / TICK_S)
     on_steps = config.judge_on_steps.enabled
     owned = {p for p in fleet.planted() if owns(p[1])}
-    silent = {("big-job", e.rank) for e in fleet.episodes} if owns("big-job") else set()
+    # A silent straggler's finding, and the big job's own slowdown while one is on, are what happened: not "other".
+    silent = {("big-job", e.rank) for e in fleet.episodes} | ({("big-job", None)} if fleet.episodes else set())
     onsets = {e.rank: {"episode": e, "pending": None, "firing": None, "by": None, "judge_wall": None}
               for e in fleet.episodes if owns("big-job")}
     rows, extra_ever = [], set()
@@ -472,7 +474,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
                     continue
                 took = time.perf_counter() - e0
                 found = {(f.kind, f.job, f.rank) for f in findings}
-                extra_ever |= {f for f in found if (f[1], f[2]) not in silent
+                extra_ever |= {f for f in found if not ((f[1], f[2]) in silent and f[0] in ("straggler", "job_slowdown"))
                                and not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
                 _onset_marks(onsets, findings, t, by, took)
             cpu_cycle = time.process_time() - cpu0
@@ -515,7 +517,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
             "extra": sorted(extra_ever, key=str), "ranks": service.ranks_pushed, "via": via,
             "onsets": list(onsets.values()), "sim_s": tick * TICK_S, "cpu_total_s": time.process_time() - cpu_begin,
             "judgements": ev.judgements_on_steps, "eval_every_s": config.evaluation_interval_s,
-            "on_steps": (config.judge_on_steps.min_interval_s, config.judge_on_steps.max_busy)}
+            "on_steps": (config.judge_on_steps.min_interval_s, config.judge_on_steps.max_busy) if on_steps else None}
 
 
 def _merged(pushes: list[dict]) -> dict:
@@ -646,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{','.join(f'{x:g}' for x in ONSETS_S)}; quick 15; '' for none)")
     ap.add_argument("--episode-s", type=float, default=EPISODE_S,
                     help=f"how long each silent straggler stays slow (default {EPISODE_S:g} s)")
+    ap.add_argument("--no-judge-on-steps", action="store_true",
+                    help="judge_on_steps off (the periodic evaluations alone): what the default's judgements add")
     ap.add_argument("--profile", action="store_true",
                     help="profile the 1-shard run's last evaluation (cProfile, top functions to stderr)")
     args = ap.parse_args(argv)
@@ -684,13 +688,13 @@ def main(argv: list[str] | None = None) -> int:
         episodes_end = math.ceil((max(onsets, default=0.0) + args.episode_s) / CYCLE_S) if onsets else 0
         sustain = args.sustain_cycles or (args.cycles if args.quick else max(args.cycles, FILL_CYCLES, episodes_end))
         results = [run_shard(url, fleet, None, sustain, duration, importer, vm.pid, args.fetch, args.detail_s,
-                             profile=args.profile, via=args.via)]
+                             profile=args.profile, via=args.via, on_steps=not args.no_judge_on_steps)]
         last = results[0]["rows"][-1]["t"]  # the last scrape's instant
         ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
         per_query = query_breakdown(url, last, vm.pid)
         for i in range(0 if args.one_shard_only else 4):
             results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer, vm.pid, args.fetch,
-                                     args.detail_s, via=args.via))
+                                     args.detail_s, via=args.via, on_steps=not args.no_judge_on_steps))
         vm_rss = _bench.proc_status_kib(vm.pid, "VmRSS")
     finally:
         _bench.stop(vm)
@@ -791,9 +795,11 @@ def cpu_section(result: dict, steady_cycles: int = 10) -> str:
         "being sent and answered (nothing else runs in it then); *fetch*: around poll_telemetry (queries, decode, "
         "join, GpuStore.add); *periodic evaluations*: `evaluate()` every "
         f"{result['eval_every_s']:g} simulated s (the default `evaluation_interval_s`); *judgements on steps*: "
-        "`judge_arrivals()` between them (the default `judge_on_steps`: a job at most every "
-        f"{result['on_steps'][0]:g} s, the passes at most {result['on_steps'][1]:g} of a core: after a pass of "
-        "d wall seconds the next waits d × (1 − max_busy) / max_busy, taken here as simulated seconds); *other*: "
+        + ("`judge_arrivals()` between them (the default `judge_on_steps`: a job at most every "
+           f"{result['on_steps'][0]:g} s, the passes at most {result['on_steps'][1]:g} of a core: after a pass of "
+           "d wall seconds the next waits d × (1 − max_busy) / max_busy, taken here as simulated seconds)"
+           if result["on_steps"] else "none (`--no-judge-on-steps`: the periodic evaluations alone)")
+        + "; *other*: "
         "the rest (the harness's queues to its load generators, its per-cycle bookkeeping and printing, the "
         "server's idle timers), counted in the total. The last cycles hold a window "
         f"at least {(first - 1) * CYCLE_S / 300:.0%} full.",
@@ -835,7 +841,8 @@ def onset_section(result: dict, episode_s: float) -> str:
         + ". Resolution: one simulated second (a tick: what was sent up to it is pushed, then a periodic "
         "evaluation every 5 s or else a judgement on steps when the judge-on-steps thread is free); the time is "
         "the judgement's simulated instant, and the judgement itself then takes the wall seconds in the last "
-        "column before its finding is out.",
+        "column before its finding is out. The job's own slowdown while a straggler is on (`job_slowdown`, the "
+        "job's steps 1.25× its baseline) is true and not listed among the other findings.",
     ])
 
 
