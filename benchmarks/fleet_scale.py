@@ -41,7 +41,7 @@ both`) also as before, every GPU every fetch, at the same instant into a store o
 series answered and VictoriaMetrics CPU (its /proc stat) side by side, in one run.
 
     python benchmarks/fleet_scale.py --one-shard-only --fetch need --detail-s 60 --via direct \
-        --out fleet_scale_direct                # the shard at its defaults, ranks pushing directly (~40 min)
+        --out fleet_scale_direct                # the shard at its defaults, ranks pushing directly (~30 min)
     python benchmarks/fleet_scale.py --one-shard-only --fetch need --detail-s 60 --via relay \
         --out fleet_scale_relay                 # the same through node relays (~25 min)
     python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 1 shard until its window is full,
