@@ -72,6 +72,16 @@ def fmt_us(seconds: float) -> str:
     return f"{us:.2f} µs"
 
 
+def accepted_steps(status: int, body: bytes, batch: bool) -> int:
+    """The steps a push's answer says the rules service accepted (a relay's batch: over its pushes that were)."""
+    if status != 202:
+        return 0
+    answer = json.loads(body)
+    if batch:
+        return sum(int(r.get("accepted", 0)) for r in answer["results"] if "status" not in r)
+    return int(answer["accepted"])
+
+
 def stop_workers(orders: Iterable[Any], procs: Iterable[Any], timeout_s: float = 30.0) -> None:
     """Tell worker processes to stop (a None on each order queue), wait for them, kill what is still alive."""
     for q in orders:

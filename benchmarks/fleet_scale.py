@@ -8,33 +8,46 @@ GPUs (SM clock 0.72×, power 0.6×) and starved GPUs (utilization 0.15, power 0.
 on every GPU of the NODES nodes (32,768 ranks at the default 4,096 nodes) and SMALL jobs of 8 ranks on 8 more
 GPUs each; the starved GPUs' ranks push a data wait of half the step, the slow GPUs' ranks a comm wait near 0
 (the slowest rank waits least), every other rank ~0.1 s; each step's duration and waits vary by a few per cent.
+Silent stragglers (`--onsets`, three by default, one after another on ranks of their own): from its onset a
+rank's steps are 1.25× long for `--episode-s` (every rank waits for it, so its peers' comm wait grows by the
+difference) while its GPU's telemetry stays as any other's.
 
 The rules service's own app (`gpumond.rules.http.build_app`, the daemon's guarded protocol, its GC
-thresholds) serves under uvicorn in this process; PUSHERS load-generator processes push every rank's steps of
-the cycle through its HTTP push API in the columnar encoding, as the job SDK encodes them (one push per rank
-per cycle: 20 steps, 2 steps/s), over keep-alive connections, closed loop. The service's own `Evaluator` with
-the real `PrometheusSource` over the same store then runs what its loop runs: `poll_telemetry()` (the queries
-against VictoriaMetrics, the join, GpuStore.add) and `evaluate()` (expiry, snapshot, detectors, findings). The
-phases of a cycle run one after another (import, pushes, fetch, evaluate), so each is measured alone; the
-daemon overlaps them. The clock is simulated (10 s a cycle, the default evaluation interval) so that findings
-reach their persistence; step ends and sample timestamps follow it.
+thresholds) serves under uvicorn in this process; PUSHERS load-generator processes send it what the ranks send
+(benchmarks/_fleet_pushes.py): each rank's job SDK on its own cadence, a push every 5 s at its phase and an early
+push after a step that stands out (gpumond/job/early.py), in the columnar encoding, straight to the shard
+(`--via direct`) or to its node's relay, which forwards one batch per node every 2 s (`--via relay`, the format
+the agent's relay sends: gpumond.wire.batch), over keep-alive connections. The simulated clock advances a second
+at a time (a tick): what was sent up to it is pushed, then the service's own `Evaluator` (the real
+`PrometheusSource` over the same store) runs at the service's default cadence: `evaluate()` every
+evaluation_interval_s (5 s), and between, when the judge-on-steps thread would be free (its max_busy rest after
+a pass, the pass's wall seconds taken as simulated ones), `judge_arrivals()` for the jobs whose steps landed.
+Every 10 s (a cycle) a scrape is imported into VictoriaMetrics and `poll_telemetry()` fetches (the queries, the
+join, GpuStore.add). The phases run one after another, so each is measured alone; the daemon overlaps them.
+The shard's CPU is measured directly: this process's CPU over the run (less the scrape's generation and
+import, the harness's work) per simulated second, split into ingest, fetch, periodic evaluations and
+judgements on steps; and for each silent straggler, the simulated seconds from its onset to its finding firing.
 
 As 1 shard (one evaluator owns every job), sustained for `--duration` wall seconds and at least until the service's
-300 s window has filled (FILL_CYCLES cycles), then as 4 shards (each shard's service gets the pushes of the jobs
-crc32(job) mod 4 routes to it, as the SDK routes, and fetches telemetry for what its own jobs need, as a real
-shard does;
-`--cycles` cycles each, one after another). Reported: per cycle fetch and evaluation seconds, ingest records/s and
-server CPU per record, push p50/p99, RSS over time, and the findings against the planted faults (found, missed,
-anything else at any cycle).
+300 s window has filled (FILL_CYCLES cycles) and the last straggler's episode ended, then as 4 shards (each
+shard's service gets the pushes of the jobs crc32(job) mod 4 routes to it, as the SDK routes, and fetches
+telemetry for what its own jobs need, as a real shard does; `--cycles` cycles each, one after another).
+Reported: the shard's CPU and the stragglers' latencies, per cycle fetch and evaluation seconds, ingest records/s
+and server CPU per record, request p50/p99, RSS over time, and the findings against the planted faults (found,
+missed, anything else at any cycle).
 
 Telemetry is fetched for what the evaluator's detectors need (`--fetch need`, `--detail-s`), and by default (`--fetch
 both`) also as before, every GPU every fetch, at the same instant into a store of its own: each fetch's wall,
 series answered and VictoriaMetrics CPU (its /proc stat) side by side, in one run.
 
+    python benchmarks/fleet_scale.py --one-shard-only --fetch need --detail-s 60 --via direct \
+        --out fleet_scale_direct                # the shard at its defaults, ranks pushing directly (~30 min)
+    python benchmarks/fleet_scale.py --one-shard-only --fetch need --detail-s 60 --via relay \
+        --out fleet_scale_relay                 # the same through node relays (~25 min)
     python benchmarks/fleet_scale.py            # 4,096 + 64 × 1 nodes, 1 shard until its window is full,
-                                                # then 4 shards (~40 min with --fetch both)
+                                                # then 4 shards, with --fetch both (~1 h)
     python benchmarks/fleet_scale.py --one-shard-only --sustain-cycles 13 --detail-s 120 \
-        --out fleet_scale_detail_120            # another detail cadence beside it (~12 min)
+        --out fleet_scale_detail_120            # another detail cadence beside it
     python benchmarks/fleet_scale.py --quick    # 64 nodes, seconds (smoke test)
 """
 
@@ -56,10 +69,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench  # noqa: E402
+import _fleet_pushes as fp  # noqa: E402
 
 VM = "/usr/bin/victoria-metrics"
 GPUS_PER_NODE = 8
 CYCLE_S = 10.0
+TICK_S = 1.0  # what the ranks send, and the judgements on steps, advance a second at a time
+TICKS_PER_CYCLE = round(CYCLE_S / TICK_S)
 # The 1-shard run's least cycles: the rules service's 300 s window filled (its held steps then stop rising: the
 # steady state a long-running job is in, or the store's max_steps_held cap first).
 FILL_CYCLES = int(300 / CYCLE_S) + 1
@@ -70,9 +86,12 @@ PUSHERS = 4  # load-generator processes, one keep-alive connection each
 TOKEN = "fleet-scale-benchmark-token"
 # The clock-event reasons the service selects (signals.GPU_SERIES); the agent exports every reason of every GPU.
 MASK = "gpumond_gpu_clocks_event_reasons_bitmask"
-# A rank's data wait and comm wait (s) by its kind: a starved rank waits on its loader; the slowest rank waits
-# least for its peers.
-KINDS = {"base": (0.01, 0.1), "starved": (0.25, 0.0), "slow": (0.01, 0.002)}
+# The silent stragglers' episodes: onsets (simulated s after the start), each this long and slow. Each begins a
+# minute after the one before ended: a rank's SDK judges a step against its last minute of steps, so a slowdown
+# right after another is no longer a step that stands out (no early push), as on a real job.
+ONSETS_S = (60.0, 160.0, 260.0)
+EPISODE_S = 40.0
+SLOWDOWN = 1.25
 REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown", "sw_power_cap", "hw_power_brake_slowdown")
 
 
@@ -83,7 +102,8 @@ def uuid(node: int, gpu: int) -> str:
 class Fleet:
     """The synthetic fleet: nodes, jobs, the planted faults."""
 
-    def __init__(self, nodes: int, small: int, faults: int, mask: bool = True) -> None:
+    def __init__(self, nodes: int, small: int, faults: int, mask: bool = True,
+                 onsets: tuple[float, ...] = ONSETS_S, episode_s: float = EPISODE_S) -> None:
         self.mask = mask
         self.big_nodes = nodes
         self.nodes = nodes + small  # each small job on a node of its own
@@ -91,6 +111,10 @@ class Fleet:
         self.slow = {(n * 97 + 5) % nodes * GPUS_PER_NODE + 3 for n in range(faults)}  # big-job ranks
         self.starved = {(n * 89 + 11) % nodes * GPUS_PER_NODE + 6 for n in range(faults)} - self.slow
         self.small_slow = {0} if small else set()  # small job 0's rank 2
+        # Silent stragglers (their steps SLOWDOWN × long, their telemetry as any other GPU's), one after another,
+        # each on a node of its own (GPU 5: no other planted fault there).
+        self.episodes = tuple(fp.Episode((n * 131 + 29) % nodes * GPUS_PER_NODE + 5, START + onset, episode_s, SLOWDOWN)
+                              for n, onset in enumerate(onsets))
 
     def scrape(self, t: float) -> bytes:
         """One scrape of every agent at `t`, in the text exposition with timestamps (ms)."""
@@ -146,34 +170,27 @@ def _kind(fleet: Fleet, job: str, rank: int) -> str:
     return "slow" if rank == 2 and int(job[-3:]) in fleet.small_slow else "base"
 
 
-def _pusher(port: int, ranks: list[tuple[str, int, int, str, str, str]], orders: mp.Queue, done: mp.Queue) -> None:
-    """A load-generator process: for each order (first step, count, now) push `count` steps of each of its ranks,
-    one columnar push per rank, as the SDK encodes it; reply with the push latencies and failures."""
+def _pusher(port: int, nodes: list[list], via: str, episodes: tuple, index: int, orders: mp.Queue,
+            done: mp.Queue) -> None:
+    """A load-generator process: its nodes' ranks' SDKs (and with `via` relay their relays, _fleet_pushes). For each
+    order (simulated time, tick) it sends what they send the shard up to that time, one request at a time over a
+    keep-alive connection; replies with the latencies, failures, steps accepted, requests and early pushes."""
     import http.client
 
-    from gpumond.job.payload import encode_columns, encode_head
-    from gpumond.wire.media import CONTENT_TYPES
-
-    heads = [(encode_head({"job": job, "rank": rank, "world_size": world, "node": node, "gpu_uuid": uuid},
-                          "columns"), kind) for job, rank, world, node, uuid, kind in ranks]
-    headers = {"Content-Type": CONTENT_TYPES["columns"], "Authorization": f"Bearer {TOKEN}"}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     import numpy as np
 
+    from gpumond.wire.media import BATCH_COLUMNS_TYPE, CONTENT_TYPES
+
+    senders = fp.Senders(nodes, via, START, STEP_S, episodes)
+    batch = via == "relay"
+    headers = {"Content-Type": BATCH_COLUMNS_TYPE if batch else CONTENT_TYPES["columns"],
+               "Authorization": f"Bearer {TOKEN}"}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     while (order := orders.get()) is not None:
-        first, count, now = order
-        # Every rank's steps vary a little from step to step, as measured ones do (detectors sort and rank them:
-        # identical values would make that work look cheaper than it is): ±3 % on the duration, ±20 % on the
-        # waits, drawn per push from a generator seeded by the first step (the same run, the same steps).
-        rng = np.random.default_rng(first)
-        noise = 1.0 + rng.uniform(-1.0, 1.0, (len(heads), 3, count)) * np.array([0.03, 0.2, 0.2])[:, None]
-        lat, failed, ok = [], [], 0
-        for (head, kind), (dur, wait, comm) in zip(heads, noise.tolist(), strict=True):
-            base_wait, base_comm = KINDS[kind]
-            # (step, end, duration, data wait, samples, comm wait): the SDK's record, ends on the wall clock.
-            recs = [(first + i, now - (count - 1 - i) * STEP_S, STEP_S * dur[i], base_wait * wait[i], 32,
-                     base_comm * comm[i]) for i in range(count)]
-            body = encode_columns(head, recs, 0.0, 0.0)
+        t, tick = order
+        bodies = senders.tick(t, np.random.default_rng((tick, index)))  # the same run, the same steps
+        lat, failed, accepted = [], [], 0
+        for body, steps in bodies:
             t0 = time.perf_counter()
             for attempt in (1, 2):
                 try:
@@ -191,19 +208,19 @@ def _pusher(port: int, ranks: list[tuple[str, int, int, str, str, str]], orders:
             else:
                 continue
             lat.append(time.perf_counter() - t0)
-            if resp.status == 202:
-                ok += 1
-            else:
-                failed.append(f"HTTP {resp.status}: {text[:200]!r}")
-        done.put((lat, failed[:5], len(failed), ok * count))
+            got = _bench.accepted_steps(resp.status, text, batch)
+            accepted += got
+            if got != steps:
+                failed.append(f"HTTP {resp.status}, {got} of {steps} steps accepted: {text[:200]!r}")
+        done.put((lat, failed[:5], len(failed), accepted, len(bodies), senders.early()))
     conn.close()
 
 
 class Service:
     """The rules service's app under uvicorn in this process (the daemon's protocol and GC thresholds), over a
-    RankStore the harness's evaluator reads; PUSHERS processes push to it."""
+    RankStore the harness's evaluator reads; PUSHERS processes push to it, directly or as the nodes' relays."""
 
-    def __init__(self, fleet: Fleet, owns, clock: list[float]) -> None:
+    def __init__(self, fleet: Fleet, owns, clock: list[float], via: str = "direct") -> None:
         import uvicorn
 
         from gpumond.config.rules import RulesConfig
@@ -221,13 +238,18 @@ class Service:
         app = build_app(config=self.config, rank_store=self.ranks, findings=list, metrics=lambda: b"",
                         ready=lambda: (True, "ok"), clock=lambda: clock[0], stats=self.stats)
         self.port = _bench.free_port()
-        mine = [(job, rank, len(ranks), f"node-{node:05d}", uuid(node, gpu), _kind(fleet, job, rank))
-                for job, ranks in fleet.jobs() if owns(job) for rank, node, gpu in ranks]
+        nodes: dict[str, list[fp.Rank]] = {}
+        for job, ranks in fleet.jobs():
+            for rank, node, gpu in ranks if owns(job) else ():
+                nodes.setdefault(f"node-{node:05d}", []).append(
+                    fp.Rank(job, rank, len(ranks), f"node-{node:05d}", uuid(node, gpu), _kind(fleet, job, rank)))
+        mine = list(nodes.values())
         # Forked before the server's thread starts (a fork copies only the forking thread); they connect later.
         ctx = mp.get_context("fork")
         self._orders = [ctx.Queue() for _ in range(PUSHERS)]
         self._done = ctx.Queue()
-        self._procs = [ctx.Process(target=_pusher, args=(self.port, mine[i::PUSHERS], q, self._done), daemon=True)
+        self._procs = [ctx.Process(target=_pusher, args=(self.port, mine[i::PUSHERS], via, fleet.episodes, i, q,
+                                                         self._done), daemon=True)
                        for i, q in enumerate(self._orders)]
         for p in self._procs:
             p.start()
@@ -237,25 +259,28 @@ class Service:
         self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
         self._thread.start()
         _bench.wait_http(f"http://127.0.0.1:{self.port}/healthz", 30)
-        self.ranks_pushed = len(mine)
+        self.ranks_pushed = sum(len(r) for r in mine)
 
-    def push(self, first: int, count: int, now: float) -> dict:
-        """Every owned rank's `count` steps ending at `now`, through HTTP; wall, server CPU, latencies."""
+    def push(self, t: float, tick: int) -> dict:
+        """What every owned rank (or node relay) sends up to simulated time `t`, through HTTP; wall, server CPU,
+        latencies, requests, early pushes so far."""
         cpu0, t0 = time.process_time(), time.perf_counter()
         for q in self._orders:
-            q.put((first, count, now))
+            q.put((t, tick))
         lat: list[float] = []
         failures: list[str] = []
-        failed = records = 0
+        failed = records = requests = early = 0
         for _ in self._procs:
-            got, why, n, stored = self._done.get(timeout=1800)
+            got, why, n, stored, sent, early_so_far = self._done.get(timeout=1800)
             lat += got
             failures += why
             failed += n
             records += stored
+            requests += sent
+            early += early_so_far
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         return {"wall_s": wall, "cpu_s": cpu, "lat": lat, "failed": failed, "failures": failures[:3],
-                "records": records}
+                "records": records, "requests": requests, "early": early}
 
     def close(self) -> None:
         _bench.stop_workers(self._orders, self._procs)
@@ -330,8 +355,14 @@ class Counted:
 
 
 def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, duration_s: float,
-              importer, vm_pid: int, fetch: str = "both", detail_s: float = 0.0, profile: bool = False) -> dict:
-    """Cycles of import → HTTP pushes → poll_telemetry → evaluate for one shard's service; measurements.
+              importer, vm_pid: int, fetch: str = "both", detail_s: float = 0.0, profile: bool = False,
+              via: str = "direct", on_steps: bool = True) -> dict:
+    """Cycles of 10 simulated seconds for one shard's service, one second (a tick) at a time: every tick what the
+    ranks (or their nodes' relays, `via`) send over HTTP, then a periodic evaluation every evaluation_interval_s
+    (5 s, the default) or else, when the service's judge-on-steps thread would be free, a judgement of the jobs
+    whose steps landed (`Evaluator.judge_arrivals`, its cadence the default judge_on_steps); every cycle's first
+    tick also imports a scrape into VictoriaMetrics and fetches telemetry. Measurements per cycle, the process's
+    CPU by phase, and when each silent straggler's finding fired.
 
     `fetch`: `need` (the evaluator's TelemetryNeed narrows the fetch, `detail_s` its cadence), `legacy` (every
     GPU, every fetch), or `both`: the evaluator on `need`, and a `legacy` fetch into a store of its own at the same
@@ -353,8 +384,9 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     me = psutil.Process()
     gc.collect()
     rss0 = me.memory_info().rss
-    service = Service(fleet, owns, clock)
-    config = RulesConfig.model_validate({"tokens": ["x" * 20]})
+    service = Service(fleet, owns, clock, via)
+    # The service's defaults: its cadence (judge_on_steps off with `on_steps` False, to see what it adds).
+    config = RulesConfig.model_validate({"tokens": ["x" * 20], "judge_on_steps": {"enabled": on_steps}})
     gpus = GpuStore.from_config(config)
     source = PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0, detail_s=detail_s)
     counted = Counted(source, legacy=fetch == "legacy")
@@ -364,64 +396,111 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     timed_source = Timed(counted, ("fetch",))
     timed_ranks = Timed(service.ranks, ("take_ended", "expire", "jobs"))
     timed_gpus = Timed(gpus, ("add", "expire", "window", "hosts", "absent_nodes"))
-    ev = Evaluator(timed_ranks, timed_gpus, timed_source, shard=shard, clock=lambda: clock[0])
-    per_cycle = int(CYCLE_S / STEP_S)
+    ev = Evaluator(timed_ranks, timed_gpus, timed_source, shard=shard, clock=lambda: clock[0],
+                   cadence=config.judge_on_steps)
+    eval_every = round(config.evaluation_interval_s / TICK_S)
+    on_steps = config.judge_on_steps.enabled
     owned = {p for p in fleet.planted() if owns(p[1])}
+    # A silent straggler's finding, and the big job's own slowdown while one is on, are what happened: not "other".
+    silent = {("big-job", e.rank) for e in fleet.episodes} | ({("big-job", None)} if fleet.episodes else set())
+    onsets = {e.rank: {"episode": e, "pending": None, "firing": None, "by": None, "judge_wall": None}
+              for e in fleet.episodes if owns("big-job")}
     rows, extra_ever = [], set()
     began = time.perf_counter()
     findings: tuple = ()
+    judge_free_at = START  # the judge-on-steps thread rests after a pass (max_busy), on the simulated clock
+    tick = 0
+    cpu_begin = time.process_time()
     try:
         c = 0
         while c < cycles or time.perf_counter() - began < duration_s:
-            clock[0] = START + c * CYCLE_S
-            # Which tier runs: the identity is asked only by a refresh (what else a refresh asks depends on the
-            # fleet: the per-reason throttle series only while some GPU lacks the bitmask).
-            import_s = importer(clock[0])
-            pushed = service.push(c * per_cycle, per_cycle, clock[0])
-            need = ev._need if fetch != "legacy" else None  # noqa: SLF001 - what the next fetch is given
-            detail = source._cadence.due(clock[0], need, source._tiers.kept(IDENTITY))  # noqa: SLF001
-            # A fetch between detail fetches asks no tier at all (promql_need): only a detail fetch refreshes.
-            refresh = detail and IDENTITY in source._tiers.plan(clock[0])  # noqa: SLF001
-            vm0, t0 = _bench.proc_cpu_s(vm_pid), time.perf_counter()
-            ev.poll_telemetry()
-            t1, vm1 = time.perf_counter(), _bench.proc_cpu_s(vm_pid)
-            legacy = None
-            if shadow is not None:
-                s0 = time.perf_counter()
-                batch = shadow.fetch()
-                shadow_gpus.add(batch)
-                legacy = {"fetch_s": time.perf_counter() - s0, "vm_cpu_s": _bench.proc_cpu_s(vm_pid) - vm1,
-                          "series": shadow.take(), "error": batch.errors[:1]}
-                suspects = sorted(need.suspects) if need is not None else []
-                legacy["suspects"] = len(suspects)
-                legacy["equal"] = sum(1 for u in suspects if (w := gpus.window(u, 0.0)) and
-                                      (v := shadow_gpus.window(u, 0.0)) and w[-1] == v[-1])
-            e0 = time.perf_counter()  # the evaluation starts (after the legacy fetch, which it does not read)
-            if profile and c + 1 >= cycles and time.perf_counter() - began >= duration_s:  # the last cycle
-                findings = _profiled(ev.evaluate)
-            else:
-                findings = ev.evaluate()
-            t2 = time.perf_counter()
-            evaluate_s = t2 - e0
-            found = {(f.kind, f.job, f.rank) for f in findings}
-            extra_ever |= {f for f in found if not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
+            cpu0 = time.process_time()
+            pushes, evals, judges = [], [], []
+            spent_cpu = dict.fromkeys(("ingest", "fetch", "evaluate", "judge", "import", "legacy"), 0.0)
+            for j in range(TICKS_PER_CYCLE):
+                tick += 1
+                clock[0] = t = START + tick * TICK_S
+                if j == 0:  # the agents' scrape of this cycle, into VictoriaMetrics (the harness's work, not the shard's)
+                    import_t, p0 = t, time.process_time()
+                    import_s = importer(t)
+                    spent_cpu["import"] += time.process_time() - p0
+                pushed = service.push(t, tick)
+                spent_cpu["ingest"] += pushed["cpu_s"]
+                pushes.append(pushed)
+                if j == 0:
+                    need = ev._need if fetch != "legacy" else None  # noqa: SLF001 - what the next fetch is given
+                    detail = source._cadence.due(t, need, source._tiers.kept(IDENTITY))  # noqa: SLF001
+                    # A fetch between detail fetches asks no tier at all (promql_need): only a detail fetch refreshes.
+                    refresh = detail and IDENTITY in source._tiers.plan(t)  # noqa: SLF001
+                    p0, vm0, t0 = time.process_time(), _bench.proc_cpu_s(vm_pid), time.perf_counter()
+                    ev.poll_telemetry()
+                    t1, vm1 = time.perf_counter(), _bench.proc_cpu_s(vm_pid)
+                    spent_cpu["fetch"] += time.process_time() - p0
+                    fetch_s = t1 - t0
+                    legacy = None
+                    if shadow is not None:
+                        p0, s0 = time.process_time(), time.perf_counter()
+                        batch = shadow.fetch()
+                        shadow_gpus.add(batch)
+                        legacy = {"fetch_s": time.perf_counter() - s0, "vm_cpu_s": _bench.proc_cpu_s(vm_pid) - vm1,
+                                  "series": shadow.take(), "error": batch.errors[:1]}
+                        suspects = sorted(need.suspects) if need is not None else []
+                        legacy["suspects"] = len(suspects)
+                        legacy["equal"] = sum(1 for u in suspects if (w := gpus.window(u, 0.0)) and
+                                              (v := shadow_gpus.window(u, 0.0)) and w[-1] == v[-1])
+                        spent_cpu["legacy"] += time.process_time() - p0
+                    series = counted.take()
+                p0, e0 = time.process_time(), time.perf_counter()
+                if tick % eval_every == 0:
+                    last = c + 1 >= cycles and time.perf_counter() - began >= duration_s and j == TICKS_PER_CYCLE - 1
+                    findings = _profiled(ev.evaluate) if profile and last else ev.evaluate()
+                    evals.append(time.perf_counter() - e0)
+                    spent_cpu["evaluate"] += time.process_time() - p0
+                    by = "periodic"
+                elif on_steps and t >= judge_free_at:
+                    before = ev.judgements_on_steps
+                    rest, _ = ev.judge_arrivals()
+                    if ev.judgements_on_steps == before:
+                        continue  # nothing landed that may be judged yet: the thread sleeps on
+                    took = time.perf_counter() - e0
+                    spent_cpu["judge"] += time.process_time() - p0
+                    judges.append(took)
+                    # The thread rests after a pass so that these take at most max_busy of a core: its wall
+                    # seconds here, taken as the service's seconds on this machine.
+                    judge_free_at = t + took + rest
+                    findings = ev.findings()
+                    by = "on steps"
+                else:
+                    continue
+                took = time.perf_counter() - e0
+                found = {(f.kind, f.job, f.rank) for f in findings}
+                extra_ever |= {f for f in found if not ((f[1], f[2]) in silent and f[0] in ("straggler", "job_slowdown"))
+                               and not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
+                _onset_marks(onsets, findings, t, by, took)
+            cpu_cycle = time.process_time() - cpu0
             spent = {**timed_source.take(), **{f"ranks.{k}": v for k, v in timed_ranks.take().items()},
                      **{f"gpus.{k}": v for k, v in timed_gpus.take().items()}}
-            rows.append({"at_s": time.perf_counter() - began, "import_s": import_s, "push": pushed,
-                         "fetch_s": t1 - t0, "evaluate_s": evaluate_s, "error": ev.telemetry_error,
-                         "vm_cpu_s": vm1 - vm0, "series": counted.take(), "detail": detail, "legacy": legacy,
+            push = _merged(pushes)
+            rows.append({"at_s": time.perf_counter() - began, "t": import_t, "import_s": import_s, "push": push,
+                         "fetch_s": fetch_s, "evaluate_s": max(evals, default=0.0), "evals": evals,
+                         "judges": judges, "error": ev.telemetry_error,
+                         "vm_cpu_s": vm1 - vm0, "series": series, "detail": detail, "legacy": legacy,
                          "refresh": refresh, "spent": spent, "load": os.getloadavg()[0],
                          "gpus": gpus.counts().gpus, "steps": service.ranks.counts().steps,
-                         "rss": me.memory_info().rss - rss0, "findings": len(findings)})
-            lat = sorted(pushed["lat"]) or [math.nan]
-            print(f"[{shard or '1 shard'}] cycle {c + 1} at {rows[-1]['at_s']:.0f} s: push {pushed['wall_s']:.1f} s "
-                  f"({pushed['records'] / pushed['wall_s']:,.0f} rec/s, p99 {_bench.quantile(lat, 0.99) * 1e3:.0f} ms,"
-                  f" {pushed['failed']} failed {pushed['failures'][:1]}), fetch {t1 - t0:.2f} s "
-                  f"({'detail' if detail else 'between'}, {rows[-1]['series']:,} series, VM CPU {vm1 - vm0:.2f} s"
+                         "rss": me.memory_info().rss - rss0, "findings": len(findings),
+                         "cpu": {**spent_cpu, "service": cpu_cycle - spent_cpu["import"] - spent_cpu["legacy"]}})
+            lat = sorted(push["lat"]) or [math.nan]
+            print(f"[{shard or '1 shard'}, {via}] cycle {c + 1} at {rows[-1]['at_s']:.0f} s: push {push['wall_s']:.1f} s "
+                  f"({push['requests']:,} requests, {push['records'] / push['wall_s']:,.0f} rec/s, p99 "
+                  f"{_bench.quantile(lat, 0.99) * 1e3:.0f} ms, {push['failed']} failed {push['failures'][:1]}, "
+                  f"{push['early']:,} early so far), fetch {fetch_s:.2f} s "
+                  f"({'detail' if detail else 'between'}, {series:,} series, VM CPU {vm1 - vm0:.2f} s"
                   + (f"; legacy {legacy['fetch_s']:.2f} s, {legacy['series']:,} series, VM CPU "
                      f"{legacy['vm_cpu_s']:.2f} s, suspects equal {legacy['equal']}/{legacy['suspects']}"
                      if legacy else "")
-                  + f"), evaluate {evaluate_s:.2f} s, {rows[-1]['gpus']:,} GPUs, {rows[-1]['steps']:,} steps, "
+                  + f"), evaluate {' + '.join(f'{x:.2f}' for x in evals)} s, on steps {len(judges)} × "
+                  f"{sum(judges) / max(1, len(judges)):.2f} s, service CPU {rows[-1]['cpu']['service']:.2f} s, "
+                  f"{rows[-1]['gpus']:,} GPUs, {rows[-1]['steps']:,} steps, "
                   f"{len(findings)} findings, RSS +{rows[-1]['rss'] / 2**20:,.0f} MiB, telemetry error {ev.telemetry_error}, "
                   f"{'refresh' if refresh else 'between refreshes'}, "
                   + ", ".join(f"{k} {v:.2f} s" for k, v in spent.items()),
@@ -435,7 +514,31 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     found = {(f.kind, f.job, f.rank) for f in findings}
     hit = {p for p in owned if any(k.startswith(p[0]) and (j, r) == (p[1], p[2]) for k, j, r in found)}
     return {"shard": shard, "rows": rows, "planted": len(owned), "hit": len(hit), "missed": sorted(owned - hit),
-            "extra": sorted(extra_ever, key=str), "ranks": service.ranks_pushed}
+            "extra": sorted(extra_ever, key=str), "ranks": service.ranks_pushed, "via": via,
+            "onsets": list(onsets.values()), "sim_s": tick * TICK_S, "cpu_total_s": time.process_time() - cpu_begin,
+            "judgements": ev.judgements_on_steps, "eval_every_s": config.evaluation_interval_s,
+            "on_steps": (config.judge_on_steps.min_interval_s, config.judge_on_steps.max_busy) if on_steps else None}
+
+
+def _merged(pushes: list[dict]) -> dict:
+    """One cycle's pushes (a tick's each) as one: walls, CPU and counts added, latencies joined."""
+    out = {k: sum(p[k] for p in pushes) for k in ("wall_s", "cpu_s", "failed", "records", "requests")}
+    return {**out, "lat": [v for p in pushes for v in p["lat"]], "failures": [f for p in pushes for f in p["failures"]][:3],
+            "early": pushes[-1]["early"]}
+
+
+def _onset_marks(onsets: dict, findings, t: float, by: str, took: float) -> None:
+    """Mark, for each silent straggler whose episode began, when its finding was first pending and first firing
+    (simulated s after its onset), which judgement fired it and that judgement's wall seconds."""
+    for rank, mark in onsets.items():
+        ep = mark["episode"]
+        if t < ep.onset or mark["firing"] is not None:
+            continue
+        states = {f.state for f in findings if f.job == "big-job" and f.rank == rank and f.kind.startswith("straggler")}
+        if states and mark["pending"] is None:
+            mark["pending"] = t - ep.onset
+        if "firing" in states:
+            mark.update(firing=t - ep.onset, by=by, judge_wall=took)
 
 
 def fetch_variants(url: str, t: float, vm_pid: int, repeat: int = 2) -> list[list[str]]:
@@ -535,6 +638,18 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"cycles of the 1-shard run (default {FILL_CYCLES}: its 300 s window filled; quick: --cycles)")
     ap.add_argument("--out", default="fleet_scale",
                     help="the result's name: benchmarks/results/<out>.md (fleet_scale; a second setting beside it)")
+    ap.add_argument("--via", choices=("direct", "relay"), default="direct",
+                    help="how the ranks' steps reach the shard: `direct` (each rank's SDK pushes every 5 s and early "
+                         "after a step that stands out) or `relay` (the same SDK pushes to its node's relay, which "
+                         "forwards one batch per node every 2 s: docs/job-sdk.md \"The node relay\")")
+    ap.add_argument("--onsets", type=lambda v: tuple(float(x) for x in v.split(",") if x),
+                    help="simulated seconds after the start at which a silent straggler (its steps "
+                         f"{SLOWDOWN:g}× long, its telemetry normal) begins, each on a rank of its own (default "
+                         f"{','.join(f'{x:g}' for x in ONSETS_S)}; quick 15; '' for none)")
+    ap.add_argument("--episode-s", type=float, default=EPISODE_S,
+                    help=f"how long each silent straggler stays slow (default {EPISODE_S:g} s)")
+    ap.add_argument("--no-judge-on-steps", action="store_true",
+                    help="judge_on_steps off (the periodic evaluations alone): what the default's judgements add")
     ap.add_argument("--profile", action="store_true",
                     help="profile the 1-shard run's last evaluation (cProfile, top functions to stderr)")
     args = ap.parse_args(argv)
@@ -543,8 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(*GC_THRESHOLDS)  # the daemon's setting (service.serve)
     nodes = args.nodes or (64 if args.quick else 4096)
     duration = args.duration if args.duration is not None else (0.0 if args.quick else 600.0)
+    onsets = args.onsets if args.onsets is not None else ((15.0,) if args.quick else ONSETS_S)
     fleet = Fleet(nodes, args.small if args.small is not None else (4 if args.quick else 64), args.faults or 4,
-                  mask=not args.old_agents)
+                  mask=not args.old_agents, onsets=onsets, episode_s=args.episode_s)
     if not shutil.which(VM):
         raise SystemExit(f"{VM} is not installed: apt-get install -y victoria-metrics")
     data = Path(tempfile.mkdtemp(prefix="gpumond-bench-vm-"))
@@ -568,15 +684,17 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.fetch_only:
             return fetch_only(url, fleet, args.cycles, importer, vm.pid, args.quick)
-        sustain = args.sustain_cycles or (args.cycles if args.quick else max(args.cycles, FILL_CYCLES))
+        # Until the window has filled and the last silent straggler's episode is over (unless --quick).
+        episodes_end = math.ceil((max(onsets, default=0.0) + args.episode_s) / CYCLE_S) if onsets else 0
+        sustain = args.sustain_cycles or (args.cycles if args.quick else max(args.cycles, FILL_CYCLES, episodes_end))
         results = [run_shard(url, fleet, None, sustain, duration, importer, vm.pid, args.fetch, args.detail_s,
-                             profile=args.profile)]
-        last = START + (len(results[0]["rows"]) - 1) * CYCLE_S
+                             profile=args.profile, via=args.via, on_steps=not args.no_judge_on_steps)]
+        last = results[0]["rows"][-1]["t"]  # the last scrape's instant
         ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
         per_query = query_breakdown(url, last, vm.pid)
         for i in range(0 if args.one_shard_only else 4):
             results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer, vm.pid, args.fetch,
-                                     args.detail_s))
+                                     args.detail_s, via=args.via, on_steps=not args.no_judge_on_steps))
         vm_rss = _bench.proc_status_kib(vm.pid, "VmRSS")
     finally:
         _bench.stop(vm)
@@ -644,6 +762,90 @@ def _pct(xs: list[float], q: float) -> str:
     return f"{_bench.quantile(sorted(xs), q) * 1e3:,.0f} ms" if xs else "—"
 
 
+def cpu_section(result: dict, steady_cycles: int = 10) -> str:
+    """The shard's CPU measured: this process's CPU (ingest under uvicorn, fetch, evaluations, judgements on steps)
+    over the simulated seconds it covered, for the whole run and its last `steady_cycles` cycles."""
+    def cells(rows: list[dict]) -> list[str]:
+        sim = len(rows) * CYCLE_S
+        part = {k: sum(x["cpu"][k] for x in rows) for k in ("service", "ingest", "fetch", "evaluate", "judge")}
+        other = part["service"] - part["ingest"] - part["fetch"] - part["evaluate"] - part["judge"]
+        evals = sum(len(x["evals"]) for x in rows)
+        judges = sum(len(x["judges"]) for x in rows)
+        return [f"{sim:,.0f} s", f"{part['service']:,.1f} s", f"**{part['service'] / sim:.2f}**",
+                *(f"{part[k] / sim:.2f}" for k in ("ingest", "fetch", "evaluate", "judge")), f"{other / sim:.2f}",
+                f"{evals} × {part['evaluate'] / max(1, evals):.2f} s", f"{judges} × {part['judge'] / max(1, judges):.2f} s"]
+
+    rows = result["rows"]
+    steady = rows[-steady_cycles:]
+    first = len(rows) - len(steady) + 1
+    table = _bench.md_table(
+        ["span", "simulated", "shard CPU", "**cores** (CPU s per simulated s)", "ingest", "fetch",
+         "periodic evaluations", "judgements on steps", "other", "evaluations × CPU each", "judgements × CPU each"],
+        [["whole run", *cells(rows)], [f"cycles {first}–{len(rows)}", *cells(steady)]])
+    return "\n".join([
+        f"## The shard's CPU, measured ({result['via']})\n",
+        table,
+        "",
+        "The shard's CPU is this process's (the service's app under uvicorn, its stores, the evaluator and its "
+        "fetches; the load generators and VictoriaMetrics are other processes), utime + stime over every tick, less "
+        "what the harness itself spends here apart from the service: generating and importing each cycle's scrape "
+        "into VictoriaMetrics" + (" and the legacy fetch beside the need fetch" if any(x["legacy"] for x in rows)
+                                  else "") + ". *Cores*: that CPU over the simulated seconds the run covered, i.e. "
+        "CPU-seconds per second of the fleet's life. *Ingest*: the process's CPU while the ticks' pushes were "
+        "being sent and answered (nothing else runs in it then); *fetch*: around poll_telemetry (queries, decode, "
+        "join, GpuStore.add); *periodic evaluations*: `evaluate()` every "
+        f"{result['eval_every_s']:g} simulated s (the default `evaluation_interval_s`); *judgements on steps*: "
+        + ("`judge_arrivals()` between them (the default `judge_on_steps`: a job at most every "
+           f"{result['on_steps'][0]:g} s, the passes at most {result['on_steps'][1]:g} of a core: after a pass of "
+           "d wall seconds the next waits d × (1 − max_busy) / max_busy, taken here as simulated seconds)"
+           if result["on_steps"] else "none (`--no-judge-on-steps`: the periodic evaluations alone)")
+        + "; *other*: "
+        "the rest (the harness's queues to its load generators, its per-cycle bookkeeping and printing, the "
+        "server's idle timers), counted in the total. The last cycles hold a window "
+        f"at least {(first - 1) * CYCLE_S / 300:.0%} full.",
+    ])
+
+
+def onset_section(result: dict, episode_s: float) -> str:
+    """Each silent straggler's onset and when its finding fired."""
+    marks = result["onsets"]
+    if not marks:
+        return ""
+    rows = []
+    for m in marks:
+        ep = m["episode"]
+        node = ep.rank // GPUS_PER_NODE
+        rows.append([f"{ep.onset - START:g} s", f"big-job rank {ep.rank} (node-{node:05d}, GPU {ep.rank % GPUS_PER_NODE})",
+                     f"{ep.slowdown:g}×", "—" if m["pending"] is None else f"{m['pending']:g} s",
+                     "not within the episode" if m["firing"] is None else f"**{m['firing']:g} s**", m["by"] or "—",
+                     "—" if m["judge_wall"] is None else f"{m['judge_wall']:.2f} s"])
+    fired = sorted(m["firing"] for m in marks if m["firing"] is not None)
+    p50 = f"{_bench.quantile(fired, 0.5):g} s" if len(fired) == len(marks) else \
+        f"— ({len(marks) - len(fired)} of {len(marks)} not found)"
+    return "\n".join([
+        f"## Silent stragglers: from onset to the finding firing ({result['via']})\n",
+        f"**p50 {p50}** over {len(marks)} onsets (target ≤ 15 s).",
+        "",
+        _bench.md_table(["onset (simulated, after the start)", "rank", "slowdown", "first pending after",
+                         "firing after", "fired by", "that judgement's wall"], rows),
+        "",
+        f"Each straggler's steps are {marks[0]['episode'].slowdown:g}× long from its onset for {episode_s:g} s "
+        "(every rank of the job waits for it: its peers' comm wait grows by the difference, its own stays near 0) "
+        "while its GPU's telemetry stays as any other's (no clock, power or throttle change); each begins a minute "
+        "or more after the one before ended, since an SDK judges a step against its rank's last minute of steps "
+        "(a slowdown right after another pushes nothing early). The ranks run the "
+        "job SDK's own cadence (benchmarks/_fleet_pushes.py, with gpumond/job/early.py's rule and history): a push "
+        "every 5 s at each rank's phase, and an early push after a step that stands out, at most one a second"
+        + (", each to the node's relay, which forwards what it holds every 2 s at its own phase, early pushes "
+           "included (it never forwards early)" if result["via"] == "relay" else ", straight to the shard")
+        + ". Resolution: one simulated second (a tick: what was sent up to it is pushed, then a periodic "
+        "evaluation every 5 s or else a judgement on steps when the judge-on-steps thread is free); the time is "
+        "the judgement's simulated instant, and the judgement itself then takes the wall seconds in the last "
+        "column before its finding is out. The job's own slowdown while a straggler is on (`job_slowdown`, the "
+        "job's steps 1.25× its baseline) is true and not listed among the other findings.",
+    ])
+
+
 def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]], fleet: Fleet,
            args: argparse.Namespace, duration: float, vm_rss_kib: int) -> str:
     gpus = fleet.nodes * GPUS_PER_NODE
@@ -666,7 +868,9 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         wall = sum(p["wall_s"] for p in pushes)
         cpu = sum(p["cpu_s"] for p in pushes)
         lat = [v for p in pushes for v in p["lat"]]
-        ingest.append([name, f"{r['ranks']:,}", f"{len(pushes)}", f"{records:,}",
+        requests = sum(p["requests"] for p in pushes)
+        ingest.append([name, r["via"], f"{r['ranks']:,}", f"{len(pushes)}", f"{requests:,}",
+                       f"{pushes[-1]['early']:,}", f"{records:,}",
                        f"{records / wall:,.0f}" if wall else "—",
                        f"{cpu / records * 1e6:.1f} µs" if records else "—", _pct(lat, 0.5), _pct(lat, 0.99),
                        f"{sum(p['failed'] for p in pushes):,}"])
@@ -682,7 +886,8 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         breakdown.append([f"{i + 1}", "refresh" if x["refresh"] else "between", f"{x['steps']:,}",
                           f"{sp['fetch']:.2f} s", f"{sp['gpus.add']:.2f} s",
                           f"{sp['ranks.take_ended'] + sp['ranks.expire']:.2f} s", f"{sp['gpus.expire']:.2f} s",
-                          f"{sp['ranks.jobs']:.2f} s", f"{windows:.2f} s", f"{x['evaluate_s'] - stores:.2f} s"])
+                          f"{sp['ranks.jobs']:.2f} s", f"{windows:.2f} s",
+                          f"{sum(x['evals']) + sum(x['judges']) - stores:.2f} s"])
     step = max(1, len(sustained) // 12)
     rss = [[f"{x['at_s']:,.0f} s", f"{i + 1}", f"{x['steps']:,}", f"{x['rss'] / 2**20:,.0f} MiB",
             f"{x['fetch_s']:.2f} s", f"{x['evaluate_s']:.2f} s"]
@@ -696,18 +901,29 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                             + f" on {os.cpu_count()} CPUs (this benchmark's own processes included)",
             "setup": f"{fleet.big_nodes:,} nodes × {GPUS_PER_NODE} GPUs for one "
                      f"{fleet.big_nodes * GPUS_PER_NODE:,}-rank job + {fleet.small} jobs of {SMALL_RANKS} ranks on a "
-                     f"node each ({gpus:,} GPUs); {CYCLE_S:g} simulated s a cycle, one columnar push of "
-                     f"{int(CYCLE_S / STEP_S)} steps per rank per cycle (the SDK's default 5 s interval would push 10) "
-                     f"from {PUSHERS} load-generator processes; 1 shard {len(results[0]['rows'])} cycles "
+                     f"node each ({gpus:,} GPUs), every rank stepping every {STEP_S:g} s; "
+                     + ("each rank's SDK pushes (columnar) every 5 s and early after a step that stands out, to its "
+                        "node's relay, which forwards one batch per node every 2 s"
+                        if args.via == "relay" else
+                        "each rank's SDK pushes (columnar) every 5 s and early after a step that stands out, directly")
+                     + f", from {PUSHERS} load-generator processes, a simulated second at a time; the service's "
+                     "cadence at its defaults (a periodic evaluation every 5 s, judgements on steps between); a "
+                     f"scrape imported and telemetry fetched every {CYCLE_S:g} simulated s (a cycle); 1 shard "
+                     f"{len(results[0]['rows'])} cycles "
                      + ("(--sustain-cycles), " if args.sustain_cycles else
-                        f"(at least {duration:g} s, and until its 300 s window filled unless --quick), ")
+                        f"(at least {duration:g} s, until its 300 s window filled and the last silent straggler's "
+                        "episode ended, unless --quick), ")
                      + ("no 4-shard runs (--one-shard-only)" if args.one_shard_only else
                         f"then each of 4 shards {args.cycles} cycles")
                      + f"; planted: {len(fleet.slow)} "
                      f"slow + {len(fleet.starved)} starved GPUs in the big job, {len(fleet.small_slow)} slow in a "
-                     "small job"}),
+                     f"small job, from the start; {len(fleet.episodes)} silent stragglers one after another"}),
         "",
-        "## One evaluation cycle (the worst of the last three)\n",
+        cpu_section(results[0]),
+        "",
+        onset_section(results[0], args.episode_s),
+        "",
+        "## One evaluation cycle (the worst of the last three; an evaluation: the worst periodic one)\n",
         _bench.md_table(["evaluator", "GPUs fetched", "steps held", "fetch between refreshes (queries + join + store)",
                          "fetch at a refresh", "evaluate (expiry + snapshot + detectors)", "cycle between refreshes",
                          "VictoriaMetrics import of the scrape", "planted found (last cycle)", "missed",
@@ -763,8 +979,9 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                          "VictoriaMetrics CPU"], ways),
         "",
         "## Ingest over HTTP (every cycle's push phase but the first)\n",
-        _bench.md_table(["service", "ranks pushing", "cycles", "records", "records/s", "server CPU per record",
-                         "push p50", "push p99", "failed pushes"], ingest),
+        _bench.md_table(["service", "via", "ranks pushing", "cycles", "requests", "early pushes (SDK, whole run)",
+                         "records", "records/s", "server CPU per record", "request p50", "request p99",
+                         "failed requests"], ingest),
         "",
         "## RSS of the service (1 shard, sustained) over time\n",
         _bench.md_table(["elapsed", "cycle", "steps held", "RSS growth", "fetch", "evaluate"], rss),

@@ -138,15 +138,6 @@ class _Sender:
             self.writer.close()
 
 
-def _accepted(status: int, body: bytes, batch: bool) -> int:
-    if status != 202:
-        return 0
-    answer = json.loads(body)
-    if batch:
-        return sum(int(r.get("accepted", 0)) for r in answer["results"] if "status" not in r)
-    return int(answer["accepted"])
-
-
 async def _run_senders(senders: list[_Sender], t0: float, measure: tuple[float, float]) -> dict:
     """Every sender pushes from t0 until the end of the measuring window; latencies of pushes due inside it."""
     loop = asyncio.get_running_loop()
@@ -168,7 +159,7 @@ async def _run_senders(senders: list[_Sender], t0: float, measure: tuple[float, 
             done = clock()
             out["sent"] += steps
             out["pushes"] += 1
-            got = _accepted(status, answer, s.way.per_node)
+            got = _bench.accepted_steps(status, answer, s.way.per_node)
             out["accepted"] += got
             if got != steps:
                 out["failed"].append(f"HTTP {status}: {answer[:200]!r}")
