@@ -12,7 +12,8 @@ through each node's relay.
   since the last one, encoded as the SDK encodes it (`gpumond.job.payload.encode_columns`).
 - **A node's relay** (`NodeRelay`): takes its ranks' pushes as they come and forwards what it holds every
   `relay.interval_s` (2 s) at its own phase, as one batch of those pushes (`gpumond.wire.batch`, what the agent's
-  relay sends). It never forwards early: an early push reaches the shard at the relay's next round.
+  relay sends); and, as the agent's relay does (gpumond/agent/relay/early.py), an early push makes a round of its
+  own ~50 ms later, at most one such round a second.
 
 Pure but for the noise drawn from the generator each call is given; a load-generator process owns one `Senders`.
 """
@@ -28,6 +29,7 @@ from gpumond.job.early import StepHistory, push_early, regular_after_early
 
 SDK_INTERVAL_S = 5.0  # the SDK's push_interval_s default
 RELAY_INTERVAL_S = 2.0  # the agent's relay.interval_s default
+RELAY_EARLY_AFTER_S, RELAY_EARLY_GAP_S = 0.05, 1.0  # the relay's early rounds (gpumond/agent/relay/early.py)
 # A rank's data wait and comm wait (s) by its kind, outside an episode: a starved rank waits on its loader; the
 # slowest rank waits least for its peers.
 KINDS = {"base": (0.01, 0.1), "starved": (0.25, 0.0), "slow": (0.01, 0.002)}
@@ -109,9 +111,9 @@ class RankSdk:
         self._held: list[Record] = []
         self.early = 0  # early pushes so far
 
-    def advance(self, recs: Iterable[Record], until: float) -> list[tuple[float, list[Record]]]:
-        """Take the steps that ended up to `until` (in order); the pushes made meanwhile: (when, its steps)."""
-        out: list[tuple[float, list[Record]]] = []
+    def advance(self, recs: Iterable[Record], until: float) -> list[tuple[float, list[Record], bool]]:
+        """Take the steps that ended up to `until` (in order); the pushes made meanwhile: (when, its steps, early)."""
+        out: list[tuple[float, list[Record], bool]] = []
         for rec in recs:
             end = rec[1]
             while self._due <= end:
@@ -121,7 +123,7 @@ class RankSdk:
             # The training thread's test on each step (reporter.py), against the threshold the last push derived.
             if push_early(rec[2], self._above, end, self._early_next):
                 self._early_next = end + EARLY.min_gap_s
-                self._push(out, end)
+                self._push(out, end, early=True)
                 self.early += 1
                 self._due = regular_after_early(self._due, end, SDK_INTERVAL_S, EARLY)
         while self._due <= until:
@@ -129,39 +131,49 @@ class RankSdk:
             self._due += SDK_INTERVAL_S
         return out
 
-    def _push(self, out: list, at: float) -> None:
+    def _push(self, out: list, at: float, early: bool = False) -> None:
         if not self._held:  # the SDK would send a heartbeat; none is due while a rank steps twice a second
             return
         for rec in self._held:  # the push thread's history of what it pushed, and the threshold it derives
             self._history.add(rec[1], rec[2])
         self._above = self._history.above()
-        out.append((at, self._held))
+        out.append((at, self._held, early))
         self._held = []
 
 
 class NodeRelay:
-    """A node's relay: holds its ranks' push bodies, forwards them every RELAY_INTERVAL_S at its phase, as one batch."""
+    """A node's relay: holds its ranks' push bodies, forwards them every RELAY_INTERVAL_S at its phase, as one batch,
+    and RELAY_EARLY_AFTER_S after an early push (at most one such round every RELAY_EARLY_GAP_S)."""
 
-    __slots__ = ("job", "_due", "_held")
+    __slots__ = ("job", "_due", "_held", "_early_next")
 
     def __init__(self, job: str, first_due: float) -> None:
         self.job, self._due = job, first_due
-        self._held: list[tuple[float, bytes, int]] = []
+        self._held: list[tuple[float, bytes, int, bool]] = []
+        self._early_next = -math.inf  # when the next early round may be
 
-    def advance(self, pushes: Iterable[tuple[float, bytes, int]], until: float) -> list[tuple[bytes, int]]:
-        """Take the ranks' pushes (when, body, its steps) up to `until`; the batches forwarded meanwhile (encoded,
-        with the steps they carry)."""
+    def advance(self, pushes: Iterable[tuple[float, bytes, int] | tuple[float, bytes, int, bool]],
+                until: float) -> list[tuple[bytes, int]]:
+        """Take the ranks' pushes (when, body, its steps[, early]) up to `until`; the batches forwarded meanwhile
+        (encoded, with the steps they carry)."""
         from gpumond.wire.batch import encode_columns_batch
 
-        self._held += sorted(pushes, key=lambda p: p[0])
+        self._held += sorted(((*p, False)[:4] for p in pushes), key=lambda p: p[0])
         out = []
-        while self._due <= until:
-            now = [p for p in self._held if p[0] <= self._due]
+        while True:
+            early = [max(p[0] + RELAY_EARLY_AFTER_S, self._early_next) for p in self._held if p[3]]
+            at = min(early, default=math.inf)
+            if at < self._due and at <= until:
+                self._early_next = at + RELAY_EARLY_GAP_S
+            elif self._due <= until:
+                at = self._due
+                self._due += RELAY_INTERVAL_S
+            else:
+                return out
+            now = [p for p in self._held if p[0] <= at]
             if now:
-                out.append((encode_columns_batch(self.job, [b for _, b, _ in now]), sum(k for _, _, k in now)))
+                out.append((encode_columns_batch(self.job, [p[1] for p in now]), sum(p[2] for p in now)))
                 self._held = self._held[len(now):]
-            self._due += RELAY_INTERVAL_S
-        return out
 
 
 def phase(key: int, interval_s: float) -> float:
@@ -222,10 +234,10 @@ class Senders:
                 steps = ended[r.job]
                 recs = records(r.rank, r.kind, steps, self.step_s, noise[i][:len(steps)])
                 i += 1
-                for at, held in sdk.advance(recs, t):
+                for at, held, early in sdk.advance(recs, t):
                     body = encode_columns(sdk.head, held, 0.0, 0.0)
                     if self._relays:
-                        node_pushes.append((at, body, len(held)))
+                        node_pushes.append((at, body, len(held), early))
                     else:
                         out.append((body, len(held)))
             if self._relays:

@@ -16,7 +16,8 @@ The rules service's own app (`gpumond.rules.http.build_app`, the daemon's guarde
 thresholds) serves under uvicorn in this process; PUSHERS load-generator processes send it what the ranks send
 (benchmarks/_fleet_pushes.py): each rank's job SDK on its own cadence, a push every 5 s at its phase and an early
 push after a step that stands out (gpumond/job/early.py), in the columnar encoding, straight to the shard
-(`--via direct`) or to its node's relay, which forwards one batch per node every 2 s (`--via relay`, the format
+(`--via direct`) or to its node's relay, which forwards one batch per node every 2 s and soon after an early push
+(`--via relay`, the format
 the agent's relay sends: gpumond.wire.batch), over keep-alive connections. The simulated clock advances a second
 at a time (a tick): what was sent up to it is pushed, then the service's own `Evaluator` (the real
 `PrometheusSource` over the same store) runs at the service's default cadence: `evaluate()` every
@@ -836,8 +837,9 @@ def onset_section(result: dict, episode_s: float) -> str:
         "(a slowdown right after another pushes nothing early). The ranks run the "
         "job SDK's own cadence (benchmarks/_fleet_pushes.py, with gpumond/job/early.py's rule and history): a push "
         "every 5 s at each rank's phase, and an early push after a step that stands out, at most one a second"
-        + (", each to the node's relay, which forwards what it holds every 2 s at its own phase, early pushes "
-           "included (it never forwards early)" if result["via"] == "relay" else ", straight to the shard")
+        + (", each to the node's relay, which forwards what it holds every 2 s at its own phase, and 50 ms after an "
+           "early push (at most one such round a second, as the agent's relay does)" if result["via"] == "relay"
+           else ", straight to the shard")
         + ". Resolution: one simulated second (a tick: what was sent up to it is pushed, then a periodic "
         "evaluation every 5 s or else a judgement on steps when the judge-on-steps thread is free); the time is "
         "the judgement's simulated instant, and the judgement itself then takes the wall seconds in the last "

@@ -20,7 +20,7 @@ def _sdk_pushes(episodes: tuple[fp.Episode, ...], until: float, rank: int = 0, p
     for t in np.arange(START + 1, until + 1e-9, 1.0):
         ended = steps.until(t)
         recs = fp.records(rank, "base", ended, 0.5, [(1.0, 1.0, 1.0)] * len(ended))
-        got += [at for at, _ in sdk.advance(recs, t)]
+        got += [at for at, _, _ in sdk.advance(recs, t)]
     return got
 
 
@@ -57,21 +57,34 @@ def test_the_straggler_waits_least_and_its_peers_wait_the_episodes_extra():
     assert all(r[2] == 0.625 for r in straggler + peer)  # every rank ends the step together
 
 
-def test_a_relay_forwards_every_interval_what_its_ranks_pushed_before_the_round_and_never_early():
-    relay = fp.NodeRelay("job", START + 0.5)
+def _body(rank: int, step: int) -> bytes:
     from gpumond.job.payload import encode_columns, encode_head
 
-    def body(rank: int, step: int) -> bytes:
-        head = encode_head({"job": "job", "rank": rank, "world_size": 8, "node": "n", "gpu_uuid": f"GPU-{rank}"},
-                           "columns")
-        return encode_columns(head, [(step, START + step, 0.5, 0.01, 32, 0.1)], 0.0, 0.0)
+    head = encode_head({"job": "job", "rank": rank, "world_size": 8, "node": "n", "gpu_uuid": f"GPU-{rank}"},
+                       "columns")
+    return encode_columns(head, [(step, START + step, 0.5, 0.01, 32, 0.1)], 0.0, 0.0)
 
+
+def test_a_relay_forwards_every_interval_what_its_ranks_pushed_before_the_round():
+    relay = fp.NodeRelay("job", START + 0.5)
+    body = _body
     assert relay.advance([(START + 0.2, body(0, 1), 1)], START + 0.4) == []  # before its round: held
     out = relay.advance([(START + 0.45, body(1, 1), 1), (START + 0.9, body(2, 1), 1)], START + 1.0)
     assert [steps for _, steps in out] == [2]  # the round at 0.5 s: the two pushes before it
     assert json.loads(out[0][0])["pushes"]["rank"] == [0, 1]
     out = relay.advance([], START + 3.0)
     assert [steps for _, steps in out] == [1]  # the round at 2.5 s: the one after the first round
+
+
+def test_a_relay_forwards_an_early_push_at_once_at_most_once_a_second():
+    relay = fp.NodeRelay("job", START + 0.5)
+    relay.advance([], START + 0.5)  # its first regular round: nothing held
+    out = relay.advance([(START + 0.6, _body(0, 1), 1, False), (START + 0.8, _body(1, 1), 1, True)], START + 1.0)
+    # 50 ms after the early push (not at the next round, 2.5 s): it and the push held before it
+    assert [steps for _, steps in out] == [2] and json.loads(out[0][0])["pushes"]["rank"] == [0, 1]
+    # Another early push within the second after that round waits for the second to pass (1.85 s)
+    assert relay.advance([(START + 1.2, _body(2, 1), 1, True)], START + 1.8) == []
+    assert [steps for _, steps in relay.advance([], START + 1.9)] == [1]
 
 
 def test_senders_send_every_step_once_directly_or_through_relays():
