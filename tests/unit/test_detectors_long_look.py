@@ -1,17 +1,21 @@
 """The long compute-share look on healthy ranks with heavy-tailed steps (the benchmark's uneven-sequence control):
-a batch of long sequences is trimmed out of its window however few steps the window holds."""
+a batch of long sequences is trimmed out of its window however few steps the window holds, and the look, a
+median over a few windows, must clear the group's threshold by one more, as the other medians of a few must."""
 
 import random
 
 import numpy as np
 import pytest
 
+from gpumond.rules.detectors.compute_share import Shares
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
-from gpumond.rules.detectors.features import (rank_features, step_share_means, trim_count,
+from gpumond.rules.detectors.features import (RankFeatures, rank_features, step_share_means, trim_count,
                                                trimmed_mean)
 from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.ragged import trim_counts
+from gpumond.rules.detectors.stats import robust_z, threshold_for
+from gpumond.rules.detectors.straggler import detect_stragglers
 from gpumond.rules.types import RankInfo, RankWindow, StepRecord
 
 CFG = DetectorConfig()
@@ -68,3 +72,21 @@ def test_a_healthy_rank_with_a_long_batch_in_every_window_is_no_straggler():
         flagged += [(c.rank, c.evidence["signals"]) for c in cands if c.kind == "straggler"]
     assert state.shares["job-a"][5], "the long look was never built"
     assert flagged == []
+
+
+def _members(long_of_suspect: float):
+    peers = [0.02 * (i / 15.0 - 1.0) for i in range(31)]  # −0.02 … +0.02: spread well above the MAD floor
+    ranks = [RankFeatures(r, f"node-{r // 8}", f"GPU-{r:04d}", None, 100, 1.0, 0.002, T0, T0) for r in range(32)]
+    shares = {r: Shares(None, None, v, ()) for r, v in zip(range(32), [*peers, long_of_suspect])}
+    return ranks, shares
+
+
+def test_the_long_look_must_clear_the_threshold_by_one_more():
+    thr = threshold_for(32, CFG.z_base, CFG.z_tail)
+    ranks, shares = _members(1.0)
+    _, med, scale = robust_z([sh.long for sh in shares.values()], CFG.floor_compute_share_long)
+    for extra, named in ((0.5, False), (1.5, True)):
+        ranks, shares = _members(med + (thr + extra) * scale)
+        found = detect_stragglers("job-a", ranks, {}, CFG, shares)
+        got = [(c.rank, c.evidence["signals"]["compute_share"]["look"]) for c in found.candidates]
+        assert got == ([(31, "long")] if named else []), (extra, got)
