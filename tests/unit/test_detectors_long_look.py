@@ -10,10 +10,15 @@ import pytest
 from gpumond.rules.detectors.compute_share import Shares
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.engine import DetectorState, EvalInputs, evaluate
-from gpumond.rules.detectors.features import (RankFeatures, rank_features, step_share_means, trim_count,
-                                               trimmed_mean)
-from gpumond.rules.detectors.rank_batch import job_rank_features
+from gpumond.rules.detectors.features import (
+    RankFeatures,
+    rank_features,
+    step_share_means,
+    trim_count,
+    trimmed_mean,
+)
 from gpumond.rules.detectors.ragged import trim_counts
+from gpumond.rules.detectors.rank_batch import job_rank_features
 from gpumond.rules.detectors.stats import robust_z, threshold_for
 from gpumond.rules.detectors.straggler import detect_stragglers
 from gpumond.rules.types import RankInfo, RankWindow, StepRecord
