@@ -1,8 +1,11 @@
 """The detection benchmark: planted faults and negative controls through the rules service's own detectors.
 
     python -m benchmarks.detection.run [--quick] [--seeds K] [--procs P]
+    python -m benchmarks.detection.run --seed 0 --only "uneven sequence lengths" --no-big --no-scaling --out NAME
 
-Writes benchmarks/results/detection.md (or detection_quick.md) and the PNG plots beside it.
+Writes benchmarks/results/detection.md (or detection_quick.md) and the PNG plots beside it. `--seed` and `--only`
+run part of the plan, each scenario as the full run has it (a control's scenario seed is 1000 × seed + 500 + its
+place in scenarios.CONTROLS: seed 503 is `--seed 0 --only "uneven sequence lengths"`), under a name of its own.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ from benchmarks.detection.scenarios import (
     SLOWDOWNS,
     STEP_S,
     SUB_WAIT_FRACS,
+    T0,
     WAIT_FRACS,
     Scenario,
     big_control,
     control_scenarios,
     fault_scenarios,
 )
-from benchmarks.detection.score import CLASSES, ON_STEPS_S, RunResult, run
+from benchmarks.detection.score import CLASSES, ON_STEPS_S, Episode, RunResult, run
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 SCALING_FULL = (128, 512, 2048, 8192, 32768, 131072)
@@ -52,9 +56,11 @@ def _where(path: Path) -> str:
     return path.resolve().relative_to(root).as_posix() if path.resolve().is_relative_to(root) else path.name
 
 def plan(quick: bool, seeds: int, nodes: int | None = None, control_s: float = 1800.0,
-         big: bool = True) -> list[Scenario]:
+         big: bool = True, seed: int | None = None, only: Sequence[str] = ()) -> list[Scenario]:
     """Every scenario of the run, longest first (so the pool finishes together). `nodes`, `control_s` and `big`
-    shrink a full run to what a busy machine fits (one job size, shorter controls, no 1,024-node control)."""
+    shrink a full run to what a busy machine fits (one job size, shorter controls, no 1,024-node control); `seed`
+    keeps that seed's scenarios alone and `only` those whose name holds one of its strings (each as in the full
+    run: the same job size, duration and random streams), to chase one run."""
     out: list[Scenario] = []
     if quick:
         out += fault_scenarios(0, 16, slowdowns=(1.05, 1.25, 2.0), node_slowdowns=(1.25,), waits=(0.05, 0.2),
@@ -62,11 +68,13 @@ def plan(quick: bool, seeds: int, nodes: int | None = None, control_s: float = 1
         out += control_scenarios(0, 16, 300.0)  # judged as steps land: five times the evaluations of a 5 s tick
     else:
         sizes = (32, 64, 128, 16) if nodes is None else (nodes,)
-        for s in range(seeds):
+        for s in range(seeds) if seed is None else (seed,):
             out += fault_scenarios(s, sizes[s % len(sizes)])
             out += control_scenarios(s, 64 if nodes is None else nodes, control_s)
-        if big:
+        if big and seed in (None, 0):
             out.append(big_control(0, 1024, 1800.0))
+    if only:
+        out = [sc for sc in out if any(o in sc.name for o in only)]
     return sorted(out, key=lambda sc: -sc.nodes * sc.duration_s)
 
 
@@ -76,6 +84,16 @@ _PUSH_S = inspect.signature(Cluster).parameters["push_s"].default  # how often a
 
 def _one(sc: Scenario) -> RunResult:
     return run(sc, **_CLUSTER_KW)
+
+
+def describe(e: Episode) -> str:
+    """One line on a firing episode: what, on which rank, when (s into the run), and its strongest signal."""
+    where = f"rank {e.rank} ({e.node})" if e.rank is not None else (e.node or e.job)
+    sig = e.evidence.get("signals") or {}
+    name, top = max(sig.items(), key=lambda kv: abs(kv[1].get("z", 0.0)), default=(None, {}))
+    what = (f": {name}{' ' + top['look'] if 'look' in top else ''} z {top['z']} against {e.evidence.get('threshold_z')}"
+            if name and "z" in top else "")
+    return f"{e.kind} on {where} firing at {e.fired - T0:.0f} s{what}"
 
 
 def _f(x: float, nd: int = 2) -> str:
@@ -181,7 +199,11 @@ def report(results: Sequence[RunResult], scal: list[dict], args: argparse.Namesp
                                                  + (f"; GPM on {_CLUSTER_KW['gpm']:.0%} of nodes"
                                                     if _CLUSTER_KW.get("gpm") else ""),
                                     "scenarios": f"{len(faults)} fault runs, {len(controls)} fault-free runs "
-                                                 f"({n_runs} in all), {args.seeds} seed(s)",
+                                                 f"({n_runs} in all), "
+                                                 + (f"{args.seeds} seed(s)" if args.seed is None
+                                                    else f"seed {args.seed} alone")
+                                                 + (f", only {' / '.join(args.only)}" if args.only
+                                                    else ""),
                                     "wall time": f"{wall:.0f} s on {args.procs} process(es)"}), "",
               "What runs: `gpumond.rules.detectors.engine.evaluate` and `gpumond.rules.findings.advance` "
               f"(default `DetectorConfig`, `FINDINGS_PERSISTENCE`: {FINDINGS_PERSISTENCE.k} of "
@@ -422,7 +444,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="one job size for every fault run and control (default: 32, 64, 128, 16 by seed; 64)")
     ap.add_argument("--control-s", type=float, default=1800.0, help="seconds each control runs (default 1800)")
     ap.add_argument("--no-big", action="store_true", help="skip the 1,024-node fault-free control")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="run this seed's scenarios alone, as the full run has them (a control's scenario seed is "
+                         "1000 × seed + 500 + its place in scenarios.CONTROLS); needs --out")
+    ap.add_argument("--only", action="append", default=[], metavar="TEXT",
+                    help="keep only the scenarios whose name holds TEXT (e.g. 'uneven sequence lengths', "
+                         "'slow_gpu 1.05'); repeat for more; needs --out")
     args = ap.parse_args(argv)
+    if (args.seed is not None or args.only) and not args.out:
+        ap.error("--seed and --only run part of the benchmark: name its result with --out (e.g. --out detection_chase), "
+                 "so it never replaces detection.md")
     if args.no_comm_wait:
         _CLUSTER_KW["comm_wait"] = False
     if args.gpm:
@@ -434,14 +465,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.seeds = 1
     start = time.perf_counter()
-    scs = plan(args.quick, args.seeds, args.nodes, args.control_s, not args.no_big)
+    scs = plan(args.quick, args.seeds, args.nodes, args.control_s, not args.no_big, args.seed, args.only)
+    if not scs:
+        ap.error(f"no scenario of the plan matches --only {args.only}: see the names in benchmarks/detection/scenarios.py")
     results: list[RunResult] = []
     with mp.get_context("fork").Pool(args.procs) as pool:
         for i, r in enumerate(pool.imap_unordered(_one, scs), 1):
             results.append(r)
-            print(f"[{i}/{len(scs)}] {r.scenario.name} ({r.scenario.nodes} nodes): "
+            print(f"[{i}/{len(scs)}] {r.scenario.name} ({r.scenario.nodes} nodes, seed {r.scenario.seed}): "
                   f"{sum(t.detected for t in r.truths)}/{len(r.truths)} found, "
                   f"{sum(e.label == 'fp' for e in r.episodes)} false", flush=True)
+            for e in r.episodes:
+                if e.label == "fp":
+                    print(f"    false {describe(e)}", flush=True)
     scal: list[dict] = []
     if not args.no_scaling:
         for n in (SCALING_QUICK if args.quick else SCALING_FULL):

@@ -28,6 +28,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["-m", "benchmarks.detection.run", "--quick", "--no-scaling"], "straggler"),
     (["-m", "benchmarks.detection.gpm", "--quick"], "with GPM"),
     (["-m", "benchmarks.detection.fault_free", "--quick"], "95 % upper bound per job-day"),
+    (["-m", "benchmarks.detection.long_look_null", "--quick"], "threshold + 1"),
     (["-m", "benchmarks.detection.transient_runs", "--quick"], "what the minimum duration must outlast"),
     (["benchmarks/sdk_overhead.py", "--quick"], "Job SDK overhead per training step"),
     (["benchmarks/agent_rss.py", "--quick"], "Agent RSS over a long accelerated run"),

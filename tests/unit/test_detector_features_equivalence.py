@@ -38,6 +38,8 @@ def _median(xs):
 def _trimmed(xs, trim):
     s = sorted(xs)
     g = int(trim * len(s))
+    if trim > 0 and len(s) >= 3:
+        g = max(g, 1)  # at least one off each end, so that one step cannot move the mean
     total = 0.0
     for x in s[g:len(s) - g]:
         total += x

@@ -131,7 +131,7 @@ def test_structure_is_what_deviated_in_at_least_half_the_learning_evaluations():
 
 def test_trimmed_mean_cuts_the_tails_before_averaging():
     assert trimmed_mean([1.0, 2.0, 3.0, 4.0, 100.0], 0.2) == pytest.approx(3.0)  # one cut off each end
-    assert trimmed_mean([1.0, 2.0, 3.0], 0.1) == pytest.approx(2.0)  # floor(0.3) = 0: nothing cut
+    assert trimmed_mean([1.0, 2.0, 30.0], 0.1) == pytest.approx(2.0)  # floor(0.3) = 0, yet one is cut off each end
     info = RankInfo("j", 0, 2, "n", "GPU-0")
     # ten steps with a 0.7 share and one GC pause (share 0.95): the long look's input ignores the pause
     steps = tuple(StepRecord(k, 100.0 + k, 1.0, 0.0, None, 0.05 if k == 3 else 0.3) for k in range(10))

@@ -21,8 +21,9 @@ only over minutes of steps):
   would be 30 s, all of whose windows share the same steps), kept in the detector state so a long look
   costs no more than a short one to compute; it needs `min_steps` evaluations spanning `share_long_min_s`.
   Each evaluation's value is a mean over its window's steps, because a 1.05× straggler moves the share by
-  ~2 % against ~3 % of per-step noise and a median over steps wastes a third of them; trimmed, so a GC
-  pause or a batch of long sequences cannot move it. Across evaluations a median, not a mean: a healthy
+  ~2 % against ~3 % of per-step noise and a median over steps wastes a third of them; trimmed (at least
+  one step off each end, features.trim_count), so a GC pause or a batch of long sequences cannot move it.
+  Across evaluations a median, not a mean: a healthy
   rank whose node had a few transients back to back weighs in every window that holds them (a minute of
   evaluations), and a mean over five minutes carried that into the long look (a fault-free rank at 1,024
   nodes reached z 5.51 against a threshold of 5.57; the median gave 2.07), while a straggler is slow in

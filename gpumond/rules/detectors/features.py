@@ -79,10 +79,18 @@ def _recent(steps: Sequence[StepRecord], since: float) -> list[StepRecord]:
     return [s for s in steps if s.end >= since]
 
 
+def trim_count(n: int, trim: float) -> int:
+    """How many of n values a trimmed mean cuts off each end: floor(trim · n), but at least one while three or
+    more remain to cut from. A trim is there so that one step (a GC pause, a batch of long sequences) cannot move
+    the mean; floor(0.1 · n) cut nothing below 10 steps (a 60 s window of 6 s steps), and there a single long
+    batch sat in every window that held it."""
+    return max(int(trim * n), 1) if trim > 0 and n >= 3 else int(trim * n)
+
+
 def trimmed_mean(xs: Sequence[float], trim: float) -> float:
-    """Mean of `xs` without the floor(trim · n) smallest and largest values (summed smallest first)."""
+    """Mean of `xs` without the trim_count(n, trim) smallest and largest values (summed smallest first)."""
     s = sorted(xs)
-    g = int(trim * len(s))
+    g = trim_count(len(s), trim)
     kept = s[g:len(s) - g]
     total = 0.0
     for x in kept:

@@ -108,9 +108,15 @@ def has_nan(*arrays: np.ndarray) -> bool:
     return any(bool(np.isnan(a).any()) for a in arrays if a.size)
 
 
+def trim_counts(k: np.ndarray, trim: float) -> np.ndarray:
+    """features.trim_count for each count in `k` (k ≥ 0): floor(trim · k), at least one where trim > 0 and k ≥ 3."""
+    g = (trim * k).astype(np.int64)  # floor, as int() in the reference
+    return np.where((k >= 3) & (g < 1), 1, g) if trim > 0 else g
+
+
 def column_trimmed_mean_and_median(values: np.ndarray, mask: np.ndarray,
                                    trim: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean of each column's selected cells without the floor(trim · k) smallest and largest, column_median of
+    """(mean of each column's selected cells without the trim_counts(k, trim) smallest and largest, column_median of
     them, k): the same arithmetic as features.trimmed_mean and stats.median; the kept values summed smallest
     first (a cumulative sum is sequential, numpy's plain sum is pairwise and would differ in the last bit). From
     one sort: the trimmed mean needs every selected cell in order, and the median is then two reads of it.
@@ -121,7 +127,7 @@ def column_trimmed_mean_and_median(values: np.ndarray, mask: np.ndarray,
         return np.zeros(n), np.zeros(n), k
     m = np.where(mask, values, np.inf).T.copy()
     m.sort(axis=1, kind="stable")
-    g = (trim * k).astype(np.int64)  # floor, as int() in the reference (k ≥ 0)
+    g = trim_counts(k, trim)
     pos = np.arange(width)[None, :]
     kept = (pos >= g[:, None]) & (pos < (k - g)[:, None])
     # + 0.0: the reference's sum starts from 0.0, so it is never -0.0 (a cumulative sum of -0.0 alone is).

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from gpumond.rules.detectors.ragged import trim_counts
 from gpumond.rules.types import GpuSample
 
 KEY = "sm_active"
@@ -37,7 +38,7 @@ def node_relative(gpu_windows: Mapping[str, Sequence[GpuSample]], node_of: Mappi
 
     `node_of` is uuid → node of the GPUs to judge (MIG devices are left out: slices of different sizes are
     no peers). An instant counts where at least `min_gpus` of a node's GPUs have a reading; a GPU needs
-    `min_instants` such instants. The trim is features.trimmed_mean's: int(trim · n) off each end.
+    `min_instants` such instants. The trim is features.trimmed_mean's: trim_count(n, trim) off each end.
     All of a job's readings at once (numpy): per-instant Python medians cost ~100 µs a GPU."""
     uuids = [u for u in node_of if not u.startswith("MIG-")]
     node_ids = {n: i for i, n in enumerate(dict.fromkeys(node_of[u] for u in uuids))}
@@ -68,7 +69,7 @@ def node_relative(gpu_windows: Mapping[str, Sequence[GpuSample]], node_of: Mappi
     g, dev = g[order], dev[order]
     first = np.flatnonzero(np.append(True, g[1:] != g[:-1]))
     m = np.diff(np.append(first, len(g)))
-    cut = (trim * m).astype(np.int64)
+    cut = trim_counts(m, trim)
     csum = np.append(0.0, np.cumsum(dev))
     mean = (csum[first + m - cut] - csum[first + cut]) / np.maximum(m - 2 * cut, 1)
     return {uuids[int(i)]: float(val) for i, val, k in zip(g[first], mean, m) if k >= min_instants}

@@ -158,11 +158,14 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     # The strongest look is reported. A median over few steps (the short look always; the recent one when
     # steps are long) must clear the threshold by one more: a median of a few heavy-tailed step times has
     # heavier tails than the Gaussian the threshold assumes, and consecutive evaluations share most of
-    # those steps, so persistence adds little.
+    # those steps, so persistence adds little. So must the long look, a median over the few (about six)
+    # independent windows of its five minutes: its excursions last minutes, so persistence adds nothing, and
+    # a group's healthy ranks crossed the bare threshold in 1–5 % of half-hour runs on Gaussian steps alone
+    # (docs/detectors.md, "Peer comparison").
     steps = {r.rank: r.steps for r, _, _ in members}
     for look in LOOKS:
         for rank, (z, v, med) in _past(series[look][0], scored[look], thr, +1).items():
-            few = look == "short" or (look == "recent" and steps[rank] < cfg.share_few_steps)
+            few = look in ("short", "long") or (look == "recent" and steps[rank] < cfg.share_few_steps)
             if few and z <= thr + cfg.few_steps_extra_z:
                 continue
             prev = flagged.get(rank, {}).get("compute_share")
