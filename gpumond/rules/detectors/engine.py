@@ -75,8 +75,9 @@ class Windowed:
     its compute-share looks, host features, SM activity, and whether it was stalled. A judgement on arrival
     judges the job's new steps (the sequential tests) against this picture instead of measuring the windows
     again: what the windowed looks say is validated at one look per periodic run (docs/detectors.md, "When a job
-    is judged"), telemetry changes only at a fetch (which comes with the periodic run), and measuring them was
-    most of a judgement's cost (at 32,768 ranks ~60 % of it)."""
+    is judged"), and measuring them was most of a judgement's cost (at 32,768 ranks ~60 % of it). Telemetry is
+    fetched on its own schedule: a judgement on arrival after a fetch measures the GPUs' side again
+    (`telemetry_seq`)."""
 
     feats: tuple[RankFeatures, ...]
     shares: Mapping[int, Shares]
@@ -192,8 +193,8 @@ def evaluate(inputs: EvalInputs, state: DetectorState, cfg: DetectorConfig,
         if arrivals and picture is None:
             _read_all(inputs.gpu_windows)
         if picture is not None and last is not None:
-            # Its telemetry as the last judgement read it: nothing is fetched between periodic runs, and reading
-            # every GPU's newest sample is what a judgement on arrival leaves to them.
+            # Its telemetry part as the last judgement read it: reading every GPU's newest sample is what a judgement
+            # on arrival avoids (a fetch since the picture is caught by telemetry_seq below).
             key = steps_key(ranks) + last.key[_STEPS_KEY_LEN:]
         else:
             key = inputs_key(ranks, inputs.gpu_windows, inputs.absent_nodes)
