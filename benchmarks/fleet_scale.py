@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import multiprocessing as mp
 import os
@@ -407,6 +408,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     onsets = {e.rank: {"episode": e, "pending": None, "firing": None, "by": None, "judge_wall": None}
               for e in fleet.episodes if owns("big-job")}
     rows, extra_ever = [], set()
+    extra_evidence: list = []  # (simulated s, by which judgement, Finding)
     began = time.perf_counter()
     findings: tuple = ()
     judge_free_at = START  # the judge-on-steps thread rests after a pass (max_busy), on the simulated clock
@@ -475,8 +477,14 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
                     continue
                 took = time.perf_counter() - e0
                 found = {(f.kind, f.job, f.rank) for f in findings}
-                extra_ever |= {f for f in found if not ((f[1], f[2]) in silent and f[0] in ("straggler", "job_slowdown"))
-                               and not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
+                extra = {f for f in found if not ((f[1], f[2]) in silent and f[0] in ("straggler", "job_slowdown"))
+                         and not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
+                for f in findings:  # what each other finding rested on when first seen, to explain it
+                    if (f.kind, f.job, f.rank) in extra - extra_ever:
+                        extra_evidence.append((t - START, by, f))
+                        print(f"other finding at {t - START:.0f} s ({by}): {f.kind} {f.job} r{f.rank} {f.state} "
+                              f"{json.dumps(f.evidence, default=str)}", file=sys.stderr, flush=True)
+                extra_ever |= extra
                 _onset_marks(onsets, findings, t, by, took)
             cpu_cycle = time.process_time() - cpu0
             spent = {**timed_source.take(), **{f"ranks.{k}": v for k, v in timed_ranks.take().items()},
@@ -515,7 +523,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     found = {(f.kind, f.job, f.rank) for f in findings}
     hit = {p for p in owned if any(k.startswith(p[0]) and (j, r) == (p[1], p[2]) for k, j, r in found)}
     return {"shard": shard, "rows": rows, "planted": len(owned), "hit": len(hit), "missed": sorted(owned - hit),
-            "extra": sorted(extra_ever, key=str), "ranks": service.ranks_pushed, "via": via,
+            "extra": sorted(extra_ever, key=str), "extra_evidence": extra_evidence, "ranks": service.ranks_pushed, "via": via,
             "onsets": list(onsets.values()), "sim_s": tick * TICK_S, "cpu_total_s": time.process_time() - cpu_begin,
             "judgements": ev.judgements_on_steps, "eval_every_s": config.evaluation_interval_s,
             "on_steps": (config.judge_on_steps.min_interval_s, config.judge_on_steps.max_busy) if on_steps else None}
@@ -759,6 +767,17 @@ def fetch_table(rows: list[dict], args: argparse.Namespace) -> tuple[list[list[s
     return out, line
 
 
+def _other_evidence(results: list[dict]) -> list[str]:
+    """What each finding that nobody planted rested on when it was first seen (a false finding must be explained)."""
+    out = []
+    for r in results:
+        name = f"{r['shard'][0]}/{r['shard'][1]}" if r["shard"] else "1 shard (all jobs)"
+        for at, by, f in r["extra_evidence"]:
+            out.append(f"- {name}, {at:.0f} s after the start ({by}): {f.kind} {f.job} rank {f.rank} ({f.state}): "
+                       f"`{json.dumps(f.evidence, default=str, sort_keys=True)}`")
+    return ["## Findings nobody planted: what each rested on when first seen\n", *out, ""] if out else []
+
+
 def _pct(xs: list[float], q: float) -> str:
     return f"{_bench.quantile(sorted(xs), q) * 1e3:,.0f} ms" if xs else "—"
 
@@ -936,6 +955,7 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
         "at 10 s a cycle, every 6th fetch is a refresh). The first cycle's refresh (cold caches) is left out of "
         "\"fetch at a refresh\" when a later one ran.",
         "",
+        *_other_evidence(results),
         f"## Telemetry fetched for need against every GPU every fetch ({args.fetch})\n",
         need_sum,
         "",
