@@ -12,7 +12,8 @@ import numpy as np
 
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.ragged import held
-from gpumond.rules.detectors.sequential import (_MAD_TO_SIGMA, Evidence, StepShares, Test, compute_test,
+from gpumond.rules.detectors.stats import MAD_TO_SIGMA
+from gpumond.rules.detectors.sequential import (Evidence, StepShares, Test, compute_test,
                                                 evidence_needed)
 from gpumond.rules.detectors.step_matrix import step_matrices
 from gpumond.rules.types import RankWindow
@@ -35,9 +36,9 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
         valid = ~np.isnan(y)
         if not valid.any():
             return {}
-        sigma = max(_MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), test.floor)
+        sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), test.floor)
         if test.row_noise:
-            sigma = np.maximum(sigma, np.nan_to_num(_MAD_TO_SIGMA * np.nanmedian(np.abs(y), axis=1)))[:, None]
+            sigma = np.maximum(sigma, np.nan_to_num(MAD_TO_SIGMA * np.nanmedian(np.abs(y), axis=1)))[:, None]
     z = np.where(valid, np.clip(y / sigma, -test.cap, test.cap), 0.0)
     ref = np.full((rows, 1), test.ref)
     if test.busy_ref is not None:

@@ -77,7 +77,9 @@ def ref_rank(w: RankWindow, since: float, short: int = 8, least: int = 5, trim: 
                         _median(shares) if len(shares) >= least else None,
                         _trimmed(shares, trim) if len(shares) >= least else None,
                         _median(absolute) if len(shares) >= least else None,
-                        _median(comm) if len(shares) >= least else None)
+                        _median(comm) if len(shares) >= least else None,
+                        share_spread=_median([abs(x - _median(shares)) for x in shares]) if len(shares) >= least
+                        else None)
 
 
 def ref_step_times(ranks, since, until):

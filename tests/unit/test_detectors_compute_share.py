@@ -185,3 +185,51 @@ def test_with_fast_steps_the_short_look_spans_seconds_so_a_burst_of_a_few_steps_
     # A rank slow throughout still is one.
     _, c = evaluate(_fast_job(slow_rank=1), DetectorState(), CFG)
     assert [(x.kind, x.rank) for x in c] == [("straggler", 1)]
+
+
+def _noisy_small_job(seed, steps, slow=None, factor=1.0):
+    """An 8-rank job with `steps` 1 s steps whose compute varies ±15 % step to step (a job's first seconds:
+    few steps a rank, each noisy); rank `slow` computes `factor` × as long."""
+    rnd = random.Random(seed * 7919)
+    busy = {}
+
+    def compute(r, k):
+        if (r, k) not in busy:
+            busy[r, k] = 0.8 * (1 + rnd.uniform(-0.15, 0.15)) * (factor if r == slow else 1.0)
+        return busy[r, k]
+
+    return job(T, nodes=1, compute=compute, seed=seed, steps=steps)
+
+
+def _on_share(inputs):
+    return sorted(c.rank for c in evaluate(inputs, DetectorState(), CFG)[1]
+                  if c.kind == "straggler" and "compute_share" in c.evidence["signals"])
+
+
+def test_a_small_jobs_few_noisy_steps_flag_no_rank_on_compute_share():
+    # The eight ranks' medians of 20 noisy steps: their own MAD is σ's estimate from eight values, often a fraction
+    # of it. Without the noise floor (straggler.noise_floor) 14 of these 300 healthy jobs had a rank flagged.
+    flagged = [seed for seed in range(300) if _on_share(_noisy_small_job(seed, 20))]
+    assert flagged == []
+
+
+def test_a_1_25x_straggler_in_the_same_small_noisy_job_is_still_found():
+    found = sum(_on_share(_noisy_small_job(seed, 20, slow=3, factor=1.25)) == [3] for seed in range(50))
+    assert found >= 45  # 48 of 50 with the floor, as without it
+
+
+def test_the_noise_floor_is_the_spread_of_a_median_of_the_looks_steps():
+    from gpumond.rules.detectors.features import RankFeatures
+    from gpumond.rules.detectors.straggler import noise_floor
+
+    def rank(r, spread, steps=40, step_s=0.5):
+        return RankFeatures(r, "n", f"GPU-{r}", None, steps, step_s, 0.0, T, T, share_spread=spread)
+
+    ranks = [rank(r, s) for r, s in enumerate((0.01, 0.02, 0.02, 0.03, None))]
+    sigma = 1.4826 * 0.02  # the median spread, as a σ
+    assert noise_floor(ranks, "recent", CFG) == pytest.approx(1.2533 * sigma / 40**0.5, rel=1e-4)
+    # The short look: its last share_short_steps steps or those of the last share_short_s, whichever is more.
+    k = max(CFG.share_short_steps, int(CFG.share_short_s / 0.5))
+    assert noise_floor(ranks, "short", CFG) == pytest.approx(1.2533 * sigma / min(k, 40)**0.5, rel=1e-4)
+    assert noise_floor(ranks, "long", CFG) == 0.0
+    assert noise_floor([rank(0, None), rank(1, None)], "recent", CFG) == 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpumond.rules.detectors.stats import median
+from gpumond.rules.detectors.stats import mad, median
 from gpumond.rules.types import GpuSample, HostSample, RankWindow, StepRecord
 
 THROTTLE_SIGNALS = ("throttle_hw_thermal", "throttle_sw_thermal", "throttle_hw_slowdown", "throttle_hw_power_brake")
@@ -33,6 +33,10 @@ class RankFeatures:
     # that have a comm wait (at least min_steps of them). share_* above are relative to the step's mean.
     compute_frac: float | None = None  # median 1 − (data_wait + comm_wait) / duration
     comm_frac: float | None = None  # median comm_wait / duration
+    # How much the rank's share moves from step to step: the median absolute deviation of its recent relative
+    # shares from their median (share_recent). The steps' own noise, which sets how far apart the ranks' medians
+    # of a few steps fall by chance (straggler.py's noise floor on the looks).
+    share_spread: float | None = None
     # A rank on a MIG slice: the slice's profile (e.g. 3g.40gb), "mig" while no agent has said which.
     # Ranks are peers only on the same kind of device: a 1g slice is not a slow 7g one.
     mig_profile: str | None = None
@@ -155,6 +159,7 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
         wait_mean=sum(waits) / len(waits) if waits else None,
         share_short=median(short) if shares and len(shares) >= min(short_steps, min_steps) else None,
         share_recent=median(shares) if shares and len(shares) >= min_steps else None,
+        share_spread=mad(shares) if shares and len(shares) >= min_steps else None,
         share_trimmed=trimmed_mean(shares, trim) if shares and len(shares) >= min_steps else None,
         compute_frac=median(absolute) if shares and len(shares) >= min_steps else None,
         comm_frac=median(comm) if shares and len(shares) >= min_steps else None,

@@ -74,6 +74,8 @@ def _vectorised(windows: list[RankWindow], read: RecentSteps | None, until: floa
     if shared.any():
         shares = _relative(shares, shared, numbers)
     share_trimmed, share_recent, n_shared = column_trimmed_mean_and_median(shares, shared, trim)
+    with np.errstate(all="ignore"):  # cells that are not selected may hold anything; they are masked out
+        share_spread, _ = column_median(np.abs(shares - share_recent), shared)
     # The last `short_steps` of them, and every one that ended within `short_s` of the newest of them.
     newest_end = np.where(shared, ends, -np.inf).max(axis=0) if depth else np.zeros(n)
     newest = shared & ((np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps) | (ends >= newest_end - short_s))
@@ -82,17 +84,18 @@ def _vectorised(windows: list[RankWindow], read: RecentSteps | None, until: floa
     recent_ok = n_shared >= min_steps
 
     feats = []
-    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok, tm, cf, mf in zip(
+    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok, tm, sp, cf, mf in zip(
             windows, k.tolist(), n_timed.tolist(), step_time.tolist(), wait_frac.tolist(), last_end.tolist(),
             counts.tolist(), wait_mean.tolist(), share_short.tolist(), short_ok.tolist(), share_recent.tolist(),
-            recent_ok.tolist(), share_trimmed.tolist(), compute_frac.tolist(), comm_frac.tolist(), strict=True):
+            recent_ok.tolist(), share_trimmed.tolist(), share_spread.tolist(), compute_frac.tolist(),
+            comm_frac.tolist(), strict=True):
         i = w.info
         feats.append(RankFeatures(
             rank=i.rank, node=i.node, gpu_uuid=i.gpu_uuid, group=i.group, steps=steps,
             step_time_s=st if timed_k else None, wait_frac=wf if timed_k else None,
             last_end=le if total else None, last_push=w.last_push, wait_mean=wm if timed_k else None,
             share_short=ss if sok else None, share_recent=sr if rok else None,
-            share_trimmed=tm if rok else None, compute_frac=cf if rok else None, comm_frac=mf if rok else None))
+            share_trimmed=tm if rok else None, share_spread=sp if rok else None, compute_frac=cf if rok else None, comm_frac=mf if rok else None))
     in_range = recent & (ends < until)
     return feats, _slowest_per_step(numbers[in_range].astype(np.int64), durations[in_range])
 

@@ -36,11 +36,10 @@ import numpy as np
 
 from gpumond.rules.detectors.config import DetectorConfig
 from gpumond.rules.detectors.peer_rows import PeerRows
-from gpumond.rules.detectors.stats import row_nanmedian
+from gpumond.rules.detectors.stats import MAD_TO_SIGMA, row_nanmedian
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.types import RankWindow
 
-_MAD_TO_SIGMA = 1.4826
 _MAX_LOG_FACTOR = math.log(10.0)
 
 
@@ -279,9 +278,9 @@ def judge(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, ranks: Sequence[i
         valid = ~np.isnan(y)
         if not valid.any():
             return {}
-        sigma = max(_MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), test.floor)
+        sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(y[valid]))), test.floor)
         if test.row_noise:
-            sigma = np.maximum(sigma, np.nan_to_num(_MAD_TO_SIGMA * medians(np.abs(y), "noise")))[:, None]
+            sigma = np.maximum(sigma, np.nan_to_num(MAD_TO_SIGMA * medians(np.abs(y), "noise")))[:, None]
     z = np.where(valid, np.clip(y / sigma, -test.cap, test.cap), 0.0)
     ref = np.full((rows, 1), test.ref)
     if test.busy_ref is not None:

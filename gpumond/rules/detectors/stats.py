@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 # 0.6745 = Φ⁻¹(0.75): makes MAD a consistent estimator of σ under Gaussian noise (Iglewicz & Hoaglin).
-_MAD_TO_SIGMA = 1.4826
+MAD_TO_SIGMA = 1.4826
 
 
 def median(xs: Sequence[float]) -> float:
@@ -46,7 +46,7 @@ def robust_z(xs: Sequence[float], floor: float) -> tuple[list[float], float, flo
     (a clock that only takes 15 MHz steps, a utilization pinned at 100 %) cannot produce huge z from tiny
     differences. Returns (z-scores, median, the scale used)."""
     m = median(xs)
-    scale = max(_MAD_TO_SIGMA * mad(xs, m), floor)
+    scale = max(MAD_TO_SIGMA * mad(xs, m), floor)
     return [(x - m) / scale for x in xs], m, scale
 
 
