@@ -409,6 +409,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
               for e in fleet.episodes if owns("big-job")}
     rows, extra_ever = [], set()
     extra_evidence: list = []  # (simulated s, by which judgement, Finding)
+    extra_fired: set = set()
     began = time.perf_counter()
     findings: tuple = ()
     judge_free_at = START  # the judge-on-steps thread rests after a pass (max_busy), on the simulated clock
@@ -479,12 +480,15 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
                 found = {(f.kind, f.job, f.rank) for f in findings}
                 extra = {f for f in found if not ((f[1], f[2]) in silent and f[0] in ("straggler", "job_slowdown"))
                          and not any(f[0].startswith(p[0]) and f[1:] == p[1:] for p in owned)}
-                for f in findings:  # what each other finding rested on when first seen, to explain it
-                    if (f.kind, f.job, f.rank) in extra - extra_ever:
+                for f in findings:  # what each other finding rested on when first seen and when it fired, if it did
+                    key = (f.kind, f.job, f.rank)
+                    if key in extra and (key not in extra_ever or (f.state == "firing" and key not in extra_fired)):
                         extra_evidence.append((t - START, by, f))
+                        extra_ever.add(key)
+                        if f.state == "firing":
+                            extra_fired.add(key)
                         print(f"other finding at {t - START:.0f} s ({by}): {f.kind} {f.job} r{f.rank} {f.state} "
                               f"{json.dumps(f.evidence, default=str)}", file=sys.stderr, flush=True)
-                extra_ever |= extra
                 _onset_marks(onsets, findings, t, by, took)
             cpu_cycle = time.process_time() - cpu0
             spent = {**timed_source.take(), **{f"ranks.{k}": v for k, v in timed_ranks.take().items()},
@@ -523,7 +527,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     found = {(f.kind, f.job, f.rank) for f in findings}
     hit = {p for p in owned if any(k.startswith(p[0]) and (j, r) == (p[1], p[2]) for k, j, r in found)}
     return {"shard": shard, "rows": rows, "planted": len(owned), "hit": len(hit), "missed": sorted(owned - hit),
-            "extra": sorted(extra_ever, key=str), "extra_evidence": extra_evidence, "ranks": service.ranks_pushed, "via": via,
+            "extra": sorted(extra_ever, key=str), "extra_fired": extra_fired, "extra_evidence": extra_evidence, "ranks": service.ranks_pushed, "via": via,
             "onsets": list(onsets.values()), "sim_s": tick * TICK_S, "cpu_total_s": time.process_time() - cpu_begin,
             "judgements": ev.judgements_on_steps, "eval_every_s": config.evaluation_interval_s,
             "on_steps": (config.judge_on_steps.min_interval_s, config.judge_on_steps.max_busy) if on_steps else None}
@@ -775,7 +779,12 @@ def _other_evidence(results: list[dict]) -> list[str]:
         for at, by, f in r["extra_evidence"]:
             out.append(f"- {name}, {at:.0f} s after the start ({by}): {f.kind} {f.job} rank {f.rank} ({f.state}): "
                        f"`{json.dumps(f.evidence, default=str, sort_keys=True)}`")
-    return ["## Findings nobody planted: what each rested on when first seen\n", *out, ""] if out else []
+    return ["## Findings nobody planted: what each rested on when first seen, and when it fired if it did\n",
+            "A finding is pending until the alert lifecycle's persistence (two of three looks over "
+            "`findings.min_duration_s`, or sequential or corroborated evidence) makes it fire; only a firing one "
+            "alerts anyone. The detectors' per-group budget of 10⁻⁴ false flags an evaluation means a few pending "
+            "flags on a fleet of hundreds of jobs; persistence is what keeps them from firing.\n", *out, ""] \
+        if out else []
 
 
 def _pct(xs: list[float], q: float) -> str:
@@ -882,8 +891,8 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                      f"{max(x['fetch_s'] for x in refreshes):.2f} s", f"{evaluate:.2f} s",
                      f"**{fetch + evaluate:.2f} s**", f"{max(x['import_s'] for x in last):.2f} s",
                      f"{r['hit']}/{r['planted']}", ", ".join(f"{k} {j} r{n}" for k, j, n in r["missed"]) or "—",
-                     ", ".join(f"{k} {j} r{n}" for k, j, n in r["extra"][:6]) + (" …" if len(r["extra"]) > 6 else "")
-                     or "—"])
+                     ", ".join(f"{k} {j} r{n}" + ("" if (k, j, n) in r["extra_fired"] else " (pending only)")
+                               for k, j, n in r["extra"][:6]) + (" …" if len(r["extra"]) > 6 else "") or "—"])
         pushes = [x["push"] for x in r["rows"][1:]] or [x["push"] for x in r["rows"]]  # the first fills the store
         records = sum(p["records"] for p in pushes)
         wall = sum(p["wall_s"] for p in pushes)

@@ -215,7 +215,7 @@ def test_a_small_jobs_few_noisy_steps_flag_no_rank_on_compute_share():
 
 def test_a_1_25x_straggler_in_the_same_small_noisy_job_is_still_found():
     found = sum(_on_share(_noisy_small_job(seed, 20, slow=3, factor=1.25)) == [3] for seed in range(50))
-    assert found >= 45  # 48 of 50 with the floor, as without it
+    assert found >= 45  # 49 of 50 with the floor; 46 without it, healthy ranks flagged beside it
 
 
 def test_the_noise_floor_is_the_spread_of_a_median_of_the_looks_steps():
