@@ -142,13 +142,13 @@ class RankSdk:
 
 
 class NodeRelay:
-    """A node's relay: holds its ranks' push bodies, forwards them every RELAY_INTERVAL_S at its phase, as one batch,
+    """A node's relay: holds its ranks' push bodies, forwards them every `interval_s` (RELAY_INTERVAL_S, the agent's default) at its phase, as one batch,
     and RELAY_EARLY_AFTER_S after an early push (at most one such round every RELAY_EARLY_GAP_S)."""
 
-    __slots__ = ("job", "_due", "_held", "_early_next")
+    __slots__ = ("job", "_due", "_held", "_early_next", "_interval_s")
 
-    def __init__(self, job: str, first_due: float) -> None:
-        self.job, self._due = job, first_due
+    def __init__(self, job: str, first_due: float, interval_s: float = RELAY_INTERVAL_S) -> None:
+        self.job, self._due, self._interval_s = job, first_due, interval_s
         self._held: list[tuple[float, bytes, int, bool]] = []
         self._early_next = -math.inf  # when the next early round may be
 
@@ -167,7 +167,7 @@ class NodeRelay:
                 self._early_next = at + RELAY_EARLY_GAP_S
             elif self._due <= until:
                 at = self._due
-                self._due += RELAY_INTERVAL_S
+                self._due += self._interval_s
             else:
                 return out
             now = [p for p in self._held if p[0] <= at]
@@ -199,7 +199,7 @@ class Senders:
     (each with the steps it carries)."""
 
     def __init__(self, nodes: Sequence[Sequence[Rank]], via: str, start: float, step_s: float,
-                 episodes: Sequence[Episode]) -> None:
+                 episodes: Sequence[Episode], relay_interval_s: float = RELAY_INTERVAL_S) -> None:
         from gpumond.job.payload import encode_head
 
         self.via, self.step_s = via, step_s
@@ -207,8 +207,8 @@ class Senders:
                                                  "node": r.node, "gpu_uuid": r.uuid}, "columns"),
                                      start + phase(hash_key(r), SDK_INTERVAL_S))) for r in ranks]
                        for ranks in nodes]
-        self._relays = [NodeRelay(ranks[0].job, start + phase(hash_key(ranks[0]) // 8 + 1, RELAY_INTERVAL_S))
-                        for ranks in nodes] if via == "relay" else []
+        self._relays = [NodeRelay(ranks[0].job, start + phase(hash_key(ranks[0]) // 8 + 1, relay_interval_s),
+                                  relay_interval_s) for ranks in nodes] if via == "relay" else []
         # Every job starts stepping at `start`; only the big job has episodes (a schedule a job, stateful).
         self._steps = {job: JobSteps(start, step_s, episodes if job == "big-job" else ())
                        for job in {r.job for ranks in nodes for r in ranks}}

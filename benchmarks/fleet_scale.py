@@ -173,7 +173,7 @@ def _kind(fleet: Fleet, job: str, rank: int) -> str:
 
 
 def _pusher(port: int, nodes: list[list], via: str, episodes: tuple, index: int, orders: mp.Queue,
-            done: mp.Queue) -> None:
+            done: mp.Queue, relay_interval_s: float = fp.RELAY_INTERVAL_S) -> None:
     """A load-generator process: its nodes' ranks' SDKs (and with `via` relay their relays, _fleet_pushes). For each
     order (simulated time, tick) it sends what they send the shard up to that time, one request at a time over a
     keep-alive connection; replies with the latencies, failures, steps accepted, requests and early pushes."""
@@ -183,7 +183,7 @@ def _pusher(port: int, nodes: list[list], via: str, episodes: tuple, index: int,
 
     from gpumond.wire.media import BATCH_COLUMNS_TYPE, CONTENT_TYPES
 
-    senders = fp.Senders(nodes, via, START, STEP_S, episodes)
+    senders = fp.Senders(nodes, via, START, STEP_S, episodes, relay_interval_s)
     batch = via == "relay"
     headers = {"Content-Type": BATCH_COLUMNS_TYPE if batch else CONTENT_TYPES["columns"],
                "Authorization": f"Bearer {TOKEN}"}
@@ -222,7 +222,8 @@ class Service:
     """The rules service's app under uvicorn in this process (the daemon's protocol and GC thresholds), over a
     RankStore the harness's evaluator reads; PUSHERS processes push to it, directly or as the nodes' relays."""
 
-    def __init__(self, fleet: Fleet, owns, clock: list[float], via: str = "direct") -> None:
+    def __init__(self, fleet: Fleet, owns, clock: list[float], via: str = "direct",
+                 relay_interval_s: float = fp.RELAY_INTERVAL_S) -> None:
         import uvicorn
 
         from gpumond.config.rules import RulesConfig
@@ -251,7 +252,7 @@ class Service:
         self._orders = [ctx.Queue() for _ in range(PUSHERS)]
         self._done = ctx.Queue()
         self._procs = [ctx.Process(target=_pusher, args=(self.port, mine[i::PUSHERS], via, fleet.episodes, i, q,
-                                                         self._done), daemon=True)
+                                                         self._done, relay_interval_s), daemon=True)
                        for i, q in enumerate(self._orders)]
         for p in self._procs:
             p.start()
@@ -358,7 +359,8 @@ class Counted:
 
 def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, duration_s: float,
               importer, vm_pid: int, fetch: str = "both", detail_s: float = 0.0, profile: bool = False,
-              via: str = "direct", on_steps: bool = True) -> dict:
+              via: str = "direct", on_steps: bool = True, relay_interval_s: float = fp.RELAY_INTERVAL_S,
+              evaluation_interval_s: float | None = None) -> dict:
     """Cycles of 10 simulated seconds for one shard's service, one second (a tick) at a time: every tick what the
     ranks (or their nodes' relays, `via`) send over HTTP, then a periodic evaluation every evaluation_interval_s
     (5 s, the default) or else, when the service's judge-on-steps thread would be free, a judgement of the jobs
@@ -386,9 +388,11 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     me = psutil.Process()
     gc.collect()
     rss0 = me.memory_info().rss
-    service = Service(fleet, owns, clock, via)
+    service = Service(fleet, owns, clock, via, relay_interval_s)
     # The service's defaults: its cadence (judge_on_steps off with `on_steps` False, to see what it adds).
-    config = RulesConfig.model_validate({"tokens": ["x" * 20], "judge_on_steps": {"enabled": on_steps}})
+    config = RulesConfig.model_validate({"tokens": ["x" * 20], "judge_on_steps": {"enabled": on_steps},
+                                         **({"evaluation_interval_s": evaluation_interval_s}
+                                            if evaluation_interval_s is not None else {})})
     gpus = GpuStore.from_config(config)
     source = PrometheusSource(url, clock=lambda: clock[0], timeout_s=60.0, detail_s=detail_s)
     counted = Counted(source, legacy=fetch == "legacy")
@@ -527,7 +531,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     found = {(f.kind, f.job, f.rank) for f in findings}
     hit = {p for p in owned if any(k.startswith(p[0]) and (j, r) == (p[1], p[2]) for k, j, r in found)}
     return {"shard": shard, "rows": rows, "planted": len(owned), "hit": len(hit), "missed": sorted(owned - hit),
-            "extra": sorted(extra_ever, key=str), "extra_fired": extra_fired, "extra_evidence": extra_evidence, "ranks": service.ranks_pushed, "via": via,
+            "extra": sorted(extra_ever, key=str), "extra_fired": extra_fired, "relay_interval_s": relay_interval_s, "extra_evidence": extra_evidence, "ranks": service.ranks_pushed, "via": via,
             "onsets": list(onsets.values()), "sim_s": tick * TICK_S, "cpu_total_s": time.process_time() - cpu_begin,
             "judgements": ev.judgements_on_steps, "eval_every_s": config.evaluation_interval_s,
             "on_steps": (config.judge_on_steps.min_interval_s, config.judge_on_steps.max_busy) if on_steps else None}
@@ -655,6 +659,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="how the ranks' steps reach the shard: `direct` (each rank's SDK pushes every 5 s and early "
                          "after a step that stands out) or `relay` (the same SDK pushes to its node's relay, which "
                          "forwards one batch per node every 2 s: docs/job-sdk.md \"The node relay\")")
+    ap.add_argument("--relay-interval-s", type=float, default=fp.RELAY_INTERVAL_S,
+                    help=f"with --via relay: how often each node's relay forwards what it holds (relay.interval_s; "
+                         f"default {fp.RELAY_INTERVAL_S:g}, the agent's); early pushes still go ~50 ms after they land")
+    ap.add_argument("--evaluation-interval-s", type=float,
+                    help="the service's evaluation_interval_s (default: the service's, 5 s): how often every job is "
+                         "judged whole; judgements on steps go on between")
     ap.add_argument("--onsets", type=lambda v: tuple(float(x) for x in v.split(",") if x),
                     help="simulated seconds after the start at which a silent straggler (its steps "
                          f"{SLOWDOWN:g}× long, its telemetry normal) begins, each on a rank of its own (default "
@@ -701,13 +711,17 @@ def main(argv: list[str] | None = None) -> int:
         episodes_end = math.ceil((max(onsets, default=0.0) + args.episode_s) / CYCLE_S) if onsets else 0
         sustain = args.sustain_cycles or (args.cycles if args.quick else max(args.cycles, FILL_CYCLES, episodes_end))
         results = [run_shard(url, fleet, None, sustain, duration, importer, vm.pid, args.fetch, args.detail_s,
-                             profile=args.profile, via=args.via, on_steps=not args.no_judge_on_steps)]
+                             profile=args.profile, via=args.via, on_steps=not args.no_judge_on_steps,
+                                 relay_interval_s=args.relay_interval_s,
+                                 evaluation_interval_s=args.evaluation_interval_s)]
         last = results[0]["rows"][-1]["t"]  # the last scrape's instant
         ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
         per_query = query_breakdown(url, last, vm.pid)
         for i in range(0 if args.one_shard_only else 4):
             results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer, vm.pid, args.fetch,
-                                     args.detail_s, via=args.via, on_steps=not args.no_judge_on_steps))
+                                     args.detail_s, via=args.via, on_steps=not args.no_judge_on_steps,
+                                     relay_interval_s=args.relay_interval_s,
+                                     evaluation_interval_s=args.evaluation_interval_s))
         vm_rss = _bench.proc_status_kib(vm.pid, "VmRSS")
     finally:
         _bench.stop(vm)
@@ -865,11 +879,12 @@ def onset_section(result: dict, episode_s: float) -> str:
         "(a slowdown right after another pushes nothing early). The ranks run the "
         "job SDK's own cadence (benchmarks/_fleet_pushes.py, with gpumond/job/early.py's rule and history): a push "
         "every 5 s at each rank's phase, and an early push after a step that stands out, at most one a second"
-        + (", each to the node's relay, which forwards what it holds every 2 s at its own phase, and 50 ms after an "
+        + (f", each to the node's relay, which forwards what it holds every {result['relay_interval_s']:g} s at its "
+           "own phase, and 50 ms after an "
            "early push (at most one such round a second, as the agent's relay does)" if result["via"] == "relay"
            else ", straight to the shard")
         + ". Resolution: one simulated second (a tick: what was sent up to it is pushed, then a periodic "
-        "evaluation every 5 s or else a judgement on steps when the judge-on-steps thread is free); the time is "
+        f"evaluation every {result['eval_every_s']:g} s or else a judgement on steps when the judge-on-steps thread is free); the time is "
         "the judgement's simulated instant, and the judgement itself then takes the wall seconds in the last "
         "column before its finding is out. The job's own slowdown while a straggler is on (`job_slowdown`, the "
         "job's steps 1.25× its baseline) is true and not listed among the other findings.",
@@ -933,11 +948,13 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                      f"{fleet.big_nodes * GPUS_PER_NODE:,}-rank job + {fleet.small} jobs of {SMALL_RANKS} ranks on a "
                      f"node each ({gpus:,} GPUs), every rank stepping every {STEP_S:g} s; "
                      + ("each rank's SDK pushes (columnar) every 5 s and early after a step that stands out, to its "
-                        "node's relay, which forwards one batch per node every 2 s"
+                        f"node's relay, which forwards one batch per node every {args.relay_interval_s:g} s"
                         if args.via == "relay" else
                         "each rank's SDK pushes (columnar) every 5 s and early after a step that stands out, directly")
                      + f", from {PUSHERS} load-generator processes, a simulated second at a time; the service's "
-                     "cadence at its defaults (a periodic evaluation every 5 s, judgements on steps between); a "
+                     + ("cadence at its defaults (a periodic evaluation every 5 s" if args.evaluation_interval_s is None
+                        else f"cadence (a periodic evaluation every {args.evaluation_interval_s:g} s")
+                     + ", judgements on steps between); a "
                      f"scrape imported and telemetry fetched every {CYCLE_S:g} simulated s (a cycle); 1 shard "
                      f"{len(results[0]['rows'])} cycles "
                      + ("(--sustain-cycles), " if args.sustain_cycles else

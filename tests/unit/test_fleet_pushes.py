@@ -76,6 +76,14 @@ def test_a_relay_forwards_every_interval_what_its_ranks_pushed_before_the_round(
     assert [steps for _, steps in out] == [1]  # the round at 2.5 s: the one after the first round
 
 
+def test_a_relay_with_a_longer_interval_holds_its_ranks_pushes_until_its_next_round():
+    relay = fp.NodeRelay("job", START + 0.5, interval_s=5.0)
+    assert [steps for _, steps in relay.advance([(START + 0.2, _body(0, 1), 1)], START + 1.0)] == [1]  # at 0.5 s
+    # the next round is at 5.5 s, not 2.5 s
+    assert relay.advance([(START + 0.6, _body(1, 1), 1)], START + 5.4) == []
+    assert [steps for _, steps in relay.advance([], START + 5.5)] == [1]
+
+
 def test_a_relay_forwards_an_early_push_at_once_at_most_once_a_second():
     relay = fp.NodeRelay("job", START + 0.5)
     relay.advance([], START + 0.5)  # its first regular round: nothing held
