@@ -360,7 +360,7 @@ class Counted:
 def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int, duration_s: float,
               importer, vm_pid: int, fetch: str = "both", detail_s: float = 0.0, profile: bool = False,
               via: str = "direct", on_steps: bool = True, relay_interval_s: float = fp.RELAY_INTERVAL_S,
-              evaluation_interval_s: float | None = None) -> dict:
+              evaluation_interval_s: float | None = None, max_busy: float | None = None) -> dict:
     """Cycles of 10 simulated seconds for one shard's service, one second (a tick) at a time: every tick what the
     ranks (or their nodes' relays, `via`) send over HTTP, then a periodic evaluation every evaluation_interval_s
     (5 s, the default) or else, when the service's judge-on-steps thread would be free, a judgement of the jobs
@@ -390,7 +390,9 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     rss0 = me.memory_info().rss
     service = Service(fleet, owns, clock, via, relay_interval_s)
     # The service's defaults: its cadence (judge_on_steps off with `on_steps` False, to see what it adds).
-    config = RulesConfig.model_validate({"tokens": ["x" * 20], "judge_on_steps": {"enabled": on_steps},
+    config = RulesConfig.model_validate({"tokens": ["x" * 20],
+                                         "judge_on_steps": {"enabled": on_steps,
+                                                            **({"max_busy": max_busy} if max_busy else {})},
                                          **({"evaluation_interval_s": evaluation_interval_s}
                                             if evaluation_interval_s is not None else {})})
     gpus = GpuStore.from_config(config)
@@ -665,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evaluation-interval-s", type=float,
                     help="the service's evaluation_interval_s (default: the service's, 5 s): how often every job is "
                          "judged whole; judgements on steps go on between")
+    ap.add_argument("--max-busy", type=float,
+                    help="the service's judge_on_steps.max_busy (default: the service's, 0.5): the share of a core "
+                         "judgements on steps may take")
     ap.add_argument("--onsets", type=lambda v: tuple(float(x) for x in v.split(",") if x),
                     help="simulated seconds after the start at which a silent straggler (its steps "
                          f"{SLOWDOWN:g}× long, its telemetry normal) begins, each on a rank of its own (default "
@@ -713,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [run_shard(url, fleet, None, sustain, duration, importer, vm.pid, args.fetch, args.detail_s,
                              profile=args.profile, via=args.via, on_steps=not args.no_judge_on_steps,
                                  relay_interval_s=args.relay_interval_s,
-                                 evaluation_interval_s=args.evaluation_interval_s)]
+                                 evaluation_interval_s=args.evaluation_interval_s, max_busy=args.max_busy)]
         last = results[0]["rows"][-1]["t"]  # the last scrape's instant
         ways = fetch_variants(url, last, vm.pid, 2 if args.quick else 1)
         per_query = query_breakdown(url, last, vm.pid)
@@ -721,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(run_shard(url, fleet, (i, 4), args.cycles, 0.0, importer, vm.pid, args.fetch,
                                      args.detail_s, via=args.via, on_steps=not args.no_judge_on_steps,
                                      relay_interval_s=args.relay_interval_s,
-                                     evaluation_interval_s=args.evaluation_interval_s))
+                                     evaluation_interval_s=args.evaluation_interval_s, max_busy=args.max_busy))
         vm_rss = _bench.proc_status_kib(vm.pid, "VmRSS")
     finally:
         _bench.stop(vm)
@@ -837,8 +842,8 @@ def cpu_section(result: dict, steady_cycles: int = 10) -> str:
         "CPU-seconds per second of the fleet's life. *Ingest*: the process's CPU while the ticks' pushes were "
         "being sent and answered (nothing else runs in it then); *fetch*: around poll_telemetry (queries, decode, "
         "join, GpuStore.add); *periodic evaluations*: `evaluate()` every "
-        f"{result['eval_every_s']:g} simulated s (the default `evaluation_interval_s`); *judgements on steps*: "
-        + ("`judge_arrivals()` between them (the default `judge_on_steps`: a job at most every "
+        f"{result['eval_every_s']:g} simulated s (`evaluation_interval_s`); *judgements on steps*: "
+        + ("`judge_arrivals()` between them (`judge_on_steps`: a job at most every "
            f"{result['on_steps'][0]:g} s, the passes at most {result['on_steps'][1]:g} of a core: after a pass of "
            "d wall seconds the next waits d × (1 − max_busy) / max_busy, taken here as simulated seconds)"
            if result["on_steps"] else "none (`--no-judge-on-steps`: the periodic evaluations alone)")
