@@ -533,7 +533,8 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     found = {(f.kind, f.job, f.rank) for f in findings}
     hit = {p for p in owned if any(k.startswith(p[0]) and (j, r) == (p[1], p[2]) for k, j, r in found)}
     return {"shard": shard, "rows": rows, "planted": len(owned), "hit": len(hit), "missed": sorted(owned - hit),
-            "extra": sorted(extra_ever, key=str), "extra_fired": extra_fired, "relay_interval_s": relay_interval_s, "extra_evidence": extra_evidence, "ranks": service.ranks_pushed, "via": via,
+            "extra": sorted(extra_ever, key=str), "extra_fired": extra_fired, "extra_evidence": extra_evidence,
+            "relay_interval_s": relay_interval_s, "ranks": service.ranks_pushed, "via": via,
             "onsets": list(onsets.values()), "sim_s": tick * TICK_S, "cpu_total_s": time.process_time() - cpu_begin,
             "judgements": ev.judgements_on_steps, "eval_every_s": config.evaluation_interval_s,
             "on_steps": (config.judge_on_steps.min_interval_s, config.judge_on_steps.max_busy) if on_steps else None}

@@ -95,7 +95,8 @@ def _vectorised(windows: list[RankWindow], read: RecentSteps | None, until: floa
             step_time_s=st if timed_k else None, wait_frac=wf if timed_k else None,
             last_end=le if total else None, last_push=w.last_push, wait_mean=wm if timed_k else None,
             share_short=ss if sok else None, share_recent=sr if rok else None,
-            share_trimmed=tm if rok else None, share_spread=sp if rok else None, compute_frac=cf if rok else None, comm_frac=mf if rok else None))
+            share_trimmed=tm if rok else None, share_spread=sp if rok else None, compute_frac=cf if rok else None,
+            comm_frac=mf if rok else None))
     in_range = recent & (ends < until)
     return feats, _slowest_per_step(numbers[in_range].astype(np.int64), durations[in_range])
 
