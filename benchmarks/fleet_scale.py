@@ -392,7 +392,7 @@ def run_shard(url: str, fleet: Fleet, shard: tuple[int, int] | None, cycles: int
     # The service's defaults: its cadence (judge_on_steps off with `on_steps` False, to see what it adds).
     config = RulesConfig.model_validate({"tokens": ["x" * 20],
                                          "judge_on_steps": {"enabled": on_steps,
-                                                            **({"max_busy": max_busy} if max_busy else {})},
+                                                            **({"max_busy": max_busy} if max_busy is not None else {})},
                                          **({"evaluation_interval_s": evaluation_interval_s}
                                             if evaluation_interval_s is not None else {})})
     gpus = GpuStore.from_config(config)
@@ -631,6 +631,28 @@ def query_breakdown(url: str, t: float, vm_pid: int) -> list[list[str]]:
     return out + [["**all**", *cells(total[0]), *cells(total[1])]]
 
 
+def _positive(v: str) -> float:
+    x = float(v)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"{v}: must be above 0")
+    return x
+
+
+def _whole_ticks(v: str) -> float:
+    """An interval the harness can keep: a whole number of its simulated-second ticks, at least one."""
+    x = _positive(v)
+    if x < TICK_S or x / TICK_S != round(x / TICK_S):
+        raise argparse.ArgumentTypeError(f"{v}: must be a whole multiple of the harness's {TICK_S:g} s tick")
+    return x
+
+
+def _share(v: str) -> float:
+    x = _positive(v)
+    if x > 1:
+        raise argparse.ArgumentTypeError(f"{v}: a share of one core, at most 1")
+    return x
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="64 nodes, --cycles cycles (6), no sustained run (smoke test)")
@@ -662,13 +684,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="how the ranks' steps reach the shard: `direct` (each rank's SDK pushes every 5 s and early "
                          "after a step that stands out) or `relay` (the same SDK pushes to its node's relay, which "
                          "forwards one batch per node every 2 s: docs/job-sdk.md \"The node relay\")")
-    ap.add_argument("--relay-interval-s", type=float, default=fp.RELAY_INTERVAL_S,
+    ap.add_argument("--relay-interval-s", type=_positive, default=fp.RELAY_INTERVAL_S,
                     help=f"with --via relay: how often each node's relay forwards what it holds (relay.interval_s; "
                          f"default {fp.RELAY_INTERVAL_S:g}, the agent's); early pushes still go ~50 ms after they land")
-    ap.add_argument("--evaluation-interval-s", type=float,
+    ap.add_argument("--evaluation-interval-s", type=_whole_ticks,
                     help="the service's evaluation_interval_s (default: the service's, 5 s): how often every job is "
                          "judged whole; judgements on steps go on between")
-    ap.add_argument("--max-busy", type=float,
+    ap.add_argument("--max-busy", type=_share,
                     help="the service's judge_on_steps.max_busy (default: the service's, 0.5): the share of a core "
                          "judgements on steps may take")
     ap.add_argument("--onsets", type=lambda v: tuple(float(x) for x in v.split(",") if x),
@@ -958,10 +980,11 @@ def report(results: list[dict], ways: list[list[str]], per_query: list[list[str]
                         if args.via == "relay" else
                         "each rank's SDK pushes (columnar) every 5 s and early after a step that stands out, directly")
                      + f", from {PUSHERS} load-generator processes, a simulated second at a time; the service's "
-                     + ("cadence at its defaults (a periodic evaluation every 5 s" if args.evaluation_interval_s is None
-                        else f"cadence (a periodic evaluation every {args.evaluation_interval_s:g} s")
-                     + ", judgements on steps between); a "
-                     f"scrape imported and telemetry fetched every {CYCLE_S:g} simulated s (a cycle); 1 shard "
+                     + ("cadence at its defaults (a periodic evaluation every 5 s, judgements on steps between); a "
+                        if args.evaluation_interval_s is None and args.max_busy is None else
+                        f"cadence (a periodic evaluation every {args.evaluation_interval_s or 5:g} s, judgements on "
+                        f"steps between taking at most {args.max_busy or 0.5:g} of a core); a ")
+                     + f"scrape imported and telemetry fetched every {CYCLE_S:g} simulated s (a cycle); 1 shard "
                      f"{len(results[0]['rows'])} cycles "
                      + ("(--sustain-cycles), " if args.sustain_cycles else
                         f"(at least {duration:g} s, until its 300 s window filled and the last silent straggler's "

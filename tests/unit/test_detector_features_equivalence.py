@@ -79,7 +79,7 @@ def ref_rank(w: RankWindow, since: float, short: int = 8, least: int = 5, trim: 
                         _median(absolute) if len(shares) >= least else None,
                         _median(comm) if len(shares) >= least else None,
                         share_spread=_median([abs(x - _median(shares)) for x in shares]) if len(shares) >= least
-                        else None)
+                        else None, share_n=len(shares), share_short_n=len(in_short))
 
 
 def ref_step_times(ranks, since, until):

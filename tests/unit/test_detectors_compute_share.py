@@ -218,18 +218,28 @@ def test_a_1_25x_straggler_in_the_same_small_noisy_job_is_still_found():
     assert found >= 45  # 49 of 50 with the floor; 46 without it, healthy ranks flagged beside it
 
 
-def test_the_noise_floor_is_the_spread_of_a_median_of_the_looks_steps():
+def test_the_noise_floor_is_the_spread_of_a_median_of_as_many_steps_as_each_look_holds():
     from gpumond.rules.detectors.features import RankFeatures
     from gpumond.rules.detectors.straggler import noise_floor
 
-    def rank(r, spread, steps=40, step_s=0.5):
-        return RankFeatures(r, "n", f"GPU-{r}", None, steps, step_s, 0.0, T, T, share_spread=spread)
+    def rank(r, spread, recent=40, short=10):
+        return RankFeatures(r, "n", f"GPU-{r}", None, recent, 2.0, 0.0, T, T, share_spread=spread,
+                            share_n=recent, share_short_n=short)
 
-    ranks = [rank(r, s) for r, s in enumerate((0.01, 0.02, 0.02, 0.03, None))]
-    sigma = 1.4826 * 0.02  # the median spread, as a σ
+    ranks = [rank(0, 0.01), rank(1, 0.02, 30, 9), rank(2, 0.02), rank(3, 0.03, 50, 12), rank(4, None, 4, 4)]
+    sigma = 1.4826 * 0.02  # the median spread of the ranks that have one, as a σ
     assert noise_floor(ranks, "recent", CFG) == pytest.approx(1.2533 * sigma / 40**0.5, rel=1e-4)
-    # The short look: its last share_short_steps steps or those of the last share_short_s, whichever is more.
-    k = max(CFG.share_short_steps, int(CFG.share_short_s / 0.5))
-    assert noise_floor(ranks, "short", CFG) == pytest.approx(1.2533 * sigma / min(k, 40)**0.5, rel=1e-4)
+    assert noise_floor(ranks, "short", CFG) == pytest.approx(1.2533 * sigma / 10**0.5, rel=1e-4)
     assert noise_floor(ranks, "long", CFG) == 0.0
     assert noise_floor([rank(0, None), rank(1, None)], "recent", CFG) == 0.0
+
+
+def test_a_ranks_step_counts_are_those_its_looks_are_medians_of():
+    info = RankInfo("j", 0, 2, "n", "GPU-0")
+    # 30 steps of 2 s, 3 of them without a comm wait (not in any look): the short look is the last 8 of the
+    # other 27, or those that ended in the 20 s before the newest when that is more (steps 19–29, of which 27
+    # and 28 have no comm wait: 9).
+    steps = tuple(StepRecord(k, 100.0 + 2 * k, 1.0, 0.1, None, None if k in (5, 27, 28) else 0.2)
+                  for k in range(30))
+    f = rank_features(RankWindow(info, steps, 160.0), since=0.0, short_steps=8, min_steps=5, short_s=20.0)
+    assert (f.share_n, f.share_short_n) == (27, 9)

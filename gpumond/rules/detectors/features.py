@@ -37,6 +37,8 @@ class RankFeatures:
     # shares from their median (share_recent). The steps' own noise, which sets how far apart the ranks' medians
     # of a few steps fall by chance (straggler.py's noise floor on the looks).
     share_spread: float | None = None
+    share_n: int = 0  # how many steps the recent look's median is of (timed, with a comm wait)
+    share_short_n: int = 0  # how many the short look's is of
     # A rank on a MIG slice: the slice's profile (e.g. 3g.40gb), "mig" while no agent has said which.
     # Ranks are peers only on the same kind of device: a 1g slice is not a slow 7g one.
     mig_profile: str | None = None
@@ -160,6 +162,7 @@ def rank_features(w: RankWindow, since: float, short_steps: int = 8, min_steps: 
         share_short=median(short) if shares and len(shares) >= min(short_steps, min_steps) else None,
         share_recent=median(shares) if shares and len(shares) >= min_steps else None,
         share_spread=mad(shares) if shares and len(shares) >= min_steps else None,
+        share_n=len(shares), share_short_n=len(short),
         share_trimmed=trimmed_mean(shares, trim) if shares and len(shares) >= min_steps else None,
         compute_frac=median(absolute) if shares and len(shares) >= min_steps else None,
         comm_frac=median(comm) if shares and len(shares) >= min_steps else None,

@@ -79,24 +79,24 @@ def _vectorised(windows: list[RankWindow], read: RecentSteps | None, until: floa
     # The last `short_steps` of them, and every one that ended within `short_s` of the newest of them.
     newest_end = np.where(shared, ends, -np.inf).max(axis=0) if depth else np.zeros(n)
     newest = shared & ((np.cumsum(shared[::-1], axis=0)[::-1] <= short_steps) | (ends >= newest_end - short_s))
-    share_short, _ = column_median(shares, newest)
+    share_short, n_short = column_median(shares, newest)
     short_ok = n_shared >= min(short_steps, min_steps)
     recent_ok = n_shared >= min_steps
 
     feats = []
-    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok, tm, sp, cf, mf in zip(
+    for w, steps, timed_k, st, wf, le, total, wm, ss, sok, sr, rok, tm, sp, ns, nss, cf, mf in zip(
             windows, k.tolist(), n_timed.tolist(), step_time.tolist(), wait_frac.tolist(), last_end.tolist(),
             counts.tolist(), wait_mean.tolist(), share_short.tolist(), short_ok.tolist(), share_recent.tolist(),
-            recent_ok.tolist(), share_trimmed.tolist(), share_spread.tolist(), compute_frac.tolist(),
-            comm_frac.tolist(), strict=True):
+            recent_ok.tolist(), share_trimmed.tolist(), share_spread.tolist(), n_shared.tolist(), n_short.tolist(),
+            compute_frac.tolist(), comm_frac.tolist(), strict=True):
         i = w.info
         feats.append(RankFeatures(
             rank=i.rank, node=i.node, gpu_uuid=i.gpu_uuid, group=i.group, steps=steps,
             step_time_s=st if timed_k else None, wait_frac=wf if timed_k else None,
             last_end=le if total else None, last_push=w.last_push, wait_mean=wm if timed_k else None,
             share_short=ss if sok else None, share_recent=sr if rok else None,
-            share_trimmed=tm if rok else None, share_spread=sp if rok else None, compute_frac=cf if rok else None,
-            comm_frac=mf if rok else None))
+            share_trimmed=tm if rok else None, share_spread=sp if rok else None, share_n=ns, share_short_n=nss,
+            compute_frac=cf if rok else None, comm_frac=mf if rok else None))
     in_range = recent & (ends < until)
     return feats, _slowest_per_step(numbers[in_range].astype(np.int64), durations[in_range])
 

@@ -275,25 +275,23 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
 def noise_floor(ranks: Sequence[RankFeatures], look: str, cfg: DetectorConfig) -> float:
     """How far apart the ranks' medians of a look's steps fall from their steps' own noise alone (a σ, for
     robust_z's floor): √(π/2) σ/√k for a median of k steps of noise σ, σ from the ranks' median `share_spread`
-    (a MAD over all of each rank's recent steps, so steady however few the ranks) and k the look's median step
-    count. 0 for the long look (a median over evaluations, not steps) and without spreads.
+    (a MAD over all of each rank's recent steps, so steady however few the ranks) and k the median count of steps
+    the look's medians are of. 0 for the long look (a median over evaluations, not steps) and without spreads.
 
     The peers' MAD of the looks themselves is that σ's estimate from as many values as there are ranks: from
     eight it is often a fraction of the truth, and the z it divides inflates by as much (max modified z of 8
     Gaussian values passes 4.2, the threshold for eight, in 4.6 % of groups, not the 1e-4 the threshold is set
     for). The fixed floors keep this from mattering once a look holds a minute of steps; in a job's first seconds,
-    with 10–20 steps a rank, they do not (three healthy 8-rank jobs of 512 were flagged pending in the fleet
+    with 10–20 steps a rank, they do not (three healthy 8-rank jobs of 511 were flagged pending in the fleet
     benchmark), while the steps' own noise, measured over every rank's steps, says what spread to expect."""
-    spreads = [r.share_spread for r in ranks if r.share_spread is not None]
-    if look == "long" or not spreads:
+    if look == "long":
         return 0.0
-    if look == "recent":
-        counts = [r.steps for r in ranks]
-    else:  # the last share_short_steps steps, or those of the last share_short_s when that is more
-        counts = [min(r.steps, max(cfg.share_short_steps,
-                                   int(cfg.share_short_s / r.step_time_s) if r.step_time_s else 0)) for r in ranks]
-    k = max(median(counts), 1.0)
-    return math.sqrt(math.pi / 2.0) * MAD_TO_SIGMA * median(spreads) / math.sqrt(k)
+    with_spread = [r for r in ranks if r.share_spread is not None]
+    if not with_spread:
+        return 0.0
+    k = median([r.share_n if look == "recent" else r.share_short_n for r in with_spread])
+    sigma = MAD_TO_SIGMA * median([r.share_spread for r in with_spread])  # type: ignore[misc]
+    return math.sqrt(math.pi / 2.0) * sigma / math.sqrt(max(k, 1))
 
 
 def _sm_active(members: list[Member], activity: Mapping[str, float], thr: float, cfg: DetectorConfig,
