@@ -104,3 +104,16 @@ def test_senders_send_every_step_once_directly_or_through_relays():
         counted[via] = sum(k for t in range(1, 31) for _, k in senders.tick(START + t, np.random.default_rng(t)))
     # 16 ranks × 60 steps by 30 s; pushed by then: every step up to each rank's (or relay's) last round.
     assert 16 * 50 <= counted["direct"] <= 16 * 60 and 16 * 50 <= counted["relay"] <= 16 * 60
+
+
+def test_fleet_scale_refuses_settings_its_harness_cannot_keep():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "fleet_scale.py"
+    for flag, value, says in (("--evaluation-interval-s", "2.5", "whole multiple"),
+                              ("--relay-interval-s", "0", "above 0"), ("--max-busy", "1.5", "at most 1")):
+        r = subprocess.run([sys.executable, str(script), "--quick", flag, value], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and says in r.stderr, (flag, r.stderr)
