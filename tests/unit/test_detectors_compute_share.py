@@ -208,7 +208,7 @@ def _on_share(inputs):
 
 def test_a_small_jobs_few_noisy_steps_flag_no_rank_on_compute_share():
     # The eight ranks' medians of 20 noisy steps: their own MAD is σ's estimate from eight values, often a fraction
-    # of it. Without the noise floor (straggler.noise_floor) 14 of these 300 healthy jobs had a rank flagged.
+    # of it. Without the noise floor (straggler.noise_floors) 14 of these 300 healthy jobs had a rank flagged.
     flagged = [seed for seed in range(300) if _on_share(_noisy_small_job(seed, 20))]
     assert flagged == []
 
@@ -220,7 +220,7 @@ def test_a_1_25x_straggler_in_the_same_small_noisy_job_is_still_found():
 
 def test_the_noise_floor_is_the_spread_of_a_median_of_as_many_steps_as_each_look_holds():
     from gpumond.rules.detectors.features import RankFeatures
-    from gpumond.rules.detectors.straggler import noise_floor
+    from gpumond.rules.detectors.straggler import noise_floors
 
     def rank(r, spread, recent=40, short=10):
         return RankFeatures(r, "n", f"GPU-{r}", None, recent, 2.0, 0.0, T, T, share_spread=spread,
@@ -228,10 +228,11 @@ def test_the_noise_floor_is_the_spread_of_a_median_of_as_many_steps_as_each_look
 
     ranks = [rank(0, 0.01), rank(1, 0.02, 30, 9), rank(2, 0.02), rank(3, 0.03, 50, 12), rank(4, None, 4, 4)]
     sigma = 1.4826 * 0.02  # the median spread of the ranks that have one, as a σ
-    assert noise_floor(ranks, "recent", CFG) == pytest.approx(1.2533 * sigma / 40**0.5, rel=1e-4)
-    assert noise_floor(ranks, "short", CFG) == pytest.approx(1.2533 * sigma / 10**0.5, rel=1e-4)
-    assert noise_floor(ranks, "long", CFG) == 0.0
-    assert noise_floor([rank(0, None), rank(1, None)], "recent", CFG) == 0.0
+    floors = noise_floors(ranks)
+    assert floors["recent"] == pytest.approx(1.2533 * sigma / 40**0.5, rel=1e-4)
+    assert floors["short"] == pytest.approx(1.2533 * sigma / 10**0.5, rel=1e-4)
+    assert "long" not in floors  # a median over evaluations: its fixed floor only
+    assert noise_floors([rank(0, None), rank(1, None)]) == {"short": 0.0, "recent": 0.0}
 
 
 def test_a_ranks_step_counts_are_those_its_looks_are_medians_of():

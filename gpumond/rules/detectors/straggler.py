@@ -146,9 +146,9 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
         ("temperature_c", "temperature_c", cfg.floor_temperature_c, +1),
     ):
         series[name] = ([(r, v) for r, g in busy if (v := getattr(g, attr)) is not None], floor, sign)
+    noise = noise_floors([r for r, _ in with_sh])
     for look in LOOKS:
-        floor = cfg.floor_compute_share_long if look == "long" else \
-            max(cfg.floor_compute_share, noise_floor([r for r, _ in with_sh], look, cfg))
+        floor = cfg.floor_compute_share_long if look == "long" else max(cfg.floor_compute_share, noise[look])
         series[look] = ([(r, v) for r, sh in with_sh if (v := getattr(sh, look)) is not None], floor, +1)
     scored = {name: _scored(xs, floor) for name, (xs, floor, _) in series.items()}
 
@@ -272,11 +272,12 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
     return out, blocks, current
 
 
-def noise_floor(ranks: Sequence[RankFeatures], look: str, cfg: DetectorConfig) -> float:
-    """How far apart the ranks' medians of a look's steps fall from their steps' own noise alone (a σ, for
-    robust_z's floor): √(π/2) σ/√k for a median of k steps of noise σ, σ from the ranks' median `share_spread`
-    (a MAD over all of each rank's recent steps, so steady however few the ranks) and k the median count of steps
-    the look's medians are of. 0 for the long look (a median over evaluations, not steps) and without spreads.
+def noise_floors(ranks: Sequence[RankFeatures]) -> dict[str, float]:
+    """For the short and the recent look: how far apart the ranks' medians of the look's steps fall from their
+    steps' own noise alone (a σ, for robust_z's floor): √(π/2) σ/√k for a median of k steps of noise σ, σ from
+    the ranks' median `share_spread` (a MAD over all of each rank's recent steps, so steady however few the ranks)
+    and k the median count of steps the look's medians are of. 0 for both without spreads. (The long look is a
+    median over evaluations, not steps: it keeps its fixed floor.)
 
     The peers' MAD of the looks themselves is that σ's estimate from as many values as there are ranks: from
     eight it is often a fraction of the truth, and the z it divides inflates by as much (max modified z of 8
@@ -284,14 +285,13 @@ def noise_floor(ranks: Sequence[RankFeatures], look: str, cfg: DetectorConfig) -
     for). The fixed floors keep this from mattering once a look holds a minute of steps; in a job's first seconds,
     with 10–20 steps a rank, they do not (three healthy 8-rank jobs of 511 were flagged pending in the fleet
     benchmark), while the steps' own noise, measured over every rank's steps, says what spread to expect."""
-    if look == "long":
-        return 0.0
     with_spread = [r for r in ranks if r.share_spread is not None]
     if not with_spread:
-        return 0.0
-    k = median([r.share_n if look == "recent" else r.share_short_n for r in with_spread])
+        return {"short": 0.0, "recent": 0.0}
     sigma = MAD_TO_SIGMA * median([r.share_spread for r in with_spread])  # type: ignore[misc]
-    return math.sqrt(math.pi / 2.0) * sigma / math.sqrt(max(k, 1))
+    counts = {"short": median([r.share_short_n for r in with_spread]),
+              "recent": median([r.share_n for r in with_spread])}
+    return {look: math.sqrt(math.pi / 2.0) * sigma / math.sqrt(max(k, 1)) for look, k in counts.items()}
 
 
 def _sm_active(members: list[Member], activity: Mapping[str, float], thr: float, cfg: DetectorConfig,
