@@ -37,6 +37,7 @@ WRK_AND_PUSHGATEWAY = pytest.mark.skipif(
     (["benchmarks/rules_store.py", "--quick"], "RSS per held step"),
     (["benchmarks/relay_batch_cost.py", "--quick"], "less CPU per step"),
     (["benchmarks/eval_cycle.py", "--quick"], "pushes 65,536/s"),
+    (["benchmarks/eval_phases.py", "--quick"], "the parts that read the window grew by"),
     (["benchmarks/fleet_scale.py", "--quick"], "planted found"),
     (["benchmarks/relay_scale.py", "--quick"], "ingest CPU relay ÷ direct"),
     (["benchmarks/fleet_scale.py", "--quick", "--fetch-only", "--cycles", "2"], "throttle bitmask `!= 0`"),
