@@ -53,8 +53,7 @@ def column_median(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.
     width, n = values.shape
     if width == 0 or n == 0:
         return np.zeros(n), k
-    # Unselected cells sort last as +inf; a selected +inf ties with them, which changes nothing.
-    m = np.where(mask, values, np.inf).T.copy()
+    m = _rows(values, mask)
     idx = k // 2
     at_hi, at_lo = np.minimum(idx, width - 1), np.maximum(idx - 1, 0)
     _order(m, np.union1d(at_hi, at_lo))
@@ -70,9 +69,9 @@ def _order(m: np.ndarray, wanted: np.ndarray) -> int:
     ~log2(width) of them. The values there are the sorted ones; which of equal values lands there differs, which
     only a -0.0 beside a 0.0 could tell apart: a row holding a -0.0 is sorted (stable, as `sorted` orders it)."""
     if len(wanted) > _FEW_ORDERS:
-        m.sort(axis=1, kind="stable")
+        _sort_rows(m)
         return 0
-    signed = (np.signbit(m) & (m == 0.0)).any(axis=1)
+    signed = _signed_zero(m)
     if not signed.any():
         m.partition(wanted, axis=1)
         return len(m)
@@ -84,6 +83,34 @@ def _order(m: np.ndarray, wanted: np.ndarray) -> int:
     part.partition(wanted, axis=1)
     m[selected_rows] = part
     return len(selected_rows)
+
+
+def _rows(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Each column's cells as a row of a fresh C-contiguous (n, width) array, unselected ones +inf (they sort last;
+    a selected +inf ties with them, which changes nothing). Transposed before `where`, not after: the matrices read
+    from the store are rank-major in memory (`gather` writes them so), so the rows come out in memory order, where
+    a transposed copy of a (width, n) result jumped across it (4.6× slower at 32,768 × 44)."""
+    return np.ascontiguousarray(np.where(mask.T, values.T, np.inf))
+
+
+def _signed_zero(m: np.ndarray) -> np.ndarray:
+    """Which rows hold a -0.0."""
+    return (np.signbit(m) & (m == 0.0)).any(axis=1)
+
+
+def _sort_rows(m: np.ndarray) -> None:
+    """Sort each row in place as a stable sort does. Equal values are identical but for -0.0 beside 0.0, so only
+    rows holding a -0.0 need the stable sort (as `sorted` orders them); the others take numpy's default, a SIMD
+    sort where the CPU has one: 7–11× faster than the stable sort on rows of 44–89 steps."""
+    signed = _signed_zero(m)
+    if not signed.any():
+        m.sort(axis=1)
+        return
+    rows = np.flatnonzero(signed)
+    part = m[rows]
+    part.sort(axis=1, kind="stable")
+    m[~signed] = np.sort(m[~signed], axis=1)
+    m[rows] = part
 
 
 def _middle(m: np.ndarray, k: np.ndarray, at_hi: np.ndarray, at_lo: np.ndarray) -> np.ndarray:
@@ -125,8 +152,8 @@ def column_trimmed_mean_and_median(values: np.ndarray, mask: np.ndarray,
     width, n = values.shape
     if width == 0 or n == 0:
         return np.zeros(n), np.zeros(n), k
-    m = np.where(mask, values, np.inf).T.copy()
-    m.sort(axis=1, kind="stable")
+    m = _rows(values, mask)
+    _sort_rows(m)
     g = trim_counts(k, trim)
     pos = np.arange(width)[None, :]
     kept = (pos >= g[:, None]) & (pos < (k - g)[:, None])
