@@ -66,7 +66,8 @@ def test_a_row_unchanged_since_the_last_judgement_is_not_found_again() -> None:
 # ----- a job judged again and again as its window moves on -----------------------------------------
 @dataclass
 class World:
-    """A synchronous job of `n` ranks (1 s steps) as the store would hold it; ranks push at their own moments."""
+    """A synchronous job of `n` ranks (1 s steps) as the store would hold it; ranks push at their own moments. Its
+    GPUs are sampled every 2 s, enough samples in the short window for the GPU looks to compare them."""
 
     n: int
     slow: float
@@ -79,6 +80,7 @@ class World:
     epoch: dict[int, int] = field(default_factory=dict)  # rank → restarts
     late: dict[int, list[StepRecord]] = field(default_factory=dict)  # held back, pushed after later steps
     gpu_shift: float = 0.0
+    fetches: int = 0  # telemetry fetches so far (EvalInputs.telemetry_seq)
 
     def step(self, r: int, k: int) -> StepRecord:
         rnd = random.Random(hash((self.seed, r, k, self.epoch.get(r, 0))))
@@ -116,11 +118,11 @@ class World:
             steps[:] = [s for s in steps if s.end >= cutoff]
             info = RankInfo("job", r, self.n, f"node-{r // 4}", f"GPU-{r:03d}")
             ranks[r] = RankWindow(info, tuple(steps), self.now, step_columns(steps))
-            values = {"sm_clock_hz": 1.9e9 - (self.gpu_shift if r == 0 else 0.0), "sm_clock_max_hz": 1.98e9,
+            values = {"sm_clock_hz": 1.9e9 - (self.gpu_shift if r in (0, 1) else 0.0), "sm_clock_max_hz": 1.98e9,
                       "power_w": 600.0, "power_limit_w": 700.0, "utilization": 0.99, "temperature_c": 70.0}
-            gpus[info.gpu_uuid] = tuple(GpuSample(info.gpu_uuid, info.node, str(r % 4), self.now - 5.0 * i, True,
+            gpus[info.gpu_uuid] = tuple(GpuSample(info.gpu_uuid, info.node, str(r % 4), self.now - 2.0 * i, True,
                                                   values) for i in range(8))[::-1]
-        return EvalInputs(self.now, {"job": ranks} if ranks else {}, gpus)
+        return EvalInputs(self.now, {"job": ranks} if ranks else {}, gpus, telemetry_seq=self.fetches)
 
 
 def world(n: int, slow: float, starved: float, seed: int, start: int) -> World:
@@ -136,7 +138,8 @@ op = st.one_of(
     st.tuples(st.just("restart"), st.integers(0, 11)),
     st.tuples(st.just("drop"), st.integers(0, 11)),
     st.tuples(st.just("quiet"), st.sampled_from([10.0, 25.0])),  # nothing pushed: the window expires under it
-    st.tuples(st.just("gpu"), st.sampled_from([0.0, 4e8])),
+    st.tuples(st.just("gpu"), st.sampled_from([0.0, 4e8])),  # a fetch: the pictures' GPUs measured again
+    st.tuples(st.just("starve"), st.sampled_from([0.0, 0.3])),  # rank 2's loader slows or recovers
 )
 
 
@@ -166,8 +169,11 @@ def test_running_statistics_judge_exactly_as_the_reference(n, slow, starved, see
             w.held.pop(args[0], None)
         elif kind == "quiet":
             w.now += args[0]
+        elif kind == "starve":
+            w.starved = args[0]
         else:
             w.gpu_shift = args[0]
+            w.fetches += 1
         inputs = w.inputs()
         ref = evaluate(inputs, ref[0], CFG, REFERENCE, arrivals=on_arrival)
         run = evaluate(inputs, run[0], CFG, RUNNING, arrivals=on_arrival)

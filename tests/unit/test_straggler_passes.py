@@ -29,8 +29,11 @@ def _two_passes(job_id, ranks, gpus, cfg, shares, structural, steps):
             g = None
         if g is not None or shares.get(r.rank) is not None:
             members.append((r, g, shares.get(r.rank)))
-    _, blocks, current, _ = straggler._judge(job_id, members, cfg, frozenset(), steps)  # noqa: SLF001
-    out, _, _, judged = straggler._judge(job_id, members, cfg, structural | blocks, steps)  # noqa: SLF001
+    def judge(split):
+        return straggler._judge(job_id, straggler._looks_of(members, cfg, frozenset(split), None), cfg, steps)  # noqa: SLF001
+
+    _, blocks, current, _ = judge(frozenset())
+    out, _, _, judged = judge(structural | blocks)
     return straggler.StragglerResult(out, frozenset(blocks), judged, frozenset(current))
 
 

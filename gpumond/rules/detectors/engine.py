@@ -26,7 +26,7 @@ from gpumond.rules.detectors.peer_rows import PeerRows, RowMedians
 from gpumond.rules.detectors.sequential import StepShares, step_shares
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.detectors.sm_activity import node_relative
-from gpumond.rules.detectors.straggler import StragglerResult, detect_stragglers
+from gpumond.rules.detectors.straggler import Looks, StragglerResult, detect_stragglers
 from gpumond.rules.detectors.structure import Structure, learn
 from gpumond.rules.types import GpuSample, HostSample, RankWindow
 
@@ -86,6 +86,12 @@ class Windowed:
     activity: Mapping[str, float]
     stalled: bool
     telemetry_seq: int = 0  # EvalInputs.telemetry_seq when it was measured
+    # What the straggler detector's peer looks found on this picture (straggler.Looks per group), by the job's
+    # starved ranks (left out of the looks) and then the nodes split off: found by the periodic judgement that
+    # made the picture, taken by the judgements on arrival against it (running statistics only; a picture
+    # measured again is a new one, with none). Filled as judgements find them, never changed once there.
+    looks: dict[frozenset[int], dict[frozenset[str], list[Looks]]] = field(default_factory=dict, compare=False,
+                                                                           repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +307,8 @@ def _judge_job(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, st
     activity = _activity(active, shares, reporting, inputs, since, cfg)
     windowed_of[job] = Windowed(tuple(feats), shares, gpus, hosts, activity, stalled=False,
                                 telemetry_seq=inputs.telemetry_seq)
-    found = _stragglers(job, active, gpus, cfg, shares, explained, known, steps, activity)
+    found = _stragglers(job, active, gpus, cfg, shares, explained, known, steps, activity,
+                        windowed_of[job].looks if fns.running else None)
     if found.judged:
         structure[job] = learn(known, found.blocks, inputs.now, cfg.structure_learn_s, found.current)
     out.extend(c for c in found.candidates if c.rank not in explained)
@@ -331,7 +338,7 @@ def _judge_steps(job: str, ranks: Mapping[int, RankWindow], inputs: EvalInputs, 
     out.extend(starved)
     explained = {c.rank for c in starved if c.kind == "io_starved_rank"}
     found = _stragglers(job, active, picture.gpus, cfg, picture.shares, explained, structure.get(job), steps,
-                        picture.activity)
+                        picture.activity, picture.looks if fns.running else None)
     out.extend(c for c in found.candidates if c.rank not in explained)
     if fns.running:
         peer_rows[job] = peers.kept()
@@ -349,7 +356,7 @@ def _with_telemetry(picture: Windowed, inputs: EvalInputs, cfg: DetectorConfig, 
     active = [r for r in picture.feats if r.steps > 0]
     activity = _activity(active, picture.shares, reporting, inputs, since, cfg)
     return replace(picture, gpus=gpus, hosts=_hosts(reporting, inputs, since), activity=activity,
-                   telemetry_seq=inputs.telemetry_seq)
+                   telemetry_seq=inputs.telemetry_seq, looks={})  # the looks read the GPUs: found again
 
 
 def _hosts(reporting: Sequence[RankFeatures], inputs: EvalInputs, since: float) -> dict[str, HostFeatures]:
@@ -364,12 +371,16 @@ def _hosts(reporting: Sequence[RankFeatures], inputs: EvalInputs, since: float) 
 
 def _stragglers(job: str, active: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures], cfg: DetectorConfig,
                 shares: Mapping[int, Shares], explained: set[int], known: Structure | None,
-                steps: StepShares | None, activity: Mapping[str, float]) -> StragglerResult:
+                steps: StepShares | None, activity: Mapping[str, float],
+                looks: dict[frozenset[int], dict[frozenset[str], list[Looks]]] | None = None) -> StragglerResult:
     """detect_stragglers on a job's ranks, its starved ranks (`explained`) left out of the compute-share looks: a
-    starved rank's GPU idles and so sits apart from its peers, and starvation is the explanation."""
+    starved rank's GPU idles and so sits apart from its peers, and starvation is the explanation. `looks`: the
+    picture's (Windowed.looks), where what the peer looks found is kept for these starved ranks; None: found
+    afresh."""
+    kept = None if looks is None else looks.setdefault(frozenset(explained), {})
     return detect_stragglers(job, active, gpus, cfg, {r: sh for r, sh in shares.items() if r not in explained},
                              known.nodes if known else frozenset(), learning=known is None or not known.done,
-                             steps=steps if shares else None, activity=activity)
+                             steps=steps if shares else None, activity=activity, looks=kept)
 
 
 def _immediate(c: Candidate) -> bool:

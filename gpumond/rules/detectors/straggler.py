@@ -64,7 +64,8 @@ _GPU_CAUSE = frozenset({"sm_clock_ratio", "throttled"})
 def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures],
                       cfg: DetectorConfig, shares: Mapping[int, Shares] | None = None,
                       structural: frozenset[str] = frozenset(), learning: bool = False,
-                      steps: StepShares | None = None, activity: Mapping[str, float] | None = None) -> StragglerResult:
+                      steps: StepShares | None = None, activity: Mapping[str, float] | None = None,
+                      looks: dict[frozenset[str], list[Looks]] | None = None) -> StragglerResult:
     """Straggling GPUs (one candidate each) and straggling nodes (their GPUs deviate together).
 
     `shares` are the ranks' compute shares (jobs whose SDK pushes comm waits). `structural` are nodes whose
@@ -74,57 +75,107 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
     split off the same way (and reported in `blocks`, measured before the split, for the engine to count).
     `steps` are the job's per-step compute shares, for sequential evidence (sequential.py). `activity` is
     each GPU's SM activity relative to its node's (sm_activity.py), judged for ranks without a compute share.
+
+    `looks`: what the peer looks found in each group (`Looks`), kept between calls with the same ranks, GPUs,
+    shares and activity (the caller's to key: engine.Windowed keeps one per job picture and starved set), by the
+    nodes split off; those found before are taken, the others found and kept. Only the sequential tests then
+    read the steps: a judgement on arrival judges its new steps against the looks of the picture it shares with
+    the periodic judgement before it, instead of finding them again for every rank. None: found afresh.
     """
     shares = shares or {}
-    members_of: list[Member] = []
+    members: list[Member] | None = None
+
+    def looks_of(split: frozenset[str]) -> list[Looks]:
+        nonlocal members
+        if looks is not None and split in looks:
+            return looks[split]
+        if members is None:
+            members = _members(ranks, gpus, shares, cfg)
+        found = _looks_of(members, cfg, split, activity)
+        if looks is not None:
+            looks[split] = found
+        return found
+
+    blocks: set[str] = set()
+    current: set[str] = set()
+    whole = None
+    if learning:  # counted on the job as a whole: split by what was learnt so far, a block would vanish
+        whole = _judge(job, looks_of(frozenset()), cfg, steps)
+        _, blocks, current, _ = whole
+    split = structural | blocks
+    if whole is not None and not split:
+        out, after, after_current, judged = whole  # nothing to split off: the same groups, judged already
+    else:
+        out, after, after_current, judged = _judge(job, looks_of(frozenset(split)), cfg, steps)
+    if not learning:
+        blocks, current = after, after_current
+    return StragglerResult(out, frozenset(blocks), judged, frozenset(current))
+
+
+def _members(ranks: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures], shares: Mapping[int, Shares],
+             cfg: DetectorConfig) -> list[Member]:
+    """The ranks that can be compared: with a GPU measured long enough, or a compute share, or both."""
+    members: list[Member] = []
     for r in ranks:
         g = gpus.get(r.gpu_uuid)
         if g is None or not g.up or g.samples < cfg.min_samples:  # a fresh job: not enough to judge
             g = None
         sh = shares.get(r.rank)
         if g is not None or sh is not None:
-            members_of.append((r, g, sh))
-    blocks: set[str] = set()
-    current: set[str] = set()
-    whole = None
-    if learning:  # counted on the job as a whole: split by what was learnt so far, a block would vanish
-        whole = _judge(job, members_of, cfg, frozenset(), steps, activity)
-        _, blocks, current, _ = whole
-    split = structural | blocks
-    if whole is not None and not split:
-        out, after, after_current, judged = whole  # nothing to split off: the same groups, judged already
-    else:
-        out, after, after_current, judged = _judge(job, members_of, cfg, split, steps, activity)
-    if not learning:
-        blocks, current = after, after_current
-    return StragglerResult(out, frozenset(blocks), judged, frozenset(current))
+            members.append((r, g, sh))
+    return members
 
 
-def _judge(job: str, members_of: list[Member], cfg: DetectorConfig, split: frozenset[str] | set[str],
-           steps: StepShares | None = None,
-           activity: Mapping[str, float] | None = None) -> tuple[list[Candidate], set[str], set[str], bool]:
-    """Compare within each group (the job's own groups, with `split` nodes apart)."""
+def _looks_of(members_of: list[Member], cfg: DetectorConfig, split: frozenset[str],
+              activity: Mapping[str, float] | None) -> list[Looks]:
+    """The peer looks of each group with enough peers (the job's own groups, with `split` nodes apart)."""
     groups: dict[tuple[tuple[str | None, str | None], bool], list[Member]] = {}
     for m in members_of:
         groups.setdefault((m[0].peers, m[0].node in split), []).append(m)
+    return [_looks(group, members, cfg, activity) for ((group, _profile), _), members in groups.items()
+            if len(members) >= cfg.min_peers]
+
+
+def _judge(job: str, groups: list[Looks], cfg: DetectorConfig,
+           steps: StepShares | None = None) -> tuple[list[Candidate], set[str], set[str], bool]:
+    """Each group's candidates: its looks, and its sequential tests on `steps`."""
     out: list[Candidate] = []
     blocks: set[str] = set()
     current: set[str] = set()
-    judged = False
-    for ((group, _profile), _), members in groups.items():
-        if len(members) < cfg.min_peers:
-            continue
-        judged = True
-        found, group_blocks, group_current = _group(job, group, members, cfg, steps, activity)
-        out.extend(found)
-        blocks |= group_blocks
-        current |= group_current
-    return out, blocks, current, judged
+    for looks in groups:
+        out.extend(_group(job, looks, cfg, steps))
+        blocks |= looks.blocks
+        current |= looks.current
+    return out, blocks, current, bool(groups)
 
 
-def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConfig,
-           per_step: StepShares | None = None,
-           activity: Mapping[str, float] | None = None) -> tuple[list[Candidate], set[str], set[str]]:
+@dataclass(frozen=True, slots=True)
+class Looks:
+    """What one peer group's looks found, on its ranks' features, GPUs and shares alone (no step is read): the
+    ranks flagged and why, and what the group's candidates and its sequential tests need of its members."""
+
+    group: str | None
+    peers: int  # the group's members
+    thr: float
+    # rank → signal → evidence, before the sequential tests (each judgement copies them before adding to them)
+    flagged: Mapping[int, Mapping[str, object]]
+    scores: Mapping[int, float]
+    share_ranks: tuple[int, ...]  # the ranks with a compute share, in the members' order
+    throttled_now: Mapping[int, tuple[float, list[str]]]  # _throttled_now of every member
+    node_of: Mapping[int, str]
+    nodes: int  # nodes in the group
+    shift: bool
+    blocks: frozenset[str]
+    current: frozenset[str]
+    per_node: Mapping[str, list[RankFeatures]]
+    by_rank: Mapping[int, tuple[RankFeatures, GpuFeatures | None]]
+
+
+def _looks(group: str | None, members: list[Member], cfg: DetectorConfig,
+           activity: Mapping[str, float] | None = None) -> Looks:
+    """A group's peer looks: each signal's robust z against the group (clock, power, temperature, the compute
+    share's short, recent and long looks, SM activity, throttle reasons), the ranks past the threshold, and
+    whether the group shifted together (a heavier stage, not stragglers)."""
     thr = threshold_for(len(members), cfg.z_base, cfg.z_tail)
     flagged: dict[int, dict[str, object]] = {}
     scores: dict[int, float] = {}
@@ -189,42 +240,7 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
                  if set(sig) <= ({"temperature_c", "power_ratio"} if k in with_share else {"temperature_c"})]:
         del flagged[rank], scores[rank]
     _sm_active(members, activity or {}, thr, cfg, note)
-    # Sequential evidence, step by step against this group's median rank: it fires as soon as it has lasted
-    # long enough for its magnitude. Many ranks on many nodes at once is a shift (a heavier stage), as below.
     nodes_in_group = len({r.node for r, _, _ in members})
-    if per_step is not None:
-        held = set(per_step.ranks)
-        ids = [r.rank for r, _ in with_sh if r.rank in held]
-        cols = per_step.columns(ids)
-        medians = per_step.peer_medians(ids)
-        seq = judge(cols, per_step.starts, per_step.ends, ids, cfg, medians=medians)
-        # A rank whose GPU shows its own cause (a throttle reason, a low clock) is no workload transient: its
-        # sequential evidence needs only the short minimum duration (corroborated_compute_test), not the one
-        # that keeps the transients of healthy ranks from firing.
-        caused = {k for k, sig in flagged.items() if not _GPU_CAUSE.isdisjoint(sig)}.intersection(ids)
-        # The window's throttle fraction shows a cause only once it has lasted ~18 s of the minute; a GPU whose
-        # newest two samples show a reason shows it now. It counts for a run it was seen in (its newest sample
-        # taken after the run's first step began), and not while half the group is throttled (the room, not
-        # the GPU: the windowed flag asks the same of its peers).
-        now = _throttled_now(members, ids)
-        fast_for = (caused | set(now)) - set(seq)
-        gpu_cause: dict[int, list[str]] = {}
-        if fast_for:
-            fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg),
-                         only=fast_for, medians=medians)
-            for rank, ev in fast.items():
-                if rank in caused:
-                    seq[rank] = ev
-                elif now[rank][0] >= ev.start:
-                    seq[rank] = ev
-                    gpu_cause[rank] = now[rank][1]
-        node_of = {r.rank: r.node for r, _, _ in members}
-        if len(seq) <= max(1, cfg.max_outlier_frac * len(members)) \
-                or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * nodes_in_group):
-            for rank, ev in seq.items():
-                cause = {"gpu_cause": gpu_cause[rank]} if rank in gpu_cause else {}
-                note(rank, "sequential", ev.z, ev.magnitude, 1.0, evidence=ev.evidence, steps=ev.steps,
-                     span_s=ev.span_s, **cause)
     # A shift, not stragglers: many ranks on many nodes sit past half the threshold on one silent signal
     # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
     # whose members straddle the threshold from one evaluation to the next; counting per signal keeps
@@ -254,22 +270,74 @@ def _group(job: str, group: str | None, members: list[Member], cfg: DetectorConf
               if len(per_node) >= 2 and _together(sum(r.rank in soft for r in rs), len(rs), cfg)}
     current = {node for node in blocks if _together(sum(r.rank in soft_now for r in per_node[node]),
                                                      len(per_node[node]), cfg)}
-    if shift:  # keep only what a shift cannot explain: a throttle reason on the GPU itself
+    by_rank = {r.rank: (r, g) for r, g, _ in members}
+    return Looks(group, len(members), thr, flagged, scores, tuple(r.rank for r, _ in with_sh),
+                 _throttled_now(members, [r.rank for r, _, _ in members]), {r.rank: r.node for r, _, _ in members},
+                 nodes_in_group, shift, frozenset(blocks), frozenset(current), per_node, by_rank)
+
+
+def _group(job: str, looks: Looks, cfg: DetectorConfig, per_step: StepShares | None = None) -> list[Candidate]:
+    """The group's candidates: what its looks flagged, with its sequential tests on `per_step`."""
+    thr, group = looks.thr, looks.group
+    flagged = {rank: dict(signals) for rank, signals in looks.flagged.items()}
+    scores = dict(looks.scores)
+
+    def note(rank: int, signal: str, z: float, value: float, med: float, **extra: object) -> None:
+        flagged.setdefault(rank, {})[signal] = {"value": round(value, 4), "peer_median": round(med, 4),
+                                                "z": round(z, 2), **extra}
+        scores[rank] = max(scores.get(rank, 0.0), abs(z))
+
+    # Sequential evidence, step by step against this group's median rank: it fires as soon as it has lasted
+    # long enough for its magnitude. Many ranks on many nodes at once is a shift (a heavier stage), as below.
+    if per_step is not None:
+        held = set(per_step.ranks)
+        ids = [rank for rank in looks.share_ranks if rank in held]
+        cols = per_step.columns(ids)
+        medians = per_step.peer_medians(ids)
+        seq = judge(cols, per_step.starts, per_step.ends, ids, cfg, medians=medians)
+        # A rank whose GPU shows its own cause (a throttle reason, a low clock) is no workload transient: its
+        # sequential evidence needs only the short minimum duration (corroborated_compute_test), not the one
+        # that keeps the transients of healthy ranks from firing.
+        caused = {k for k, sig in flagged.items() if not _GPU_CAUSE.isdisjoint(sig)}.intersection(ids)
+        # The window's throttle fraction shows a cause only once it has lasted ~18 s of the minute; a GPU whose
+        # newest two samples show a reason shows it now. It counts for a run it was seen in (its newest sample
+        # taken after the run's first step began), and not while half the group is throttled (the room, not
+        # the GPU: the windowed flag asks the same of its peers).
+        now = {rank: looks.throttled_now[rank] for rank in ids if rank in looks.throttled_now}
+        fast_for = (caused | set(now)) - set(seq)
+        gpu_cause: dict[int, list[str]] = {}
+        if fast_for:
+            fast = judge(cols, per_step.starts, per_step.ends, ids, cfg, corroborated_compute_test(cfg),
+                         only=fast_for, medians=medians)
+            for rank, ev in fast.items():
+                if rank in caused:
+                    seq[rank] = ev
+                elif now[rank][0] >= ev.start:
+                    seq[rank] = ev
+                    gpu_cause[rank] = now[rank][1]
+        node_of = looks.node_of
+        if len(seq) <= max(1, cfg.max_outlier_frac * looks.peers) \
+                or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * looks.nodes):
+            for rank, ev in seq.items():
+                cause = {"gpu_cause": gpu_cause[rank]} if rank in gpu_cause else {}
+                note(rank, "sequential", ev.z, ev.magnitude, 1.0, evidence=ev.evidence, steps=ev.steps,
+                     span_s=ev.span_s, **cause)
+    if looks.shift:  # keep only what a shift cannot explain: a throttle reason on the GPU itself
         for rank in [k for k, v in flagged.items() if "throttled" not in v]:
             del flagged[rank], scores[rank]
-    by_rank = {r.rank: (r, g) for r, g, _ in members}
+    by_rank = looks.by_rank
     out = []
     for rank, evidence in flagged.items():
         r, g = by_rank[rank]
         reasons = {"throttle_reasons": list(g.throttle_reasons)} if g is not None and g.throttle_reasons else {}
         mig = {"mig_profile": r.mig_profile} if r.mig_profile else {}
         out.append(Candidate("straggler", job, r.node, rank, r.gpu_uuid, round(scores[rank], 2),
-                             {"group": group, "peers": len(members), "threshold_z": round(thr, 2),
+                             {"group": group, "peers": looks.peers, "threshold_z": round(thr, 2),
                               "signals": evidence, **reasons, **mig},
                              corroborated=_corroborates(evidence),
                              sustained="sequential" in evidence))
-    out.extend(_nodes(job, group, per_node, flagged, scores, cfg))
-    return out, blocks, current
+    out.extend(_nodes(job, group, looks.per_node, flagged, scores, cfg))
+    return out
 
 
 def noise_floors(ranks: Sequence[RankFeatures]) -> dict[str, float]:
