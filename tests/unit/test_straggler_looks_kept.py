@@ -45,15 +45,20 @@ def test_looks_kept_from_one_judgement_give_the_next_exactly_what_finding_them_a
 
 
 def test_a_judgement_cannot_change_the_looks_it_took():
-    """Each judgement adds its sequential evidence to a copy of what the looks flagged: the next one that takes
-    them starts from the looks alone."""
+    """Each judgement adds its sequential evidence to a copy of what the looks flagged, down to each signal's
+    evidence: what its candidates carry out (to findings, alerts, whoever reads them) is not the looks' own, and
+    the next judgement that takes them starts from the looks alone."""
     ranks, gpus, shares = _job(slow=5)
     kept: dict = {}
+    fresh = repr(detect_stragglers("j", ranks, gpus, CFG, shares))
     detect_stragglers("j", ranks, gpus, CFG, shares, looks=kept)
     (looks,) = kept[frozenset()]
-    before = repr(looks.flagged), repr(looks.scores)
-    detect_stragglers("j", ranks, gpus, CFG, shares, looks=kept).candidates[0].evidence["signals"]["extra"] = 1
-    assert (repr(looks.flagged), repr(looks.scores)) == before
+    before = repr(looks.flagged), repr(looks.scores), repr(looks.throttled_now)
+    (slow,) = [c for c in detect_stragglers("j", ranks, gpus, CFG, shares, looks=kept).candidates if c.rank == 5]
+    slow.evidence["signals"]["extra"] = 1
+    slow.evidence["signals"]["compute_share"]["z"] = 0.0
+    assert (repr(looks.flagged), repr(looks.scores), repr(looks.throttled_now)) == before
+    assert repr(detect_stragglers("j", ranks, gpus, CFG, shares, looks=kept)) == fresh
 
 
 def test_looks_are_kept_apart_for_each_set_of_starved_ranks():

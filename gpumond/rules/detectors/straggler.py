@@ -161,7 +161,7 @@ class Looks:
     flagged: Mapping[int, Mapping[str, object]]
     scores: Mapping[int, float]
     share_ranks: tuple[int, ...]  # the ranks with a compute share, in the members' order
-    throttled_now: Mapping[int, tuple[float, list[str]]]  # _throttled_now of every member
+    throttled_now: Mapping[int, tuple[float, tuple[str, ...]]]  # _throttled_now of every member
     node_of: Mapping[int, str]
     nodes: int  # nodes in the group
     shift: bool
@@ -279,7 +279,10 @@ def _looks(group: str | None, members: list[Member], cfg: DetectorConfig,
 def _group(job: str, looks: Looks, cfg: DetectorConfig, per_step: StepShares | None = None) -> list[Candidate]:
     """The group's candidates: what its looks flagged, with its sequential tests on `per_step`."""
     thr, group = looks.thr, looks.group
-    flagged = {rank: dict(signals) for rank, signals in looks.flagged.items()}
+    # Copies down to each signal's evidence: the candidates carry them out to findings and alerts, and the looks
+    # serve the judgements after this one.
+    flagged = {rank: {signal: dict(ev) for signal, ev in signals.items()}  # type: ignore[call-overload]
+               for rank, signals in looks.flagged.items()}
     scores = dict(looks.scores)
 
     def note(rank: int, signal: str, z: float, value: float, med: float, **extra: object) -> None:
@@ -314,7 +317,7 @@ def _group(job: str, looks: Looks, cfg: DetectorConfig, per_step: StepShares | N
                     seq[rank] = ev
                 elif now[rank][0] >= ev.start:
                     seq[rank] = ev
-                    gpu_cause[rank] = now[rank][1]
+                    gpu_cause[rank] = list(now[rank][1])
         node_of = looks.node_of
         if len(seq) <= max(1, cfg.max_outlier_frac * looks.peers) \
                 or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * looks.nodes):
@@ -378,12 +381,12 @@ def _sm_active(members: list[Member], activity: Mapping[str, float], thr: float,
         note(rank, "sm_active", z, v, med)
 
 
-def _throttled_now(members: list[Member], ids: Sequence[int]) -> dict[int, tuple[float, list[str]]]:
+def _throttled_now(members: list[Member], ids: Sequence[int]) -> dict[int, tuple[float, tuple[str, ...]]]:
     """rank → (when its GPU's newest sample was taken, the throttle reasons of its window) for the ranks among
     `ids` whose GPU shows a throttle reason in its newest two samples (GpuFeatures.throttled_newest); none when
     half the group's GPUs or more do."""
     wanted = set(ids)
-    now = {r.rank: (g.throttled_newest, list(g.throttle_reasons)) for r, g, _ in members
+    now = {r.rank: (g.throttled_newest, tuple(g.throttle_reasons)) for r, g, _ in members
            if g is not None and g.throttled_newest is not None}
     if 2 * len(now) >= len(members):
         return {}
