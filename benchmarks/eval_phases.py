@@ -15,6 +15,9 @@ its slowest of 32,768 ranks and its collectives, comes out at ~1.4 s), stored as
 
     python benchmarks/eval_phases.py                 # ~10 min: 32,768 ranks at recent_s 30, 60 and 120
     python benchmarks/eval_phases.py --quick         # seconds: 512 ranks (smoke test)
+    python benchmarks/eval_phases.py --recent-s 60 --reference --name eval_phases_running
+                                                     # ~6 min: the service's path against the reference path
+                                                     # (Evaluator(running=False): nothing kept between judgements)
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ _OF_WINDOW = ("read", "rank features", "step shares", "sequential test")
 class Measured:
     kind: str  # "periodic" or "on arrival"
     recent_s: float
+    path: str  # "running" (the service's) or "reference" (Evaluator(running=False))
     new_steps: float  # steps stored since the previous judgement of the job (median)
     recent_steps: float  # steps held a rank that ended in the last recent_s (mean over ranks)
     cpu_s: float  # median, unprofiled
@@ -119,6 +123,7 @@ class _Service:
     """One rules service's stores and evaluator at one recent_s, fed the same steps and samples as the others."""
 
     recent_s: float
+    path: str
     store: RankStore
     feed: Feed
     ev: Evaluator
@@ -126,7 +131,7 @@ class _Service:
     profiled: dict[str, tuple[cProfile.Profile, float]] = field(default_factory=dict)
 
 
-def run(ranks: int, step_s: float, windows: list[float], cycles: int) -> list[Measured]:
+def run(ranks: int, step_s: float, windows: list[float], cycles: int, reference: bool = False) -> list[Measured]:
     """One simulated job fed to one service per window (stores of their own: a judgement on arrival takes its
     store's fresh jobs), each judged in turn on the same steps, the order rotating from cycle to cycle, so that
     the machine's drift falls on every window alike."""
@@ -136,9 +141,11 @@ def run(ranks: int, step_s: float, windows: list[float], cycles: int) -> list[Me
     clock = [now - WARM_S]
     services = []
     for w in windows:
-        store, gpus, feed = RankStore.from_config(config), GpuStore.from_config(config), Feed(c)
-        ev = Evaluator(store, gpus, feed, clock=lambda: clock[0], detectors=replace(DetectorConfig(), recent_s=w))
-        services.append(_Service(w, store, feed, ev))
+        for path in ("running", "reference") if reference else ("running",):
+            store, gpus, feed = RankStore.from_config(config), GpuStore.from_config(config), Feed(c)
+            ev = Evaluator(store, gpus, feed, clock=lambda: clock[0], detectors=replace(DetectorConfig(), recent_s=w),
+                           running=path == "running")
+            services.append(_Service(w, path, store, feed, ev))
 
     def second(fetch: bool) -> int:
         clock[0] += 1.0
@@ -191,9 +198,9 @@ def run(ranks: int, step_s: float, windows: list[float], cycles: int) -> list[Me
         for kind, xs in s.timed.items():
             cpu = statistics.median(t for t, _ in xs)
             parts = {p: share * cpu for p, share in _parts(*s.profiled[kind]).items()}
-            out.append(Measured(kind, s.recent_s, statistics.median(n for _, n in xs), recent, cpu, parts,
+            out.append(Measured(kind, s.recent_s, s.path, statistics.median(n for _, n in xs), recent, cpu, parts,
                                 cpu - sum(parts.values())))
-            print(f"  recent_s {s.recent_s:g} {kind}: {cpu:.3f} s CPU; " +
+            print(f"  recent_s {s.recent_s:g} {s.path} {kind}: {cpu:.3f} s CPU; " +
                   ", ".join(f"{p} {v:.3f}" for p, v in parts.items()), flush=True)
     return out
 
@@ -212,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recent-s", type=float, action="append", default=None, metavar="S",
                     help="the detectors' recent window, repeatable (default: 30, 60 and 120)")
     ap.add_argument("--cycles", type=int, default=3, help="timed cycles of each kind per window (default 3)")
+    ap.add_argument("--reference", action="store_true",
+                    help="also judge each window on the reference path (Evaluator(running=False): the per-step "
+                         "medians and the peer looks found afresh every judgement), in turn on the same steps")
     ap.add_argument("--name", default="eval_phases", help="results file name under benchmarks/results/")
     args = ap.parse_args(argv)
     if args.ranks < 8 or args.ranks % 8 or args.step_s <= 0 or args.cycles < 1:
@@ -222,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ranks, cycles = (512, 1) if args.quick else (args.ranks, args.cycles)
     print(f"{ranks:,} ranks, {args.step_s:g} s of compute a step, recent_s " + ", ".join(f"{w:g}" for w in windows),
           flush=True)
-    rows = sorted(run(ranks, args.step_s, windows, cycles), key=lambda m: (m.kind, m.recent_s))
+    rows = sorted(run(ranks, args.step_s, windows, cycles, args.reference),
+                  key=lambda m: (m.kind, m.recent_s, m.path != "running"))
     _report(args, ranks, cycles, rows)
     return 0
 
@@ -235,15 +246,16 @@ def _report(args, ranks: int, cycles: int, rows: list[Measured]) -> None:
         if not mine:
             continue
         table = _bench.md_table(
-            ("recent_s", "recent steps a rank", "new steps", "CPU", "per new step", "per rank", *names, "other",
+            ("recent_s", "path", "recent steps a rank", "new steps", "CPU", "per new step", "per rank", *names, "other",
              "of them, reading the window"),
-            [(f"{m.recent_s:g} s", f"{m.recent_steps:.0f}", f"{m.new_steps:,.0f}", f"{m.cpu_s:.3f} s",
+            [(f"{m.recent_s:g} s", m.path, f"{m.recent_steps:.0f}", f"{m.new_steps:,.0f}", f"{m.cpu_s:.3f} s",
               f"{m.cpu_s / max(m.new_steps, 1) * 1e6:.1f} µs", f"{m.cpu_s / ranks * 1e6:.1f} µs",
               *(f"{m.parts[p]:.3f}" for p in names), f"{m.other:.3f}",
               f"{sum(m.parts[p] for p in _OF_WINDOW) / m.cpu_s:.0%}") for m in mine])
         growth = ""
-        if len(mine) > 1:
-            a, b = mine[0], mine[-1]
+        running = [m for m in mine if m.path == "running"]
+        if len(running) > 1:
+            a, b = running[0], running[-1]
             scale = b.recent_steps / max(a.recent_steps, 1)
             grew = {p: b.parts[p] - a.parts[p] for p in names}
             window_grew = sum(grew[p] for p in _OF_WINDOW)
@@ -256,7 +268,14 @@ def _report(args, ranks: int, cycles: int, rows: list[Measured]) -> None:
                 if kind == "periodic" else
                 "`Evaluator.judge_arrivals` on a second of new steps: the sequential tests against the last "
                 "periodic picture")
-        sections.append(f"## {kind.capitalize()}: {what}\n\n" + table + growth)
+        against = ""
+        for m in mine:
+            ref = next((x for x in mine if x.path == "reference" and x.recent_s == m.recent_s), None)
+            if m.path == "running" and ref is not None:
+                against += (f"\n\nAt recent_s {m.recent_s:g} s the running path took {m.cpu_s / ref.cpu_s:.2f}× the "
+                            f"reference's CPU ({m.cpu_s:.3f} against {ref.cpu_s:.3f} s; peer looks "
+                            f"{m.parts['peer looks']:.3f} against {ref.parts['peer looks']:.3f} s).")
+        sections.append(f"## {kind.capitalize()}: {what}\n\n" + table + growth + against)
     legend = "\n".join(f"- **{p}**: {what}" for p, what, _ in PARTS)
     _bench.report(args.name, "# Where an evaluation's CPU goes, against the recent window's length",
                   {"job": f"1 × {ranks:,} ranks, {args.step_s:g} s of compute a step (the steps a rank holds in each "
