@@ -149,11 +149,8 @@ def run(ranks: int, step_s: float, windows: list[float], cycles: int, reference:
 
     def second(fetch: bool) -> int:
         clock[0] += 1.0
-        c.advance_to(clock[0])
+        services[0].feed.advance(clock[0])  # the one cluster every feed reads
         news = {s.feed.push(s.store, clock[0]) for s in services}
-        for j in c.jobs:  # the simulator's own step objects: the services hold columns only (as Feed.advance)
-            for steps in j.recs:
-                steps.clear()
         if fetch:
             for s in services:
                 s.ev.poll_telemetry()

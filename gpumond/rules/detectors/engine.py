@@ -26,7 +26,7 @@ from gpumond.rules.detectors.peer_rows import PeerRows, RowMedians
 from gpumond.rules.detectors.sequential import StepShares, step_shares
 from gpumond.rules.detectors.step_matrix import RecentSteps, read_steps
 from gpumond.rules.detectors.sm_activity import node_relative
-from gpumond.rules.detectors.straggler import Looks, StragglerResult, detect_stragglers
+from gpumond.rules.detectors.straggler import LooksKept, StragglerResult, detect_stragglers
 from gpumond.rules.detectors.structure import Structure, learn
 from gpumond.rules.types import GpuSample, HostSample, RankWindow
 
@@ -90,8 +90,7 @@ class Windowed:
     # starved ranks (left out of the looks) and then the nodes split off: found by the periodic judgement that
     # made the picture, taken by the judgements on arrival against it (running statistics only; a picture
     # measured again is a new one, with none). Filled as judgements find them, never changed once there.
-    looks: dict[frozenset[int], dict[frozenset[str], list[Looks]]] = field(default_factory=dict, compare=False,
-                                                                           repr=False)
+    looks: dict[frozenset[int], LooksKept] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +371,7 @@ def _hosts(reporting: Sequence[RankFeatures], inputs: EvalInputs, since: float) 
 def _stragglers(job: str, active: Sequence[RankFeatures], gpus: Mapping[str, GpuFeatures], cfg: DetectorConfig,
                 shares: Mapping[int, Shares], explained: set[int], known: Structure | None,
                 steps: StepShares | None, activity: Mapping[str, float],
-                looks: dict[frozenset[int], dict[frozenset[str], list[Looks]]] | None = None) -> StragglerResult:
+                looks: dict[frozenset[int], LooksKept] | None = None) -> StragglerResult:
     """detect_stragglers on a job's ranks, its starved ranks (`explained`) left out of the compute-share looks: a
     starved rank's GPU idles and so sits apart from its peers, and starvation is the explanation. `looks`: the
     picture's (Windowed.looks), where what the peer looks found is kept for these starved ranks; None: found

@@ -12,7 +12,7 @@ memory nearly in allocation order. Reading one sequence after another jumps betw
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, zip_longest
 from typing import TypeVar
 
@@ -71,18 +71,7 @@ def _order(m: np.ndarray, wanted: np.ndarray) -> int:
     if len(wanted) > _FEW_ORDERS:
         _sort_rows(m)
         return 0
-    signed = _signed_zero(m)
-    if not signed.any():
-        m.partition(wanted, axis=1)
-        return len(m)
-    sorted_rows, selected_rows = np.flatnonzero(signed), np.flatnonzero(~signed)
-    part = m[sorted_rows]
-    part.sort(axis=1, kind="stable")
-    m[sorted_rows] = part
-    part = m[selected_rows]
-    part.partition(wanted, axis=1)
-    m[selected_rows] = part
-    return len(selected_rows)
+    return _unsigned_rows(m, lambda rows: rows.partition(wanted, axis=1))
 
 
 def _rows(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -94,24 +83,28 @@ def _rows(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.where(mask.T, values.T, np.inf))
 
 
-def _signed_zero(m: np.ndarray) -> np.ndarray:
-    """Which rows hold a -0.0."""
-    return (np.signbit(m) & (m == 0.0)).any(axis=1)
-
-
 def _sort_rows(m: np.ndarray) -> None:
     """Sort each row in place as a stable sort does. Equal values are identical but for -0.0 beside 0.0, so only
     rows holding a -0.0 need the stable sort (as `sorted` orders them); the others take numpy's default, a SIMD
     sort where the CPU has one, several times faster than the stable one on rows of tens of steps."""
-    signed = _signed_zero(m)
+    _unsigned_rows(m, lambda rows: rows.sort(axis=1))
+
+
+def _unsigned_rows(m: np.ndarray, order: Callable[[np.ndarray], None]) -> int:
+    """`order` (in place) on the rows of `m` without a -0.0, a stable sort on those with one; how many rows
+    `order` took."""
+    signed = (np.signbit(m) & (m == 0.0)).any(axis=1)
     if not signed.any():
-        m.sort(axis=1)
-        return
-    rows = np.flatnonzero(signed)
-    part = m[rows]
+        order(m)
+        return len(m)
+    sorted_rows, other_rows = np.flatnonzero(signed), np.flatnonzero(~signed)
+    part = m[sorted_rows]
     part.sort(axis=1, kind="stable")
-    m[~signed] = np.sort(m[~signed], axis=1)
-    m[rows] = part
+    m[sorted_rows] = part
+    part = m[other_rows]
+    order(part)
+    m[other_rows] = part
+    return len(other_rows)
 
 
 def _middle(m: np.ndarray, k: np.ndarray, at_hi: np.ndarray, at_lo: np.ndarray) -> np.ndarray:

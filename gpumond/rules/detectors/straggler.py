@@ -56,6 +56,8 @@ class StragglerResult:
 
 
 Member = tuple[RankFeatures, GpuFeatures | None, Shares | None]
+# What the peer looks found, each group's, by the nodes split off (detect_stragglers' `looks`).
+LooksKept = dict[frozenset[str], list["Looks"]]
 # Signals from the GPU's agent that show a cause on the GPU itself. Power is not one of them: a rank with
 # heavier batches computes longer *and* draws more, so power and compute share agree on workload too.
 _GPU_CAUSE = frozenset({"sm_clock_ratio", "throttled"})
@@ -65,7 +67,7 @@ def detect_stragglers(job: str, ranks: Sequence[RankFeatures], gpus: Mapping[str
                       cfg: DetectorConfig, shares: Mapping[int, Shares] | None = None,
                       structural: frozenset[str] = frozenset(), learning: bool = False,
                       steps: StepShares | None = None, activity: Mapping[str, float] | None = None,
-                      looks: dict[frozenset[str], list[Looks]] | None = None) -> StragglerResult:
+                      looks: LooksKept | None = None) -> StragglerResult:
     """Straggling GPUs (one candidate each) and straggling nodes (their GPUs deviate together).
 
     `shares` are the ranks' compute shares (jobs whose SDK pushes comm waits). `structural` are nodes whose
@@ -162,8 +164,6 @@ class Looks:
     scores: Mapping[int, float]
     share_ranks: tuple[int, ...]  # the ranks with a compute share, in the members' order
     throttled_now: Mapping[int, tuple[float, tuple[str, ...]]]  # _throttled_now of every member
-    node_of: Mapping[int, str]
-    nodes: int  # nodes in the group
     shift: bool
     blocks: frozenset[str]
     current: frozenset[str]
@@ -240,7 +240,9 @@ def _looks(group: str | None, members: list[Member], cfg: DetectorConfig,
                  if set(sig) <= ({"temperature_c", "power_ratio"} if k in with_share else {"temperature_c"})]:
         del flagged[rank], scores[rank]
     _sm_active(members, activity or {}, thr, cfg, note)
-    nodes_in_group = len({r.node for r, _, _ in members})
+    per_node: dict[str, list[RankFeatures]] = {}
+    for r, _, _ in members:
+        per_node.setdefault(r.node, []).append(r)
     # A shift, not stragglers: many ranks on many nodes sit past half the threshold on one silent signal
     # (a heavier pipeline stage the job did not label). Counting only the flagged ones misses a shift
     # whose members straddle the threshold from one evaluation to the next; counting per signal keeps
@@ -262,23 +264,20 @@ def _looks(group: str | None, members: list[Member], cfg: DetectorConfig,
         soft_now.update(r.rank for r, _ in (xs[i] for i in _past_index(scored[name][0], thr / 2, sign))
                         if name == "short" or r.rank not in with_short)
         shift = shift or (len(past) > max(1, cfg.max_outlier_frac * len(members))
-                          and len(set(past.values())) > max(1, cfg.max_outlier_frac * nodes_in_group))
-    per_node: dict[str, list[RankFeatures]] = {}
-    for r, _, _ in members:
-        per_node.setdefault(r.node, []).append(r)
+                          and len(set(past.values())) > max(1, cfg.max_outlier_frac * len(per_node)))
     blocks = {node for node, rs in per_node.items()
               if len(per_node) >= 2 and _together(sum(r.rank in soft for r in rs), len(rs), cfg)}
     current = {node for node in blocks if _together(sum(r.rank in soft_now for r in per_node[node]),
                                                      len(per_node[node]), cfg)}
     by_rank = {r.rank: (r, g) for r, g, _ in members}
     return Looks(group, len(members), thr, flagged, scores, tuple(r.rank for r, _ in with_sh),
-                 _throttled_now(members, [r.rank for r, _, _ in members]), {r.rank: r.node for r, _, _ in members},
-                 nodes_in_group, shift, frozenset(blocks), frozenset(current), per_node, by_rank)
+                 _throttled_now(members, [r.rank for r, _, _ in members]), shift, frozenset(blocks),
+                 frozenset(current), per_node, by_rank)
 
 
 def _group(job: str, looks: Looks, cfg: DetectorConfig, per_step: StepShares | None = None) -> list[Candidate]:
     """The group's candidates: what its looks flagged, with its sequential tests on `per_step`."""
-    thr, group = looks.thr, looks.group
+    thr, group, by_rank = looks.thr, looks.group, looks.by_rank
     # Copies down to each signal's evidence: the candidates carry them out to findings and alerts, and the looks
     # serve the judgements after this one.
     flagged = {rank: {signal: dict(ev) for signal, ev in signals.items()}  # type: ignore[call-overload]
@@ -318,9 +317,9 @@ def _group(job: str, looks: Looks, cfg: DetectorConfig, per_step: StepShares | N
                 elif now[rank][0] >= ev.start:
                     seq[rank] = ev
                     gpu_cause[rank] = list(now[rank][1])
-        node_of = looks.node_of
+        nodes = len(looks.per_node)
         if len(seq) <= max(1, cfg.max_outlier_frac * looks.peers) \
-                or len({node_of[k] for k in seq}) <= max(1, cfg.max_outlier_frac * looks.nodes):
+                or len({by_rank[k][0].node for k in seq}) <= max(1, cfg.max_outlier_frac * nodes):
             for rank, ev in seq.items():
                 cause = {"gpu_cause": gpu_cause[rank]} if rank in gpu_cause else {}
                 note(rank, "sequential", ev.z, ev.magnitude, 1.0, evidence=ev.evidence, steps=ev.steps,
@@ -328,7 +327,6 @@ def _group(job: str, looks: Looks, cfg: DetectorConfig, per_step: StepShares | N
     if looks.shift:  # keep only what a shift cannot explain: a throttle reason on the GPU itself
         for rank in [k for k, v in flagged.items() if "throttled" not in v]:
             del flagged[rank], scores[rank]
-    by_rank = looks.by_rank
     out = []
     for rank, evidence in flagged.items():
         r, g = by_rank[rank]
